@@ -1,0 +1,34 @@
+# gpuplatform: `make run` starts the whole platform, `make test` runs the whole suite.
+# Every target does its own set-up (venv, pinned install) so a fresh clone needs nothing else.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | cksum | cut -d' ' -f1)
+
+.PHONY: install run test lint bench clean
+
+$(STAMP): requirements.txt requirements-dev.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements-dev.txt
+	rm -f $(VENV)/.installed-*; touch $(STAMP)
+
+install: $(STAMP)
+
+run: install
+	$(BIN)/python -m gpuplatform.launch
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check apps/scheduling/core
+	$(BIN)/python manage.py check
+	$(BIN)/python manage.py makemigrations --check --dry-run
+	$(BIN)/python -m scripts.check_core_imports
+
+test: lint
+	$(BIN)/python -m pytest
+
+bench: install
+	$(BIN)/python -m bench.run_all
+
+clean:
+	rm -rf var .pytest_cache
