@@ -1,0 +1,220 @@
+"""Placement strategies: how to rank the nodes that fit a pod, and which GPUs to take on one.
+
+Indexed strategies rank nodes by an *order key* computed from the node's free capacity alone
+(lower is better, ties broken by the smaller node name). The cluster keeps each index bucket
+sorted by that key, so a bucket's first fitting node is its best and a placement looks at one
+node per bucket. Class strategies (FGD) score a node by its whole free vector against the pod;
+the cluster hands them one representative per class of identical nodes instead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+from .frag import DEFAULT_WORKLOAD, Workload, node_fragmentation, request_type
+from .model import MILLI, Pod
+from .state import NodeState
+
+
+class Strategy:
+    """The interface the cluster calls. Subclasses override `order_key` and `pick_gpus`."""
+
+    name = "base"
+    uses_classes = False
+
+    def order_key(self, st: NodeState) -> tuple:
+        """Rank of a node among those that fit (lower first). Must depend on capacity only."""
+        return ()
+
+    def pick_gpus(self, st: NodeState, pod: Pod) -> list[int]:
+        """GPU indices on a node known to fit: whole GPUs lowest index first, a share by rank."""
+        if pod.gpus == 0:
+            return []
+        roomy = st.gpus_with(pod.gpu_milli)
+        if pod.gpu_milli < MILLI:
+            roomy.sort(key=lambda i: self.gpu_rank(st.free[i]))
+        return roomy[: pod.gpus]
+
+    def gpu_rank(self, free: int) -> int:
+        """Which GPU a share goes to, among those with room: the tightest by default."""
+        return free
+
+    def observe(self, pod: Pod) -> None:
+        """Hear of an arriving pod (FGD learns the workload mix from these)."""
+
+    def __repr__(self) -> str:
+        return f"<strategy {self.name}>"
+
+
+class FirstFit(Strategy):
+    """The first node by name that fits; a share goes to the lowest-index GPU with room."""
+
+    name = "first-fit"
+
+    def gpu_rank(self, free: int) -> int:
+        return 0  # stable sort keeps index order
+
+
+class BestFit(Strategy):
+    """The node left with the least free GPU, then CPU, then memory: fill tight spots first."""
+
+    name = "best-fit"
+
+    def order_key(self, st: NodeState) -> tuple:
+        return (st.total_free(), st.cpu_free, st.mem_free)
+
+
+class BinPack(Strategy):
+    """The most allocated node by share of its GPUs (then CPU): consolidate, keep nodes empty."""
+
+    name = "bin-pack"
+
+    def order_key(self, st: NodeState) -> tuple:
+        return (_free_fraction(st), _cpu_fraction(st))
+
+
+class Spread(Strategy):
+    """The least allocated node (share of GPUs, then CPU); a share goes to the emptiest GPU."""
+
+    name = "spread"
+
+    def order_key(self, st: NodeState) -> tuple:
+        return (-_free_fraction(st), -_cpu_fraction(st))
+
+    def gpu_rank(self, free: int) -> int:
+        return -free
+
+
+class FGD(Strategy):
+    """Fragmentation gradient descent: the placement that grows expected fragmentation least.
+
+    Score of a node = F(after) - F(before), F being `node_fragmentation` under the workload mix
+    (given, or learnt from the pods seen). `quantized=True` reproduces the published artifact,
+    which turns the change into an integer 0..100 through a sigmoid (many ties, broken by the
+    smaller node name).
+    """
+
+    name = "fgd"
+    uses_classes = True
+
+    def __init__(
+        self, workload: Workload | None = None, *, quantized: bool = False, relearn_every: int = 256
+    ):
+        self.fixed = workload is not None
+        self.workload = workload or DEFAULT_WORKLOAD
+        self.quantized = quantized
+        self.relearn_every = relearn_every
+        self._seen: Counter = Counter()
+        self._since = 0
+        self._frag: dict[tuple, float] = {}
+        self._score: dict[tuple, tuple] = {}
+
+    def observe(self, pod: Pod) -> None:
+        if self.fixed:
+            return
+        self._seen[request_type(pod)] += 1
+        self._since += 1
+        if self._since >= self.relearn_every or sum(self._seen.values()) < self.relearn_every:
+            self.set_workload(Workload.from_counts(self._seen))
+            self._since = 0
+
+    def set_workload(self, workload: Workload) -> None:
+        if workload != self.workload:
+            self.workload = workload
+            self._frag.clear()
+            self._score.clear()
+
+    def frag(self, model: str, shape: tuple[int, ...], cpu_free: int) -> float:
+        key = (model, shape, cpu_free)
+        value = self._frag.get(key)
+        if value is None:
+            if len(self._frag) > 200_000:
+                self._frag.clear()
+            value = self._frag[key] = node_fragmentation(shape, cpu_free, model, self.workload)
+        return value
+
+    def class_score(self, model: str, shape: tuple[int, ...], cpu_free: int, pod: Pod) -> tuple:
+        """(score, GPU free values the share may take) for a node class; lower score is better.
+
+        Cached per (class, request): O(1) on a hit, O(V x T x G) on a miss for V distinct
+        free values on the node.
+        """
+        key = (model, shape, cpu_free, pod.gpus, pod.gpu_milli, pod.cpu_milli)
+        hit = self._score.get(key)
+        if hit is None:
+            if len(self._score) > 200_000:
+                self._score.clear()
+            hit = self._score[key] = self._class_score(model, shape, cpu_free, pod)
+        return hit
+
+    def _class_score(self, model, shape, cpu_free, pod) -> tuple:
+        before = self.frag(model, shape, cpu_free)
+        cpu_after = cpu_free - pod.cpu_milli
+        if pod.gpus == 1 and pod.gpu_milli < MILLI:
+            best, values = None, []
+            for v in sorted(set(shape)):
+                if v < pod.gpu_milli:
+                    continue
+                after = _take(shape, [v], pod.gpu_milli)
+                s = self._delta(before, self.frag(model, after, cpu_after))
+                if best is None or s < best:
+                    best, values = s, [v]
+                elif s == best:
+                    values.append(v)
+            return (best, tuple(values))
+        taken = sorted(f for f in shape if f >= pod.gpu_milli)[: pod.gpus]
+        after = _take(shape, taken, pod.gpu_milli)
+        return (self._delta(before, self.frag(model, after, cpu_after)), ())
+
+    def _delta(self, before: float, after: float) -> float:
+        if self.quantized:
+            x = (before - after) / 1000
+            return -int(100 / (1 + math.exp(-x)))
+        return after - before
+
+    def pick_gpus(self, st: NodeState, pod: Pod) -> list[int]:
+        if not (pod.gpus == 1 and pod.gpu_milli < MILLI):
+            # The artifact's exclusive choice: the least sufficient GPUs, lowest index on ties.
+            roomy = st.gpus_with(pod.gpu_milli)
+            roomy.sort(key=lambda i: st.free[i])
+            return sorted(roomy[: pod.gpus]) if pod.gpu_milli == MILLI else roomy[: pod.gpus]
+        _, values = self.class_score(st.pool.gpu_model, st.shape(), st.cpu_free, pod)
+        return [next(i for i in st.gpus_with(pod.gpu_milli) if st.free[i] in values)]
+
+
+class FGDPlus(FGD):
+    """The default: FGD on exact (unquantized) fragmentation change, workload learnt online."""
+
+    name = "fgd-plus"
+
+
+def _take(shape: tuple[int, ...], values: list[int], milli: int) -> tuple[int, ...]:
+    """`shape` with `milli` taken from one GPU of each free value in `values`."""
+    out = list(shape)
+    for v in values:
+        out[out.index(v)] = v - milli
+    return tuple(sorted(out, reverse=True))
+
+
+def _free_fraction(st: NodeState) -> float:
+    return st.total_free() / (MILLI * st.node.gpus) if st.node.gpus else 1.0
+
+
+def _cpu_fraction(st: NodeState) -> float:
+    return st.cpu_free / st.node.cpu_milli if st.node.cpu_milli else 1.0
+
+
+DEFAULT = FGDPlus.name
+STRATEGIES: dict[str, type[Strategy]] = {
+    cls.name: cls for cls in (FirstFit, BestFit, BinPack, Spread, FGD, FGDPlus)
+}
+
+
+def make_strategy(strategy: str | Strategy | None) -> Strategy:
+    if isinstance(strategy, Strategy):
+        return strategy
+    name = strategy or DEFAULT
+    if name not in STRATEGIES:
+        raise ValueError(f"unknown strategy {name!r}; choose one of {sorted(STRATEGIES)}")
+    return STRATEGIES[name]()
