@@ -1,0 +1,873 @@
+"""The scheduling policy: which queued job starts, where, what waits, and what gets preempted.
+
+Plain data in, plain data out; no Django. The dispatcher and the simulator run this same code.
+
+The seam the dispatcher calls once per tick::
+
+    decisions = decide(
+        now,                       # seconds (any epoch, the same clock as the times below)
+        cluster,                   # ClusterManager holding every node and every running pod
+        queued=[QueuedJob(...)],   # jobs waiting (a preempted job comes back with its first submit)
+        running=[RunningJob(...)], # jobs holding GPUs (starting, running, preempting)
+        tiers={"enterprise": TierPolicy(...), ...},
+        tenant_usage={"acme": TenantUsage(tier="pro", gpu_seconds=...)},  # decayed, as of now
+        config=PolicyConfig(),
+        held_reservation="job-17", # the job_id of the last Reserve decision, or None
+    )
+
+It returns, in the order they were taken:
+
+- `Start(job_id, placement, reason)`: run the job on `placement` now.
+- `Preempt(victim_ids, for_job_id, placement, reason, cost_gpu_s)`: signal the victims to
+  checkpoint and stop; once their GPUs are released, start `for_job_id` on `placement` (nobody
+  else may use it meanwhile; the policy already counts it as taken).
+- `Reserve(job_id, nodes, at, reason)`: the first blocked job holds these nodes from `at` on
+  (EASY backfill); pass its id back as `held_reservation` next tick so the hold is kept.
+- `Wait(job_id, reason)`: still queued, with the reason shown to the user (only with `explain`).
+
+`decide` changes `cluster` the way the decisions say (victims removed, started jobs placed), so a
+dispatcher should build a fresh ClusterManager per tick. The simulator keeps one `Scheduler` alive
+instead and feeds it events (`submit`, `finish`); both go through `Scheduler.decide`.
+
+The rules (docs/scheduling.md has the formulas):
+
+- strict priority between levels; inside a level, weighted fair share of GPUs between tiers (tiers
+  under their guaranteed share first) and between tenants by usage decaying with `half_life_s`;
+  submit order inside a tenant;
+- aging: a job that has waited its tier's `age_limit_s` goes ahead of every non-aged job of its
+  level, oldest first;
+- a tier never holds more than guaranteed + borrowing limit;
+- EASY backfill: the first blocked job gets a reservation on the nodes that free up first (from
+  running jobs' estimated ends); later jobs start only if they end by then or leave those GPUs;
+- preemption: a job may preempt preemptible jobs of a lower level, or, when its tier is under its
+  guarantee, of a same-level tier over its guarantee; victims must have run `min_runtime_s` and been
+  preempted fewer than `max_preemptions` times; the cheapest set (GPU-time since last checkpoint
+  plus restart cost) is chosen, and nothing is preempted unless the job then really fits.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, insort
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from apps.scheduling.core.policy_capacity import (
+    FreeView,
+    Reservation,
+    earliest_fit,
+    pick_reserved,
+)
+from apps.scheduling.core.policy_order import QueueIndex, SlurmPriority
+from apps.scheduling.core.policy_preempt import plan_victims
+
+LN2 = math.log(2.0)
+HOUR = 3600.0
+
+
+# --- settings ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TierPolicy:
+    """How one tier is scheduled (from the Tier record; a Quota may override per tenant later)."""
+
+    name: str
+    level: int = 0  # strict priority: a higher level always goes first
+    weight: float = 1.0  # share of GPUs against other tiers of the same level
+    preemptible: bool = False  # its jobs may be preempted
+    can_preempt: bool = False  # its jobs may preempt others
+    guaranteed_share: float = 0.0  # fraction of the cluster's GPUs it may reclaim by preemption
+    borrowing_limit: float | None = None  # fraction above the guarantee it may hold; None: any
+    age_limit_s: float = 24 * HOUR  # waiting this long puts a job ahead of its level
+    min_runtime_s: float = 15 * 60  # a victim must have run this long in its current attempt
+    max_preemptions: int = 3  # a job is preempted at most this many times
+    qos_priority: int = 0  # Slurm rendering only: the QOS priority of this tier
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    ordering: str = "fair"  # fair | level-fifo | fifo | slurm
+    backfill: bool = True  # EASY backfill behind the first blocked job
+    preemption: bool = True
+    victim_cost: str = "checkpoint"  # checkpoint | youngest (Slurm-like: ignores checkpoints)
+    half_life_s: float = 24 * HOUR  # decay of tenant and tier usage
+    backfill_depth: int = 256  # jobs looked at per pass (Slurm's bf_max_job_test)
+    grace_s: float = 0.0  # a victim releases its GPUs this long after the signal
+    preempt_plans_per_pass: int = 4
+    preempt_retry_s: float = 60.0  # a job whose plan failed is not replanned before this
+    slurm_weights: tuple[float, float, float] = (100000.0, 10000.0, 1000.0)  # QOS, FS, age
+    slurm_max_age_s: float = 7 * 24 * HOUR
+    slurm_calc_period_s: float = 300.0
+
+
+def default_tiers() -> dict[str, TierPolicy]:
+    """The platform's default tiers (API.md): enterprise on top and never preempted, free preemptible."""
+    return {
+        "enterprise": TierPolicy(
+            "enterprise", level=2, weight=1.0, can_preempt=True, age_limit_s=1 * HOUR,
+            qos_priority=1000,
+        ),
+        "pro": TierPolicy(
+            "pro", level=1, weight=3.0, can_preempt=True, guaranteed_share=0.3,
+            age_limit_s=12 * HOUR, qos_priority=100,
+        ),
+        "free": TierPolicy(
+            "free", level=1, weight=1.0, preemptible=True, guaranteed_share=0.1,
+            age_limit_s=24 * HOUR, qos_priority=10,
+        ),
+    }  # fmt: skip
+
+
+# --- the data the dispatcher passes -------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class QueuedJob:
+    job_id: str
+    tenant: str
+    tier: str
+    gpus: int  # GPUs per node
+    submit: float  # the first submit time; a preempted job keeps it
+    est_runtime_s: float  # max_runtime_seconds, or a better estimate (remaining work + restart)
+    nodes: int = 1  # > 1: a gang, all or nothing
+    gpu_models: tuple[str, ...] = ()
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[str, ...] = ()
+    preemptions: int = 0  # how often it was preempted so far
+    seq: int = -1  # tie-break among equal submits; the policy fills it in when left at -1
+
+
+@dataclass(slots=True)
+class RunningJob:
+    job_id: str
+    tenant: str
+    tier: str
+    gpus: int
+    started_at: float  # start of the current attempt
+    est_end: float  # when it is expected to release its GPUs
+    placement: Any  # the Placement it holds
+    nodes: int = 1
+    last_checkpoint_at: float | None = None  # None: nothing saved in this attempt
+    restart_cost_s: float = 0.0  # time a restart spends before making progress again
+    preemptions: int = 0
+    gpu_models: tuple[str, ...] = ()
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[str, ...] = ()
+    alloc: list[tuple[str, int]] = field(default_factory=list)  # filled from placement
+
+
+@dataclass(frozen=True, slots=True)
+class TenantUsage:
+    tier: str
+    gpu_seconds: float  # GPU-seconds used, each decayed by 2^(-age/half_life), as of `now`
+
+
+# --- decisions ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    job_id: str
+    placement: Any
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Preempt:
+    victim_ids: tuple[str, ...]
+    for_job_id: str
+    placement: Any
+    reason: str
+    cost_gpu_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Reserve:
+    job_id: str
+    nodes: tuple[str, ...]
+    at: float
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    job_id: str
+    reason: str
+
+
+Decision = Start | Preempt | Reserve | Wait
+
+
+# --- the stateless seam -------------------------------------------------------------------------
+
+
+def decide(
+    now: float,
+    cluster: Any,
+    queued: Iterable[QueuedJob],
+    running: Iterable[RunningJob],
+    tiers: Mapping[str, TierPolicy],
+    tenant_usage: Mapping[str, TenantUsage] | None = None,
+    *,
+    config: PolicyConfig | None = None,
+    held_reservation: str | None = None,
+    tenant_weights: Mapping[str, float] | None = None,
+    explain: bool = True,
+) -> list[Decision]:
+    """One scheduling pass over state rebuilt from plain data (see the module docstring)."""
+    scheduler = Scheduler(cluster, tiers, config, tenant_weights=tenant_weights)
+    for node in cluster.list_nodes():
+        scheduler.add_node(node, in_cluster=True)
+    for job in running:
+        scheduler.restore_running(job)
+    scheduler.reset_usage(now)
+    for tenant, usage in (tenant_usage or {}).items():
+        scheduler.set_usage(tenant, usage.tier, usage.gpu_seconds, now)
+    for job in queued:
+        scheduler.submit(job)
+    scheduler.hold(held_reservation)
+    return scheduler.decide(now, explain=explain)
+
+
+def decayed_gpu_seconds(
+    runs: Iterable[tuple[float, float, int]], now: float, half_life_s: float
+) -> float:
+    """Decayed usage from `(start, end, gpus)` runs: sum of gpus * integral of 2^(-(now-t)/H) dt."""
+    total = 0.0
+    for start, end, gpus in runs:
+        end = min(end, now)
+        if end > start:
+            k = LN2 / half_life_s
+            total += gpus * (math.exp(-k * (now - end)) - math.exp(-k * (now - start))) / k
+    return total
+
+
+# --- the engine -----------------------------------------------------------------------------------
+
+
+class _Usage:
+    """Decayed GPU-seconds, advanced lazily. `gpus(now)` is the standing in GPUs."""
+
+    __slots__ = ("decayed", "at", "running")
+
+    def __init__(self) -> None:
+        self.decayed = 0.0
+        self.at = 0.0
+        self.running = 0
+
+    def value(self, now: float, half_life: float) -> float:
+        if now <= self.at:
+            return self.decayed
+        decay = math.exp(-LN2 * (now - self.at) / half_life)
+        return self.decayed * decay + self.running * half_life / LN2 * (1.0 - decay)
+
+    def change(self, now: float, half_life: float, delta: int) -> None:
+        self.decayed = self.value(now, half_life)
+        self.at = max(self.at, now)
+        self.running += delta
+
+    def gpus(self, now: float, half_life: float) -> float:
+        """Running GPUs plus the decayed average of past GPUs (the same unit)."""
+        return self.running + self.value(now, half_life) * LN2 / half_life
+
+
+class Scheduler:
+    """The policy with its incremental state (queue, free GPUs, usage, held reservation).
+
+    Every method is O(1) or O(log n) except `decide`, whose cost is bounded by
+    `backfill_depth` jobs looked at, each costing O(log Q) to order plus, when it may fit, one
+    placement call.
+    """
+
+    def __init__(
+        self,
+        cluster: Any,
+        tiers: Mapping[str, TierPolicy],
+        config: PolicyConfig | None = None,
+        *,
+        pod_type: Any = None,
+        tenant_weights: Mapping[str, float] | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self.tiers = dict(tiers)
+        self.config = config or PolicyConfig()
+        if self.config.ordering not in ("fair", "level-fifo", "fifo", "slurm"):
+            raise ValueError(f"unknown ordering {self.config.ordering!r}")
+        self._pod_type = pod_type
+        self.tenant_weights = dict(tenant_weights or {})
+        self.view = FreeView()
+        self.queued: dict[str, QueuedJob] = {}
+        self.running: dict[str, RunningJob] = {}
+        self.index = QueueIndex(lambda tier: self.tiers[tier].level)
+        self._ends: list[tuple[float, int, str]] = []  # running jobs by estimated end
+        self._end_key: dict[str, tuple[float, int, str]] = {}
+        self._seq = 0
+        self._tenant_usage: dict[str, _Usage] = {}
+        self._tier_usage: dict[str, _Usage] = {t: _Usage() for t in self.tiers}
+        self._preemptible_running = 0
+        self._held_id: str | None = None
+        self._resv: Reservation | None = None
+        self._resv_dirty = True
+        self._plan_failed: dict[str, float] = {}
+        self._slurm = SlurmPriority(self.config.slurm_calc_period_s)
+        self.now = 0.0
+
+    # --- state changes --------------------------------------------------------------------
+
+    def add_node(self, node: Any, *, in_cluster: bool = False) -> None:
+        """Register a node (and add it to the cluster unless it is already there)."""
+        if not in_cluster:
+            self.cluster.add_node(node)
+        self.view.add_node(node.name, int(node.gpus), node.gpu_model)
+        self._resv_dirty = True
+
+    def submit(self, job: QueuedJob) -> None:
+        """O(log n). The job joins the queue (a preempted job comes back through here too)."""
+        if job.job_id in self.queued or job.job_id in self.running:
+            raise ValueError(f"job {job.job_id} is already known")
+        if job.tier not in self.tiers:
+            raise KeyError(f"job {job.job_id}: unknown tier {job.tier!r}")
+        if job.seq < 0:
+            self._seq += 1
+            job.seq = self._seq
+        self.queued[job.job_id] = job
+        self.index.add(job.tier, job.tenant, job.submit, job.seq, job)
+        if self.config.ordering == "slurm":
+            self._slurm.add(job, self._slurm_priority(job))
+
+    def cancel(self, job_id: str) -> None:
+        """Drop a queued job."""
+        job = self.queued.pop(job_id)
+        self.index.remove(job.tier, job.tenant, job.submit, job.seq)
+        if job_id == self._held_id:
+            self.hold(None)
+
+    def hold(self, job_id: str | None) -> None:
+        """The job that keeps the reservation from an earlier pass (sticky EASY head)."""
+        self._held_id = job_id
+        self._resv_dirty = True
+
+    def reset_usage(self, now: float) -> None:
+        """Forget decayed history (running GPUs stay); `set_usage` then seeds it per tenant."""
+        for usage in (*self._tenant_usage.values(), *self._tier_usage.values()):
+            usage.decayed, usage.at = 0.0, now
+
+    def set_usage(self, tenant: str, tier: str, gpu_seconds: float, now: float) -> None:
+        """Seed a tenant's decayed usage (the dispatcher computes it from attempt history)."""
+        usage = self._usage_of(tenant)
+        usage.decayed, usage.at = gpu_seconds, now
+        tier_usage = self._tier_usage.setdefault(tier, _Usage())
+        tier_usage.decayed = tier_usage.value(now, self.config.half_life_s) + gpu_seconds
+        tier_usage.at = max(tier_usage.at, now)
+
+    def restore_running(self, job: RunningJob) -> None:
+        """A job that already holds its placement in the cluster."""
+        self._add_running(job, job.started_at)
+
+    def finish(self, job_id: str, now: float) -> RunningJob:
+        """The job released its GPUs (finished, failed, cancelled or stopped after preemption)."""
+        job = self._remove_running(job_id, now)
+        self.cluster.remove_pod(job_id)
+        resv = self._resv
+        if resv is not None and not self._resv_dirty:
+            if job.est_end <= resv.shadow:
+                for node, n in job.alloc:
+                    if node in resv.need:
+                        resv.released[node] = max(0, resv.released.get(node, 0) - n)
+            else:
+                self._resv_dirty = True  # it ended early: the reservation may come sooner
+        return job
+
+    def record_checkpoint(self, job_id: str, at: float) -> None:
+        self.running[job_id].last_checkpoint_at = at
+
+    # --- the pass ---------------------------------------------------------------------------
+
+    def decide(self, now: float, *, explain: bool = False) -> list[Decision]:
+        """One pass: start, preempt for, reserve for, or explain the queued jobs in order."""
+        self.now = now
+        return _Pass(self, now, explain).run()
+
+    # --- helpers used by the pass -------------------------------------------------------------
+
+    def _usage_of(self, tenant: str) -> _Usage:
+        usage = self._tenant_usage.get(tenant)
+        if usage is None:
+            usage = self._tenant_usage[tenant] = _Usage()
+        return usage
+
+    def _add_running(self, job: RunningJob, now: float) -> None:
+        if not job.alloc:
+            job.alloc = _alloc_of(job.placement)
+        for node, n in job.alloc:
+            self.view.take(node, n)
+        self.running[job.job_id] = job
+        self._seq += 1
+        key = (job.est_end, self._seq, job.job_id)
+        insort(self._ends, key)
+        self._end_key[job.job_id] = key
+        gpus = sum(n for _, n in job.alloc)
+        half_life = self.config.half_life_s
+        self._usage_of(job.tenant).change(now, half_life, gpus)
+        self._tier_usage.setdefault(job.tier, _Usage()).change(now, half_life, gpus)
+        if self.tiers[job.tier].preemptible:
+            self._preemptible_running += 1
+
+    def _remove_running(self, job_id: str, now: float) -> RunningJob:
+        job = self.running.pop(job_id)
+        for node, n in job.alloc:
+            self.view.give(node, n)
+        key = self._end_key.pop(job_id)
+        del self._ends[bisect_left(self._ends, key)]
+        gpus = sum(n for _, n in job.alloc)
+        half_life = self.config.half_life_s
+        self._usage_of(job.tenant).change(now, half_life, -gpus)
+        self._tier_usage[job.tier].change(now, half_life, -gpus)
+        if self.tiers[job.tier].preemptible:
+            self._preemptible_running -= 1
+        return job
+
+    def _pod(self, job: QueuedJob | RunningJob) -> Any:
+        if self._pod_type is None:
+            from apps.scheduling.core import Pod
+
+            self._pod_type = Pod
+        return self._pod_type(
+            job.job_id,
+            gpus=job.gpus,
+            nodes=job.nodes,
+            gpu_models=tuple(job.gpu_models),
+            node_selector=dict(job.node_selector),
+            tolerations=tuple(job.tolerations),
+        )
+
+    def tier_gpus(self, tier: str) -> int:
+        usage = self._tier_usage.get(tier)
+        return usage.running if usage else 0
+
+    def _tier_cap(self, tier: TierPolicy) -> float:
+        if tier.borrowing_limit is None:
+            return math.inf
+        return (tier.guaranteed_share + tier.borrowing_limit) * self.view.total
+
+    def _order(self, now: float) -> Iterator[QueuedJob]:
+        ordering = self.config.ordering
+        if ordering == "fifo":
+            return self.index.fifo()
+        if ordering == "level-fifo":
+            return self.index.level_fifo()
+        if ordering == "slurm":
+            return self._slurm_order(now)
+        return self._fair_order(now)
+
+    def _fair_order(self, now: float) -> Iterator[QueuedJob]:
+        half_life = self.config.half_life_s
+        total = max(1, self.view.total)
+        tiers = self.tiers
+        tenant_weights = self.tenant_weights
+
+        def tier_key(tier: str, charged: float) -> tuple[int, float]:
+            usage = self._tier_usage.get(tier)
+            gpus = (usage.gpus(now, half_life) if usage else 0.0) + charged
+            running = (usage.running if usage else 0) + charged
+            over = running >= tiers[tier].guaranteed_share * total
+            return int(over), gpus / tiers[tier].weight
+
+        def tenant_key(tier: str, tenant: str) -> float:
+            usage = self._tenant_usage.get(tenant)
+            gpus = usage.gpus(now, half_life) if usage else 0.0
+            return gpus / tenant_weights.get(tenant, 1.0)
+
+        return self.index.fair(
+            now,
+            age_limit=lambda tier: tiers[tier].age_limit_s,
+            tier_key=tier_key,
+            tier_weight=lambda tier: tiers[tier].weight,
+            tenant_key=tenant_key,
+            tenant_weight=lambda tenant: tenant_weights.get(tenant, 1.0),
+        )
+
+    def _slurm_priority(self, job: QueuedJob) -> float:
+        w_qos, w_fs, w_age = self.config.slurm_weights
+        max_qos = max((t.qos_priority for t in self.tiers.values()), default=0) or 1
+        qos = self.tiers[job.tier].qos_priority / max_qos
+        half_life = self.config.half_life_s
+        total = sum(u.value(self.now, half_life) for u in self._tenant_usage.values())
+        weights = self.tenant_weights
+        tenants = self._tenant_usage.keys() | {job.tenant}
+        share = weights.get(job.tenant, 1.0) / sum(weights.get(t, 1.0) for t in tenants)
+        used = self._usage_of(job.tenant).value(self.now, half_life) / total if total > 0 else 0.0
+        fair_share = 2.0 ** (-used / share)
+        age = min(1.0, max(0.0, self.now - job.submit) / self.config.slurm_max_age_s)
+        return w_qos * qos + w_fs * fair_share + w_age * age
+
+    def _slurm_order(self, now: float) -> Iterator[QueuedJob]:
+        order = self._slurm.ordered(now, lambda: iter(self.queued.values()), self._slurm_priority)
+        queued = self.queued
+        for entry in order:
+            job = entry[3]
+            if queued.get(job.job_id) is job:
+                yield job
+
+
+def _alloc_of(placement: Any) -> list[tuple[str, int]]:
+    return [(a.node, len(a.gpu_indices)) for a in placement.assignments]
+
+
+def _gpu_label(job: QueuedJob) -> str:
+    models = "/".join(job.gpu_models) if job.gpu_models else ""
+    return f"{job.gpus} free {models + ' ' if models else ''}GPU{'s' if job.gpus != 1 else ''}"
+
+
+class _Pass:
+    """One `decide` pass. Kept as an object so each step is a small named method."""
+
+    def __init__(self, scheduler: Scheduler, now: float, explain: bool) -> None:
+        self.s = scheduler
+        self.now = now
+        self.explain = explain
+        self.cfg = scheduler.config
+        self.out: list[Decision] = []
+        self.taken: list[QueuedJob] = []
+        held_id = scheduler._held_id
+        self.held = scheduler.queued.get(held_id) if held_id else None
+        self.resv: Reservation | None = None
+        if (
+            self.held is not None
+            and scheduler._resv is not None
+            and scheduler._resv.job_id == held_id
+            and not scheduler._resv_dirty
+            and now < scheduler._resv.shadow
+        ):
+            self.resv = scheduler._resv
+        self.plans_left = self.cfg.preempt_plans_per_pass if self.cfg.preemption else 0
+
+    def run(self) -> list[Decision]:
+        s = self.s
+        order = s._order(self.now)
+        preemptors_left = self._preemptors_queued()
+        scanned = 0
+        for job in order:
+            scanned += 1
+            if scanned > self.cfg.backfill_depth:
+                self._wait(job, f"behind {self.cfg.backfill_depth} jobs in queue order")
+                break
+            preemptor = self._may_preempt(job)
+            preemptors_left -= preemptor
+            if s.view.free_total == 0 and not preemptor and self.held is not None:
+                # Nothing starts without preemption; stop once no job left could preempt.
+                self._wait(job, "no free GPUs: " + self._shortage(job))
+                if preemptors_left <= 0 or self.plans_left <= 0:
+                    break
+                continue
+            if not self._step(job):
+                break
+        if self.explain:
+            for job in order:
+                self._wait(job, "behind the jobs ahead in queue order")
+        self._finish()
+        return self.out
+
+    def _preemptors_queued(self) -> int:
+        """How many queued jobs belong to tiers that could preempt someone right now."""
+        s = self.s
+        self.could_preempt = {}
+        if self.plans_left <= 0 or s._preemptible_running == 0:
+            return 0
+        total = s.view.total
+        lowest = min((t.level for t in s.tiers.values() if t.preemptible), default=math.inf)
+        over = {
+            t.name for t in s.tiers.values() if s.tier_gpus(t.name) > t.guaranteed_share * total
+        }
+        count = 0
+        for name, tier in s.tiers.items():
+            able = tier.can_preempt and (
+                tier.level > lowest
+                or (
+                    s.tier_gpus(name) < tier.guaranteed_share * total
+                    and any(
+                        s.tiers[o].level == tier.level and s.tiers[o].preemptible
+                        for o in over - {name}
+                    )
+                )
+            )
+            self.could_preempt[name] = able
+            if able:
+                count += sum(len(tq.items) for tq in s.index.queues([name]))
+        return count
+
+    def _step(self, job: QueuedJob) -> bool:
+        """Handle one job; False stops the pass (FIFO without backfill: head-of-line blocking)."""
+        s = self.s
+        tier = s.tiers[job.tier]
+        total = job.gpus * job.nodes
+        if s.tier_gpus(job.tier) + total > s._tier_cap(tier):
+            cap = int(s._tier_cap(tier))
+            self._wait(
+                job,
+                f"tier {job.tier} is at its borrowing limit ({s.tier_gpus(job.tier)} of {cap} GPUs)",
+            )
+            return True
+        if self._in_front(job, tier):
+            return self._front(job, tier)
+        self._backfill(job, tier)
+        return True
+
+    def _in_front(self, job: QueuedJob, tier: TierPolicy) -> bool:
+        held = self.held
+        return held is None or held is job or tier.level > self.s.tiers[held.tier].level
+
+    def _front(self, job: QueuedJob, tier: TierPolicy) -> bool:
+        placement = self._place(job)
+        if placement is not None:
+            if self.held is not None and job is not self.held:
+                self.resv = None  # a higher level took GPUs: the reservation may move
+                self.s._resv_dirty = True
+            self._started(job, placement, self._start_reason(job, tier, "first in line"))
+            if job is self.held:
+                self.held, self.resv = None, None
+            return True
+        if self._try_preempt(job, tier):
+            if job is self.held:
+                self.held = None
+            self.resv = None  # victims no longer release GPUs when estimated
+            self.s._resv_dirty = True
+            return True
+        if not self.cfg.backfill:
+            self._wait(job, self._shortage(job))
+            return False
+        return self._make_head(job)
+
+    def _make_head(self, job: QueuedJob) -> bool:
+        if job is not self.held or self.resv is None:
+            resv = self._reserve(job)
+            if resv is None:
+                self._wait(
+                    job,
+                    f"needs {job.nodes} node(s) with {_gpu_label(job)}: more than the cluster has",
+                )
+                if job is self.held:
+                    self.held = None
+                return True
+            self.held, self.resv = job, resv
+        resv = self.resv
+        reason = f"reserved {len(resv.need)} node(s) from t={resv.shadow:.0f}: first in line; {self._shortage(job)}"
+        self.out.append(Reserve(job.job_id, tuple(sorted(resv.need)), resv.shadow, reason))
+        return True
+
+    def _backfill(self, job: QueuedJob, tier: TierPolicy) -> None:
+        s = self.s
+        if self.resv is None:
+            self.resv = self._reserve(self.held)
+            if self.resv is None:  # the held job can never fit: drop its hold
+                self.held = None
+                self._front(job, tier)
+                return
+        resv = self.resv
+        short = self.now + job.est_runtime_s <= resv.shadow
+        if short:
+            may_fit = s.view.fits(job.gpus, job.nodes, job.gpu_models)
+        else:
+            may_fit = resv.fits_long(s.view, job.gpus, job.nodes, job.gpu_models)
+        if may_fit:
+            placement = self._place(job, resv=None if short else resv)
+            if placement is not None:
+                if short:
+                    for node, n in _alloc_of(placement):
+                        if node in resv.need:
+                            resv.released[node] = resv.released.get(node, 0) + n
+                self._started(job, placement, self._start_reason(job, tier, "backfilled"))
+                return
+        if tier.level > resv.level and self._try_preempt(job, tier):
+            self.resv = None
+            s._resv_dirty = True
+            return
+        held = self.held
+        if not may_fit:
+            self._wait(job, self._shortage(job))
+        else:
+            self._wait(
+                job,
+                f"reserved for a job ahead ({held.job_id}, {held.nodes} x {held.gpus} GPUs from t={resv.shadow:.0f}); this job would run past it",
+            )
+
+    # --- placing --------------------------------------------------------------------------
+
+    def _place(self, job: QueuedJob, resv: Reservation | None = None) -> Any:
+        """Place via the placement core; undone if a long backfill would break the reservation."""
+        s = self.s
+        if resv is None and not s.view.fits(job.gpus, job.nodes, job.gpu_models):
+            return None
+        placement = s.cluster.schedule_pod(s._pod(job))
+        if placement is None or resv is None:
+            return placement
+        alloc = _alloc_of(placement)
+        for node, n in alloc:
+            s.view.take(node, n)
+        ok = resv.respects(s.view, alloc)
+        for node, n in alloc:
+            s.view.give(node, n)
+        if not ok:
+            s.cluster.remove_pod(job.job_id)
+            return None
+        return placement
+
+    def _started(
+        self, job: QueuedJob, placement: Any, reason: str, delay: float | None = None
+    ) -> None:
+        s = self.s
+        running = RunningJob(
+            job.job_id, job.tenant, job.tier, job.gpus, self.now,
+            self.now + (delay or 0.0) + job.est_runtime_s, placement, nodes=job.nodes,
+            preemptions=job.preemptions, gpu_models=job.gpu_models,
+            node_selector=job.node_selector, tolerations=job.tolerations,
+        )  # fmt: skip
+        s._add_running(running, self.now)
+        self.taken.append(job)
+        if delay is None:
+            self.out.append(Start(job.job_id, placement, reason))
+
+    def _start_reason(self, job: QueuedJob, tier: TierPolicy, how: str) -> str:
+        return f"{how}: {job.nodes} x {job.gpus} GPUs for tier {tier.name}, tenant {job.tenant}"
+
+    # --- reservations -----------------------------------------------------------------------
+
+    def _reserve(self, job: QueuedJob) -> Reservation | None:
+        s = self.s
+        if s._resv is not None and s._resv.job_id == job.job_id and not s._resv_dirty:
+            if self.now < s._resv.shadow:
+                return s._resv
+        found = earliest_fit(
+            s.view, s._ends, _Allocs(s), job.gpus, job.nodes, job.gpu_models, self.now
+        )
+        if found is None:
+            return None
+        shadow, gained = found
+        need = pick_reserved(s.view, gained, job.gpus, job.nodes, job.gpu_models)
+        released = {node: gained[node] for node in need if node in gained}
+        resv = Reservation(job.job_id, s.tiers[job.tier].level, shadow, need, released)
+        s._resv, s._resv_dirty = resv, False
+        return resv
+
+    # --- preemption -----------------------------------------------------------------------
+
+    def _may_preempt(self, job: QueuedJob) -> bool:
+        return self.plans_left > 0 and self.could_preempt.get(job.tier, False)
+
+    def _try_preempt(self, job: QueuedJob, tier: TierPolicy) -> bool:
+        s = self.s
+        if not self._may_preempt(job):
+            return False
+        if self.now < s._plan_failed.get(job.job_id, -math.inf):
+            return False
+        self.plans_left -= 1
+        victims = [v for v in s.running.values() if self._victim_ok(job, tier, v)]
+        plan = None
+        if victims:
+            allowed = set(s.view.models_for(job.gpu_models))
+            plan = plan_victims(
+                job.gpus, job.nodes, allowed, s.view.free, s.view.model, victims, self._cost
+            )
+        if plan is None or not self._evict_and_place(job, tier, *plan):
+            s._plan_failed[job.job_id] = self.now + self.cfg.preempt_retry_s
+            return False
+        s._plan_failed.pop(job.job_id, None)
+        return True
+
+    def _victim_ok(self, job: QueuedJob, tier: TierPolicy, victim: RunningJob) -> bool:
+        s = self.s
+        vt = s.tiers[victim.tier]
+        if not vt.preemptible or victim.preemptions >= vt.max_preemptions:
+            return False
+        if self.now - victim.started_at < vt.min_runtime_s:
+            return False
+        if tier.level > vt.level:
+            return True
+        if tier.level < vt.level or vt.name == tier.name:
+            return False
+        # Same level: reclaim a guarantee from a tier that is borrowing beyond its own.
+        total = s.view.total
+        job_gpus = job.gpus * job.nodes
+        victim_gpus = victim.gpus * victim.nodes
+        mine_ok = s.tier_gpus(tier.name) + job_gpus <= tier.guaranteed_share * total
+        theirs_over = s.tier_gpus(vt.name) - victim_gpus >= vt.guaranteed_share * total
+        return mine_ok and theirs_over
+
+    def _cost(self, victim: RunningJob) -> float:
+        gpus = victim.gpus * victim.nodes
+        if self.cfg.victim_cost == "youngest":
+            return gpus * (self.now - victim.started_at)
+        saved = (
+            victim.last_checkpoint_at
+            if victim.last_checkpoint_at is not None
+            else victim.started_at
+        )
+        return gpus * (self.now - saved + victim.restart_cost_s)
+
+    def _evict_and_place(
+        self, job: QueuedJob, tier: TierPolicy, victims: list[RunningJob], cost: float
+    ) -> bool:
+        s = self.s
+        for victim in victims:
+            s.cluster.remove_pod(victim.job_id)
+            for node, n in victim.alloc:
+                s.view.give(node, n)
+        placement = s.cluster.schedule_pod(s._pod(job))
+        for victim in victims:
+            for node, n in victim.alloc:
+                s.view.take(node, n)
+        if placement is None:  # it would still not fit: put everything back, preempt nobody
+            for victim in victims:
+                s.cluster.add_pod(s._pod(victim), victim.placement)
+            return False
+        for victim in victims:
+            s._remove_running(victim.job_id, self.now)
+        ids = tuple(v.job_id for v in victims)
+        why = (
+            f"preempting {len(ids)} job(s) of lower standing for {job.job_id} "
+            f"(tier {tier.name}); lost GPU-time {cost / 3600:.2f} GPU-h"
+        )
+        self.out.append(Preempt(ids, job.job_id, placement, why, cost))
+        self._started(job, placement, why, delay=self.cfg.grace_s)
+        return True
+
+    # --- waiting and bookkeeping ------------------------------------------------------------
+
+    def _shortage(self, job: QueuedJob) -> str:
+        view = self.s.view
+        if job.nodes == 1:
+            return f"waiting for {_gpu_label(job)} on one node (most free on a node: {view.largest_free(job.gpu_models)})"
+        have = view.nodes_with(job.gpus, job.gpu_models)
+        return f"gang of {job.nodes} x {job.gpus}: waiting for {job.nodes} nodes with {_gpu_label(job)} ({have} have them)"
+
+    def _wait(self, job: QueuedJob, reason: str) -> None:
+        if self.explain:
+            self.out.append(Wait(job.job_id, reason))
+
+    def _finish(self) -> None:
+        s = self.s
+        for job in self.taken:
+            del s.queued[job.job_id]
+            s.index.remove(job.tier, job.tenant, job.submit, job.seq)
+            s._plan_failed.pop(job.job_id, None)
+        if self.held is not None and self.held.job_id in s.queued:
+            if s._held_id != self.held.job_id:
+                s._held_id = self.held.job_id
+        else:
+            s._held_id = None
+        if self.resv is None:
+            s._resv_dirty = True
+
+
+class _Allocs:
+    """A read-only mapping job_id -> alloc over the running jobs, without building a dict."""
+
+    __slots__ = ("s",)
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.s = scheduler
+
+    def __getitem__(self, job_id: str) -> list[tuple[str, int]]:
+        return self.s.running[job_id].alloc

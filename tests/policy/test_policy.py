@@ -1,0 +1,307 @@
+"""The scheduling policy on small hand-made clusters: each test is one mechanism."""
+
+import math
+
+from apps.scheduling.core import ClusterManager, Node
+from apps.scheduling.core.policy import (
+    PolicyConfig,
+    Preempt,
+    QueuedJob,
+    Reserve,
+    RunningJob,
+    Scheduler,
+    Start,
+    TenantUsage,
+    TierPolicy,
+    Wait,
+    decayed_gpu_seconds,
+    decide,
+    default_tiers,
+)
+
+
+def cluster_of(nodes: int, gpus: int = 8, model: str = "A100", config=None, tiers=None):
+    scheduler = Scheduler(ClusterManager(), tiers or default_tiers(), config)
+    for i in range(nodes):
+        scheduler.add_node(Node(f"n{i}", gpus, model))
+    return scheduler
+
+
+def job(job_id, *, tenant="t", tier="free", gpus=1, nodes=1, submit=0.0, est=100.0, **kw):
+    return QueuedJob(job_id, tenant, tier, gpus, submit, est, nodes=nodes, **kw)
+
+
+def started(decisions):
+    return [d.job_id for d in decisions if isinstance(d, Start)]
+
+
+def test_a_gang_behind_a_stream_of_small_jobs_gets_its_reservation():
+    s = cluster_of(2)
+    for i in range(16):
+        s.submit(job(f"s{i}", est=50 if i < 8 else 100))
+    assert len(started(s.decide(0))) == 16
+    s.submit(job("gang", tenant="g", gpus=8, nodes=2, submit=1, est=500))
+    for i in range(20):
+        s.submit(job(f"stream{i}", submit=2 + i, est=1000))
+    decisions = s.decide(2)
+    assert [d for d in decisions if isinstance(d, Reserve)][0].job_id == "gang"
+    assert [d.at for d in decisions if isinstance(d, Reserve)] == [100.0]
+    for i in range(8):
+        s.finish(f"s{i}", 50)
+    s.submit(job("short", tenant="x", submit=50, est=30))
+    assert started(s.decide(50)) == ["short"]  # ends by 100; the long stream may not start
+    s.finish("short", 80)
+    for i in range(8, 16):
+        s.finish(f"s{i}", 100)
+    assert started(s.decide(100))[0] == "gang"
+
+
+def test_a_flooding_tenant_gets_only_its_share():
+    s = cluster_of(1)
+    for i in range(40):
+        s.submit(job(f"flood{i}", tenant="flood", submit=i * 0.01))
+    assert len(started(s.decide(0.5))) == 8
+    for i in range(8):
+        s.submit(job(f"light{i}", tenant="light", submit=1 + i * 0.01))
+    for i in range(8):
+        s.finish(f"flood{i}", 100)
+    got = started(s.decide(100))
+    assert sum(j.startswith("light") for j in got) == 4
+    assert sum(j.startswith("flood") for j in got) == 4
+
+
+def test_weights_split_a_level_between_tiers():
+    tiers = {
+        "gold": TierPolicy("gold", level=1, weight=3.0),
+        "bronze": TierPolicy("bronze", level=1, weight=1.0),
+    }
+    s = cluster_of(1, tiers=tiers)
+    for i in range(20):
+        s.submit(job(f"b{i}", tier="bronze", tenant="b", submit=i * 0.01))
+        s.submit(job(f"g{i}", tier="gold", tenant="g", submit=i * 0.01))
+    got = started(s.decide(1))
+    assert sum(j.startswith("g") for j in got) == 6
+    assert sum(j.startswith("b") for j in got) == 2
+
+
+def running(job_id, *, tenant="t", tier="free", gpus=1, started_at=0.0, est_end=10_000.0, **kw):
+    return dict(
+        job_id=job_id,
+        tenant=tenant,
+        tier=tier,
+        gpus=gpus,
+        started_at=started_at,
+        est_end=est_end,
+        **kw,
+    )
+
+
+def start_running(s, now, *specs):
+    """Start jobs through the policy, then give them checkpoint times."""
+    for spec in specs:
+        s.submit(
+            job(
+                spec["job_id"],
+                tenant=spec["tenant"],
+                tier=spec["tier"],
+                gpus=spec["gpus"],
+                est=spec["est_end"],
+            )
+        )
+    s.decide(now)
+    for spec in specs:
+        if spec.get("last_checkpoint_at") is not None:
+            s.record_checkpoint(spec["job_id"], spec["last_checkpoint_at"])
+
+
+def test_a_victim_with_a_fresh_checkpoint_is_chosen_over_one_without():
+    s = cluster_of(1, gpus=2)
+    start_running(
+        s, 0, running("stale", tenant="a"), running("fresh", tenant="b", last_checkpoint_at=3500.0)
+    )
+    s.submit(job("boss", tier="enterprise", tenant="e", submit=3600))
+    decisions = s.decide(3600)
+    preempts = [d for d in decisions if isinstance(d, Preempt)]
+    assert len(preempts) == 1 and preempts[0].victim_ids == ("fresh",)
+    assert preempts[0].for_job_id == "boss"
+    assert preempts[0].cost_gpu_s == 100.0
+    assert "boss" in s.running and "fresh" not in s.running
+
+
+def test_fewer_victims_are_preferred_at_equal_cost():
+    s = cluster_of(1, gpus=4)
+    start_running(
+        s, 0, running("big", gpus=2, tenant="a"), running("x", tenant="b"), running("y", tenant="c")
+    )
+    s.record_checkpoint("x", 3600 - 50)
+    s.record_checkpoint("y", 3600 - 50)
+    s.record_checkpoint("big", 3600 - 50)
+    s.submit(job("boss", tier="enterprise", tenant="e", gpus=4, submit=3600))
+    [p] = [d for d in s.decide(3600) if isinstance(d, Preempt)]
+    assert sorted(p.victim_ids) == ["big", "x", "y"]  # all needed: 4 GPUs
+    s2 = cluster_of(1, gpus=4)
+    start_running(
+        s2,
+        0,
+        running("big", gpus=2, tenant="a"),
+        running("x", tenant="b"),
+        running("y", tenant="c"),
+    )
+    for name in ("big", "x", "y"):
+        s2.record_checkpoint(name, 3600 - 50)
+    s2.submit(job("boss", tier="enterprise", tenant="e", gpus=2, submit=3600))
+    [p] = [d for d in s2.decide(3600) if isinstance(d, Preempt)]
+    assert p.victim_ids == ("big",)  # same GPU-time lost as x+y, one victim instead of two
+
+
+def test_it_never_preempts_when_the_job_would_still_not_fit():
+    s = cluster_of(1)
+    start_running(
+        s, 0, running("pro", tier="pro", gpus=4, tenant="p"), running("free", gpus=4, tenant="f")
+    )
+    s.submit(job("boss", tier="enterprise", tenant="e", gpus=8, submit=3600))
+    decisions = s.decide(3600)
+    assert not [d for d in decisions if isinstance(d, Preempt)]
+    assert [d.job_id for d in decisions if isinstance(d, Reserve)] == ["boss"]
+    assert set(s.running) == {"pro", "free"}
+    assert len(s.cluster.list_pods()) == 2
+
+
+def test_a_victim_is_safe_during_its_minimum_runtime_and_after_its_preemption_cap():
+    s = cluster_of(1, gpus=1)
+    start_running(s, 0, running("young", tenant="f"))
+    s.submit(job("boss", tier="enterprise", tenant="e", submit=60))
+    assert not [d for d in s.decide(60) if isinstance(d, Preempt)]  # ran 60 s < 15 min
+    s.cancel("boss")
+    s.finish("young", 100)
+    s.submit(job("tired", tenant="f", preemptions=3, submit=100))
+    s.decide(100)
+    s.submit(job("boss2", tier="enterprise", tenant="e", submit=5000))
+    assert not [d for d in s.decide(5000) if isinstance(d, Preempt)]  # preempted 3 times already
+
+
+def test_no_preemption_loop_between_tiers():
+    """Enterprise preempts free; the requeued free job never preempts back, and pro/free
+    reclaim only moves GPUs towards the tier under its guarantee."""
+    tiers = default_tiers()
+    s = cluster_of(1, gpus=1, tiers=tiers)
+    start_running(s, 0, running("f1", tenant="f"))
+    s.submit(job("e1", tier="enterprise", tenant="e", submit=1000))
+    assert [type(d) for d in s.decide(1000)] == [Preempt]
+    s.submit(job("f1", tenant="f", submit=0, preemptions=1))
+    later = s.decide(5000)
+    assert not [d for d in later if isinstance(d, Preempt)]
+    assert "e1" in s.running
+
+
+def test_a_tier_under_its_guarantee_reclaims_from_a_borrowing_tier():
+    s = cluster_of(1, gpus=10)  # pro is guaranteed 30%: 3 GPUs
+    start_running(s, 0, *[running(f"f{i}", tenant="f") for i in range(10)])
+    s.submit(job("p1", tier="pro", tenant="p", gpus=2, submit=2000))
+    decisions = s.decide(2000)
+    [p] = [d for d in decisions if isinstance(d, Preempt)]
+    assert len(p.victim_ids) == 2
+    s.submit(job("p2", tier="pro", tenant="p", gpus=2, submit=2001))
+    # pro would hold 4 > 3 guaranteed GPUs: no more reclaiming.
+    assert not [d for d in s.decide(2001) if isinstance(d, Preempt)]
+
+
+def test_an_aged_job_goes_ahead_of_its_level():
+    tiers = default_tiers()
+    s = cluster_of(1, gpus=1, tiers=tiers)
+    s.submit(job("blocker", tenant="x", est=100_000))
+    s.decide(0)
+    s.submit(job("old-free", tenant="f", submit=1))
+    for i in range(5):
+        s.submit(job(f"pro{i}", tier="pro", tenant="p", submit=2 + i))
+    s.finish("blocker", 90_000)  # old-free waited > 24 h: aged
+    assert started(s.decide(90_000)) == ["old-free"]
+
+
+def test_a_young_job_of_a_heavier_weight_goes_first():
+    s = cluster_of(1, gpus=1)
+    s.submit(job("blocker", tenant="x", est=1000))
+    s.decide(0)
+    s.submit(job("free1", tenant="f", submit=1))
+    s.submit(job("pro1", tier="pro", tenant="p", submit=2))
+    s.finish("blocker", 1000)
+    assert started(s.decide(1000)) == ["pro1"]
+
+
+def test_enterprise_waits_only_for_capacity():
+    s = cluster_of(1, gpus=2)
+    start_running(
+        s,
+        0,
+        running("r1", tier="pro", tenant="p", est_end=100),
+        running("r2", tier="pro", tenant="p", est_end=200),
+    )
+    for i in range(10):
+        s.submit(job(f"pro{i}", tier="pro", tenant="p", submit=1 + i))
+    s.submit(job("ent", tier="enterprise", tenant="e", submit=50))
+    s.finish("r1", 100)
+    assert started(s.decide(100)) == ["ent"]
+
+
+def test_a_tier_never_exceeds_its_borrowing_limit():
+    tiers = {"capped": TierPolicy("capped", guaranteed_share=0.25, borrowing_limit=0.25)}
+    s = cluster_of(1, gpus=8, tiers=tiers)
+    for i in range(8):
+        s.submit(job(f"c{i}", tier="capped", submit=i))
+    decisions = s.decide(10, explain=True)
+    assert len(started(decisions)) == 4
+    assert any("borrowing limit" in d.reason for d in decisions if isinstance(d, Wait))
+
+
+def test_wait_reasons_name_the_missing_resource():
+    s = cluster_of(1, gpus=4, model="A100-40GB")
+    s.submit(job("big", gpus=8, gpu_models=("A100-40GB",)))
+    s.submit(job("h100", tenant="u", gpus=1, gpu_models=("H100",)))
+    decisions = s.decide(0, explain=True)
+    reasons = {d.job_id: d.reason for d in decisions if isinstance(d, Wait)}
+    assert "more than the cluster has" in reasons["big"]
+    assert "1 free H100 GPU" in reasons["h100"]
+
+
+def test_fifo_blocks_at_the_head():
+    s = cluster_of(
+        1, gpus=2, config=PolicyConfig(ordering="fifo", backfill=False, preemption=False)
+    )
+    s.submit(job("a", est=100))
+    s.decide(0)
+    s.submit(job("wide", gpus=2, submit=1))
+    s.submit(job("small", submit=2))
+    assert started(s.decide(2)) == []  # no backfill: small waits behind wide
+
+
+def test_stateless_decide_matches_the_scheduler():
+    cluster = ClusterManager()
+    for i in range(2):
+        cluster.add_node(Node(f"n{i}", 4, "A100"))
+    live = cluster_of(2, gpus=4)
+    live.submit(job("r1", gpus=4, tenant="a", est=500))
+    [start] = [d for d in live.decide(0) if isinstance(d, Start)]
+    from apps.scheduling.core import Pod
+
+    cluster.add_pod(Pod("r1", gpus=4), start.placement)
+    queued = [
+        job("gang", gpus=4, nodes=2, tenant="b", submit=1),
+        job("q1", tenant="c", submit=2, est=50),
+    ]
+    run = [RunningJob("r1", "a", "free", 4, 0.0, 500.0, start.placement)]
+    got = decide(10, cluster, queued, run, default_tiers(), {"a": TenantUsage("free", 4 * 10.0)})
+    kinds = [(type(d).__name__, d.job_id) for d in got]
+    assert kinds == [("Reserve", "gang"), ("Start", "q1")]
+    for q in queued:
+        q.seq = -1
+        live.submit(q)
+    assert [(type(d).__name__, d.job_id) for d in live.decide(10, explain=True)] == kinds
+
+
+def test_decayed_usage_halves_every_half_life():
+    h = 3600.0
+    steady = decayed_gpu_seconds([(0, 100 * h, 2)], 100 * h, h)
+    assert math.isclose(steady, 2 * h / math.log(2), rel_tol=1e-6)
+    one = decayed_gpu_seconds([(0, 10, 1)], 10, h)
+    later = decayed_gpu_seconds([(0, 10, 1)], 10 + h, h)
+    assert math.isclose(later, one / 2, rel_tol=1e-9)
