@@ -1,0 +1,141 @@
+from django import forms
+from django.contrib import admin, messages
+
+from apps.jobs import services
+from apps.jobs.models import (
+    Artifact,
+    AttemptMember,
+    GpuAllocation,
+    Job,
+    JobAttempt,
+    JobEvent,
+    JobTemplate,
+)
+from apps.jobs.params import ParamsError, validate_schema
+
+
+class JobTemplateForm(forms.ModelForm):
+    class Meta:
+        model = JobTemplate
+        fields = ["name", "description", "argv", "params_schema", "version", "checkpointable", "cacheable",
+                  "default_max_runtime_seconds"]  # fmt: skip
+
+    def clean_params_schema(self):
+        schema = self.cleaned_data["params_schema"]
+        try:
+            validate_schema(schema)
+        except ParamsError as error:
+            raise forms.ValidationError(str(error.errors)) from None
+        return schema
+
+    def clean_argv(self):
+        argv = self.cleaned_data["argv"]
+        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+            raise forms.ValidationError("argv must be a non-empty list of strings")
+        return argv
+
+
+@admin.register(JobTemplate)
+class JobTemplateAdmin(admin.ModelAdmin):
+    form = JobTemplateForm
+    list_display = ["name", "version", "checkpointable", "cacheable", "default_max_runtime_seconds"]
+    search_fields = ["name"]
+
+
+class AttemptInline(admin.TabularInline):
+    model = JobAttempt
+    extra = 0
+    can_delete = False
+    fields = ["number", "state", "started_at", "ended_at", "exit_code", "reason", "checkpoint"]
+    readonly_fields = fields
+
+
+class EventInline(admin.TabularInline):
+    model = JobEvent
+    extra = 0
+    can_delete = False
+    fields = ["created_at", "from_state", "to_state", "actor", "reason"]
+    readonly_fields = fields
+
+
+@admin.action(description="Cancel selected jobs")
+def cancel_jobs(modeladmin, request, queryset):
+    done = 0
+    for job in queryset:
+        try:
+            services.job_cancel(job=job, actor=f"staff:{request.user.username}", reason="cancelled by support")
+            done += 1
+        except services.ServiceError as error:
+            messages.warning(request, f"{job.name}: {error.message}")
+    messages.info(request, f"cancelled {done} job(s)")
+
+
+@admin.action(description="Requeue selected jobs")
+def requeue_jobs(modeladmin, request, queryset):
+    for job in queryset:
+        services.job_requeue(job=job, actor=f"staff:{request.user.username}", reason="requeued by support")
+    messages.info(request, f"requeued {queryset.count()} job(s)")
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):
+    list_display = ["name", "tenant", "tier", "state", "gpus", "nodes", "gpu_sku", "progress", "created_at"]
+    list_filter = ["state", "tier", "gpu_sku", "tenant"]
+    list_select_related = ["tenant", "tier", "gpu_sku"]
+    search_fields = ["id", "name", "tenant__slug", "user__username"]
+    readonly_fields = ["state", "version", "progress", "reason", "exit_code", "cache_hit", "attempts_count",
+                       "created_at", "started_at", "finished_at"]  # fmt: skip
+    raw_id_fields = ["user", "tenant"]
+    inlines = [AttemptInline, EventInline]
+    actions = [cancel_jobs, requeue_jobs]
+    date_hierarchy = "created_at"
+
+
+@admin.register(JobAttempt)
+class JobAttemptAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "state", "started_at", "ended_at", "exit_code", "reason"]
+    list_filter = ["state"]
+    search_fields = ["job__id", "job__name"]
+    raw_id_fields = ["job"]
+    readonly_fields = ["state", "token", "version", "lease_expires_at", "stop_requested"]
+
+
+@admin.register(AttemptMember)
+class AttemptMemberAdmin(admin.ModelAdmin):
+    list_display = ["attempt", "rank", "node", "gpu_indices", "state", "pid", "exit_code"]
+    list_filter = ["state", "node"]
+    list_select_related = ["attempt", "node"]
+    raw_id_fields = ["attempt"]
+
+
+@admin.register(GpuAllocation)
+class GpuAllocationAdmin(admin.ModelAdmin):
+    list_display = ["gpu", "attempt", "allocated_at", "released_at"]
+    list_select_related = ["gpu__node", "attempt"]
+    raw_id_fields = ["attempt", "gpu"]
+
+
+@admin.register(JobEvent)
+class JobEventAdmin(admin.ModelAdmin):
+    """The audit log: read only."""
+
+    list_display = ["created_at", "job", "from_state", "to_state", "actor", "reason"]
+    list_filter = ["to_state", "kind"]
+    list_select_related = ["job"]
+    search_fields = ["job__id", "actor", "reason"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Artifact)
+class ArtifactAdmin(admin.ModelAdmin):
+    list_display = ["name", "job", "size", "created_at"]
+    search_fields = ["name", "job__id"]
+    raw_id_fields = ["job", "attempt"]

@@ -1,0 +1,106 @@
+"""The jobs API (`/api/v1/jobs/`): submit, list, detail, cancel, logs, artifacts."""
+
+import django_filters
+from django.core.files.storage import default_storage
+from django.db.models import Prefetch
+from django.http import FileResponse, Http404, HttpResponse
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import PermissionDenied
+from rest_framework.response import Response
+
+from apps.jobs import services
+from apps.jobs.access import can_cancel, membership_of, visible_jobs
+from apps.jobs.models import AttemptMember, Job, JobAttempt, JobState
+from apps.jobs.serializers import ArtifactSerializer, JobSerializer, JobSubmitSerializer
+
+
+class JobFilter(django_filters.FilterSet):
+    state = django_filters.ChoiceFilter(choices=JobState.choices)
+    tier = django_filters.CharFilter(field_name="tier__name")
+
+    class Meta:
+        model = Job
+        fields = ["state", "tier"]
+
+
+def job_queryset(user):
+    members = AttemptMember.objects.select_related("node")
+    attempts = JobAttempt.objects.prefetch_related(Prefetch("members", queryset=members))
+    return (
+        visible_jobs(user)
+        .select_related("tenant", "user", "tier", "gpu_sku", "template")
+        .prefetch_related(Prefetch("attempts", queryset=attempts))
+        .order_by("-created_at")
+    )
+
+
+def log_names(job: Job) -> list[str]:
+    return [f"logs/{job.pk}/attempt-{n}.log" for n in range(1, job.attempts_count + 1)]
+
+
+class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    serializer_class = JobSerializer
+    filterset_class = JobFilter
+
+    def get_queryset(self):
+        return job_queryset(self.request.user)
+
+    def get_serializer_context(self):
+        context = super().get_serializer_context()
+        if self.action == "list":
+            from apps.scheduling.dispatcher import ordered_queue
+
+            ids = ordered_queue().values_list("pk", flat=True)
+            context["queue_positions"] = {pk: position for position, pk in enumerate(ids, start=1)}
+        return context
+
+    @extend_schema(request=JobSubmitSerializer, responses={201: JobSerializer})
+    def create(self, request):
+        membership = membership_of(request.user)
+        if membership is None:
+            raise PermissionDenied("you belong to no tenant")
+        if not membership.can_submit:
+            raise PermissionDenied(f"role {membership.role} may not submit jobs")
+        form = JobSubmitSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        spec = form.to_spec(default_tier=membership.tenant.tier)
+        job = services.job_submit(tenant=membership.tenant, user=request.user, spec=spec)
+        job = job_queryset(request.user).get(pk=job.pk)
+        return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses={200: JobSerializer})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        job = self.get_object()
+        if not can_cancel(request.user, job):
+            raise PermissionDenied("you may not cancel this job")
+        services.job_cancel(job=job, actor=f"user:{request.user.username}")
+        return Response(JobSerializer(self.get_queryset().get(pk=job.pk)).data)
+
+    @extend_schema(responses={(200, "text/plain"): str})
+    @action(detail=True, methods=["get"])
+    def logs(self, request, pk=None):
+        job = self.get_object()
+        chunks = []
+        for number, name in enumerate(log_names(job), start=1):
+            if default_storage.exists(name):
+                with default_storage.open(name, "rb") as handle:
+                    chunks.append(f"=== attempt {number} ===\n".encode() + handle.read())
+        return HttpResponse(b"".join(chunks), content_type="text/plain; charset=utf-8")
+
+    @extend_schema(responses={200: ArtifactSerializer(many=True)})
+    @action(detail=True, methods=["get"])
+    def artifacts(self, request, pk=None):
+        job = self.get_object()
+        return Response(ArtifactSerializer(job.artifacts.all(), many=True).data)
+
+    @extend_schema(responses={(200, "application/octet-stream"): bytes})
+    @action(detail=True, methods=["get"], url_path=r"artifacts/(?P<name>.+)")
+    def artifact(self, request, pk=None, name=None):
+        job = self.get_object()
+        artifact = job.artifacts.filter(name=name).first()
+        if artifact is None or not default_storage.exists(artifact.file.name):
+            raise Http404("no such artifact")
+        return FileResponse(default_storage.open(artifact.file.name, "rb"), as_attachment=True, filename=artifact.name.rsplit("/", 1)[-1])

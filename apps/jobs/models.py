@@ -1,0 +1,222 @@
+"""Jobs and everything that happens to them: attempts, the GPUs they hold, the audit log and
+the result files. State changes go through apps.jobs.services, as guarded updates."""
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+
+class JobState(models.TextChoices):
+    QUEUED = "queued"
+    STARTING = "starting"
+    RUNNING = "running"
+    PREEMPTING = "preempting"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+JOB_ACTIVE = (JobState.QUEUED, JobState.STARTING, JobState.RUNNING, JobState.PREEMPTING)
+JOB_PLACED = (JobState.STARTING, JobState.RUNNING, JobState.PREEMPTING)
+JOB_TERMINAL = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+class AttemptState(models.TextChoices):
+    STARTING = "starting"
+    RUNNING = "running"
+    PREEMPTING = "preempting"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    PREEMPTED = "preempted"
+    CANCELLED = "cancelled"
+    LOST = "lost"
+
+
+ATTEMPT_ACTIVE = (AttemptState.STARTING, AttemptState.RUNNING, AttemptState.PREEMPTING)
+ATTEMPT_TERMINAL = (
+    AttemptState.SUCCEEDED,
+    AttemptState.FAILED,
+    AttemptState.PREEMPTED,
+    AttemptState.CANCELLED,
+    AttemptState.LOST,
+)
+
+
+class JobTemplate(models.Model):
+    """A named program the platform knows how to run. `argv` may use "{python}" for the agent's
+    interpreter; parameters reach the job as JSON in GPUPLATFORM_PARAMS, never through a shell."""
+
+    name = models.SlugField(max_length=64, unique=True)
+    description = models.CharField(max_length=300, blank=True)
+    argv = models.JSONField(help_text='e.g. ["{python}", "-m", "gpuplatform_job.demo_train"]')
+    params_schema = models.JSONField(default=dict, blank=True)
+    version = models.PositiveIntegerField(default=1)
+    checkpointable = models.BooleanField(default=False)
+    cacheable = models.BooleanField(default=False)
+    default_max_runtime_seconds = models.PositiveIntegerField(default=3600)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Job(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=100)
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="jobs")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs")
+    tier = models.ForeignKey("tenants.Tier", on_delete=models.PROTECT, related_name="jobs")
+    template = models.ForeignKey(JobTemplate, null=True, blank=True, on_delete=models.PROTECT)
+    params = models.JSONField(default=dict, blank=True)
+    command = models.JSONField(null=True, blank=True)
+    gpus = models.PositiveSmallIntegerField(default=1, help_text="GPUs per node.")
+    nodes = models.PositiveSmallIntegerField(default=1, help_text="Gang size; 1 is a single-node job.")
+    gpu_sku = models.ForeignKey(
+        "nodes.GpuSku", null=True, blank=True, on_delete=models.PROTECT, related_name="jobs", help_text="Empty: any SKU."
+    )
+    node_selector = models.JSONField(default=dict, blank=True)
+    max_runtime_seconds = models.PositiveIntegerField(default=3600)
+    checkpointable = models.BooleanField(default=False)
+    cacheable = models.BooleanField(default=False)
+    priority_boost = models.SmallIntegerField(default=0)
+
+    state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.QUEUED, db_index=True)
+    version = models.PositiveIntegerField(default=0)
+    progress = models.FloatField(default=0.0)
+    reason = models.CharField(max_length=300, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    cache_hit = models.BooleanField(default=False)
+    attempts_count = models.PositiveSmallIntegerField(default=0)
+
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["tenant", "-created_at"]), models.Index(fields=["state", "created_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.id})"
+
+
+class JobAttempt(models.Model):
+    """One try at running a job. `token` is the fencing token: the agent presents it with every
+    report, so a stale delivery or a superseded attempt can never change the job."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveSmallIntegerField()
+    state = models.CharField(max_length=16, choices=AttemptState.choices, default=AttemptState.STARTING)
+    token = models.UUIDField(default=uuid.uuid4, editable=False)
+    version = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    reason = models.CharField(max_length=300, blank=True)
+    checkpoint = models.CharField(max_length=500, blank=True)
+    stop_requested = models.CharField(
+        max_length=32, blank=True, help_text='Why the agents should stop it: "cancel", "lost", ...'
+    )
+
+    class Meta:
+        ordering = ["job", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "number"], name="attempt_unique_number"),
+            # At most one live attempt per job, whatever races: the database says no.
+            models.UniqueConstraint(
+                fields=["job"],
+                condition=Q(state__in=["starting", "running", "preempting"]),
+                name="attempt_one_active_per_job",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}#{self.number}"
+
+
+class AttemptMember(models.Model):
+    """One process of an attempt: a single-node job has one (rank 0), a gang has one per node."""
+
+    attempt = models.ForeignKey(JobAttempt, on_delete=models.CASCADE, related_name="members")
+    rank = models.PositiveSmallIntegerField(default=0)
+    node = models.ForeignKey("nodes.Node", on_delete=models.PROTECT, related_name="members")
+    gpu_indices = models.JSONField(default=list)
+    state = models.CharField(max_length=16, choices=AttemptState.choices, default=AttemptState.STARTING)
+    pid = models.IntegerField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["attempt", "rank"]
+        constraints = [models.UniqueConstraint(fields=["attempt", "rank"], name="member_unique_rank")]
+
+    def __str__(self) -> str:
+        return f"{self.attempt} rank {self.rank} on {self.node_id}"
+
+
+class GpuAllocation(models.Model):
+    """A GPU held by an attempt. The partial unique index makes a double allocation impossible
+    at the database, whatever the dispatcher believes."""
+
+    attempt = models.ForeignKey(JobAttempt, on_delete=models.CASCADE, related_name="allocations")
+    gpu = models.ForeignKey("nodes.Gpu", on_delete=models.PROTECT, related_name="allocations")
+    allocated_at = models.DateTimeField(auto_now_add=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["gpu"], condition=Q(released_at__isnull=True), name="gpu_allocated_once"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"GPU {self.gpu_id} to attempt {self.attempt_id}"
+
+
+class JobEvent(models.Model):
+    """The audit log: every transition with who and why. Append-only."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    attempt = models.ForeignKey(JobAttempt, null=True, blank=True, on_delete=models.CASCADE)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    kind = models.CharField(max_length=16, default="state")
+    from_state = models.CharField(max_length=16, blank=True)
+    to_state = models.CharField(max_length=16, blank=True)
+    actor = models.CharField(max_length=100, help_text='"user:alice", "system:dispatcher", "agent:n1"')
+    reason = models.CharField(max_length=300, blank=True)
+    data = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}: {self.from_state}->{self.to_state} by {self.actor}"
+
+
+def artifact_path(instance: "Artifact", filename: str) -> str:
+    return f"artifacts/{instance.job_id}/{filename}"
+
+
+class Artifact(models.Model):
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="artifacts")
+    attempt = models.ForeignKey(JobAttempt, null=True, blank=True, on_delete=models.SET_NULL)
+    name = models.CharField(max_length=255)
+    file = models.FileField(upload_to=artifact_path, max_length=500)
+    size = models.PositiveBigIntegerField(default=0)
+    sha256 = models.CharField(max_length=64, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["job", "name"], name="artifact_unique_name")]
+
+    def __str__(self) -> str:
+        return self.name

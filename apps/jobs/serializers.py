@@ -1,0 +1,158 @@
+"""Input and output shapes of the jobs API. Serializers validate and shape; they never write."""
+
+from django.conf import settings
+from rest_framework import serializers
+
+from apps.jobs.fields import (
+    ArgvField,
+    LabelMapField,
+    StrictBooleanField,
+    StrictCharField,
+    StrictIntegerField,
+)
+from apps.jobs.models import Artifact, Job, JobAttempt, JobTemplate
+from apps.jobs.params import ParamsError, validate_params
+from apps.jobs.services import JobSpec
+from apps.nodes.models import GpuSku
+from apps.tenants.models import Tier
+
+MAX_GPUS_PER_NODE = 64
+MAX_GANG_NODES = 64
+
+
+class JobSubmitSerializer(serializers.Serializer):
+    name = StrictCharField(max_length=100, required=False, allow_blank=False)
+    template = StrictCharField(max_length=64, required=False)
+    params = serializers.JSONField(required=False)
+    command = ArgvField(required=False)
+    gpus = StrictIntegerField(min_value=0, max_value=MAX_GPUS_PER_NODE, required=False, default=1)
+    nodes = StrictIntegerField(min_value=1, max_value=MAX_GANG_NODES, required=False, default=1)
+    gpu_sku = StrictCharField(max_length=64, required=False, allow_null=True)
+    node_selector = LabelMapField(required=False, default=dict)
+    tier = StrictCharField(max_length=32, required=False)
+    max_runtime_seconds = StrictIntegerField(min_value=1, required=False)
+    checkpointable = StrictBooleanField(required=False)
+    cacheable = StrictBooleanField(required=False)
+
+    def to_internal_value(self, data):
+        if not isinstance(data, dict):
+            raise serializers.ValidationError({"body": ["must be a JSON object"]})
+        unknown = sorted(set(data) - set(self.fields))
+        if unknown:
+            raise serializers.ValidationError({name: ["unknown field"] for name in unknown})
+        return super().to_internal_value(data)
+
+    def validate_template(self, value: str) -> JobTemplate:
+        template = JobTemplate.objects.filter(name=value).first()
+        if template is None:
+            known = ", ".join(JobTemplate.objects.values_list("name", flat=True))
+            raise serializers.ValidationError(f"unknown template {value!r} (known: {known})")
+        return template
+
+    def validate_gpu_sku(self, value: str | None) -> GpuSku | None:
+        if value is None:
+            return None
+        sku = GpuSku.objects.filter(name=value).first()
+        if sku is None:
+            known = ", ".join(GpuSku.objects.values_list("name", flat=True)) or "none registered"
+            raise serializers.ValidationError(f"unknown GPU SKU {value!r} (known: {known})")
+        return sku
+
+    def validate_tier(self, value: str) -> Tier:
+        tier = Tier.objects.filter(name=value).first()
+        if tier is None:
+            raise serializers.ValidationError(f"unknown tier {value!r}")
+        return tier
+
+    def validate_max_runtime_seconds(self, value: int) -> int:
+        if value > settings.MAX_RUNTIME_LIMIT_SECONDS:
+            raise serializers.ValidationError(f"must be at most {settings.MAX_RUNTIME_LIMIT_SECONDS}")
+        return value
+
+    def validate(self, attrs):
+        template, command = attrs.get("template"), attrs.get("command")
+        if template is None and command is None:
+            raise serializers.ValidationError({"template": ["give a template or a command"]})
+        if template is not None and command is not None:
+            raise serializers.ValidationError({"command": ["give either a template or a command, not both"]})
+        if template is not None:
+            try:
+                attrs["params"] = validate_params(template.params_schema, attrs.get("params", {}))
+            except ParamsError as error:
+                raise serializers.ValidationError({"params": {k: [v] for k, v in error.errors.items()}}) from None
+        elif attrs.get("params"):
+            raise serializers.ValidationError({"params": ["params are only for templates"]})
+        return attrs
+
+    def to_spec(self, *, default_tier: Tier) -> JobSpec:
+        data = self.validated_data
+        template = data.get("template")
+        command = data.get("command")
+        return JobSpec(
+            name=data.get("name") or (template.name if template else command[0].rsplit("/", 1)[-1])[:100],
+            tier=data.get("tier") or default_tier,
+            template=template,
+            params=data.get("params", {}),
+            command=command,
+            gpus=data["gpus"],
+            nodes=data["nodes"],
+            gpu_sku=data.get("gpu_sku"),
+            node_selector=data.get("node_selector", {}),
+            max_runtime_seconds=data.get("max_runtime_seconds")
+            or (template.default_max_runtime_seconds if template else 3600),
+            checkpointable=data.get("checkpointable", template.checkpointable if template else False),
+            cacheable=data.get("cacheable", template.cacheable if template else False),
+        )
+
+
+class AttemptSerializer(serializers.ModelSerializer):
+    placements = serializers.SerializerMethodField()
+
+    class Meta:
+        model = JobAttempt
+        fields = ["number", "state", "placements", "started_at", "ended_at", "exit_code", "reason", "checkpoint"]
+
+    def get_placements(self, attempt: JobAttempt) -> list[dict]:
+        return [{"node": m.node.name, "gpu_indices": m.gpu_indices, "rank": m.rank} for m in attempt.members.all()]
+
+
+class JobSerializer(serializers.ModelSerializer):
+    tenant = serializers.CharField(source="tenant.slug")
+    user = serializers.CharField(source="user.username")
+    tier = serializers.CharField(source="tier.name")
+    gpu_sku = serializers.CharField(source="gpu_sku.name", allow_null=True, default=None)
+    template = serializers.CharField(source="template.name", allow_null=True, default=None)
+    queue_position = serializers.SerializerMethodField()
+    estimated_start_at = serializers.SerializerMethodField()
+    attempts = AttemptSerializer(many=True)
+
+    class Meta:
+        model = Job
+        fields = [
+            "id", "name", "tenant", "user", "tier", "state", "progress", "gpus", "nodes", "gpu_sku",
+            "node_selector", "template", "params", "command", "max_runtime_seconds", "checkpointable",
+            "cacheable", "created_at", "started_at", "finished_at", "queue_position",
+            "estimated_start_at", "reason", "cache_hit", "exit_code", "attempts",
+        ]  # fmt: skip
+
+    def get_queue_position(self, job: Job) -> int | None:
+        positions = self.context.get("queue_positions")
+        if positions is not None:
+            return positions.get(job.pk)
+        from apps.scheduling.dispatcher import queue_position
+
+        return queue_position(job)
+
+    def get_estimated_start_at(self, job: Job) -> None:
+        return None  # estimates come with the admission work (issue 5)
+
+
+class ArtifactSerializer(serializers.ModelSerializer):
+    url = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Artifact
+        fields = ["name", "size", "sha256", "created_at", "url"]
+
+    def get_url(self, artifact: Artifact) -> str:
+        return f"/api/v1/jobs/{artifact.job_id}/artifacts/{artifact.name}"

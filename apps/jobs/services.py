@@ -1,0 +1,417 @@
+"""Every change to a job goes through here: submit, cancel, requeue, and what agents report.
+
+Each transition is a guarded update (`filter(pk, state in expected, version).update(...)`)
+that checks exactly one row changed, plus an audit event. Agent reports carry the attempt's
+fencing token; a report for a superseded attempt changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from apps.jobs.models import (
+    ATTEMPT_ACTIVE,
+    JOB_ACTIVE,
+    JOB_PLACED,
+    AttemptMember,
+    AttemptState,
+    GpuAllocation,
+    Job,
+    JobAttempt,
+    JobEvent,
+    JobState,
+    JobTemplate,
+)
+from apps.tenants.models import Quota, Tenant, Tier
+
+log = logging.getLogger(__name__)
+
+
+class ServiceError(Exception):
+    """A request the platform understood and refused; `status` is the HTTP answer."""
+
+    status = 400
+
+    def __init__(self, message: str, *, field: str | None = None, retry_after: int | None = None):
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.retry_after = retry_after
+
+
+class NotAllowed(ServiceError):
+    status = 403
+
+
+class QueueFull(ServiceError):
+    status = 429
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A validated submission (the API's input serializer builds it)."""
+
+    name: str
+    tier: Tier
+    template: JobTemplate | None
+    params: dict
+    command: list[str] | None
+    gpus: int
+    nodes: int
+    gpu_sku: object | None
+    node_selector: dict
+    max_runtime_seconds: int
+    checkpointable: bool
+    cacheable: bool
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+
+def record_event(job: Job, *, actor: str, reason: str = "", from_state: str = "", to_state: str = "",
+                 attempt: JobAttempt | None = None, kind: str = "state", data: dict | None = None) -> JobEvent:  # fmt: skip
+    return JobEvent.objects.create(
+        job=job, attempt=attempt, kind=kind, from_state=from_state, to_state=to_state,
+        actor=actor, reason=reason[:300], data=data or {},
+    )  # fmt: skip
+
+
+def transition_job(job: Job, *, to: str, expect: Iterable[str], actor: str, reason: str = "",
+                   attempt: JobAttempt | None = None, **fields) -> bool:  # fmt: skip
+    """Move `job` to state `to` if it is still in one of `expect` at the version we read."""
+    expect = tuple(expect)
+    if reason:
+        fields.setdefault("reason", reason[:300])
+    updated = Job.objects.filter(pk=job.pk, state__in=expect, version=job.version).update(
+        state=to, version=F("version") + 1, **fields
+    )
+    if not updated:
+        return False
+    from_state = job.state
+    job.state, job.version = to, job.version + 1
+    for name, value in fields.items():
+        setattr(job, name, value)
+    record_event(job, actor=actor, reason=reason, from_state=from_state, to_state=to, attempt=attempt)
+    return True
+
+
+def transition_attempt(attempt: JobAttempt, *, to: str, expect: Iterable[str], **fields) -> bool:
+    updated = JobAttempt.objects.filter(pk=attempt.pk, state__in=tuple(expect), version=attempt.version).update(
+        state=to, version=F("version") + 1, **fields
+    )
+    if updated:
+        attempt.state, attempt.version = to, attempt.version + 1
+        for name, value in fields.items():
+            setattr(attempt, name, value)
+    return bool(updated)
+
+
+def trigger_dispatch() -> None:
+    """Ask the dispatcher for a pass once the current transaction commits."""
+    from apps.scheduling.tasks import request_dispatch
+
+    transaction.on_commit(request_dispatch)
+
+
+# --- submit, cancel, requeue ----------------------------------------------------------------
+
+
+def tenant_limits(tenant: Tenant) -> dict:
+    quota, _ = Quota.objects.get_or_create(tenant=tenant)
+    quota.tenant = tenant
+    return quota.effective()
+
+
+@transaction.atomic
+def job_submit(*, tenant: Tenant, user, spec: JobSpec) -> Job:
+    # Lock the tenant row so concurrent submits of one tenant count queued jobs one at a time.
+    tenant = Tenant.objects.select_for_update().select_related("tier").get(pk=tenant.pk)
+    if spec.tier.rank > tenant.tier.rank:
+        raise NotAllowed(f"tenant {tenant.slug} may not submit at tier {spec.tier.name}", field="tier")
+    if spec.command is not None and not tenant.allow_commands:
+        raise NotAllowed(f"tenant {tenant.slug} may only run templates, not commands", field="command")
+    limits = tenant_limits(tenant)
+    queued = Job.objects.filter(tenant=tenant, state=JobState.QUEUED).count()
+    if queued >= limits["max_queued_jobs"]:
+        raise QueueFull(
+            f"tenant {tenant.slug} has {queued} of {limits['max_queued_jobs']} jobs queued",
+            retry_after=30,
+        )
+    job = Job.objects.create(
+        name=spec.name, tenant=tenant, user=user, tier=spec.tier, template=spec.template,
+        params=spec.params, command=spec.command, gpus=spec.gpus, nodes=spec.nodes,
+        gpu_sku=spec.gpu_sku, node_selector=spec.node_selector,
+        max_runtime_seconds=spec.max_runtime_seconds, checkpointable=spec.checkpointable,
+        cacheable=spec.cacheable, reason="waiting for the dispatcher",
+    )  # fmt: skip
+    record_event(job, actor=f"user:{user.username}", reason="submitted", to_state=JobState.QUEUED)
+    trigger_dispatch()
+    return job
+
+
+def active_attempt(job: Job) -> JobAttempt | None:
+    return job.attempts.filter(state__in=ATTEMPT_ACTIVE).order_by("-number").first()
+
+
+@transaction.atomic
+def job_cancel(*, job: Job, actor: str, reason: str = "cancelled by user") -> Job:
+    """Cancel a queued or placed job. The job is `cancelled` at once; a running attempt is told
+    to stop and its GPUs are released when its agent reports the process tree gone."""
+    job = Job.objects.select_for_update().get(pk=job.pk)
+    if job.state not in JOB_ACTIVE:
+        raise ServiceError(f"job is already {job.state}", field="state")
+    attempt = active_attempt(job)
+    now = timezone.now()
+    if not transition_job(job, to=JobState.CANCELLED, expect=JOB_ACTIVE, actor=actor, reason=reason,
+                          finished_at=now, attempt=attempt):  # fmt: skip
+        raise ServiceError("job changed while cancelling; try again", field="state")
+    if attempt is not None:
+        request_stop(attempt, why="cancel")
+    trigger_dispatch()
+    return job
+
+
+def request_stop(attempt: JobAttempt, *, why: str) -> None:
+    """Ask the agents running `attempt` to stop it (message now, heartbeat poll as a backstop)."""
+    JobAttempt.objects.filter(pk=attempt.pk).update(stop_requested=why)
+    attempt.stop_requested = why
+    from apps.scheduling.publish import publish_stop
+
+    for member in attempt.members.select_related("node"):
+        transaction.on_commit(lambda m=member: publish_stop(attempt, m))
+
+
+@transaction.atomic
+def job_requeue(*, job: Job, actor: str, reason: str) -> Job:
+    """Support staff: put a finished or stuck job back in the queue with a new attempt to come."""
+    job = Job.objects.select_for_update().get(pk=job.pk)
+    attempt = active_attempt(job)
+    if attempt is not None:
+        request_stop(attempt, why="requeue")
+        end_attempt(attempt, state=AttemptState.CANCELLED, reason=reason)
+    if not transition_job(job, to=JobState.QUEUED, expect=list(JobState), actor=actor, reason=reason,
+                          finished_at=None, exit_code=None, progress=0.0):  # fmt: skip
+        raise ServiceError("job changed while requeueing; try again", field="state")
+    trigger_dispatch()
+    return job
+
+
+# --- placement (called by the dispatcher) ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MemberPlacement:
+    node_id: int
+    gpu_ids: list[int]
+    gpu_indices: list[int]
+
+
+@transaction.atomic
+def job_place(*, job: Job, members: list[MemberPlacement], actor: str = "system:dispatcher") -> JobAttempt | None:
+    """Create the attempt for a queued job on the given GPUs, or return None if the job moved on.
+
+    The job's guarded update and the partial unique index on GPU allocations are the last word:
+    two dispatchers racing for one GPU or one job cannot both win.
+    """
+    number = job.attempts_count + 1
+    if not transition_job(job, to=JobState.STARTING, expect=[JobState.QUEUED], actor=actor,
+                          reason=_placement_reason(members), attempts_count=number):  # fmt: skip
+        return None
+    now = timezone.now()
+    attempt = JobAttempt.objects.create(
+        job=job, number=number, lease_expires_at=now + timedelta(seconds=settings.STARTING_TIMEOUT_SECONDS)
+    )
+    for rank, member in enumerate(members):
+        AttemptMember.objects.create(attempt=attempt, rank=rank, node_id=member.node_id, gpu_indices=member.gpu_indices)
+        GpuAllocation.objects.bulk_create([GpuAllocation(attempt=attempt, gpu_id=g) for g in member.gpu_ids])
+    JobEvent.objects.filter(job=job, to_state=JobState.STARTING, attempt=None).update(attempt=attempt)
+    from apps.scheduling.publish import publish_start
+
+    transaction.on_commit(lambda: publish_start(attempt))
+    return attempt
+
+
+def _placement_reason(members: list[MemberPlacement]) -> str:
+    from apps.nodes.models import Node
+
+    names = dict(Node.objects.filter(pk__in=[m.node_id for m in members]).values_list("pk", "name"))
+    return "placed on " + ", ".join(f"{names[m.node_id]}:{m.gpu_indices}" for m in members)
+
+
+# --- agent reports ------------------------------------------------------------------------
+
+
+def _member(attempt_id: int, rank: int, token: str) -> AttemptMember | None:
+    member = (
+        AttemptMember.objects.select_related("attempt", "attempt__job", "node")
+        .filter(attempt_id=attempt_id, rank=rank, attempt__token=token)
+        .first()
+    )
+    if member is None:
+        log.warning("report for unknown attempt %s rank %s or stale token; ignored", attempt_id, rank)
+    return member
+
+
+@transaction.atomic
+def attempt_member_started(*, attempt_id: int, rank: int, token: str, pid: int) -> bool:
+    member = _member(attempt_id, rank, token)
+    if member is None or member.state != AttemptState.STARTING or member.attempt.state not in ATTEMPT_ACTIVE:
+        return False
+    now = timezone.now()
+    AttemptMember.objects.filter(pk=member.pk).update(state=AttemptState.RUNNING, pid=pid, started_at=now)
+    attempt = member.attempt
+    if attempt.members.exclude(state=AttemptState.RUNNING).exists():
+        return True  # a gang starts when its last member is up
+    lease = now + timedelta(seconds=settings.HEARTBEAT_SECONDS * settings.NODE_LOST_AFTER_HEARTBEATS)
+    if transition_attempt(attempt, to=AttemptState.RUNNING, expect=[AttemptState.STARTING],
+                          started_at=now, lease_expires_at=lease):  # fmt: skip
+        job = attempt.job
+        transition_job(job, to=JobState.RUNNING, expect=[JobState.STARTING], actor=f"agent:{member.node.name}",
+                       reason="all members started", attempt=attempt, started_at=job.started_at or now)  # fmt: skip
+    return True
+
+
+@transaction.atomic
+def attempt_progress(*, attempt_id: int, token: str, progress: float, checkpoint: str = "") -> bool:
+    attempt = JobAttempt.objects.select_related("job").filter(pk=attempt_id, token=token).first()
+    if attempt is None or attempt.state not in ATTEMPT_ACTIVE:
+        return False
+    progress = min(1.0, max(0.0, float(progress)))
+    if checkpoint and checkpoint != attempt.checkpoint:
+        JobAttempt.objects.filter(pk=attempt.pk).update(checkpoint=checkpoint[:500])
+    Job.objects.filter(pk=attempt.job_id, state__in=JOB_PLACED).update(progress=progress)
+    return True
+
+
+@transaction.atomic
+def attempt_member_finished(*, attempt_id: int, rank: int, token: str, exit_code: int | None,
+                            reason: str = "", checkpoint: str = "") -> bool:  # fmt: skip
+    """A member's process tree is gone. Release its GPUs and settle the attempt and the job."""
+    member = _member(attempt_id, rank, token)
+    if member is None or member.ended_at is not None:
+        return False
+    now = timezone.now()
+    ok = exit_code == 0 and not reason
+    member_state = AttemptState.SUCCEEDED if ok else AttemptState.FAILED
+    attempt = JobAttempt.objects.select_related("job").get(pk=member.attempt_id)
+    if attempt.stop_requested == "cancel":
+        member_state = AttemptState.CANCELLED
+    AttemptMember.objects.filter(pk=member.pk).update(state=member_state, exit_code=exit_code, ended_at=now)
+    GpuAllocation.objects.filter(attempt=attempt, gpu__node_id=member.node_id, released_at=None).update(released_at=now)
+    if checkpoint:
+        JobAttempt.objects.filter(pk=attempt.pk).update(checkpoint=checkpoint[:500])
+        attempt.checkpoint = checkpoint[:500]
+    if attempt.state in ATTEMPT_ACTIVE:
+        _settle_attempt(attempt, member, ok=ok, exit_code=exit_code, reason=reason)
+    trigger_dispatch()
+    return True
+
+
+def _settle_attempt(attempt: JobAttempt, member: AttemptMember, *, ok: bool, exit_code, reason: str) -> None:
+    actor = f"agent:{member.node.name}"
+    job = attempt.job
+    if attempt.stop_requested == "cancel":
+        end_attempt(attempt, state=AttemptState.CANCELLED, reason="cancelled", exit_code=exit_code)
+        return
+    if ok:
+        if attempt.members.filter(ended_at=None).exists():
+            return  # wait for the rest of the gang
+        end_attempt(attempt, state=AttemptState.SUCCEEDED, exit_code=0)
+        transition_job(job, to=JobState.SUCCEEDED, expect=JOB_PLACED, actor=actor, reason="exit code 0",
+                       attempt=attempt, exit_code=0, progress=1.0, finished_at=timezone.now())  # fmt: skip
+        return
+    why = reason or f"exit code {exit_code}"
+    end_attempt(attempt, state=AttemptState.FAILED, reason=why, exit_code=exit_code)
+    stop_rest_of_gang(attempt, why="gang member failed")
+    transition_job(job, to=JobState.FAILED, expect=JOB_PLACED, actor=actor, reason=why, attempt=attempt,
+                   exit_code=exit_code, finished_at=timezone.now())  # fmt: skip
+
+
+def end_attempt(attempt: JobAttempt, *, state: str, reason: str = "", exit_code: int | None = None) -> bool:
+    return transition_attempt(attempt, to=state, expect=ATTEMPT_ACTIVE, ended_at=timezone.now(),
+                              reason=reason[:300], exit_code=exit_code)  # fmt: skip
+
+
+def stop_rest_of_gang(attempt: JobAttempt, *, why: str) -> None:
+    if attempt.members.filter(ended_at=None).exists():
+        request_stop(attempt, why=why)
+
+
+@transaction.atomic
+def attempt_lost(*, attempt: JobAttempt, reason: str, actor: str) -> None:
+    """Infrastructure failure (node lost, agent restarted): end the attempt and retry the job."""
+    attempt = JobAttempt.objects.select_related("job").get(pk=attempt.pk)
+    if not end_attempt(attempt, state=AttemptState.LOST, reason=reason):
+        return
+    now = timezone.now()
+    # Members that never started run nothing: their GPUs are free now. Running members on live
+    # nodes keep theirs until their agent reports the process tree gone.
+    never_started = attempt.members.filter(ended_at=None, started_at=None)
+    nodes = list(never_started.values_list("node_id", flat=True))
+    never_started.update(state=AttemptState.LOST, ended_at=now)
+    GpuAllocation.objects.filter(attempt=attempt, gpu__node_id__in=nodes, released_at=None).update(released_at=now)
+    stop_rest_of_gang(attempt, why="lost")
+    job = attempt.job
+    if job.state not in JOB_PLACED:
+        return
+    if job.attempts_count >= settings.MAX_ATTEMPTS:
+        transition_job(job, to=JobState.FAILED, expect=JOB_PLACED, actor=actor, attempt=attempt,
+                       reason=f"{reason}; gave up after {job.attempts_count} attempts", finished_at=now)  # fmt: skip
+    else:
+        transition_job(job, to=JobState.QUEUED, expect=JOB_PLACED, actor=actor, attempt=attempt,
+                       reason=f"{reason}; requeued")  # fmt: skip
+    trigger_dispatch()
+
+
+@transaction.atomic
+def attempt_member_lost(*, attempt_id: int, rank: int, token: str, reason: str) -> bool:
+    """The agent could not run or keep a member (agent stopping, launch impossible): an
+    infrastructure failure, so the job is retried rather than failed."""
+    member = _member(attempt_id, rank, token)
+    if member is None or member.ended_at is not None:
+        return False
+    now = timezone.now()
+    AttemptMember.objects.filter(pk=member.pk).update(state=AttemptState.LOST, ended_at=now)
+    GpuAllocation.objects.filter(attempt_id=attempt_id, gpu__node_id=member.node_id, released_at=None).update(
+        released_at=now
+    )
+    if member.attempt.state in ATTEMPT_ACTIVE:
+        attempt_lost(attempt=member.attempt, reason=reason, actor=f"agent:{member.node.name}")
+    trigger_dispatch()
+    return True
+
+
+def artifact_store(*, attempt_id: int, token: str, name: str, path) -> bool:
+    """Save a file the job wrote as one of its artifacts (through the storage API)."""
+    import hashlib
+
+    from django.core.files import File
+    from django.core.files.storage import default_storage
+
+    from apps.jobs.models import Artifact
+
+    attempt = JobAttempt.objects.filter(pk=attempt_id, token=token).first()
+    if attempt is None:
+        return False
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+        storage_name = f"artifacts/{attempt.job_id}/{name}"
+        if default_storage.exists(storage_name):
+            default_storage.delete(storage_name)
+        handle.seek(0)
+        saved = default_storage.save(storage_name, File(handle))
+    Artifact.objects.update_or_create(
+        job_id=attempt.job_id, name=name,
+        defaults={"attempt": attempt, "file": saved, "size": path.stat().st_size, "sha256": digest.hexdigest()},
+    )  # fmt: skip
+    return True

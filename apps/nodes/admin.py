@@ -1,0 +1,48 @@
+from django.contrib import admin, messages
+
+from apps.nodes.models import Gpu, GpuSku, Node, NodeState
+from apps.nodes.services import node_set_state
+
+
+@admin.register(GpuSku)
+class GpuSkuAdmin(admin.ModelAdmin):
+    list_display = ["name", "memory_mib", "description"]
+    search_fields = ["name"]
+
+
+class GpuInline(admin.TabularInline):
+    model = Gpu
+    extra = 0
+    readonly_fields = ["index", "uuid", "memory_mib", "health", "utilization_percent", "memory_used_mib", "updated_at"]
+    can_delete = False
+
+
+def _set_state(state):
+    def action(modeladmin, request, queryset):
+        for node in queryset:
+            node_set_state(node=node, state=state)
+        messages.info(request, f"{queryset.count()} node(s) now {state}")
+
+    action.__name__ = f"make_{state}"
+    action.short_description = f"Set state: {state}"
+    return action
+
+
+@admin.register(Node)
+class NodeAdmin(admin.ModelAdmin):
+    list_display = ["name", "sku", "state", "last_heartbeat_at", "hostname"]
+    list_filter = ["state", "sku"]
+    list_select_related = ["sku"]
+    search_fields = ["name", "hostname"]
+    readonly_fields = ["state", "agent_instance", "last_heartbeat_at", "registered_at", "version"]
+    inlines = [GpuInline]
+    actions = [_set_state(NodeState.CORDONED), _set_state(NodeState.DRAINING), _set_state(NodeState.READY)]
+
+
+@admin.register(Gpu)
+class GpuAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "uuid", "health", "utilization_percent", "memory_used_mib"]
+    list_filter = ["health", "node__sku"]
+    list_select_related = ["node"]
+    search_fields = ["uuid", "node__name"]
+    readonly_fields = ["node", "index", "uuid", "memory_mib", "health", "utilization_percent", "memory_used_mib"]

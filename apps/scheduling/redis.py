@@ -1,0 +1,37 @@
+"""The shared Redis client, and the dispatcher's leader lock with a fencing token."""
+
+import functools
+import uuid
+
+import redis
+from django.conf import settings
+
+
+@functools.cache
+def client() -> redis.Redis:
+    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+
+
+# Release only if we still hold it: the value is our token.
+_RELEASE = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end
+"""
+
+
+class LeaderLock:
+    """A lease in Redis (`SET NX PX`). `fence` grows with every acquisition so a paused old
+    leader's writes can be told apart; the job row's guarded update is the final guard anyway."""
+
+    def __init__(self, name: str, ttl_ms: int = 30_000):
+        self.key, self.ttl_ms = f"gpuplatform:lock:{name}", ttl_ms
+        self.token = uuid.uuid4().hex
+        self.fence: int | None = None
+
+    def acquire(self) -> bool:
+        if not client().set(self.key, self.token, nx=True, px=self.ttl_ms):
+            return False
+        self.fence = int(client().incr(f"{self.key}:fence"))
+        return True
+
+    def release(self) -> None:
+        client().eval(_RELEASE, 1, self.key, self.token)

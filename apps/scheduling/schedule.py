@@ -1,0 +1,22 @@
+"""The beat schedule, in one place. Each entry expires so a backlog never replays old ticks."""
+
+from django.conf import settings
+
+from .queues import CONTROL, DISPATCH_TASK, RECONCILE_TASK
+
+
+def beat_schedule() -> dict:
+    return {
+        # Safety net: submits, finishes and node changes already trigger a pass.
+        "dispatch": {
+            "task": DISPATCH_TASK,
+            "schedule": settings.DISPATCH_TICK_SECONDS,
+            "options": {"queue": CONTROL, "expires": settings.DISPATCH_TICK_SECONDS * 2},
+        },
+        # Lost nodes, expired leases, attempts whose start message was lost.
+        "reconcile": {
+            "task": RECONCILE_TASK,
+            "schedule": settings.RECONCILE_TICK_SECONDS,
+            "options": {"queue": CONTROL, "expires": settings.RECONCILE_TICK_SECONDS * 2},
+        },
+    }

@@ -1,0 +1,48 @@
+"""Thin Celery tasks of the dispatcher: each takes nothing or ids, and calls one service."""
+
+import logging
+
+import redis
+from celery import shared_task
+
+from . import dispatcher, reconcile
+from .queues import CONTROL, DISPATCH_TASK, RECONCILE_TASK
+from .redis import LeaderLock, client
+
+log = logging.getLogger(__name__)
+DIRTY_KEY = "gpuplatform:dispatch:dirty"
+
+
+def request_dispatch() -> None:
+    """Ask for a dispatcher pass; called on commit of every submit, finish and node change."""
+    try:
+        dispatch.apply_async(queue=CONTROL, expires=30, retry=False)
+    except Exception:
+        log.warning("could not request a dispatch; the beat tick will run one", exc_info=True)
+
+
+@shared_task(name=DISPATCH_TASK, ignore_result=True)
+def dispatch() -> None:
+    """One dispatcher pass at a time; requests arriving meanwhile make the holder go again."""
+    lock = LeaderLock("dispatch")
+    try:
+        if not lock.acquire():
+            client().set(DIRTY_KEY, 1, ex=60)
+            return
+    except redis.RedisError:
+        log.warning("redis unavailable: dispatching without the leader lock (the database guards)")
+        dispatcher.dispatch_once()
+        return
+    try:
+        for _ in range(20):
+            client().delete(DIRTY_KEY)
+            dispatcher.dispatch_once()
+            if not client().get(DIRTY_KEY):
+                break
+    finally:
+        lock.release()
+
+
+@shared_task(name=RECONCILE_TASK, ignore_result=True)
+def reconcile_tick() -> None:
+    reconcile.reconcile_once()

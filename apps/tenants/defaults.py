@@ -1,0 +1,64 @@
+"""The records every installation starts with: the default tiers and the built-in templates.
+Used by the data migrations (with historical models) and by `bootstrap_demo`."""
+
+TIERS = [
+    # name, rank, level, weight, preemptible, can_preempt, max_queued, rate/min, burst, grace s
+    ("enterprise", 3, 1, 1, False, True, 1000, 600, 100, 60),
+    ("pro", 2, 0, 3, False, False, 200, 120, 30, 30),
+    ("free", 1, 0, 1, True, False, 20, 20, 5, 15),
+]
+
+TEMPLATES = [
+    {
+        "name": "demo-train",
+        "description": "A checkpointing training loop: progress every step, resumes, writes result.json.",
+        "argv": ["{python}", "-m", "gpuplatform_job.demo_train"],
+        "params_schema": {
+            "steps": {"type": "integer", "minimum": 1, "maximum": 100000, "default": 10},
+            "step_seconds": {"type": "number", "minimum": 0, "maximum": 60, "default": 0.1},
+            "fail_at_step": {"type": "integer", "minimum": 0, "maximum": 100000},
+        },
+        "checkpointable": True,
+        "cacheable": False,
+        "default_max_runtime_seconds": 3600,
+    },
+    {
+        "name": "demo-infer",
+        "description": "Deterministic text generation: same prompt and settings, same output.",
+        "argv": ["{python}", "-m", "gpuplatform_job.demo_infer"],
+        "params_schema": {
+            "prompt": {"type": "string", "max_length": 10000, "required": True},
+            "max_tokens": {"type": "integer", "minimum": 1, "maximum": 4096, "default": 32},
+            "temperature": {"type": "number", "minimum": 0, "maximum": 2, "default": 0},
+            "seed": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1},
+        },
+        "checkpointable": False,
+        "cacheable": True,
+        "default_max_runtime_seconds": 600,
+    },
+]
+
+
+def ensure_tiers(Tier) -> None:
+    for name, rank, level, weight, preemptible, can_preempt, queued, rate, burst, grace in TIERS:
+        Tier.objects.get_or_create(
+            name=name,
+            defaults=dict(
+                rank=rank, level=level, weight=weight, preemptible=preemptible, can_preempt=can_preempt,
+                max_queued_jobs=queued, submit_rate_per_minute=rate, submit_burst=burst,
+                preemption_grace_seconds=grace,
+            ),
+        )  # fmt: skip
+
+
+def ensure_templates(JobTemplate) -> None:
+    for spec in TEMPLATES:
+        JobTemplate.objects.get_or_create(name=spec["name"], defaults={k: v for k, v in spec.items() if k != "name"})
+
+
+def ensure_defaults() -> None:
+    from apps.jobs.models import JobTemplate
+    from apps.tenants.models import Tier
+
+    ensure_tiers(Tier)
+    ensure_templates(JobTemplate)

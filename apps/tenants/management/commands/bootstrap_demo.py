@@ -1,0 +1,28 @@
+from django.core.management.base import BaseCommand
+
+from apps.tenants.defaults import ensure_defaults
+from apps.tenants.services import tenant_create, user_create
+
+DEMO = [
+    # tenant, tier, allow commands, [(username, role)]
+    ("acme", "enterprise", True, [("alice", "admin"), ("bob", "member"), ("carol", "viewer")]),
+    ("globex", "pro", False, [("dave", "member")]),
+    ("hobby", "free", False, [("erin", "member")]),
+]
+DEMO_PASSWORD = "demo-password"  # noqa: S105 (demo accounts, printed on purpose)
+
+
+class Command(BaseCommand):
+    help = "Idempotent: default tiers and templates, demo tenants, users and API tokens; prints them."
+
+    def handle(self, **options):
+        ensure_defaults()
+        self.stdout.write(f"{'user':8} {'tenant':8} {'tier':11} {'role':7} token")
+        for slug, tier, commands, users in DEMO:
+            tenant_create(slug=slug, tier_name=tier, allow_commands=commands)
+            for username, role in users:
+                _, key = user_create(username=username, tenant_slug=slug, role=role, password=DEMO_PASSWORD)
+                self.stdout.write(f"{username:8} {slug:8} {tier:11} {role:7} {key}")
+        _, key = user_create(username="staff", tenant_slug=None, staff=True, password=DEMO_PASSWORD)
+        self.stdout.write(f"{'staff':8} {'-':8} {'-':11} {'staff':7} {key}")
+        self.stdout.write(f"web and admin password for every demo user: {DEMO_PASSWORD}")

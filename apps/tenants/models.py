@@ -1,0 +1,90 @@
+"""Who may submit what: tiers, tenants, their members and their quotas."""
+
+from django.conf import settings
+from django.db import models
+
+
+class Tier(models.Model):
+    """A service tier. `rank` orders tiers for "may a tenant submit at this tier"; `level` is the
+    strict priority level (higher first) and `weight` the fair share inside one level."""
+
+    name = models.SlugField(max_length=32, unique=True)
+    rank = models.PositiveSmallIntegerField(unique=True, help_text="Higher is a better tier.")
+    level = models.PositiveSmallIntegerField(default=0, help_text="Strict priority level; higher first.")
+    weight = models.PositiveIntegerField(default=1, help_text="Fair-share weight within its level.")
+    preemptible = models.BooleanField(default=True, help_text="Its jobs may be preempted.")
+    can_preempt = models.BooleanField(default=False, help_text="Its jobs may preempt lower tiers.")
+    max_queued_jobs = models.PositiveIntegerField(default=100)
+    submit_rate_per_minute = models.PositiveIntegerField(default=60)
+    submit_burst = models.PositiveIntegerField(default=20)
+    preemption_grace_seconds = models.PositiveIntegerField(default=30)
+    description = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["-rank"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Tenant(models.Model):
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=200, blank=True)
+    tier = models.ForeignKey(Tier, on_delete=models.PROTECT, related_name="tenants")
+    allow_commands = models.BooleanField(
+        default=False, help_text="May submit arbitrary argv commands, not only templates."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Role(models.TextChoices):
+    ADMIN = "admin", "Tenant admin"
+    MEMBER = "member", "Member"
+    VIEWER = "viewer", "Viewer"
+
+
+class Membership(models.Model):
+    """A user's place in a tenant. One tenant per user in v1 (see docs/architecture.md)."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="membership")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.tenant} ({self.role})"
+
+    @property
+    def can_submit(self) -> bool:
+        return self.role in (Role.ADMIN, Role.MEMBER)
+
+
+class Quota(models.Model):
+    """A tenant's own limits; an empty field falls back to the tier's."""
+
+    tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="quota")
+    max_queued_jobs = models.PositiveIntegerField(null=True, blank=True)
+    max_gpus = models.JSONField(
+        default=dict, blank=True, help_text='Most GPUs in use at once per SKU, e.g. {"H100-80GB": 16}.'
+    )
+    submit_rate_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    submit_burst = models.PositiveIntegerField(null=True, blank=True)
+    gpu_hours_per_period = models.PositiveIntegerField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"quota of {self.tenant}"
+
+    def effective(self) -> dict:
+        tier = self.tenant.tier
+        return {
+            "max_queued_jobs": self.max_queued_jobs if self.max_queued_jobs is not None else tier.max_queued_jobs,
+            "max_gpus": dict(self.max_gpus or {}),
+            "submit_rate_per_minute": self.submit_rate_per_minute or tier.submit_rate_per_minute,
+            "submit_burst": self.submit_burst or tier.submit_burst,
+            "gpu_hours_per_period": self.gpu_hours_per_period,
+        }

@@ -1,0 +1,18 @@
+"""The Celery app: configuration from Django settings (CELERY_*), routes and the beat schedule."""
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuplatform.settings")
+
+app = Celery("gpuplatform")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks(["apps.scheduling", "workers"])
+
+
+@app.on_after_finalize.connect
+def _beat_schedule(sender, **kwargs):
+    from apps.scheduling.schedule import beat_schedule
+
+    sender.conf.beat_schedule = beat_schedule()

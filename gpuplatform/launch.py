@@ -1,0 +1,94 @@
+"""`make run`: set up and start the whole platform on this machine.
+
+Generates a secret key (kept under the data dir) if none is given, starts the embedded Redis
+when there is no REDIS_URL, migrates, bootstraps the demo, collects static files, prints the
+URLs and demo tokens, then runs every Procfile process under honcho until Ctrl-C.
+"""
+
+import os
+import pathlib
+import secrets
+import signal
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def data_dir() -> pathlib.Path:
+    path = pathlib.Path(os.environ.get("GPUPLATFORM_DATA_DIR") or ROOT / "var").resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def stored_secret(path: pathlib.Path, make) -> str:
+    if not path.exists():
+        path.write_text(make())
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+def manage(*args: str, env: dict, capture: bool = False) -> str:
+    result = subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=ROOT, env=env, check=True, text=True,
+        stdout=subprocess.PIPE if capture else None,
+    )  # fmt: skip
+    return result.stdout or ""
+
+
+def main() -> int:
+    data = data_dir()
+    env = dict(os.environ, GPUPLATFORM_DATA_DIR=str(data))
+    env["PATH"] = f"{pathlib.Path(sys.executable).parent}:{env.get('PATH', '')}"
+    env.setdefault("SECRET_KEY", stored_secret(data / "secret_key", lambda: secrets.token_urlsafe(50)))
+    env.setdefault("FLOWER_BASIC_AUTH", "admin:" + stored_secret(data / "flower_password", lambda: secrets.token_urlsafe(12)))
+    port, flower_port = env.setdefault("PORT", "8000"), env.setdefault("FLOWER_PORT", "5555")
+    redis = None
+    if not env.get("REDIS_URL"):
+        from gpuplatform import embedded_redis
+
+        redis = embedded_redis.start(data / "redis")
+        env["REDIS_URL"] = redis.url
+    try:
+        manage("migrate", "--noinput", env=env)
+        manage("collectstatic", "--noinput", "-v", "0", env=env)
+        demo = manage("bootstrap_demo", env=env, capture=True)
+        print(banner(port, flower_port, env, demo), flush=True)
+        honcho = subprocess.Popen(
+            [str(pathlib.Path(sys.executable).parent / "honcho"), "-f", "Procfile", "start", "-p", port],
+            cwd=ROOT, env=env,
+        )  # fmt: skip
+        signal.signal(signal.SIGTERM, lambda *_: honcho.send_signal(signal.SIGTERM))
+        try:
+            return honcho.wait()
+        except KeyboardInterrupt:
+            honcho.send_signal(signal.SIGINT)
+            return honcho.wait()
+    finally:
+        if redis is not None:
+            redis.stop()
+
+
+def banner(port: str, flower_port: str, env: dict, demo: str) -> str:
+    database = env.get("DATABASE_URL") or f"SQLite at {env['GPUPLATFORM_DATA_DIR']}/db.sqlite3"
+    return f"""
+gpuplatform is starting.
+  Web UI      http://127.0.0.1:{port}/            (sign in with a demo user below)
+  Admin       http://127.0.0.1:{port}/admin/      (user "staff")
+  API         http://127.0.0.1:{port}/api/v1/     (Authorization: Token <token>)
+  API schema  http://127.0.0.1:{port}/api/schema/
+  Health      http://127.0.0.1:{port}/healthz     Metrics http://127.0.0.1:{port}/metrics
+  Flower      http://127.0.0.1:{flower_port}/            (basic auth {env['FLOWER_BASIC_AUTH']})
+  Redis       {env['REDIS_URL']}
+  Database    {database}
+
+Demo users and API tokens:
+{demo}
+Try:  curl -H "Authorization: Token <token of bob>" -H "Content-Type: application/json" \\
+        -d '{{"template": "demo-train", "params": {{"steps": 20}}, "gpus": 2, "gpu_sku": "H100-80GB"}}' \\
+        http://127.0.0.1:{port}/api/v1/jobs/
+"""
+
+
+if __name__ == "__main__":
+    sys.exit(main())

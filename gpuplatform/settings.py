@@ -1,0 +1,190 @@
+"""Settings, all from the environment (see the configuration table in README.md).
+
+No DATABASE_URL: SQLite (WAL) under the data dir. No REDIS_URL: the embedded Redis started by
+`make run` or the test suite (its URL is read from `<data dir>/redis/redis.url`).
+"""
+
+import pathlib
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from gpuplatform import embedded_redis
+from gpuplatform.env import env_bool, env_float, env_int, env_list, env_str
+
+BASE_DIR = pathlib.Path(__file__).resolve().parent.parent
+DATA_DIR = pathlib.Path(env_str("GPUPLATFORM_DATA_DIR") or BASE_DIR / "var").resolve()
+
+DEBUG = env_bool("DEBUG", False)
+SECRET_KEY = env_str("SECRET_KEY")
+if not SECRET_KEY:
+    if not DEBUG:
+        raise ImproperlyConfigured("SECRET_KEY is required unless DEBUG=1")
+    SECRET_KEY = "debug-only-insecure-key"  # noqa: S105 (only reachable with DEBUG=1)
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "django_filters",
+    "drf_spectacular",
+    "django_celery_results",
+    "apps.tenants",
+    "apps.nodes",
+    "apps.jobs",
+    "apps.scheduling",
+    "apps.web",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "gpuplatform.urls"
+WSGI_APPLICATION = "gpuplatform.wsgi.application"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+
+def _database() -> dict:
+    url = env_str("DATABASE_URL")
+    if not url:
+        DATA_DIR.mkdir(parents=True, exist_ok=True)
+        return {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": DATA_DIR / "db.sqlite3",
+            # WAL lets the web, dispatcher and agents read while one writes; IMMEDIATE takes the
+            # write lock at BEGIN so two writers queue on the busy timeout instead of deadlocking.
+            "OPTIONS": {
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 30,
+            },
+            "TEST": {"NAME": str(DATA_DIR / "test-db.sqlite3")},
+        }
+    try:
+        config = dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True)
+    except ValueError as error:
+        raise ImproperlyConfigured(f"DATABASE_URL is not a database URL: {error}") from None
+    if not config.get("ENGINE"):
+        raise ImproperlyConfigured(f"DATABASE_URL has an unknown scheme: {url.split(':', 1)[0]}")
+    return config
+
+
+DATABASES = {"default": _database()}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+
+def _redis_url() -> str:
+    url = env_str("REDIS_URL") or embedded_redis.discover_url(DATA_DIR / "redis")
+    if not url:
+        # Nothing started yet: point at the port-less default so imports work (migrate, check);
+        # anything that really talks to Redis reports it as down.
+        return "redis://127.0.0.1:1/0"
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        raise ImproperlyConfigured(f"REDIS_URL must start with redis://, rediss:// or unix://: {url!r}")
+    return url
+
+
+REDIS_URL = _redis_url()
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = DATA_DIR / "staticfiles"
+MEDIA_ROOT = DATA_DIR / "storage"
+STORAGES = {
+    # Logs and artifacts go through the storage API: S3 is a settings change.
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "apps.jobs.api_errors.exception_handler",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "gpuplatform API",
+    "VERSION": "1.0.0",
+    "DESCRIPTION": "Submit GPU jobs, follow them, fetch their results.",
+}
+
+# Celery. Settings chosen knowingly (see docs/reliability.md): tasks are short hand-offs, the
+# long-running job lives in the agent and is tracked by leases in the database, so a broker
+# redelivery (visibility timeout) can at worst repeat a hand-off that the fencing token rejects.
+CELERY_BROKER_URL = REDIS_URL
+CELERY_RESULT_BACKEND = "django-db"
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_SEND_SENT_EVENT = True
+CELERY_WORKER_SEND_TASK_EVENTS = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("GPUPLATFORM_VISIBILITY_TIMEOUT", 3600, minimum=1)}
+CELERY_TASK_DEFAULT_QUEUE = "control"
+CELERY_TIMEZONE = "UTC"
+
+# Platform knobs.
+HEARTBEAT_SECONDS = env_float("GPUPLATFORM_HEARTBEAT_SECONDS", 2.0, minimum=0.1, maximum=300)
+NODE_LOST_AFTER_HEARTBEATS = env_int("GPUPLATFORM_NODE_LOST_AFTER", 3, minimum=2, maximum=100)
+DISPATCH_TICK_SECONDS = env_float("GPUPLATFORM_DISPATCH_TICK_SECONDS", 2.0, minimum=0.1, maximum=300)
+RECONCILE_TICK_SECONDS = env_float("GPUPLATFORM_RECONCILE_TICK_SECONDS", 2.0, minimum=0.1, maximum=300)
+STARTING_TIMEOUT_SECONDS = env_float("GPUPLATFORM_STARTING_TIMEOUT", 60.0, minimum=1)
+KILL_GRACE_SECONDS = env_float("GPUPLATFORM_KILL_GRACE_SECONDS", 5.0, minimum=0)
+MAX_RUNTIME_LIMIT_SECONDS = env_int("GPUPLATFORM_MAX_RUNTIME_LIMIT", 7 * 24 * 3600, minimum=1)
+MAX_ATTEMPTS = env_int("GPUPLATFORM_MAX_ATTEMPTS", 5, minimum=1)
+FLOWER_PORT = env_int("FLOWER_PORT", 5555, minimum=1, maximum=65535)
+PORT = env_int("PORT", 8000, minimum=1, maximum=65535)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

@@ -1,0 +1,24 @@
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView
+from rest_framework.routers import DefaultRouter
+
+from apps.jobs.api import JobViewSet
+from apps.nodes.api import NodeViewSet
+from apps.tenants.api import UsageView
+from gpuplatform.health import healthz
+from gpuplatform.metrics import metrics
+
+router = DefaultRouter(trailing_slash=True)
+router.register("jobs", JobViewSet, basename="job")
+router.register("nodes", NodeViewSet, basename="node")
+
+urlpatterns = [
+    path("api/v1/", include(router.urls)),
+    path("api/v1/usage/", UsageView.as_view(), name="usage"),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("healthz", healthz, name="healthz"),
+    path("metrics", metrics, name="metrics"),
+    path("admin/", admin.site.urls),
+    path("", include("apps.web.urls")),
+]
