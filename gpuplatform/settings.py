@@ -72,6 +72,15 @@ TEMPLATES = [
 ]
 
 
+SQLITE_OPTIONS = {
+    # WAL lets the web, dispatcher and agents read while one writes; IMMEDIATE takes the write
+    # lock at BEGIN so two writers queue on the busy timeout instead of failing mid-transaction.
+    "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    "transaction_mode": "IMMEDIATE",
+    "timeout": 30,
+}
+
+
 def _database() -> dict:
     url = env_str("DATABASE_URL")
     if not url:
@@ -79,13 +88,7 @@ def _database() -> dict:
         return {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": DATA_DIR / "db.sqlite3",
-            # WAL lets the web, dispatcher and agents read while one writes; IMMEDIATE takes the
-            # write lock at BEGIN so two writers queue on the busy timeout instead of deadlocking.
-            "OPTIONS": {
-                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-                "transaction_mode": "IMMEDIATE",
-                "timeout": 30,
-            },
+            "OPTIONS": SQLITE_OPTIONS,
             "TEST": {"NAME": str(DATA_DIR / "test-db.sqlite3")},
         }
     try:
@@ -94,6 +97,9 @@ def _database() -> dict:
         raise ImproperlyConfigured(f"DATABASE_URL is not a database URL: {error}") from None
     if not config.get("ENGINE"):
         raise ImproperlyConfigured(f"DATABASE_URL has an unknown scheme: {url.split(':', 1)[0]}")
+    if config["ENGINE"].endswith("sqlite3"):
+        config["OPTIONS"] = SQLITE_OPTIONS
+        config["CONN_MAX_AGE"] = 0
     return config
 
 

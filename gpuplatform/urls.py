@@ -10,10 +10,16 @@ from gpuplatform.health import healthz
 from gpuplatform.metrics import metrics
 
 router = DefaultRouter(trailing_slash=True)
+router.include_format_suffixes = False  # artifact names like "result.json" are names, not formats
 router.register("jobs", JobViewSet, basename="job")
 router.register("nodes", NodeViewSet, basename="node")
 
 urlpatterns = [
+    path(
+        "api/v1/jobs/<uuid:pk>/artifacts/<path:name>",
+        JobViewSet.as_view({"get": "artifact"}),
+        name="job-artifact-download",
+    ),
     path("api/v1/", include(router.urls)),
     path("api/v1/usage/", UsageView.as_view(), name="usage"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

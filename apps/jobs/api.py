@@ -7,7 +7,7 @@ from django.http import FileResponse, Http404, HttpResponse
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import PermissionDenied
+from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.response import Response
 
 from apps.jobs import services
@@ -63,6 +63,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             raise PermissionDenied("you belong to no tenant")
         if not membership.can_submit:
             raise PermissionDenied(f"role {membership.role} may not submit jobs")
+        if not isinstance(request.data, dict):
+            raise ValidationError({"body": ["must be a JSON object"]})
         form = JobSubmitSerializer(data=request.data)
         form.is_valid(raise_exception=True)
         spec = form.to_spec(default_tier=membership.tenant.tier)
@@ -97,8 +99,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         return Response(ArtifactSerializer(job.artifacts.all(), many=True).data)
 
     @extend_schema(responses={(200, "application/octet-stream"): bytes})
-    @action(detail=True, methods=["get"], url_path=r"artifacts/(?P<name>.+)")
     def artifact(self, request, pk=None, name=None):
+        """Download one artifact (routed in gpuplatform/urls.py: names carry no trailing slash)."""
         job = self.get_object()
         artifact = job.artifacts.filter(name=name).first()
         if artifact is None or not default_storage.exists(artifact.file.name):

@@ -136,6 +136,8 @@ class QueuedJob:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[str, ...] = ()
     preemptions: int = 0  # how often it was preempted so far
+    checkpoint_interval_s: float = 0.0  # it saves progress this often (0: never, or unknown)
+    restart_cost_s: float = 0.0  # a restart spends this long before making progress
     seq: int = -1  # tie-break among equal submits; the policy fills it in when left at -1
 
 
@@ -151,6 +153,8 @@ class RunningJob:
     nodes: int = 1
     last_checkpoint_at: float | None = None  # None: nothing saved in this attempt
     restart_cost_s: float = 0.0  # time a restart spends before making progress again
+    checkpoint_interval_s: float = 0.0  # periodic saves from `progress_from` on (0: none)
+    progress_from: float | None = None  # when this attempt starts making progress
     preemptions: int = 0
     gpu_models: tuple[str, ...] = ()
     node_selector: Mapping[str, str] = field(default_factory=dict)
@@ -512,6 +516,18 @@ class Scheduler:
                 yield job
 
 
+def last_checkpoint(job: RunningJob, now: float) -> float:
+    """When the job last saved its progress (its start if never): the reported time, or the
+    latest periodic save when it checkpoints every `checkpoint_interval_s`."""
+    saved = job.last_checkpoint_at if job.last_checkpoint_at is not None else job.started_at
+    interval = job.checkpoint_interval_s
+    if interval > 0:
+        origin = job.progress_from if job.progress_from is not None else job.started_at
+        if now >= origin + interval:
+            saved = max(saved, origin + (now - origin) // interval * interval)
+    return saved
+
+
 def _alloc_of(placement: Any) -> list[tuple[str, int]]:
     return [(a.node, len(a.gpu_indices)) for a in placement.assignments]
 
@@ -718,9 +734,12 @@ class _Pass:
         self, job: QueuedJob, placement: Any, reason: str, delay: float | None = None
     ) -> None:
         s = self.s
+        begin = self.now + (delay or 0.0)
+        resumed = job.restart_cost_s if job.preemptions else 0.0
         running = RunningJob(
-            job.job_id, job.tenant, job.tier, job.gpus, self.now,
-            self.now + (delay or 0.0) + job.est_runtime_s, placement, nodes=job.nodes,
+            job.job_id, job.tenant, job.tier, job.gpus, begin, begin + job.est_runtime_s,
+            placement, nodes=job.nodes, restart_cost_s=job.restart_cost_s,
+            checkpoint_interval_s=job.checkpoint_interval_s, progress_from=begin + resumed,
             preemptions=job.preemptions, gpu_models=job.gpu_models,
             node_selector=job.node_selector, tolerations=job.tolerations,
         )  # fmt: skip
@@ -799,12 +818,7 @@ class _Pass:
         gpus = victim.gpus * victim.nodes
         if self.cfg.victim_cost == "youngest":
             return gpus * (self.now - victim.started_at)
-        saved = (
-            victim.last_checkpoint_at
-            if victim.last_checkpoint_at is not None
-            else victim.started_at
-        )
-        return gpus * (self.now - saved + victim.restart_cost_s)
+        return gpus * (self.now - last_checkpoint(victim, self.now) + victim.restart_cost_s)
 
     def _evict_and_place(
         self, job: QueuedJob, tier: TierPolicy, victims: list[RunningJob], cost: float

@@ -1,0 +1,7 @@
+"""`python -m apps.scheduling.sim`: see cli.py."""
+
+import sys
+
+from apps.scheduling.sim.cli import main
+
+sys.exit(main())

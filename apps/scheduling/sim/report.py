@@ -1,0 +1,134 @@
+"""What a simulation writes: jobs.csv, segments.csv and summary.json (figures defined here).
+
+- wait = first start - submit; JCT = end - submit; percentiles interpolate linearly.
+- utilisation while jobs wait = allocated GPU-seconds / cluster GPU-seconds, over the time
+  during which at least one job was queued.
+- Jain's fairness per tier: every `sample_s`, the tier's allocated GPUs are split max-min fairly
+  over its tenants by their demand (running + queued GPUs); x_i = a tenant's allocated GPU-time /
+  its fair GPU-time, over the samples in which some tenant of the tier waited;
+  J = (sum x)^2 / (n sum x^2). 1.0 means every tenant got its fair share.
+- the aging bound of tier T: age_limit(T) + the longest runtime estimate in the workload (a
+  job that waited age_limit is ahead of every non-aged job of its level, and its reservation
+  is at most one longest runtime away); jobs over it are listed.
+- GPU-hours lost = GPUs x lost seconds (work since the last checkpoint, grace, restarts).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from apps.scheduling.sim.workload import SimJob
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def jain(values: list[float]) -> float | None:
+    if not values:
+        return None
+    square = sum(v * v for v in values)
+    return (sum(values) ** 2) / (len(values) * square) if square > 0 else 1.0
+
+
+def wait_stats(jobs: list[SimJob]) -> dict[str, Any]:
+    waits = [j.start - j.submit for j in jobs if j.start is not None]
+    jcts = [j.end - j.submit for j in jobs if j.end is not None]
+    return {
+        "jobs": len(jobs),
+        "unfinished": sum(1 for j in jobs if j.end is None),
+        "wait_p50": percentile(waits, 50),
+        "wait_p95": percentile(waits, 95),
+        "wait_p99": percentile(waits, 99),
+        "wait_max": max(waits, default=None),
+        "wait_mean": sum(waits) / len(waits) if waits else None,
+        "jct_mean": sum(jcts) / len(jcts) if jcts else None,
+        "jct_p99": percentile(jcts, 99),
+    }
+
+
+def summarize(sim: Any, settings: dict[str, Any], elapsed_s: float) -> dict[str, Any]:
+    jobs: list[SimJob] = sim.jobs
+    tiers = sim.scheduler.tiers
+    by_tier: dict[str, list[SimJob]] = {}
+    for job in jobs:
+        by_tier.setdefault(job.tier, []).append(job)
+    longest = max((j.duration for j in jobs), default=0.0)
+    delivered = sum(j.duration * j.gpus * j.nodes for j in jobs if j.end is not None)
+    lost = sum(j.lost_s * j.gpus * j.nodes for j in jobs)
+    acc = sim.acc
+    summary: dict[str, Any] = {
+        "jobs": len(jobs),
+        "finished": sum(1 for j in jobs if j.end is not None),
+        "tiers": {},
+        "by_size": {
+            "gpus>=32": wait_stats([j for j in jobs if j.gpus * j.nodes >= 32]),
+            "all": wait_stats(jobs),
+        },
+        "utilisation_while_waiting": acc.busy_while_waiting / acc.total_while_waiting
+        if acc.total_while_waiting
+        else None,
+        "utilisation": acc.busy / acc.capacity if acc.capacity else None,
+        "time_with_queue_s": acc.wait_time,
+        "preemptions": sum(j.preemptions for j in jobs),
+        "preempt_decisions": sim.preempt_decisions,
+        "gpu_hours_delivered": delivered / 3600,
+        "gpu_hours_lost": lost / 3600,
+        "lost_share": lost / delivered if delivered else 0.0,
+        "aging": {},
+        "settings": settings,
+        "wall_seconds": elapsed_s,
+    }
+    for tier, members in sorted(by_tier.items()):
+        stats = wait_stats(members)
+        fair = acc.fair.get(tier, {})
+        ratios = [a / f for a, f in fair.values() if f > 0]
+        stats["jain_fairness"] = jain(ratios)
+        stats["tenants"] = len({j.tenant for j in members})
+        summary["tiers"][tier] = stats
+        policy = tiers.get(tier)
+        bound = (policy.age_limit_s + longest) if policy else math.inf
+        over = [j.job_id for j in members if j.start is not None and j.start - j.submit > bound]
+        over += [j.job_id for j in members if j.start is None]
+        summary["aging"][tier] = {
+            "age_limit_s": policy.age_limit_s if policy else None,
+            "bound_s": bound if math.isfinite(bound) else None,
+            "jobs_over_bound": len(over),
+            "examples": over[:10],
+        }
+    return summary
+
+
+def write_outputs(sim: Any, out: Path, summary: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "jobs.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["job_id", "tenant", "tier", "gpus", "submit", "start", "end", "duration", "preemptions", "gpu_seconds_lost"])
+        for j in sim.jobs:
+            w.writerow([
+                j.job_id, j.tenant, j.tier, j.gpus * j.nodes, _num(j.submit), _num(j.start),
+                _num(j.end), _num(j.duration), j.preemptions, _num(j.lost_s * j.gpus * j.nodes),
+            ])  # fmt: skip
+    with open(out / "segments.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["job_id", "start", "end", "nodes", "gpus_per_node", "ended_by"])
+        for j in sim.jobs:
+            for start, end, nodes, how in j.segments:
+                w.writerow([j.job_id, _num(start), _num(end), nodes, j.gpus, how])
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+
+
+def _num(x: float | None) -> str:
+    if x is None:
+        return ""
+    return repr(float(x))

