@@ -146,7 +146,7 @@ class Pool:
         if gpus == 0:
             yield from self.full
         elif gpu_milli == MILLI:
-            yield from self.full[gpus + 1 :]
+            yield from self.full[gpus:]
         else:
             start = bisect_left(self.share_keys, gpu_milli)
             for v in self.share_keys[start:]:
