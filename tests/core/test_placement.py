@@ -378,3 +378,11 @@ def test_utilization_reports_overall_per_model_and_fragmentation():
 
 def test_an_empty_cluster_reports_zeroes():
     assert ClusterManager().utilization() == {"gpu": 0.0, "by_model": {}, "fragmentation": 0.0}
+
+
+def test_a_pod_retried_every_pass_counts_once_in_the_workload_mix():
+    cm = cluster(nodes=[h100("a", gpus=1)])
+    cm.schedule_pod(Pod("big", gpus=1))
+    for _ in range(50):
+        assert cm.schedule_pod(Pod("waiting", gpus=1)) is None
+    assert sum(cm._seen.values()) == 2

@@ -81,7 +81,8 @@ class ClusterManager:
         self._pools: dict[tuple, Pool] = {}
         self._pods: dict[str, tuple[Pod, Placement]] = {}
         self._eligible: dict[tuple, tuple[list[Pool], list[Pool]]] = {}
-        self._seen: Counter = Counter()
+        self._seen: Counter = Counter()  # request type -> pods seen (for fragmentation)
+        self._seen_names: set[str] = set()  # a pod retried every pass counts once
 
     # ------------------------------------------------------------------ nodes
 
@@ -172,8 +173,7 @@ class ClusterManager:
         with self._lock:
             if pod.name in self._pods:
                 raise ValueError(f"pod {pod.name} is already placed")
-            self._seen[request_type(pod)] += 1
-            self.strategy.observe(pod)
+            self._observe(pod)
             preferred, tolerated = self._pools_for(pod)
             if pod.nodes == 1:
                 st = self._best_node(pod, preferred) or self._best_node(pod, tolerated)
@@ -203,7 +203,7 @@ class ClusterManager:
         """
         with self._lock:
             self._check_restorable(pod, placement)
-            self._seen[request_type(pod)] += 1
+            self._observe(pod)
             self._commit(pod, _copy(placement))
 
     def remove_pod(self, name: str) -> Placement | None:
@@ -276,6 +276,15 @@ class ClusterManager:
             _verify(self)
 
     # ------------------------------------------------------------------ internals
+
+    def _observe(self, pod: Pod) -> None:
+        if pod.name in self._seen_names:
+            return
+        if len(self._seen_names) >= 100_000:
+            self._seen_names.clear()
+        self._seen_names.add(pod.name)
+        self._seen[request_type(pod)] += 1
+        self.strategy.observe(pod)
 
     def _pools_for(self, pod: Pod) -> tuple[list[Pool], list[Pool]]:
         """Pools passing the static filters: (untainted or tolerated, PreferNoSchedule only)."""
