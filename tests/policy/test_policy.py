@@ -125,7 +125,10 @@ def test_a_victim_with_a_fresh_checkpoint_is_chosen_over_one_without():
     assert len(preempts) == 1 and preempts[0].victim_ids == ("fresh",)
     assert preempts[0].for_job_id == "boss"
     assert preempts[0].cost_gpu_s == 100.0
-    assert "boss" in s.running and "fresh" not in s.running
+    assert s.running["fresh"].preempted_for == "boss"  # it holds its GPU until it stops
+    assert "boss" in s.queued and not [d for d in s.decide(3601) if isinstance(d, Preempt)]
+    s.finish("fresh", 3610)
+    assert started(s.decide(3610)) == ["boss"]
 
 
 def test_fewer_victims_are_preferred_at_equal_cost():
@@ -187,8 +190,10 @@ def test_no_preemption_loop_between_tiers():
     s = cluster_of(1, gpus=1, tiers=tiers)
     start_running(s, 0, running("f1", tenant="f"))
     s.submit(job("e1", tier="enterprise", tenant="e", submit=1000))
-    assert [type(d) for d in s.decide(1000)] == [Preempt]
+    assert [type(d) for d in s.decide(1000)] == [Preempt, Reserve]
+    s.finish("f1", 1000)
     s.submit(job("f1", tenant="f", submit=0, preemptions=1))
+    assert started(s.decide(1000)) == ["e1"]
     later = s.decide(5000)
     assert not [d for d in later if isinstance(d, Preempt)]
     assert "e1" in s.running
@@ -202,6 +207,11 @@ def test_a_tier_under_its_guarantee_reclaims_from_a_borrowing_tier():
     [p] = [d for d in decisions if isinstance(d, Preempt)]
     assert len(p.victim_ids) == 2
     s.submit(job("p2", tier="pro", tenant="p", gpus=2, submit=2001))
+    # p1 waits for its victims; its GPUs count towards pro's guarantee already.
+    assert not [d for d in s.decide(2001) if isinstance(d, Preempt)]
+    for victim in p.victim_ids:
+        s.finish(victim, 2030)
+    assert started(s.decide(2030)) == ["p1"]
     # pro would hold 4 > 3 guaranteed GPUs: no more reclaiming.
     assert not [d for d in s.decide(2001) if isinstance(d, Preempt)]
 

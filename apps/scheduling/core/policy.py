@@ -18,9 +18,11 @@ The seam the dispatcher calls once per tick::
 It returns, in the order they were taken:
 
 - `Start(job_id, placement, reason)`: run the job on `placement` now.
-- `Preempt(victim_ids, for_job_id, placement, reason, cost_gpu_s)`: signal the victims to
-  checkpoint and stop; once their GPUs are released, start `for_job_id` on `placement` (nobody
-  else may use it meanwhile; the policy already counts it as taken).
+- `Preempt(victim_ids, for_job_id, reason, cost_gpu_s)`: signal the victims to checkpoint and
+  stop within the grace period. They keep their GPUs until they stop (pass them as running with
+  `preempted_for=for_job_id` and `est_end` = signal + grace); `for_job_id` stays queued and holds
+  the reservation, and a later pass starts it once the GPUs are free. It was checked (a dry run
+  against the placement core) that it fits once the victims are gone.
 - `Reserve(job_id, nodes, at, reason)`: the first blocked job holds these nodes from `at` on
   (EASY backfill); pass its id back as `held_reservation` next tick so the hold is kept.
 - `Wait(job_id, reason)`: still queued, with the reason shown to the user (only with `explain`).
@@ -159,6 +161,7 @@ class RunningJob:
     gpu_models: tuple[str, ...] = ()
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[str, ...] = ()
+    preempted_for: str | None = None  # signalled to stop for this job; holds GPUs until it does
     alloc: list[tuple[str, int]] = field(default_factory=list)  # filled from placement
 
 
@@ -182,7 +185,6 @@ class Start:
 class Preempt:
     victim_ids: tuple[str, ...]
     for_job_id: str
-    placement: Any
     reason: str
     cost_gpu_s: float
 
@@ -315,6 +317,7 @@ class Scheduler:
         self._resv: Reservation | None = None
         self._resv_dirty = True
         self._plan_failed: dict[str, float] = {}
+        self._victims_of: dict[str, set[str]] = {}  # preemptor -> victims still stopping
         self._slurm = SlurmPriority(self.config.slurm_calc_period_s)
         self.now = 0.0
 
@@ -384,6 +387,19 @@ class Scheduler:
                 self._resv_dirty = True  # it ended early: the reservation may come sooner
         return job
 
+    def _signal(self, victim: RunningJob, for_job: str, release: float) -> None:
+        """The victim stops by `release`; until then it keeps its GPUs."""
+        key = self._end_key.pop(victim.job_id)
+        del self._ends[bisect_left(self._ends, key)]
+        victim.est_end = min(victim.est_end, release)
+        victim.preempted_for = for_job
+        self._seq += 1
+        key = (victim.est_end, self._seq, victim.job_id)
+        insort(self._ends, key)
+        self._end_key[victim.job_id] = key
+        self._victims_of.setdefault(for_job, set()).add(victim.job_id)
+        self._resv_dirty = True
+
     def record_checkpoint(self, job_id: str, at: float) -> None:
         self.running[job_id].last_checkpoint_at = at
 
@@ -405,6 +421,8 @@ class Scheduler:
     def _add_running(self, job: RunningJob, now: float) -> None:
         if not job.alloc:
             job.alloc = _alloc_of(job.placement)
+        if job.preempted_for is not None:
+            self._victims_of.setdefault(job.preempted_for, set()).add(job.job_id)
         for node, n in job.alloc:
             self.view.take(node, n)
         self.running[job.job_id] = job
@@ -423,6 +441,12 @@ class Scheduler:
         job = self.running.pop(job_id)
         for node, n in job.alloc:
             self.view.give(node, n)
+        if job.preempted_for is not None:
+            pending = self._victims_of.get(job.preempted_for)
+            if pending is not None:
+                pending.discard(job_id)
+                if not pending:
+                    del self._victims_of[job.preempted_for]
         key = self._end_key.pop(job_id)
         del self._ends[bisect_left(self._ends, key)]
         gpus = sum(n for _, n in job.alloc)
@@ -646,11 +670,9 @@ class _Pass:
                 self.held, self.resv = None, None
             return True
         if self._try_preempt(job, tier):
-            if job is self.held:
-                self.held = None
-            self.resv = None  # victims no longer release GPUs when estimated
+            self.resv = None  # the victims now end at the signal + grace
             self.s._resv_dirty = True
-            return True
+            return self._make_head(job) if self.cfg.backfill else True
         if not self.cfg.backfill:
             self._wait(job, self._shortage(job))
             return False
@@ -699,6 +721,7 @@ class _Pass:
         if tier.level > resv.level and self._try_preempt(job, tier):
             self.resv = None
             s._resv_dirty = True
+            self._make_head(job)
             return
         held = self.held
         if not may_fit:
@@ -730,11 +753,9 @@ class _Pass:
             return None
         return placement
 
-    def _started(
-        self, job: QueuedJob, placement: Any, reason: str, delay: float | None = None
-    ) -> None:
+    def _started(self, job: QueuedJob, placement: Any, reason: str) -> None:
         s = self.s
-        begin = self.now + (delay or 0.0)
+        begin = self.now
         resumed = job.restart_cost_s if job.preemptions else 0.0
         running = RunningJob(
             job.job_id, job.tenant, job.tier, job.gpus, begin, begin + job.est_runtime_s,
@@ -745,8 +766,7 @@ class _Pass:
         )  # fmt: skip
         s._add_running(running, self.now)
         self.taken.append(job)
-        if delay is None:
-            self.out.append(Start(job.job_id, placement, reason))
+        self.out.append(Start(job.job_id, placement, reason))
 
     def _start_reason(self, job: QueuedJob, tier: TierPolicy, how: str) -> str:
         return f"{how}: {job.nodes} x {job.gpus} GPUs for tier {tier.name}, tenant {job.tenant}"
@@ -779,8 +799,8 @@ class _Pass:
         s = self.s
         if not self._may_preempt(job):
             return False
-        if self.now < s._plan_failed.get(job.job_id, -math.inf):
-            return False
+        if self.now < s._plan_failed.get(job.job_id, -math.inf) or job.job_id in s._victims_of:
+            return False  # failed recently, or its victims are still stopping
         self.plans_left -= 1
         victims = [v for v in s.running.values() if self._victim_ok(job, tier, v)]
         plan = None
@@ -800,6 +820,8 @@ class _Pass:
         vt = s.tiers[victim.tier]
         if not vt.preemptible or victim.preemptions >= vt.max_preemptions:
             return False
+        if victim.preempted_for is not None:
+            return False
         if self.now - victim.started_at < vt.min_runtime_s:
             return False
         if tier.level > vt.level:
@@ -810,7 +832,12 @@ class _Pass:
         total = s.view.total
         job_gpus = job.gpus * job.nodes
         victim_gpus = victim.gpus * victim.nodes
-        mine_ok = s.tier_gpus(tier.name) + job_gpus <= tier.guaranteed_share * total
+        pending = sum(
+            q.gpus * q.nodes
+            for q in map(s.queued.get, s._victims_of)
+            if q is not None and q.tier == tier.name
+        )
+        mine_ok = s.tier_gpus(tier.name) + pending + job_gpus <= tier.guaranteed_share * total
         theirs_over = s.tier_gpus(vt.name) - victim_gpus >= vt.guaranteed_share * total
         return mine_ok and theirs_over
 
@@ -823,28 +850,26 @@ class _Pass:
     def _evict_and_place(
         self, job: QueuedJob, tier: TierPolicy, victims: list[RunningJob], cost: float
     ) -> bool:
+        """Dry run: without the victims, does the job fit? If so, signal them."""
         s = self.s
         for victim in victims:
             s.cluster.remove_pod(victim.job_id)
-            for node, n in victim.alloc:
-                s.view.give(node, n)
         placement = s.cluster.schedule_pod(s._pod(job))
+        if placement is not None:
+            s.cluster.remove_pod(job.job_id)
         for victim in victims:
-            for node, n in victim.alloc:
-                s.view.take(node, n)
-        if placement is None:  # it would still not fit: put everything back, preempt nobody
-            for victim in victims:
-                s.cluster.add_pod(s._pod(victim), victim.placement)
+            s.cluster.add_pod(s._pod(victim), victim.placement)
+        if placement is None:  # it would still not fit: preempt nobody
             return False
+        release = self.now + self.cfg.grace_s
         for victim in victims:
-            s._remove_running(victim.job_id, self.now)
+            s._signal(victim, job.job_id, release)
         ids = tuple(v.job_id for v in victims)
         why = (
             f"preempting {len(ids)} job(s) of lower standing for {job.job_id} "
             f"(tier {tier.name}); lost GPU-time {cost / 3600:.2f} GPU-h"
         )
-        self.out.append(Preempt(ids, job.job_id, placement, why, cost))
-        self._started(job, placement, why, delay=self.cfg.grace_s)
+        self.out.append(Preempt(ids, job.job_id, why, cost))
         return True
 
     # --- waiting and bookkeeping ------------------------------------------------------------

@@ -7,9 +7,10 @@ size of the queue.
 
 Preemption cost model (`--checkpoint-interval C`, `--restart-overhead R`, `--grace G`):
 a job saves its progress every C seconds of progress (C = 0: never). When preempted at t it
-gets G seconds to exit, then its GPUs go to the preemptor; it keeps the progress of its last
-save, the rest of the run (including the grace period) is lost, and when it runs again it first
-spends R seconds restarting, also lost. So for every job the sum of its segments equals its
+gets G seconds to exit and holds its GPUs until then (the preemptor waits, holding the
+reservation, and starts on the pass after the release); it keeps the progress of its last save,
+the rest of the run (including the grace period) is lost, and when it runs again it first spends
+R seconds restarting, also lost. So for every job the sum of its segments equals its
 duration plus its lost time, which the segments validator checks.
 
 Room for autoscaling (issue 7): `add_node_at(t, node)` / `remove_node_at(t, name)` schedule node
@@ -118,6 +119,7 @@ class Simulation:
         inf = math.inf
         while i < n or events:
             t = min(jobs[i].submit if i < n else inf, events[0][0] if events else inf)
+            # (a zero grace period releases victims at the same t: a second pass at t follows)
             self._account(t)
             while events and events[0][0] <= t:
                 _, kind, _, payload = heapq.heappop(events)
@@ -162,7 +164,6 @@ class Simulation:
                 self.preempt_decisions += 1
                 for victim in d.victim_ids:
                     self._signal(self.by_id[victim], t)
-                self._start(self.by_id[d.for_job_id], d.placement, t + self.settings.grace_s)
         self.decisions += len(decisions)
 
     def _start(self, job: SimJob, placement: Any, t: float) -> None:
@@ -181,10 +182,7 @@ class Simulation:
         job = self.by_id[job_id]
         if attempt != job.attempt:
             return
-        if job.releasing:
-            job.releasing = False  # it finished during its grace period: no loss
-        else:
-            self.scheduler.finish(job_id, t)
+        self.scheduler.finish(job_id, t)  # possibly within its grace period: then no loss
         job.attempt += 1
         self._close_segment(job, t, "finish", kept=job.duration - job.done)
         job.done = job.duration
@@ -192,14 +190,13 @@ class Simulation:
 
     def _signal(self, job: SimJob, t: float) -> None:
         """Preemption signal at t: the job stops at t + grace (unless it finishes first)."""
-        job.releasing = True
         self.push(t + self.settings.grace_s, RELEASE, (job.job_id, job.attempt, t))
 
     def _released(self, job_id: str, attempt: int, signal_t: float, t: float) -> None:
         job = self.by_id[job_id]
         if attempt != job.attempt:
             return  # it finished during the grace period
-        job.releasing = False
+        self.scheduler.finish(job_id, t)
         job.attempt += 1
         interval = self.settings.checkpoint_interval_s
         progress = max(0.0, signal_t - job.seg_progress_from)
@@ -248,7 +245,9 @@ class Simulation:
         for tier, tenants in by_tier.items():
             if not any(d > a for a, d in tenants.values()):
                 continue  # nobody in this tier waits: no contention to share
-            shares = max_min_shares(sum(a for a, _ in tenants.values()), {k: d for k, (_, d) in tenants.items()})
+            shares = max_min_shares(
+                sum(a for a, _ in tenants.values()), {k: d for k, (_, d) in tenants.items()}
+            )
             acc = self.acc.fair.setdefault(tier, {})
             for tenant, (alloc, _) in tenants.items():
                 pair = acc.setdefault(tenant, [0.0, 0.0])

@@ -36,7 +36,9 @@ def policy_preset(
     levels = {"enterprise": 3, "pro": 2, "free": 1}
     if name == "strict":
         tiers = {
-            k: replace(t, level=levels.get(k, t.level), guaranteed_share=0.0, age_limit_s=float("inf"))
+            k: replace(
+                t, level=levels.get(k, t.level), guaranteed_share=0.0, age_limit_s=float("inf")
+            )
             for k, t in tiers.items()
         }
         return tiers, PolicyConfig(ordering="level-fifo", grace_s=grace_s, backfill_depth=depth)

@@ -113,7 +113,20 @@ def write_outputs(sim: Any, out: Path, summary: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "jobs.csv", "w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(["job_id", "tenant", "tier", "gpus", "submit", "start", "end", "duration", "preemptions", "gpu_seconds_lost"])
+        w.writerow(
+            [
+                "job_id",
+                "tenant",
+                "tier",
+                "gpus",
+                "submit",
+                "start",
+                "end",
+                "duration",
+                "preemptions",
+                "gpu_seconds_lost",
+            ]
+        )
         for j in sim.jobs:
             w.writerow([
                 j.job_id, j.tenant, j.tier, j.gpus * j.nodes, _num(j.submit), _num(j.start),

@@ -43,7 +43,6 @@ class SimJob:
     lost_s: float = 0.0  # wall seconds of running that produced no kept work
     segments: list[tuple[float, float, str, str]] = field(default_factory=list)
     attempt: int = 0  # bumps on every (re)start so stale finish events are ignored
-    releasing: bool = False  # signalled to stop, within its grace period
     seg_start: float = 0.0
     seg_progress_from: float = 0.0
     seg_nodes: str = ""
@@ -61,7 +60,12 @@ def trace_path(fmt: str, trace: str | None) -> Path:
     base = traces_dir()
     if fmt == "itp":
         name = trace or "cluster04"
-        return base / "msr-itp-elasticflow" / "raw" / (name if name.endswith(".csv") else f"{name}.csv")
+        return (
+            base
+            / "msr-itp-elasticflow"
+            / "raw"
+            / (name if name.endswith(".csv") else f"{name}.csv")
+        )
     if fmt == "philly":
         return base / "philly-rfold" / (trace or "philly_trace.csv")
     raise ValueError(f"no trace file for format {fmt!r}")
@@ -73,7 +77,12 @@ def read_itp(path: Path, limit: int | None = None) -> list[SimJob]:
     with open(path, newline="") as fh:
         for row in csv.DictReader(fh):
             jobs.append(
-                SimJob(row["job_id"], float(row["submission_time"]), float(row["duration"]), int(row["num_gpu"]))
+                SimJob(
+                    row["job_id"],
+                    float(row["submission_time"]),
+                    float(row["duration"]),
+                    int(row["num_gpu"]),
+                )
             )
             if limit and len(jobs) >= limit:
                 break

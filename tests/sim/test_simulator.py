@@ -1,0 +1,122 @@
+"""The simulator runs the real policy; its segments.csv is replayed and checked."""
+
+import json
+import os
+
+import pytest
+
+from apps.scheduling.sim.cli import main
+from apps.scheduling.sim.validate import check
+from apps.scheduling.sim.workload import (
+    SimJob,
+    assign_tenants,
+    fit_to_nodes,
+    parse_mix,
+    tenants_per_tier,
+    trace_path,
+)
+
+ITP = trace_path("itp", "cluster04")
+PHILLY = trace_path("philly", None)
+needs_traces = pytest.mark.skipif(not ITP.exists(), reason="traces not found (GPUPLATFORM_TRACES)")
+
+
+def run(tmp_path, *argv):
+    assert main([*argv, "--out", str(tmp_path)]) == 0
+    return json.loads((tmp_path / "summary.json").read_text())
+
+
+@pytest.mark.parametrize("policy", ["default", "fifo", "strict", "slurm"])
+def test_segments_of_a_synthetic_run_hold_up(tmp_path, policy):
+    summary = run(
+        tmp_path,
+        "--format",
+        "synthetic",
+        "--jobs",
+        "300",
+        "--nodes",
+        "4",
+        "--load",
+        "1.2",
+        "--policy",
+        policy,
+    )
+    assert summary["finished"] == 300
+    assert check(tmp_path, gpus_per_node=8, nodes=4) == []
+
+
+@needs_traces
+def test_segments_of_an_itp_slice_with_preemption_hold_up(tmp_path):
+    summary = run(
+        tmp_path, "--format", "itp", "--trace", "cluster04", "--limit", "600", "--nodes", "12",
+        "--policy", "default", "--grace", "60", "--checkpoint-interval", "600",
+    )  # fmt: skip
+    assert summary["finished"] == 600
+    assert summary["preemptions"] > 0  # the check below covers preempted jobs too
+    assert check(tmp_path, gpus_per_node=8, nodes=12) == []
+
+
+@needs_traces
+@pytest.mark.skipif(not PHILLY.exists(), reason="philly trace not found")
+def test_a_philly_slice_runs_with_odd_gang_sizes(tmp_path):
+    summary = run(
+        tmp_path, "--format", "philly", "--limit", "400", "--nodes", "8", "--policy", "default"
+    )
+    assert summary["finished"] == 400
+    assert check(tmp_path, gpus_per_node=8, nodes=8) == []
+
+
+def test_the_validator_catches_overuse_split_gangs_and_missing_time(tmp_path):
+    (tmp_path / "jobs.csv").write_text(
+        "job_id,tenant,tier,gpus,submit,start,end,duration,preemptions,gpu_seconds_lost\n"
+        "a,t,free,8,0,0,10,10,0,0\n"
+        "b,t,free,1,0,5,20,10,0,0\n"
+        "g,t,free,16,0,30,40,10,0,0\n"
+    )
+    (tmp_path / "segments.csv").write_text(
+        "job_id,start,end,nodes,gpus_per_node,ended_by\n"
+        "a,0,10,n0,8,finish\n"
+        "b,5,20,n0,1,finish\n"
+        "g,30,40,n1,8,finish\n"
+    )
+    problems = check(tmp_path, gpus_per_node=8, nodes=2)
+    assert any("node n0 has 9 GPUs" in p for p in problems)
+    assert any("b: segments add up to 15.0" in p for p in problems)
+    assert any("g: segment at 30.0 on n1 is not a whole gang of 2" in p for p in problems)
+
+
+def test_tenants_are_assigned_by_the_documented_seeded_rule():
+    mix = parse_mix("enterprise=0.1,pro=0.3,free=0.6")
+    groups = tenants_per_tier(mix, 12)
+    assert {t: len(v) for t, v in groups.items()} == {"enterprise": 1, "pro": 4, "free": 7}
+    jobs = [SimJob(f"j{i}", i, 100, 1) for i in range(3000)]
+    again = [SimJob(f"j{i}", i, 100, 1) for i in range(3000)]
+    assign_tenants(jobs, mix, 12, seed=7)
+    assign_tenants(again, mix, 12, seed=7)
+    assert [(j.tenant, j.tier) for j in jobs] == [(j.tenant, j.tier) for j in again]
+    share = sum(j.tier == "free" for j in jobs) / len(jobs)
+    assert 0.55 < share < 0.65
+    free = [j.tenant for j in jobs if j.tier == "free"]
+    assert free.count("free-0") > 2 * free.count("free-6")  # Zipf: a flooding tenant
+
+
+def test_sizes_become_whole_gangs():
+    jobs = [
+        SimJob("a", 0, 1, 4),
+        SimJob("b", 0, 1, 16),
+        SimJob("c", 0, 1, 12),
+        SimJob("d", 0, 1, 20),
+    ]
+    fit_to_nodes(jobs, 8)
+    assert [(j.nodes, j.gpus) for j in jobs] == [(1, 4), (2, 8), (2, 6), (3, 7)]
+
+
+def test_traces_dir_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("GPUPLATFORM_TRACES", str(tmp_path))
+    assert (
+        trace_path("itp", "cluster01") == tmp_path / "msr-itp-elasticflow" / "raw" / "cluster01.csv"
+    )
+    monkeypatch.delenv("GPUPLATFORM_TRACES")
+    assert os.fspath(trace_path("philly", None)).endswith(
+        "shared/traces/philly-rfold/philly_trace.csv"
+    )
