@@ -107,10 +107,12 @@ class JobSubmitSerializer(serializers.Serializer):
 
 class AttemptSerializer(serializers.ModelSerializer):
     placements = serializers.SerializerMethodField()
+    placed_at = serializers.DateTimeField(source="created_at")
 
     class Meta:
         model = JobAttempt
-        fields = ["number", "state", "placements", "started_at", "ended_at", "exit_code", "reason", "checkpoint"]
+        fields = ["number", "state", "placements", "placed_at", "started_at", "ended_at", "exit_code", "reason",
+                  "checkpoint"]  # fmt: skip
 
     def get_placements(self, attempt: JobAttempt) -> list[dict]:
         return [{"node": m.node.name, "gpu_indices": m.gpu_indices, "rank": m.rank} for m in attempt.members.all()]

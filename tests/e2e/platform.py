@@ -1,0 +1,194 @@
+"""A whole platform for end-to-end tests: real Redis, a real database of its own, gunicorn,
+the dispatcher (Celery worker + beat) and node agents, each a separate process."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+
+import requests
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+FAST = {
+    "GPUPLATFORM_HEARTBEAT_SECONDS": "0.5",
+    "GPUPLATFORM_RECONCILE_TICK_SECONDS": "0.5",
+    "GPUPLATFORM_DISPATCH_TICK_SECONDS": "1",
+    "GPUPLATFORM_KILL_GRACE_SECONDS": "2",
+    "GPUPLATFORM_STARTING_TIMEOUT": "30",
+    "LOG_LEVEL": "INFO",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def fresh_database_url(data_dir: pathlib.Path, name: str) -> str:
+    """Its own database: a SQLite file, or a new PostgreSQL database beside DATABASE_URL's."""
+    url = os.environ.get("DATABASE_URL", "")
+    if not url.startswith(("postgres://", "postgresql://")):
+        return f"sqlite:///{data_dir / (name + '.sqlite3')}"
+    import psycopg
+
+    parts = urllib.parse.urlsplit(url)
+    admin = urllib.parse.urlunsplit(parts._replace(path="/postgres"))
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return urllib.parse.urlunsplit(parts._replace(path=f"/{name}"))
+
+
+def separate_redis_url(db_index: int) -> str:
+    parts = urllib.parse.urlsplit(os.environ["REDIS_URL"])
+    url = urllib.parse.urlunsplit(parts._replace(path=f"/{db_index}"))
+    import redis
+
+    redis.Redis.from_url(url).flushdb()
+    return url
+
+
+class Platform:
+    def __init__(self, data_dir: pathlib.Path, *, name: str = "gpuplatform_e2e", redis_db: int = 1):
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.env = dict(os.environ, **FAST)
+        self.env.update(
+            GPUPLATFORM_DATA_DIR=str(data_dir),
+            DATABASE_URL=fresh_database_url(data_dir, name),
+            REDIS_URL=separate_redis_url(redis_db),
+            PYTHONPATH=str(ROOT),
+        )
+        self.tokens: dict[str, str] = {}
+        self.agents: dict[str, list[str]] = {}
+
+    # --- life cycle -------------------------------------------------------------------------
+
+    def start(self, agents: dict[str, tuple[str, int, str]]) -> Platform:
+        """`agents`: node name -> (SKU, GPU count, labels)."""
+        self.manage("migrate", "--noinput", "-v", "0")
+        seed = subprocess.run([sys.executable, "-m", "tests.e2e.seed"], cwd=ROOT, env=self.env, check=True,
+                              capture_output=True, text=True)  # fmt: skip
+        self.tokens = json.loads(seed.stdout.strip().splitlines()[-1])
+        self.spawn("web", [sys.executable, "-m", "gunicorn", "gpuplatform.wsgi", "--bind", f"127.0.0.1:{self.port}",
+                           "--workers", "2", "--threads", "4", "--timeout", "60"])  # fmt: skip
+        self.spawn("dispatcher", [sys.executable, "-m", "celery", "-A", "gpuplatform", "worker", "-Q", "control", "-B",
+                                  "-n", f"dispatcher-{self.port}@%h", "--pool", "threads", "--concurrency", "2",
+                                  "-s", str(self.data_dir / "beat-schedule"), "--loglevel", "INFO"])  # fmt: skip
+        for node, (sku, gpus, labels) in agents.items():
+            self.start_agent(node, sku, gpus, labels)
+        self.wait_until(self.ready, timeout=90, what="web answering and every node registered")
+        return self
+
+    def start_agent(self, node: str, sku: str, gpus: int, labels: str = "") -> None:
+        argv = [sys.executable, "-m", "workers.agent", "--node", node, "--sku", sku, "--gpus", str(gpus), "--fake"]
+        if labels:
+            argv += ["--labels", labels]
+        self.agents[node] = argv
+        self.spawn(f"agent-{node}", argv)
+
+    def restart_agent(self, node: str) -> None:
+        self.spawn(f"agent-{node}", self.agents[node])
+
+    def spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
+        log = open(self.data_dir / f"{name}.log", "ab")  # noqa: SIM115 (lives as long as the process)
+        process = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)  # fmt: skip
+        self.processes[name] = process
+        return process
+
+    def kill(self, name: str, signum: int = signal.SIGKILL) -> None:
+        process = self.processes[name]
+        os.kill(process.pid, signum)
+        process.wait(10)
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                try:
+                    os.killpg(process.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        for process in self.processes.values():
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+
+    def manage(self, *args: str) -> str:
+        result = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, check=True,
+                                capture_output=True, text=True)  # fmt: skip
+        return result.stdout
+
+    def logs(self, name: str, tail: int = 4000) -> str:
+        path = self.data_dir / f"{name}.log"
+        return path.read_text(errors="replace")[-tail:] if path.exists() else ""
+
+    # --- the API, as a client sees it -----------------------------------------------------------
+
+    def api(self, user: str | None) -> requests.Session:
+        session = requests.Session()
+        if user:
+            session.headers["Authorization"] = f"Token {self.tokens[user]}"
+        session.base = self.url  # type: ignore[attr-defined]
+        return session
+
+    def get(self, user: str, path: str) -> requests.Response:
+        return self.api(user).get(self.url + path, timeout=30)
+
+    def post(self, user: str, path: str, body: dict | None = None) -> requests.Response:
+        return self.api(user).post(self.url + path, json=body, timeout=30)
+
+    def submit(self, user: str, **body) -> dict:
+        response = self.post(user, "/api/v1/jobs/", body)
+        assert response.status_code == 201, response.text
+        return response.json()
+
+    def job(self, job_id: str, user: str = "staff") -> dict:
+        return self.get(user, f"/api/v1/jobs/{job_id}/").json()
+
+    def wait_for_state(self, job_id: str, states, timeout: float = 90) -> dict:
+        states = {states} if isinstance(states, str) else set(states)
+        last = {}
+
+        def reached():
+            nonlocal last
+            last = self.job(job_id)
+            return last["state"] in states
+
+        self.wait_until(reached, timeout=timeout, what=f"job {job_id} in {states} (last: {last.get('state')} {last.get('reason')})")
+        return last
+
+    def nodes(self) -> dict[str, dict]:
+        return {n["name"]: n for n in self.get("staff", "/api/v1/nodes/").json()["results"]}
+
+    def ready(self) -> bool:
+        try:
+            if requests.get(self.url + "/healthz", timeout=2).status_code != 200:
+                return False
+            nodes = self.nodes()
+        except (requests.RequestException, ValueError):
+            return False
+        return all(name in nodes and nodes[name]["state"] == "ready" for name in self.agents)
+
+    def wait_until(self, condition, *, timeout: float, what: str, interval: float = 0.2) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if condition():
+                return
+            for name, process in self.processes.items():
+                if process.poll() is not None and name in ("web", "dispatcher"):
+                    raise AssertionError(f"{name} exited ({process.returncode}):\n{self.logs(name)}")
+            time.sleep(interval)
+        tails = "\n".join(f"--- {name}\n{self.logs(name, 1500)}" for name in self.processes)
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{tails}")
