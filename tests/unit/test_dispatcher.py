@@ -1,0 +1,137 @@
+"""The dispatcher and the job services against the real database (no Celery: publishes happen
+on commit, which these transactional tests never reach)."""
+
+from datetime import timedelta
+
+import pytest
+from django.db import IntegrityError
+from django.utils import timezone
+
+from apps.jobs import services
+from apps.jobs.models import GpuAllocation, Job, JobAttempt
+from apps.nodes.models import Gpu, Node
+from apps.nodes.services import mark_silent_nodes_lost
+from apps.scheduling.dispatcher import dispatch_once
+from apps.tenants.models import Tier
+from tests.factories import make_cast, make_node
+
+
+@pytest.fixture
+def cast(db):
+    return make_cast()
+
+
+def submit(cast, user="bob", *, tier=None, gpus=1, nodes=1, sku="H100-80GB", selector=None) -> Job:
+    from apps.jobs.models import JobTemplate
+    from apps.nodes.models import GpuSku
+
+    person = cast[user][0]
+    tenant = person.membership.tenant
+    spec = services.JobSpec(
+        name="t", tier=Tier.objects.get(name=tier) if tier else tenant.tier,
+        template=JobTemplate.objects.get(name="demo-train"), params={"steps": 1}, command=None,
+        gpus=gpus, nodes=nodes, gpu_sku=GpuSku.objects.get_or_create(name=sku)[0], node_selector=selector or {},
+        max_runtime_seconds=60, checkpointable=True, cacheable=False,
+    )  # fmt: skip
+    return services.job_submit(tenant=tenant, user=person, spec=spec)
+
+
+def test_it_places_the_higher_tier_first_when_only_one_fits(cast):
+    make_node("h1", gpus=4)
+    low = submit(cast, "dave", tier="free", gpus=4)
+    high = submit(cast, "bob", gpus=4)
+    result = dispatch_once()
+    assert result.placed == [str(high.id)]
+    low.refresh_from_db()
+    assert low.state == "queued"
+    assert "4" in low.reason  # says what it waits for
+
+
+def test_a_job_that_fits_nowhere_waits_with_a_reason(cast):
+    make_node("a1", sku="A100-40GB", gpus=2)
+    make_node("h1", gpus=2)
+    job = submit(cast, gpus=4)
+    dispatch_once()
+    job.refresh_from_db()
+    assert job.state == "queued"
+    assert job.reason.startswith("waiting")
+
+
+def test_the_database_refuses_a_gpu_allocated_twice(cast):
+    make_node("h1", gpus=2)
+    first, second = submit(cast), submit(cast)
+    gpu = Gpu.objects.get(node__name="h1", index=0)
+    node = Node.objects.get(name="h1")
+    member = services.MemberPlacement(node_id=node.pk, gpu_ids=[gpu.pk], gpu_indices=[0])
+    assert services.job_place(job=first, members=[member]) is not None
+    with pytest.raises(IntegrityError):
+        services.job_place(job=second, members=[member])
+
+
+def test_a_stale_transition_changes_nothing(cast):
+    job = submit(cast)
+    stale = Job.objects.get(pk=job.pk)
+    assert services.transition_job(job, to="cancelled", expect=["queued"], actor="test")
+    assert not services.transition_job(stale, to="starting", expect=["queued"], actor="test")
+    job.refresh_from_db()
+    assert job.state == "cancelled"
+
+
+def test_a_gang_is_placed_across_nodes_all_or_nothing(cast):
+    make_node("h1", gpus=4, labels={"rack": "r1"})
+    make_node("h2", gpus=4, labels={"rack": "r1"})
+    too_big = submit(cast, gpus=4, nodes=3)
+    gang = submit(cast, gpus=4, nodes=2)
+    dispatch_once()
+    too_big.refresh_from_db()
+    gang.refresh_from_db()
+    assert too_big.state == "queued" and not JobAttempt.objects.filter(job=too_big).exists()
+    assert gang.state == "starting"
+    members = list(gang.attempts.get().members.order_by("rank").values_list("node__name", flat=True))
+    assert sorted(members) == ["h1", "h2"]
+    assert GpuAllocation.objects.filter(released_at=None).count() == 8
+
+
+def test_an_unhealthy_gpu_is_never_used(cast):
+    make_node("h1", gpus=2)
+    Gpu.objects.filter(node__name="h1", index=0).update(health="unhealthy")
+    job = submit(cast, gpus=1)
+    dispatch_once()
+    assert job.attempts.get().members.get().gpu_indices == [1]
+    assert submit(cast, gpus=1) and dispatch_once().placed == []
+
+
+def test_a_silent_node_is_lost_and_its_job_requeued(cast):
+    node = make_node("h1", gpus=2)
+    job = submit(cast, gpus=2)
+    dispatch_once()
+    Node.objects.filter(pk=node.pk).update(last_heartbeat_at=timezone.now() - timedelta(minutes=5))
+    assert mark_silent_nodes_lost() == ["h1"]
+    job.refresh_from_db()
+    assert job.state == "queued"
+    assert job.attempts.get().state == "lost"
+    assert not GpuAllocation.objects.filter(released_at=None).exists()
+
+
+def test_a_cancelled_running_job_keeps_its_gpus_until_the_agent_reports(cast):
+    make_node("h1", gpus=1)
+    job = submit(cast, gpus=1)
+    dispatch_once()
+    attempt = job.attempts.get()
+    services.attempt_member_started(attempt_id=attempt.pk, rank=0, token=str(attempt.token), pid=1)
+    services.job_cancel(job=job, actor="test")
+    assert GpuAllocation.objects.filter(released_at=None).count() == 1  # the process may still run
+    services.attempt_member_finished(attempt_id=attempt.pk, rank=0, token=str(attempt.token), exit_code=-15, reason="cancel")
+    attempt.refresh_from_db()
+    assert attempt.state == "cancelled"
+    assert not GpuAllocation.objects.filter(released_at=None).exists()
+
+
+def test_a_report_with_a_stale_token_changes_nothing(cast):
+    make_node("h1", gpus=1)
+    job = submit(cast, gpus=1)
+    dispatch_once()
+    attempt = job.attempts.get()
+    assert not services.attempt_member_finished(attempt_id=attempt.pk, rank=0, token="0" * 32, exit_code=0)
+    job.refresh_from_db()
+    assert job.state == "starting"
