@@ -48,6 +48,7 @@ class Run:
     reported_progress: tuple | None = None
     log_size: int = -1
     launch_error: str = ""
+    start_reported: bool = False  # its end is reported only after its start
     extra: dict = field(default_factory=dict)
 
     @property
@@ -120,7 +121,7 @@ class Runner:
             if run.launch_error:
                 self._finish(run, exit_code=127, reason=run.launch_error)
                 continue
-            if run.process is None:
+            if run.process is None or not run.start_reported:
                 continue
             code = run.process.poll()
             if code is not None:
@@ -192,7 +193,10 @@ class Runner:
         with self.lock:
             self._save_state()
         log.info("started attempt %s rank %s pid %s on GPUs %s", a.attempt_id, a.rank, run.process.pid, a.gpu_indices)
-        self.reporter.started(run)
+        try:
+            self.reporter.started(run)
+        finally:
+            run.start_reported = True
 
     def _environment(self, run: Run, output, control, checkpoints) -> dict[str, str]:
         a = run.assignment

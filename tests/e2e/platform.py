@@ -83,7 +83,7 @@ class Platform:
         self.spawn("web", [sys.executable, "-m", "gunicorn", "gpuplatform.wsgi", "--bind", f"127.0.0.1:{self.port}",
                            "--workers", "2", "--threads", "4", "--timeout", "60"])  # fmt: skip
         self.spawn("dispatcher", [sys.executable, "-m", "celery", "-A", "gpuplatform", "worker", "-Q", "control", "-B",
-                                  "-n", f"dispatcher-{self.port}@%h", "--pool", "threads", "--concurrency", "2",
+                                  "-n", f"dispatcher-{self.port}@%h", "--pool", "threads", "--concurrency", "4",
                                   "-s", str(self.data_dir / "beat-schedule"), "--loglevel", "INFO"])  # fmt: skip
         for node, (sku, gpus, labels) in agents.items():
             self.start_agent(node, sku, gpus, labels)
