@@ -72,7 +72,7 @@ def throughput(count: int, data_dir: pathlib.Path) -> dict:
     try:
         submit_started = time.monotonic()
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
-            ids = list(pool.map(lambda _: platform.submit("bob", command=["true"], gpus=1, gpu_sku="H100-80GB")["id"],
+            list(pool.map(lambda _: platform.submit("bob", command=["true"], gpus=1, gpu_sku="H100-80GB")["id"],
                                 range(count)))  # fmt: skip
         submit_seconds = time.monotonic() - submit_started
 

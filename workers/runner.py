@@ -41,8 +41,9 @@ class Run:
     log_path: pathlib.Path
     process: subprocess.Popen | None = None
     started: float = 0.0
-    stop_reason: str = ""  # "cancel", "timeout", ...
+    stop_reason: str = ""  # "cancel", "timeout", "preempt", ...
     stop_deadline: float | None = None
+    stop_plan: list = field(default_factory=list)  # signals still to send: [(signal, wait seconds)]
     exit_code: int | None = None
     finished: bool = False
     reported_progress: tuple | None = None
@@ -95,12 +96,24 @@ class Runner:
         return True
 
     def stop(self, attempt_id: int, rank: int, why: str) -> None:
+        """Stop a member: SIGTERM, then SIGKILL after the kill grace. A preemption first sends
+        the checkpoint signal and waits the tier's grace period for the job to save and exit."""
         with self.lock:
             run = self.runs.get((attempt_id, rank))
-            if run and not run.finished and not run.stop_reason:
-                run.stop_reason = why or "stop"
-                run.stop_deadline = time.monotonic() + self.kill_grace
-                self._signal(run, signal.SIGTERM)
+            if not run or run.finished or run.stop_reason:
+                return
+            run.stop_reason = why or "stop"
+            plan = [(signal.SIGTERM, self.kill_grace), (signal.SIGKILL, None)]
+            if why == "preempt":
+                checkpoint_signal = getattr(signal, run.assignment.checkpoint_signal, signal.SIGUSR1)
+                plan.insert(0, (checkpoint_signal, run.assignment.grace_seconds))
+            run.stop_plan = plan
+            self._next_stop_signal(run)
+
+    def _next_stop_signal(self, run: Run) -> None:
+        signum, wait = run.stop_plan.pop(0)
+        self._signal(run, signum)
+        run.stop_deadline = None if wait is None else time.monotonic() + wait
 
     def stop_all(self, why: str) -> None:
         with self.lock:
@@ -132,8 +145,8 @@ class Runner:
             if not run.stop_reason and now - run.started > limit:
                 log.info("attempt %s rank %s passed its max runtime %ss", *run.key, limit)
                 self.stop(*run.key, why="timeout")
-            if run.stop_deadline is not None and now > run.stop_deadline:
-                self._kill_group(run, signal.SIGKILL)
+            if run.stop_deadline is not None and now > run.stop_deadline and run.stop_plan:
+                self._next_stop_signal(run)
             self._report_progress(run)
             self._sync_log(run)
 

@@ -77,17 +77,26 @@ def requeue_jobs(modeladmin, request, queryset):
     messages.info(request, f"requeued {queryset.count()} job(s)")
 
 
+@admin.action(description="Preempt selected jobs now (checkpoint, then requeue)")
+def preempt_jobs(modeladmin, request, queryset):
+    for job in queryset:
+        try:
+            services.job_preempt(job=job, actor=f"staff:{request.user.username}", reason="preempted by support")
+        except services.ServiceError as error:
+            messages.warning(request, f"{job.name}: {error.message}")
+
+
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
     list_display = ["name", "tenant", "tier", "state", "gpus", "nodes", "gpu_sku", "progress", "created_at"]
     list_filter = ["state", "tier", "gpu_sku", "tenant"]
     list_select_related = ["tenant", "tier", "gpu_sku"]
     search_fields = ["id", "name", "tenant__slug", "user__username"]
-    readonly_fields = ["state", "version", "progress", "reason", "exit_code", "cache_hit", "attempts_count",
+    readonly_fields = ["state", "version", "progress", "reason", "exit_code", "cache_hit", "attempts_count", "preemption_count",
                        "created_at", "started_at", "finished_at"]  # fmt: skip
     raw_id_fields = ["user", "tenant"]
     inlines = [AttemptInline, EventInline]
-    actions = [cancel_jobs, requeue_jobs]
+    actions = [cancel_jobs, requeue_jobs, preempt_jobs]
     date_hierarchy = "created_at"
 
 

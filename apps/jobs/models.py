@@ -91,6 +91,7 @@ class Job(models.Model):
     exit_code = models.IntegerField(null=True, blank=True)
     cache_hit = models.BooleanField(default=False)
     attempts_count = models.PositiveSmallIntegerField(default=0)
+    preemption_count = models.PositiveSmallIntegerField(default=0)
 
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)

@@ -24,6 +24,8 @@ class Assignment:
     checkpoint: str
     stop_requested: str
     active: bool
+    grace_seconds: int = 30  # checkpoint signal -> SIGTERM on preemption
+    checkpoint_signal: str = "SIGUSR1"
 
 
 def assignment_for(member: AttemptMember) -> Assignment:
@@ -48,12 +50,13 @@ def assignment_for(member: AttemptMember) -> Assignment:
         checkpoint=attempt.checkpoint,
         stop_requested=attempt.stop_requested,
         active=attempt.state in ATTEMPT_ACTIVE,
+        grace_seconds=job.tier.preemption_grace_seconds,
     )
 
 
 def assignment(attempt_id: int, rank: int, token: str) -> Assignment | None:
     member = (
-        AttemptMember.objects.select_related("attempt__job__template", "node")
+        AttemptMember.objects.select_related("attempt__job__template", "attempt__job__tier", "node")
         .filter(attempt_id=attempt_id, rank=rank, attempt__token=token)
         .first()
     )
@@ -62,7 +65,7 @@ def assignment(attempt_id: int, rank: int, token: str) -> Assignment | None:
 
 def open_members_on(node_name: str) -> dict[tuple[int, int], Assignment]:
     """Members placed on this node whose process has not been reported gone."""
-    members = AttemptMember.objects.select_related("attempt__job__template", "node").filter(
+    members = AttemptMember.objects.select_related("attempt__job__template", "attempt__job__tier", "node").filter(
         node__name=node_name, ended_at=None
     )
     return {(m.attempt_id, m.rank): assignment_for(m) for m in members}

@@ -321,6 +321,9 @@ def _settle_attempt(attempt: JobAttempt, member: AttemptMember, *, ok: bool, exi
     if attempt.stop_requested == "cancel":
         end_attempt(attempt, state=AttemptState.CANCELLED, reason="cancelled", exit_code=exit_code)
         return
+    if attempt.stop_requested == "preempt":
+        _settle_preempted(attempt, actor=actor, exit_code=exit_code)
+        return
     if ok:
         if attempt.members.filter(ended_at=None).exists():
             return  # wait for the rest of the gang
@@ -333,6 +336,35 @@ def _settle_attempt(attempt: JobAttempt, member: AttemptMember, *, ok: bool, exi
     stop_rest_of_gang(attempt, why="gang member failed")
     transition_job(job, to=JobState.FAILED, expect=JOB_PLACED, actor=actor, reason=why, attempt=attempt,
                    exit_code=exit_code, finished_at=timezone.now())  # fmt: skip
+
+
+def _settle_preempted(attempt: JobAttempt, *, actor: str, exit_code) -> None:
+    """Every member has stopped: the attempt is `preempted`, the job queued again (it keeps its
+    place: the queue orders by original submit time) and resumes from its checkpoint."""
+    if attempt.members.filter(ended_at=None).exists():
+        return
+    job = attempt.job
+    end_attempt(attempt, state=AttemptState.PREEMPTED, reason="preempted", exit_code=exit_code)
+    checkpoint = attempt.checkpoint or "none"
+    transition_job(job, to=JobState.QUEUED, expect=JOB_PLACED, actor=actor, attempt=attempt,
+                   reason=f"preempted; requeued, resumes from checkpoint {checkpoint}",
+                   preemption_count=job.preemption_count + 1)  # fmt: skip
+
+
+@transaction.atomic
+def job_preempt(*, job: Job, actor: str, reason: str) -> Job:
+    """Ask a placed job to checkpoint and stop: its processes get the checkpoint signal, then
+    SIGTERM after the tier's grace period, then SIGKILL; it then goes back to the queue."""
+    job = Job.objects.select_for_update().get(pk=job.pk)
+    attempt = active_attempt(job)
+    if job.state not in (JobState.STARTING, JobState.RUNNING) or attempt is None:
+        raise ServiceError(f"only a starting or running job can be preempted, this one is {job.state}", field="state")
+    transition_attempt(attempt, to=AttemptState.PREEMPTING, expect=[AttemptState.STARTING, AttemptState.RUNNING])
+    if not transition_job(job, to=JobState.PREEMPTING, expect=[JobState.STARTING, JobState.RUNNING], actor=actor,
+                          reason=f"preempting: {reason}", attempt=attempt):  # fmt: skip
+        raise ServiceError("job changed while preempting; try again", field="state")
+    request_stop(attempt, why="preempt")
+    return job
 
 
 def end_attempt(attempt: JobAttempt, *, state: str, reason: str = "", exit_code: int | None = None) -> bool:

@@ -135,3 +135,31 @@ def test_a_report_with_a_stale_token_changes_nothing(cast):
     assert not services.attempt_member_finished(attempt_id=attempt.pk, rank=0, token="0" * 32, exit_code=0)
     job.refresh_from_db()
     assert job.state == "starting"
+
+
+def test_a_preempted_job_returns_to_the_queue_and_is_placed_again(cast):
+    make_node("h1", gpus=2)
+    job = submit(cast, gpus=2)
+    dispatch_once()
+    attempt = job.attempts.get()
+    token = str(attempt.token)
+    services.attempt_member_started(attempt_id=attempt.pk, rank=0, token=token, pid=1)
+    services.job_preempt(job=job, actor="test", reason="room for an enterprise job")
+    job.refresh_from_db()
+    assert job.state == "preempting"
+    services.attempt_member_finished(attempt_id=attempt.pk, rank=0, token=token, exit_code=0, reason="preempt",
+                                     checkpoint="/ckpt/step-7.json")  # fmt: skip
+    attempt.refresh_from_db()
+    job.refresh_from_db()
+    assert (attempt.state, attempt.checkpoint) == ("preempted", "/ckpt/step-7.json")
+    assert (job.state, job.preemption_count) == ("queued", 1)
+    assert "/ckpt/step-7.json" in job.reason
+    assert not GpuAllocation.objects.filter(released_at=None).exists()
+    assert dispatch_once().placed == [str(job.id)]
+    assert job.attempts.count() == 2
+
+
+def test_only_a_placed_job_can_be_preempted(cast):
+    job = submit(cast)
+    with pytest.raises(services.ServiceError):
+        services.job_preempt(job=job, actor="test", reason="x")

@@ -29,6 +29,8 @@ class Work:
     checkpoint: str = ""
     stop_requested: str = ""
     active: bool = True
+    grace_seconds: int = 5
+    checkpoint_signal: str = "SIGUSR1"
 
 
 class Recorder:
@@ -153,6 +155,36 @@ def test_progress_and_checkpoints_from_the_sdk_are_reported(runner):
     assert run_until_finished(runner)[1] == 0
     progress = [e[1] for e in runner.reporter.events if e[0] == "progress"]
     assert progress and progress[-1] == 1.0
+
+
+def test_preemption_signals_the_job_which_checkpoints_and_exits(runner, tmp_path):
+    work = Work(argv=["{python}", "-m", "gpuplatform_job.demo_train"], params={"steps": 1000, "step_seconds": 0.02})
+    runner.launch(work)
+    deadline = time.monotonic() + 15
+    while not any(e[0] == "progress" for e in runner.reporter.events) and time.monotonic() < deadline:
+        runner.tick()
+        time.sleep(0.05)
+    runner.stop(1, 0, "preempt")
+    started = time.monotonic()
+    finished = run_until_finished(runner)
+    assert finished == ("finished", 0, "preempt")  # it saved and exited within its grace period
+    assert time.monotonic() - started < 5
+    import json
+
+    saved = json.loads((tmp_path / "checkpoints" / "job-1" / "checkpoint.json").read_text())
+    assert 0 < saved["step"] < 1000
+
+
+def test_a_job_that_ignores_the_checkpoint_signal_is_killed_after_the_grace(runner):
+    code = "import signal, time; signal.signal(signal.SIGUSR1, signal.SIG_IGN); signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    runner.launch(Work(argv=py(code), grace_seconds=1))
+    time.sleep(0.5)
+    runner.tick()
+    started = time.monotonic()
+    runner.stop(1, 0, "preempt")
+    finished = run_until_finished(runner)
+    assert finished[1] == -signal.SIGKILL
+    assert 1.5 <= time.monotonic() - started < 8  # grace (1 s) + kill grace (1 s), then SIGKILL
 
 
 def _alive(pid: int) -> bool:
