@@ -4,11 +4,12 @@ from django.urls import path
 from apps.web import views
 
 urlpatterns = [
-    path("login/", auth_views.LoginView.as_view(), name="login"),
+    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", views.dashboard, name="dashboard"),
     path("jobs/", views.job_list, name="job-list"),
     path("jobs/new/", views.job_new, name="job-new"),
     path("jobs/<uuid:job_id>/", views.job_detail, name="job-detail"),
+    path("jobs/<uuid:job_id>/cancel/", views.job_cancel, name="job-cancel"),
     path("usage/", views.usage, name="usage-page"),
 ]

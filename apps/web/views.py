@@ -1,35 +1,136 @@
-"""Customer pages (session login). Thin: they read through the same selectors as the API."""
+"""Customer pages (session login). Thin: they read through the same selectors as the API and
+change jobs only through the same services (`job_submit`, `job_cancel`).
 
+Every page is plain HTML that works without JavaScript; with htmx loaded, the live parts
+(job table, job status, log tail) poll their own URL and get just the fragment back.
+"""
+
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.shortcuts import get_object_or_404, render
+from django.core.paginator import Paginator
+from django.http import HttpResponseForbidden
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
 
-from apps.jobs.access import membership_of, visible_jobs
-from apps.jobs.models import JobTemplate
+from apps.jobs import services
+from apps.jobs.access import can_cancel, membership_of, visible_jobs
+from apps.jobs.api import job_queryset
+from apps.jobs.models import JOB_ACTIVE, JOB_TERMINAL, JobState, JobTemplate
+from apps.jobs.serializers import JobSerializer
+from apps.tenants.models import Tier
+from apps.web import selectors, submit
+
+JOBS_PER_PAGE = 25
+
+
+def _jobs_table(request, jobs):
+    page = Paginator(jobs, JOBS_PER_PAGE).get_page(request.GET.get("page"))
+    live = any(job.state in JOB_ACTIVE for job in page.object_list)
+    return {"page": page, "jobs": page.object_list, "live": live}
 
 
 @login_required
 def dashboard(request):
-    jobs = visible_jobs(request.user).select_related("tier", "gpu_sku")[:20]
-    return render(request, "web/dashboard.html", {"jobs": jobs, "membership": membership_of(request.user)})
+    membership = membership_of(request.user)
+    jobs = visible_jobs(request.user).select_related("tier", "gpu_sku").order_by("-created_at")
+    context = _jobs_table(request, jobs[:10])
+    context.update(membership=membership, capacity=selectors.capacity_by_sku())
+    if membership is not None:
+        context["use"] = selectors.tenant_use(membership.tenant)
+    if request.htmx:
+        return render(request, "web/_jobs_table.html", context)
+    return render(request, "web/dashboard.html", context)
 
 
 @login_required
 def job_list(request):
-    jobs = visible_jobs(request.user).select_related("tier", "gpu_sku")[:200]
-    return render(request, "web/job_list.html", {"jobs": jobs})
+    state, tier = request.GET.get("state", ""), request.GET.get("tier", "")
+    jobs = visible_jobs(request.user).select_related("tier", "gpu_sku").order_by("-created_at")
+    if state in JobState.values:
+        jobs = jobs.filter(state=state)
+    if tier:
+        jobs = jobs.filter(tier__name=tier)
+    context = _jobs_table(request, jobs)
+    context.update(state=state, tier=tier)
+    if request.htmx:
+        return render(request, "web/_jobs_table.html", context)
+    context.update(states=JobState.values, tiers=Tier.objects.values_list("name", flat=True))
+    return render(request, "web/job_list.html", context)
 
 
 @login_required
 def job_detail(request, job_id):
-    job = get_object_or_404(visible_jobs(request.user).select_related("tier", "gpu_sku"), pk=job_id)
-    return render(request, "web/job_detail.html", {"job": job, "attempts": job.attempts.prefetch_related("members__node")})
+    job = get_object_or_404(job_queryset(request.user), pk=job_id)
+    shaped = JobSerializer(job).data
+    context = {
+        "job": job,
+        "attempts": job.attempts.all(),
+        "events": job.events.filter(kind="state").order_by("created_at", "id"),
+        "artifacts": job.artifacts.all(),
+        "log": selectors.log_tail(job),
+        "queue_position": shaped["queue_position"],
+        "estimated_start_at": shaped["estimated_start_at"],
+        "live": job.state not in JOB_TERMINAL,
+        "can_cancel": job.state in JOB_ACTIVE and can_cancel(request.user, job),
+    }
+    if request.htmx:
+        return render(request, "web/_job_live.html", context)
+    return render(request, "web/job_detail.html", context)
+
+
+@login_required
+@require_POST
+def job_cancel(request, job_id):
+    job = get_object_or_404(visible_jobs(request.user), pk=job_id)
+    if not can_cancel(request.user, job):
+        return HttpResponseForbidden("You may not cancel this job.")
+    try:
+        services.job_cancel(job=job, actor=f"user:{request.user.username}")
+        messages.success(request, "Job cancelled.")
+    except services.ServiceError as error:
+        messages.warning(request, error.message)
+    return redirect("job-detail", job_id=job.pk)
 
 
 @login_required
 def job_new(request):
-    return render(request, "web/job_new.html", {"templates": JobTemplate.objects.all()})
+    membership = membership_of(request.user)
+    templates = list(JobTemplate.objects.all())
+    data = request.POST if request.method == "POST" else request.GET
+    template = _chosen_template(templates, data.get("template"))
+    outcome = submit.Outcome()
+    if request.method == "POST":
+        if membership is None or not membership.can_submit:
+            return HttpResponseForbidden("Your role may not submit jobs.")
+        outcome = submit.submit(membership=membership, user=request.user, data=request.POST, template=template)
+        if outcome.job is not None:
+            return redirect("job-detail", job_id=outcome.job.pk)
+    context = {
+        "templates": templates,
+        "template": template,
+        "params": submit.param_fields(template, request.POST or None, outcome.param_errors),
+        "errors": outcome.errors,
+        "form": request.POST,
+        "capacity": selectors.capacity_by_sku(),
+        "tiers": Tier.objects.filter(rank__lte=membership.tenant.tier.rank) if membership else [],
+        "membership": membership,
+    }
+    if request.htmx and request.method == "GET":
+        return render(request, "web/_params.html", context)
+    status = 400 if request.method == "POST" else 200
+    return render(request, "web/job_new.html", context, status=status)
+
+
+def _chosen_template(templates: list[JobTemplate], name: str | None) -> JobTemplate | None:
+    by_name = {t.name: t for t in templates}
+    return by_name.get(name or "") or (templates[0] if templates else None)
 
 
 @login_required
 def usage(request):
-    return render(request, "web/usage.html", {"membership": membership_of(request.user)})
+    membership = membership_of(request.user)
+    context = {"membership": membership}
+    if membership is not None:
+        context["use"] = selectors.tenant_use(membership.tenant)
+        context["days"] = selectors.gpu_hours_by_day(membership.tenant)
+    return render(request, "web/usage.html", context)

@@ -1,0 +1,125 @@
+"""Read-only queries behind the customer pages: free GPUs per SKU, a job's log tail, a tenant's
+use against its caps and its GPU hours per day."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta
+
+from django.core.files.storage import default_storage
+from django.db.models import Count
+from django.utils import timezone
+
+from apps.jobs.models import GpuAllocation, Job, JobState
+from apps.jobs.services import tenant_limits
+from apps.nodes.models import Gpu, GpuHealth, GpuSku, NodeState
+from apps.tenants.models import Tenant
+
+LOG_TAIL_BYTES = 8_000
+
+
+@dataclass(frozen=True)
+class SkuCapacity:
+    sku: str
+    total: int
+    free: int
+
+
+def capacity_by_sku() -> list[SkuCapacity]:
+    """Healthy GPUs on nodes taking new work, and how many of them no attempt holds now."""
+    usable = {"node__state": NodeState.READY, "health": GpuHealth.HEALTHY}
+    total = dict(Gpu.objects.filter(**usable).values_list("node__sku__name").annotate(n=Count("pk")))
+    held = dict(
+        GpuAllocation.objects.filter(released_at=None, **{f"gpu__{k}": v for k, v in usable.items()})
+        .values_list("gpu__node__sku__name")
+        .annotate(n=Count("pk"))
+    )
+    names = GpuSku.objects.values_list("name", flat=True)
+    return [SkuCapacity(sku=n, total=total.get(n, 0), free=total.get(n, 0) - held.get(n, 0)) for n in names]
+
+
+def log_tail(job: Job, max_bytes: int = LOG_TAIL_BYTES) -> str:
+    """The end of the latest attempt's log (whole lines only)."""
+    if not job.attempts_count:
+        return ""
+    name = f"logs/{job.pk}/attempt-{job.attempts_count}.log"
+    if not default_storage.exists(name):
+        return ""
+    size = default_storage.size(name)
+    with default_storage.open(name, "rb") as handle:
+        handle.seek(max(0, size - max_bytes))
+        text = handle.read(max_bytes).decode("utf-8", errors="replace")
+    if size > max_bytes and "\n" in text:
+        text = text.split("\n", 1)[1]
+    return text
+
+
+@dataclass(frozen=True)
+class CapUse:
+    what: str
+    used: int
+    cap: int | None
+
+    @property
+    def percent(self) -> int:
+        if not self.cap:
+            return 0
+        return min(100, round(100 * self.used / self.cap))
+
+
+def tenant_use(tenant: Tenant) -> dict:
+    """What the tenant uses now against its caps (the same figures as /api/v1/usage/)."""
+    limits = tenant_limits(tenant)
+    by_state = dict(
+        Job.objects.filter(tenant=tenant, state__in=[JobState.QUEUED, JobState.STARTING, JobState.RUNNING])
+        .values_list("state")
+        .annotate(n=Count("pk"))
+    )
+    gpus_in_use = dict(
+        GpuAllocation.objects.filter(attempt__job__tenant=tenant, released_at=None)
+        .values_list("gpu__node__sku__name")
+        .annotate(n=Count("pk"))
+    )
+    caps = [CapUse("queued jobs", by_state.get(JobState.QUEUED, 0), limits["max_queued_jobs"])]
+    for sku in sorted(set(gpus_in_use) | set(limits["max_gpus"])):
+        caps.append(CapUse(f"{sku} GPUs in use", gpus_in_use.get(sku, 0), limits["max_gpus"].get(sku)))
+    return {
+        "limits": limits,
+        "caps": caps,
+        "running_jobs": by_state.get(JobState.RUNNING, 0) + by_state.get(JobState.STARTING, 0),
+        "queued_jobs": by_state.get(JobState.QUEUED, 0),
+        "gpus_in_use": gpus_in_use,
+    }
+
+
+@dataclass(frozen=True)
+class DayHours:
+    day: date
+    hours: float
+    percent: int  # of the busiest day shown, for the bar
+
+
+def gpu_hours_by_day(tenant: Tenant, *, days: int = 14, now: datetime | None = None) -> list[DayHours]:
+    """GPU hours the tenant's attempts held, per UTC day, over the last `days` days."""
+    now = now or timezone.now()
+    first = (now - timedelta(days=days - 1)).date()
+    start = datetime.combine(first, datetime.min.time(), tzinfo=now.tzinfo)
+    hours = {first + timedelta(days=i): 0.0 for i in range(days)}
+    held = GpuAllocation.objects.filter(attempt__job__tenant=tenant, allocated_at__lt=now).exclude(
+        released_at__lt=start
+    )
+    for allocated_at, released_at in held.values_list("allocated_at", "released_at")[:50_000]:
+        _spread(hours, max(allocated_at, start), released_at or now)
+    busiest = max(hours.values(), default=0) or 1
+    return [DayHours(day, round(h, 2), round(100 * h / busiest)) for day, h in hours.items()]
+
+
+def _spread(hours: dict[date, float], begin: datetime, end: datetime) -> None:
+    """Add the interval [begin, end) to the per-day totals, split at midnights."""
+    while begin < end:
+        midnight = datetime.combine(begin.date() + timedelta(days=1), datetime.min.time(), tzinfo=begin.tzinfo)
+        stop = min(end, midnight)
+        if begin.date() in hours:
+            hours[begin.date()] += (stop - begin).total_seconds() / 3600
+        begin = stop
+

@@ -1,0 +1,142 @@
+"""The submit page's form: HTML inputs in, the API's submission body out.
+
+The page validates nothing itself. It turns form strings into the JSON types the API expects
+and hands the body to the same `JobSubmitSerializer` and `job_submit` service as the API, so a
+submission is accepted or refused the same way whichever door it came through; the
+serializer's errors are spread back onto the form's fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from django.http import QueryDict
+
+from apps.jobs import services
+from apps.jobs.models import Job, JobTemplate
+from apps.jobs.serializers import JobSubmitSerializer
+from apps.tenants.models import Membership
+
+PARAM_PREFIX = "param_"
+
+
+@dataclass(frozen=True)
+class ParamField:
+    """One input of a template's parameters, described by the template's `params_schema`."""
+
+    name: str
+    kind: str
+    required: bool
+    default: object
+    minimum: object
+    maximum: object
+    value: str
+    errors: list[str]
+
+    @property
+    def input_name(self) -> str:
+        return PARAM_PREFIX + self.name
+
+    @property
+    def input_type(self) -> str:
+        return {"integer": "number", "number": "number", "boolean": "checkbox"}.get(self.kind, "text")
+
+    @property
+    def step(self) -> str:
+        return "1" if self.kind == "integer" else "any"
+
+    @property
+    def checked(self) -> bool:
+        return self.value in ("on", "true", "True")
+
+
+def param_fields(template: JobTemplate | None, data: QueryDict | None = None,
+                 errors: dict | None = None) -> list[ParamField]:  # fmt: skip
+    if template is None:
+        return []
+    fields = []
+    for name, spec in template.params_schema.items():
+        default = spec.get("default")
+        if data is not None:
+            value = data.get(PARAM_PREFIX + name, "")
+        else:
+            value = "" if default is None else ("on" if default is True else str(default))
+        fields.append(ParamField(
+            name=name, kind=spec.get("type", "string"), required=bool(spec.get("required")), default=default,
+            minimum=spec.get("minimum"), maximum=spec.get("maximum"), value=value,
+            errors=(errors or {}).get(name, []),
+        ))  # fmt: skip
+    return fields
+
+
+def _number(raw: str, kind: str):
+    """"3" -> 3, "0.5" -> 0.5; anything else stays a string so the serializer names the field."""
+    try:
+        return int(raw) if kind == "integer" else float(raw)
+    except ValueError:
+        return raw
+
+
+def submission_body(data: QueryDict, template: JobTemplate | None) -> dict:
+    body: dict = {"template": data.get("template", "")}
+    for key in ("gpus", "nodes", "max_runtime_seconds"):
+        raw = data.get(key, "").strip()
+        if raw:
+            body[key] = _number(raw, "integer")
+    for key in ("name", "tier"):
+        raw = data.get(key, "").strip()
+        if raw:
+            body[key] = raw
+    body["gpu_sku"] = data.get("gpu_sku", "").strip() or None
+    if template is not None:
+        body["params"] = _params(data, template)
+    return body
+
+
+def _params(data: QueryDict, template: JobTemplate) -> dict:
+    params = {}
+    for name, spec in template.params_schema.items():
+        kind = spec.get("type", "string")
+        raw = data.get(PARAM_PREFIX + name, "")
+        if kind == "boolean":
+            params[name] = raw in ("on", "true")
+        elif kind in ("integer", "number"):
+            if raw.strip():
+                params[name] = _number(raw.strip(), kind)
+        elif raw:
+            params[name] = raw
+    return params
+
+
+@dataclass
+class Outcome:
+    job: Job | None = None
+    errors: dict[str, list[str]] = field(default_factory=dict)
+    param_errors: dict[str, list[str]] = field(default_factory=dict)
+
+
+def submit(*, membership: Membership, user, data: QueryDict, template: JobTemplate | None) -> Outcome:
+    form = JobSubmitSerializer(data=submission_body(data, template))
+    if not form.is_valid():
+        return _spread_errors(form.errors)
+    spec = form.to_spec(default_tier=membership.tenant.tier)
+    try:
+        job = services.job_submit(tenant=membership.tenant, user=user, spec=spec)
+    except services.ServiceError as error:
+        message = error.message
+        if error.retry_after:
+            message += f" (try again in {error.retry_after} s)"
+        return Outcome(errors={error.field or "form": [message]})
+    return Outcome(job=job)
+
+
+def _spread_errors(errors: dict) -> Outcome:
+    outcome = Outcome()
+    for key, value in errors.items():
+        if key == "params" and isinstance(value, dict):
+            outcome.param_errors = {name: [str(m) for m in messages] for name, messages in value.items()}
+        elif key == "non_field_errors":
+            outcome.errors["form"] = [str(m) for m in value]
+        else:
+            outcome.errors[key] = [str(m) for m in (value if isinstance(value, list) else [value])]
+    return outcome

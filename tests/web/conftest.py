@@ -1,0 +1,25 @@
+import pytest
+from django.test import Client
+
+from tests.factories import make_cast, make_node
+
+
+@pytest.fixture
+def cast(db):
+    people = make_cast()
+    make_node("h1", "H100-80GB", 8)
+    make_node("a1", "A100-40GB", 4)
+    return people
+
+
+@pytest.fixture
+def browser_as(cast):
+    """A Django test client signed in (session) as one of the cast, or anonymous."""
+
+    def client(name: str | None) -> Client:
+        c = Client()
+        if name:
+            c.force_login(cast[name][0])
+        return c
+
+    return client
