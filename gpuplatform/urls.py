@@ -4,6 +4,7 @@ from drf_spectacular.views import SpectacularAPIView
 from rest_framework.routers import DefaultRouter
 
 from apps.jobs.api import JobViewSet
+from apps.jobs.events_api import JobEventsView
 from apps.nodes.api import NodeViewSet
 from apps.tenants.api import UsageView
 from gpuplatform.health import healthz
@@ -20,6 +21,7 @@ urlpatterns = [
         JobViewSet.as_view({"get": "artifact"}),
         name="job-artifact-download",
     ),
+    path("api/v1/jobs/<uuid:pk>/events/", JobEventsView.as_view(), name="job-events"),
     path("api/v1/", include(router.urls)),
     path("api/v1/usage/", UsageView.as_view(), name="usage"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

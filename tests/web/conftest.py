@@ -23,3 +23,14 @@ def browser_as(cast):
         return c
 
     return client
+
+
+@pytest.fixture
+def as_user(cast):
+    """An API client with one of the cast's tokens (None: no token)."""
+    from tests.factories import client_for
+
+    def client(name: str | None):
+        return client_for(cast[name][1] if name else None)
+
+    return client
