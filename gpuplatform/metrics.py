@@ -1,29 +1,201 @@
-"""`/metrics` in Prometheus text format, computed from the database at scrape time so every
-web process answers the same."""
+"""`/metrics` in Prometheus text format, computed from the database (and a few figures the
+dispatcher leaves in Redis) at scrape time, so every web process answers the same.
 
-from django.db.models import Count
+Counters come from durable records (every started job, every preempted attempt), so they only
+grow; gauges are what is true now.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+
+from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, Sum
 from django.http import HttpResponse
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+from django.utils import timezone
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 
-from apps.jobs.models import GpuAllocation, Job, JobState
-from apps.nodes.models import Gpu
+from apps.jobs.models import AttemptState, GpuAllocation, Job, JobAttempt, JobState
+from apps.nodes.models import Gpu, GpuHealth, Node, NodeState
+from apps.tenants.models import Tier
+
+log = logging.getLogger(__name__)
+
+# created_at -> started_at, in seconds.
+WAIT_BUCKETS = (1, 5, 15, 30, 60, 300, 900, 3600, 4 * 3600, 24 * 3600)
+DISPATCH_KEY = "gpuplatform:metrics:dispatch"
+REJECTIONS_KEY = "gpuplatform:metrics:admission_rejections"
+
+
+# --- figures other processes leave in Redis ------------------------------------------------
+
+
+def _redis():
+    from apps.scheduling.redis import client
+
+    return client()
+
+
+def record_dispatch_pass(seconds: float) -> None:
+    """Called by the dispatcher after each pass; never fails the pass."""
+    try:
+        pipe = _redis().pipeline()
+        pipe.hset(DISPATCH_KEY, mapping={"last_seconds": seconds, "last_at": time.time()})
+        pipe.hincrbyfloat(DISPATCH_KEY, "seconds_total", seconds)
+        pipe.hincrby(DISPATCH_KEY, "passes_total", 1)
+        pipe.execute()
+    except Exception:
+        log.debug("could not record the dispatch pass duration", exc_info=True)
+
+
+def record_admission_rejection(reason: str) -> None:
+    """For admission control: count a refused submission under a short reason
+    ("queue_full", "rate_limited", "gpu_cap", ...)."""
+    try:
+        _redis().hincrby(REJECTIONS_KEY, reason[:64], 1)
+    except Exception:
+        log.debug("could not count an admission rejection", exc_info=True)
+
+
+def _redis_hash(key: str) -> dict[str, str]:
+    try:
+        return {k.decode(): v.decode() for k, v in _redis().hgetall(key).items()}
+    except Exception:
+        return {}
+
+
+# --- the collectors -------------------------------------------------------------------------
+
+
+def job_metrics() -> Iterator[Metric]:
+    jobs = GaugeMetricFamily("gpuplatform_jobs", "Jobs by state", labels=["state"])
+    counts = dict(Job.objects.values_list("state").annotate(n=Count("pk")))
+    for state in JobState.values:
+        jobs.add_metric([state], counts.get(state, 0))
+    yield jobs
+    depth = GaugeMetricFamily("gpuplatform_queue_depth", "Queued jobs by tier and SKU", labels=["tier", "sku"])
+    queued = Job.objects.filter(state=JobState.QUEUED).values_list("tier__name", "gpu_sku__name").annotate(n=Count("pk"))
+    for tier, sku, n in queued:
+        depth.add_metric([tier, sku or "any"], n)
+    yield depth
+    yield wait_histogram()
+    preempted = CounterMetricFamily("gpuplatform_preemptions", "Attempts ended by preemption")
+    preempted.add_metric([], JobAttempt.objects.filter(state=AttemptState.PREEMPTED).count())
+    yield preempted
+    lost = CounterMetricFamily("gpuplatform_attempts_lost", "Attempts lost to infrastructure failures")
+    lost.add_metric([], JobAttempt.objects.filter(state=AttemptState.LOST).count())
+    yield lost
+
+
+def wait_histogram() -> Metric:
+    """Time from submit to first start of every job that has started, per tier."""
+    wait = ExpressionWrapper(F("started_at") - F("created_at"), output_field=DurationField())
+    aggregates = {f"le_{b}": Count("pk", filter=Q(wait__lte=timedelta(seconds=b))) for b in WAIT_BUCKETS}
+    rows = (
+        Job.objects.filter(started_at__isnull=False)
+        .annotate(wait=wait)
+        .values("tier__name")
+        .annotate(total=Count("pk"), wait_sum=Sum("wait"), **aggregates)
+    )
+    family = HistogramMetricFamily(
+        "gpuplatform_job_wait_seconds", "Seconds from submit to start, per tier", labels=["tier"]
+    )
+    seen = set()
+    for row in rows:
+        seen.add(row["tier__name"])
+        buckets = [(str(float(b)), row[f"le_{b}"]) for b in WAIT_BUCKETS] + [("+Inf", row["total"])]
+        total = row["wait_sum"].total_seconds() if row["wait_sum"] else 0.0
+        family.add_metric([row["tier__name"]], buckets, max(0.0, total))
+    for tier in Tier.objects.exclude(name__in=seen).values_list("name", flat=True):
+        family.add_metric([tier], [(str(float(b)), 0) for b in WAIT_BUCKETS] + [("+Inf", 0)], 0.0)
+    return family
+
+
+def fleet_metrics() -> Iterator[Metric]:
+    total = GaugeMetricFamily("gpuplatform_gpus_total", "GPUs by SKU", labels=["sku"])
+    for sku, n in Gpu.objects.values_list("node__sku__name").annotate(n=Count("pk")):
+        total.add_metric([sku], n)
+    yield total
+    usable = GaugeMetricFamily(
+        "gpuplatform_gpus_schedulable", "Healthy GPUs on ready nodes, by SKU", labels=["sku"]
+    )
+    ready = Gpu.objects.filter(node__state=NodeState.READY, health=GpuHealth.HEALTHY)
+    for sku, n in ready.values_list("node__sku__name").annotate(n=Count("pk")):
+        usable.add_metric([sku], n)
+    yield usable
+    allocated = GaugeMetricFamily("gpuplatform_gpus_allocated", "Allocated GPUs by SKU", labels=["sku"])
+    held = GpuAllocation.objects.filter(released_at=None).values_list("gpu__node__sku__name").annotate(n=Count("pk"))
+    for sku, n in held:
+        allocated.add_metric([sku], n)
+    yield allocated
+    nodes = GaugeMetricFamily("gpuplatform_nodes", "Nodes by state", labels=["state"])
+    by_state = dict(Node.objects.values_list("state").annotate(n=Count("pk")))
+    for state in NodeState.values:
+        nodes.add_metric([state], by_state.get(state, 0))
+    yield nodes
+    age = GaugeMetricFamily(
+        "gpuplatform_node_heartbeat_age_seconds", "Seconds since each node's last heartbeat", labels=["node"]
+    )
+    now = timezone.now()
+    for name, last in Node.objects.exclude(last_heartbeat_at=None).values_list("name", "last_heartbeat_at"):
+        age.add_metric([name], max(0.0, (now - last).total_seconds()))
+    yield age
+    fragmentation = _fragmentation()
+    if fragmentation is not None:
+        frag = GaugeMetricFamily(
+            "gpuplatform_gpu_fragmentation",
+            "Share of free GPU capacity the current workload could not use (the scheduling core's measure)",
+        )
+        frag.add_metric([], fragmentation)
+        yield frag
+
+
+def _fragmentation() -> float | None:
+    try:
+        from apps.scheduling.dispatcher import load_cluster
+
+        return float(load_cluster().cluster.utilization()["fragmentation"])
+    except Exception:
+        log.warning("fragmentation not available for /metrics", exc_info=True)
+        return None
+
+
+def control_metrics() -> Iterator[Metric]:
+    dispatch = _redis_hash(DISPATCH_KEY)
+    if dispatch:
+        last = GaugeMetricFamily("gpuplatform_dispatch_last_seconds", "Duration of the last dispatcher pass")
+        last.add_metric([], float(dispatch.get("last_seconds", 0)))
+        yield last
+        passes = CounterMetricFamily("gpuplatform_dispatch_passes", "Dispatcher passes run")
+        passes.add_metric([], int(dispatch.get("passes_total", 0)))
+        yield passes
+        spent = CounterMetricFamily("gpuplatform_dispatch_seconds", "Seconds spent in dispatcher passes")
+        spent.add_metric([], float(dispatch.get("seconds_total", 0)))
+        yield spent
+    rejections = CounterMetricFamily(
+        "gpuplatform_admission_rejections", "Submissions refused by admission control", labels=["reason"]
+    )
+    for reason, n in sorted(_redis_hash(REJECTIONS_KEY).items()):
+        rejections.add_metric([reason], int(n))
+    yield rejections
+
+
+class DatabaseCollector:
+    def collect(self) -> Iterator[Metric]:
+        yield from job_metrics()
+        yield from fleet_metrics()
+        yield from control_metrics()
 
 
 def metrics(request):
-    registry = CollectorRegistry()
-    jobs = Gauge("gpuplatform_jobs", "Jobs by state", ["state"], registry=registry)
-    counts = dict(Job.objects.values_list("state").annotate(n=Count("pk")))
-    for state in JobState.values:
-        jobs.labels(state).set(counts.get(state, 0))
-    queued = Gauge("gpuplatform_queue_depth", "Queued jobs by tier and SKU", ["tier", "sku"], registry=registry)
-    for tier, sku, n in (
-        Job.objects.filter(state=JobState.QUEUED).values_list("tier__name", "gpu_sku__name").annotate(n=Count("pk"))
-    ):
-        queued.labels(tier, sku or "any").set(n)
-    total = Gauge("gpuplatform_gpus_total", "GPUs by SKU", ["sku"], registry=registry)
-    for sku, n in Gpu.objects.values_list("node__sku__name").annotate(n=Count("pk")):
-        total.labels(sku).set(n)
-    allocated = Gauge("gpuplatform_gpus_allocated", "Allocated GPUs by SKU", ["sku"], registry=registry)
-    for sku, n in GpuAllocation.objects.filter(released_at=None).values_list("gpu__node__sku__name").annotate(n=Count("pk")):
-        allocated.labels(sku).set(n)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(DatabaseCollector())
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

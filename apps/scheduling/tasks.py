@@ -1,9 +1,12 @@
 """Thin Celery tasks of the dispatcher: each takes nothing or ids, and calls one service."""
 
 import logging
+import time
 
 import redis
 from celery import shared_task
+
+from gpuplatform.metrics import record_dispatch_pass
 
 from . import dispatcher, reconcile
 from .queues import CONTROL, DISPATCH_TASK, RECONCILE_TASK
@@ -31,16 +34,22 @@ def dispatch() -> None:
             return
     except redis.RedisError:
         log.warning("redis unavailable: dispatching without the leader lock (the database guards)")
-        dispatcher.dispatch_once()
+        _timed_pass()
         return
     try:
         for _ in range(20):
             client().delete(DIRTY_KEY)
-            dispatcher.dispatch_once()
+            _timed_pass()
             if not client().get(DIRTY_KEY):
                 break
     finally:
         lock.release()
+
+
+def _timed_pass() -> None:
+    started = time.monotonic()
+    dispatcher.dispatch_once()
+    record_dispatch_pass(time.monotonic() - started)  # for /metrics
 
 
 @shared_task(name=RECONCILE_TASK, ignore_result=True)
