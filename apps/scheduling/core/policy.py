@@ -12,7 +12,7 @@ The seam the dispatcher calls once per tick::
         tiers={"enterprise": TierPolicy(...), ...},
         tenant_usage={"acme": TenantUsage(tier="pro", gpu_seconds=...)},  # decayed, as of now
         config=PolicyConfig(),
-        held_reservation="job-17", # the job_id of the last Reserve decision, or None
+        held_reservation=["job-17"],  # the job_ids of the last pass's Reserve decisions
     )
 
 It returns, in the order they were taken:
@@ -24,7 +24,8 @@ It returns, in the order they were taken:
   the reservation, and a later pass starts it once the GPUs are free. It was checked (a dry run
   against the placement core) that it fits once the victims are gone.
 - `Reserve(job_id, nodes, at, reason)`: the first blocked job holds these nodes from `at` on
-  (EASY backfill); pass its id back as `held_reservation` next tick so the hold is kept.
+  (EASY backfill; `config.reservations` > 1 gives that many blocked jobs one each); pass the
+  ids back as `held_reservation` next tick so the holds are kept.
 - `Wait(job_id, reason)`: still queued, with the reason shown to the user (only with `explain`).
 
 `decide` changes `cluster` the way the decisions say (victims removed, started jobs placed), so a
@@ -59,6 +60,7 @@ from apps.scheduling.core.policy_capacity import (
     FreeView,
     Reservation,
     earliest_fit,
+    fits_around,
     pick_reserved,
 )
 from apps.scheduling.core.policy_order import QueueIndex, SlurmPriority
@@ -99,6 +101,8 @@ class PolicyConfig:
     grace_s: float = 0.0  # a victim releases its GPUs this long after the signal
     preempt_plans_per_pass: int = 4
     preempt_retry_s: float = 60.0  # a job whose plan failed is not replanned before this
+    reservations: int = 1  # blocked jobs that hold a reservation at once (1: EASY backfill)
+    full_pass_every_s: float = 300.0  # arrivals alone trigger a pass over the arrivals only
     slurm_weights: tuple[float, float, float] = (100000.0, 10000.0, 1000.0)  # QOS, FS, age
     slurm_max_age_s: float = 7 * 24 * HOUR
     slurm_calc_period_s: float = 300.0
@@ -218,7 +222,7 @@ def decide(
     tenant_usage: Mapping[str, TenantUsage] | None = None,
     *,
     config: PolicyConfig | None = None,
-    held_reservation: str | None = None,
+    held_reservation: str | Iterable[str] | None = None,
     tenant_weights: Mapping[str, float] | None = None,
     explain: bool = True,
 ) -> list[Decision]:
@@ -313,9 +317,12 @@ class Scheduler:
         self._tenant_usage: dict[str, _Usage] = {}
         self._tier_usage: dict[str, _Usage] = {t: _Usage() for t in self.tiers}
         self._preemptible_running = 0
-        self._held_id: str | None = None
-        self._resv: Reservation | None = None
+        self._held: list[str] = []  # jobs holding reservations, in the order they got them
+        self._resvs: dict[str, Reservation] = {}  # their reservations from the last pass
         self._resv_dirty = True
+        self._changed = True  # anything but arrivals since the last full pass
+        self._arrived: list[QueuedJob] = []  # arrivals since the last pass
+        self._last_full = -math.inf
         self._plan_failed: dict[str, float] = {}
         self._victims_of: dict[str, set[str]] = {}  # preemptor -> victims still stopping
         self._slurm = SlurmPriority(self.config.slurm_calc_period_s)
@@ -328,7 +335,7 @@ class Scheduler:
         if not in_cluster:
             self.cluster.add_node(node)
         self.view.add_node(node.name, int(node.gpus), node.gpu_model)
-        self._resv_dirty = True
+        self._resv_dirty = self._changed = True
 
     def submit(self, job: QueuedJob) -> None:
         """O(log n). The job joins the queue (a preempted job comes back through here too)."""
@@ -341,6 +348,7 @@ class Scheduler:
             job.seq = self._seq
         self.queued[job.job_id] = job
         self.index.add(job.tier, job.tenant, job.submit, job.seq, job)
+        self._arrived.append(job)
         if self.config.ordering == "slurm":
             self._slurm.add(job, self._slurm_priority(job))
 
@@ -348,13 +356,16 @@ class Scheduler:
         """Drop a queued job."""
         job = self.queued.pop(job_id)
         self.index.remove(job.tier, job.tenant, job.submit, job.seq)
-        if job_id == self._held_id:
-            self.hold(None)
+        self._changed = True
+        if job_id in self._held:
+            self.hold([j for j in self._held if j != job_id])
 
-    def hold(self, job_id: str | None) -> None:
-        """The job that keeps the reservation from an earlier pass (sticky EASY head)."""
-        self._held_id = job_id
-        self._resv_dirty = True
+    def hold(self, job_ids: Iterable[str] | str | None) -> None:
+        """The jobs that keep their reservations from an earlier pass (sticky heads)."""
+        if isinstance(job_ids, str):
+            job_ids = [job_ids]
+        self._held = list(job_ids or ())
+        self._resv_dirty = self._changed = True
 
     def reset_usage(self, now: float) -> None:
         """Forget decayed history (running GPUs stay); `set_usage` then seeds it per tenant."""
@@ -363,6 +374,7 @@ class Scheduler:
 
     def set_usage(self, tenant: str, tier: str, gpu_seconds: float, now: float) -> None:
         """Seed a tenant's decayed usage (the dispatcher computes it from attempt history)."""
+        self._changed = True
         usage = self._usage_of(tenant)
         usage.decayed, usage.at = gpu_seconds, now
         tier_usage = self._tier_usage.setdefault(tier, _Usage())
@@ -371,20 +383,23 @@ class Scheduler:
 
     def restore_running(self, job: RunningJob) -> None:
         """A job that already holds its placement in the cluster."""
+        self._changed = True
         self._add_running(job, job.started_at)
 
     def finish(self, job_id: str, now: float) -> RunningJob:
         """The job released its GPUs (finished, failed, cancelled or stopped after preemption)."""
         job = self._remove_running(job_id, now)
         self.cluster.remove_pod(job_id)
-        resv = self._resv
-        if resv is not None and not self._resv_dirty:
+        self._changed = True
+        if self._resv_dirty:
+            return job
+        for resv in self._resvs.values():
             if job.est_end <= resv.shadow:
                 for node, n in job.alloc:
                     if node in resv.need:
                         resv.released[node] = max(0, resv.released.get(node, 0) - n)
             else:
-                self._resv_dirty = True  # it ended early: the reservation may come sooner
+                self._resv_dirty = True  # it ended early: a reservation may come sooner
         return job
 
     def _signal(self, victim: RunningJob, for_job: str, release: float) -> None:
@@ -406,9 +421,40 @@ class Scheduler:
     # --- the pass ---------------------------------------------------------------------------
 
     def decide(self, now: float, *, explain: bool = False) -> list[Decision]:
-        """One pass: start, preempt for, reserve for, or explain the queued jobs in order."""
+        """One pass: start, preempt for, reserve for, or explain the queued jobs in order.
+
+        When only arrivals happened since the last full pass (no finish, cancel or node change,
+        and less than `full_pass_every_s` ago), the jobs ahead of them were already found not to
+        fit, so the pass looks at the arrivals only, unless one of them could preempt or outranks
+        every reservation holder.
+        """
         self.now = now
+        arrived, self._arrived = self._arrived, []
+        quick = (
+            not explain
+            and not self._changed
+            and now - self._last_full < self.config.full_pass_every_s
+            and not any(self._urgent(job) for job in arrived)
+        )
+        if quick:
+            live = [j for j in arrived if self.queued.get(j.job_id) is j]
+            return _Pass(self, now, explain, order=iter(live)).run()
+        self._changed = False
+        self._last_full = now
         return _Pass(self, now, explain).run()
+
+    def _urgent(self, job: QueuedJob) -> bool:
+        """Whether an arrival needs a full pass: it may preempt, or outranks the held jobs."""
+        if self.config.ordering in ("fifo", "slurm"):
+            return True
+        tier = self.tiers[job.tier]
+        if tier.can_preempt and self.config.preemption and self._preemptible_running:
+            lowest = min((t.level for t in self.tiers.values() if t.preemptible), default=math.inf)
+            guarantee = tier.guaranteed_share * self.view.total
+            if tier.level > lowest or self.tier_gpus(tier.name) < guarantee:
+                return True
+        levels = [self.tiers[self.queued[j].tier].level for j in self._held if j in self.queued]
+        return not levels or tier.level > min(levels)
 
     # --- helpers used by the pass -------------------------------------------------------------
 
@@ -562,43 +608,78 @@ def _gpu_label(job: QueuedJob) -> str:
 
 
 class _Pass:
-    """One `decide` pass. Kept as an object so each step is a small named method."""
+    """One `decide` pass. Kept as an object so each step is a small named method.
 
-    def __init__(self, scheduler: Scheduler, now: float, explain: bool) -> None:
+    `heads` are the reservations in force during the pass: those kept from earlier passes
+    (sticky) and those made for blocked jobs in this one, at most `config.reservations`, on
+    disjoint nodes. A job must leave intact every reservation of its level or above but its own.
+    """
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        now: float,
+        explain: bool,
+        order: Iterator[QueuedJob] | None = None,
+    ) -> None:
         self.s = scheduler
         self.now = now
         self.explain = explain
         self.cfg = scheduler.config
+        self.order = order
         self.out: list[Decision] = []
         self.taken: list[QueuedJob] = []
-        held_id = scheduler._held_id
-        self.held = scheduler.queued.get(held_id) if held_id else None
-        self.resv: Reservation | None = None
-        if (
-            self.held is not None
-            and scheduler._resv is not None
-            and scheduler._resv.job_id == held_id
-            and not scheduler._resv_dirty
-            and now < scheduler._resv.shadow
-        ):
-            self.resv = scheduler._resv
+        self.invalid = False  # something in this pass moved the reservations
         self.plans_left = self.cfg.preempt_plans_per_pass if self.cfg.preemption else 0
+        self.could_preempt: dict[str, bool] = {}
+        self.failed: dict[tuple, int] = {}  # (models, reservations) -> fewest GPUs that failed
+        self.heads: list[Reservation] = []
+        self.head_of: dict[str, Reservation] = {}
+        self._load_heads()
+
+    def _load_heads(self) -> None:
+        s = self.s
+        fresh = not s._resv_dirty
+        for job_id in s._held[: max(1, self.cfg.reservations)]:
+            job = s.queued.get(job_id)
+            if job is None:
+                continue
+            cached = s._resvs.get(job_id)
+            if fresh and cached is not None and self.now < cached.shadow:
+                self._add_head(cached)
+            else:
+                resv = self._reserve(job)
+                if resv is not None:
+                    self._add_head(resv)
+
+    def _add_head(self, resv: Reservation) -> None:
+        self.heads.append(resv)
+        self.head_of[resv.job_id] = resv
+        self.failed.clear()
+
+    def _drop_head(self, job_id: str) -> None:
+        resv = self.head_of.pop(job_id, None)
+        if resv is not None:
+            self.heads.remove(resv)
+            self.failed.clear()
+
+    # --- the loop -------------------------------------------------------------------------
 
     def run(self) -> list[Decision]:
         s = self.s
-        order = s._order(self.now)
+        order = self.order if self.order is not None else s._order(self.now)
         preemptors_left = self._preemptors_queued()
         scanned = 0
         for job in order:
             scanned += 1
             if scanned > self.cfg.backfill_depth:
-                self._wait(job, f"behind {self.cfg.backfill_depth} jobs in queue order")
+                self._wait(job, "behind {} jobs in queue order", self.cfg.backfill_depth)
                 break
             preemptor = self._may_preempt(job)
             preemptors_left -= preemptor
-            if s.view.free_total == 0 and not preemptor and self.held is not None:
+            if s.view.free_total == 0 and not preemptor and self.heads:
                 # Nothing starts without preemption; stop once no job left could preempt.
-                self._wait(job, "no free GPUs: " + self._shortage(job))
+                self._wait(job, self._shortage, job)
                 if preemptors_left <= 0 or self.plans_left <= 0:
                     break
                 continue
@@ -613,7 +694,6 @@ class _Pass:
     def _preemptors_queued(self) -> int:
         """How many queued jobs belong to tiers that could preempt someone right now."""
         s = self.s
-        self.could_preempt = {}
         if self.plans_left <= 0 or s._preemptible_running == 0:
             return 0
         total = s.view.total
@@ -644,111 +724,114 @@ class _Pass:
         tier = s.tiers[job.tier]
         total = job.gpus * job.nodes
         if s.tier_gpus(job.tier) + total > s._tier_cap(tier):
-            cap = int(s._tier_cap(tier))
-            self._wait(
-                job,
-                f"tier {job.tier} is at its borrowing limit ({s.tier_gpus(job.tier)} of {cap} GPUs)",
-            )
+            self._wait(job, self._at_cap, job)
             return True
-        if self._in_front(job, tier):
+        level = tier.level
+        binding = [r for r in self.heads if r.job_id != job.job_id and r.level >= level]
+        if not binding:
             return self._front(job, tier)
-        self._backfill(job, tier)
+        self._behind(job, tier, binding)
         return True
 
-    def _in_front(self, job: QueuedJob, tier: TierPolicy) -> bool:
-        held = self.held
-        return held is None or held is job or tier.level > self.s.tiers[held.tier].level
-
     def _front(self, job: QueuedJob, tier: TierPolicy) -> bool:
-        placement = self._place(job)
+        """Nothing of its standing is reserved ahead of it: start, preempt, or reserve."""
+        placement = self._place(job, [])
         if placement is not None:
-            if self.held is not None and job is not self.held:
-                self.resv = None  # a higher level took GPUs: the reservation may move
-                self.s._resv_dirty = True
+            if self.heads and job.job_id not in self.head_of:
+                self.invalid = True  # it outranks the holders: their reservations may move
+            self._drop_head(job.job_id)
             self._started(job, placement, self._start_reason(job, tier, "first in line"))
-            if job is self.held:
-                self.held, self.resv = None, None
             return True
         if self._try_preempt(job, tier):
-            self.resv = None  # the victims now end at the signal + grace
-            self.s._resv_dirty = True
-            return self._make_head(job) if self.cfg.backfill else True
+            self.invalid = True  # the victims now end at the signal + grace
+            self._drop_head(job.job_id)
+            return self._make_head(job, force=True) if self.cfg.backfill else True
         if not self.cfg.backfill:
-            self._wait(job, self._shortage(job))
+            self._wait(job, self._shortage, job)
             return False
         return self._make_head(job)
 
-    def _make_head(self, job: QueuedJob) -> bool:
-        if job is not self.held or self.resv is None:
+    def _behind(self, job: QueuedJob, tier: TierPolicy, binding: list[Reservation]) -> None:
+        """Backfill: start only if it ends before a reservation or leaves its GPUs alone."""
+        end = self.now + job.est_runtime_s
+        hard = [r for r in binding if end > r.shadow]
+        placement = self._place(job, hard)
+        if placement is not None:
+            soft = [r for r in binding if end <= r.shadow]
+            for node, n in _alloc_of(placement):
+                for resv in soft:
+                    if node in resv.need:
+                        resv.released[node] = resv.released.get(node, 0) + n
+            self._drop_head(job.job_id)
+            self._started(job, placement, self._start_reason(job, tier, "backfilled"))
+            return
+        if tier.level > max(r.level for r in binding) and self._try_preempt(job, tier):
+            self.invalid = True
+            self._drop_head(job.job_id)
+            self._make_head(job, force=True)
+            return
+        if job.job_id in self.head_of or len(self.heads) < self.cfg.reservations:
+            self._make_head(job)
+            return
+        self._wait(job, self._behind_reason, job, hard)
+
+    def _make_head(self, job: QueuedJob, force: bool = False) -> bool:
+        """Give a blocked job a reservation (or renew its own); False never stops the pass."""
+        resv = self.head_of.get(job.job_id)
+        if resv is None:
+            if len(self.heads) >= self.cfg.reservations and not force:
+                level = self.s.tiers[job.tier].level
+                lowest = min(self.heads, key=lambda r: r.level)
+                if lowest.level >= level:
+                    self._wait(job, self._shortage, job)
+                    return True
+                self._drop_head(lowest.job_id)  # a higher level takes the reservation over
+                self.invalid = True
             resv = self._reserve(job)
             if resv is None:
                 self._wait(
                     job,
-                    f"needs {job.nodes} node(s) with {_gpu_label(job)}: more than the cluster has",
+                    "needs {} node(s) with {}: more than the cluster has",
+                    job.nodes,
+                    _gpu_label(job),
                 )
-                if job is self.held:
-                    self.held = None
                 return True
-            self.held, self.resv = job, resv
-        resv = self.resv
-        reason = f"reserved {len(resv.need)} node(s) from t={resv.shadow:.0f}: first in line; {self._shortage(job)}"
-        self.out.append(Reserve(job.job_id, tuple(sorted(resv.need)), resv.shadow, reason))
+            self._add_head(resv)
+        self.out.append(Reserve(job.job_id, tuple(sorted(resv.need)), resv.shadow, "reserved"))
         return True
-
-    def _backfill(self, job: QueuedJob, tier: TierPolicy) -> None:
-        s = self.s
-        if self.resv is None:
-            self.resv = self._reserve(self.held)
-            if self.resv is None:  # the held job can never fit: drop its hold
-                self.held = None
-                self._front(job, tier)
-                return
-        resv = self.resv
-        short = self.now + job.est_runtime_s <= resv.shadow
-        if short:
-            may_fit = s.view.fits(job.gpus, job.nodes, job.gpu_models)
-        else:
-            may_fit = resv.fits_long(s.view, job.gpus, job.nodes, job.gpu_models)
-        if may_fit:
-            placement = self._place(job, resv=None if short else resv)
-            if placement is not None:
-                if short:
-                    for node, n in _alloc_of(placement):
-                        if node in resv.need:
-                            resv.released[node] = resv.released.get(node, 0) + n
-                self._started(job, placement, self._start_reason(job, tier, "backfilled"))
-                return
-        if tier.level > resv.level and self._try_preempt(job, tier):
-            self.resv = None
-            s._resv_dirty = True
-            self._make_head(job)
-            return
-        held = self.held
-        if not may_fit:
-            self._wait(job, self._shortage(job))
-        else:
-            self._wait(
-                job,
-                f"reserved for a job ahead ({held.job_id}, {held.nodes} x {held.gpus} GPUs from t={resv.shadow:.0f}); this job would run past it",
-            )
 
     # --- placing --------------------------------------------------------------------------
 
-    def _place(self, job: QueuedJob, resv: Reservation | None = None) -> Any:
-        """Place via the placement core; undone if a long backfill would break the reservation."""
+    def _place(self, job: QueuedJob, binding: list[Reservation]) -> Any:
+        """Place via the placement core, leaving the `binding` reservations intact.
+
+        A shape that failed the count check in this pass fails again without a second look
+        (cleared whenever a job starts or a reservation changes).
+        """
         s = self.s
-        if resv is None and not s.view.fits(job.gpus, job.nodes, job.gpu_models):
+        key = (job.gpu_models, tuple(r.job_id for r in binding))
+        fewest = self.failed.get(key)
+        if fewest is not None and job.gpus >= fewest:
+            return None
+        ok = (
+            fits_around(s.view, binding, job.gpus, job.nodes, job.gpu_models)
+            if binding
+            else s.view.fits(job.gpus, job.nodes, job.gpu_models)
+        )
+        if not ok:
+            if job.nodes == 1:
+                self.failed[key] = job.gpus if fewest is None else min(fewest, job.gpus)
             return None
         placement = s.cluster.schedule_pod(s._pod(job))
-        if placement is None or resv is None:
+        if placement is None or not binding:
             return placement
         alloc = _alloc_of(placement)
         for node, n in alloc:
             s.view.take(node, n)
-        ok = resv.respects(s.view, alloc)
+        ok = all(r.respects(s.view, alloc) for r in binding)
         for node, n in alloc:
             s.view.give(node, n)
-        if not ok:
+        if not ok:  # the placement core chose GPUs a reservation needs: undo
             s.cluster.remove_pod(job.job_id)
             return None
         return placement
@@ -766,6 +849,7 @@ class _Pass:
         )  # fmt: skip
         s._add_running(running, self.now)
         self.taken.append(job)
+        self.failed.clear()
         self.out.append(Start(job.job_id, placement, reason))
 
     def _start_reason(self, job: QueuedJob, tier: TierPolicy, how: str) -> str:
@@ -774,21 +858,18 @@ class _Pass:
     # --- reservations -----------------------------------------------------------------------
 
     def _reserve(self, job: QueuedJob) -> Reservation | None:
+        """The earliest time and nodes for `job`, on nodes no other reservation holds."""
         s = self.s
-        if s._resv is not None and s._resv.job_id == job.job_id and not s._resv_dirty:
-            if self.now < s._resv.shadow:
-                return s._resv
+        taken = {node for r in self.heads for node in r.need}
         found = earliest_fit(
-            s.view, s._ends, _Allocs(s), job.gpus, job.nodes, job.gpu_models, self.now
+            s.view, s._ends, _Allocs(s), job.gpus, job.nodes, job.gpu_models, self.now, taken
         )
         if found is None:
             return None
         shadow, gained = found
-        need = pick_reserved(s.view, gained, job.gpus, job.nodes, job.gpu_models)
+        need = pick_reserved(s.view, gained, job.gpus, job.nodes, job.gpu_models, taken)
         released = {node: gained[node] for node in need if node in gained}
-        resv = Reservation(job.job_id, s.tiers[job.tier].level, shadow, need, released)
-        s._resv, s._resv_dirty = resv, False
-        return resv
+        return Reservation(job.job_id, s.tiers[job.tier].level, shadow, need, released)
 
     # --- preemption -----------------------------------------------------------------------
 
@@ -881,9 +962,27 @@ class _Pass:
         have = view.nodes_with(job.gpus, job.gpu_models)
         return f"gang of {job.nodes} x {job.gpus}: waiting for {job.nodes} nodes with {_gpu_label(job)} ({have} have them)"
 
-    def _wait(self, job: QueuedJob, reason: str) -> None:
+    def _at_cap(self, job: QueuedJob) -> str:
+        s = self.s
+        cap = int(s._tier_cap(s.tiers[job.tier]))
+        return f"tier {job.tier} is at its borrowing limit ({s.tier_gpus(job.tier)} of {cap} GPUs)"
+
+    def _behind_reason(self, job: QueuedJob, hard: list[Reservation]) -> str:
+        if not hard:
+            return self._shortage(job)
+        first = min(hard, key=lambda r: r.shadow)
+        holder = self.s.queued.get(first.job_id)
+        shape = f"{holder.nodes} x {holder.gpus} GPUs, " if holder else ""
+        return (
+            f"reserved for a job ahead ({first.job_id}: {shape}from t={first.shadow:.0f}); "
+            f"this job would run past it. {self._shortage(job)}"
+        )
+
+    def _wait(self, job: QueuedJob, reason: Any, *args: Any) -> None:
+        """Explain why a job waits; the reason is only built when explaining (it costs)."""
         if self.explain:
-            self.out.append(Wait(job.job_id, reason))
+            text = reason(*args) if callable(reason) else reason.format(*args)
+            self.out.append(Wait(job.job_id, text))
 
     def _finish(self) -> None:
         s = self.s
@@ -891,13 +990,10 @@ class _Pass:
             del s.queued[job.job_id]
             s.index.remove(job.tier, job.tenant, job.submit, job.seq)
             s._plan_failed.pop(job.job_id, None)
-        if self.held is not None and self.held.job_id in s.queued:
-            if s._held_id != self.held.job_id:
-                s._held_id = self.held.job_id
-        else:
-            s._held_id = None
-        if self.resv is None:
-            s._resv_dirty = True
+        live = [r for r in self.heads if r.job_id in s.queued]
+        s._held = [r.job_id for r in live]
+        s._resvs = {r.job_id: r for r in live}
+        s._resv_dirty = self.invalid
 
 
 class _Allocs:

@@ -124,28 +124,36 @@ class Reservation:
         """Free GPUs of a reserved node that a job running past `shadow` must not take."""
         return max(0, min(view.free[node], self.need[node] - self.released.get(node, 0)))
 
-    def fits_long(self, view: FreeView, gpus: int, nodes: int, gpu_models: tuple[str, ...]) -> bool:
-        """Like `FreeView.fits`, with the reserved nodes' blocked GPUs taken out. O(reserved)."""
-        if not view.fits(gpus, nodes, gpu_models):
-            return False
-        allowed = set(view.models_for(gpu_models))
-        count = view.nodes_with(gpus, gpu_models)
-        for node in self.need:
-            free = view.free[node]
-            if (
-                view.model[node] in allowed
-                and free >= gpus
-                and free - self.blocked(view, node) < gpus
-            ):
-                count -= 1
-        return count >= nodes
-
     def respects(self, view: FreeView, alloc: list[tuple[str, int]]) -> bool:
         """Whether a long job holding `alloc` (node, GPUs) leaves the reservation intact.
 
         Called after the placement was applied to `view`, so `extra` must stay >= 0.
         """
         return all(self.extra(view, node) >= 0 for node, _ in alloc if node in self.need)
+
+
+def fits_around(
+    view: FreeView,
+    reservations: list[Reservation],
+    gpus: int,
+    nodes: int,
+    gpu_models: tuple[str, ...],
+) -> bool:
+    """Like `FreeView.fits`, with the blocked GPUs of these reservations taken out. O(reserved)."""
+    if not view.fits(gpus, nodes, gpu_models):
+        return False
+    allowed = set(view.models_for(gpu_models))
+    count = view.nodes_with(gpus, gpu_models)
+    for resv in reservations:
+        for node in resv.need:
+            free = view.free[node]
+            if (
+                view.model[node] in allowed
+                and free >= gpus
+                and free - resv.blocked(view, node) < gpus
+            ):
+                count -= 1
+    return count >= nodes
 
 
 def earliest_fit(
@@ -156,22 +164,27 @@ def earliest_fit(
     nodes: int,
     gpu_models: tuple[str, ...],
     now: float,
+    exclude: set[str] | frozenset[str] = frozenset(),
 ) -> tuple[float, dict[str, int]] | None:
     """When `nodes` x `gpus` fits if running jobs end at their estimates, and on which nodes.
 
     `ends` is the running jobs sorted by estimated end (`(end, seq, job_id)`). Walks it releasing
     GPUs until enough nodes have `gpus` free: O(J x nodes per job) for the J jobs walked, plus
-    O(N) once to pick the reserved nodes. Returns None if the job can never fit.
+    O(N) once to pick the reserved nodes. Nodes in `exclude` (reserved for others) are not used.
+    Returns None if the job can never fit.
     Returns `(shadow, released)` with `released[node]` = GPUs freed on node by `shadow`.
     """
     allowed = set(view.models_for(gpu_models))
     count = view.nodes_with(gpus, gpu_models)
+    for node in exclude:
+        if view.model.get(node) in allowed and view.free[node] >= gpus:
+            count -= 1
     gained: dict[str, int] = {}
     shadow = now
     if count < nodes:
         for end, _, job_id in ends:
             for node, n in allocs[job_id]:
-                if node not in view.model or view.model[node] not in allowed:
+                if node not in view.model or view.model[node] not in allowed or node in exclude:
                     continue
                 before = view.free[node] + gained.get(node, 0)
                 gained[node] = gained.get(node, 0) + n
@@ -186,13 +199,18 @@ def earliest_fit(
 
 
 def pick_reserved(
-    view: FreeView, gained: dict[str, int], gpus: int, nodes: int, gpu_models: tuple[str, ...]
+    view: FreeView,
+    gained: dict[str, int],
+    gpus: int,
+    nodes: int,
+    gpu_models: tuple[str, ...],
+    exclude: set[str] | frozenset[str] = frozenset(),
 ) -> dict[str, int]:
     """The `nodes` nodes that will have `gpus` free at the shadow time, tightest first. O(N log N)."""
     allowed = set(view.models_for(gpu_models))
     fitting = []
     for node, free in view.free.items():
-        if view.model[node] not in allowed:
+        if view.model[node] not in allowed or node in exclude:
             continue
         at_shadow = free + gained.get(node, 0)
         if at_shadow >= gpus:
