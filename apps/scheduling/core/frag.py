@@ -52,6 +52,13 @@ class Workload:
                 break
         return cls(tuple((t, n / cum) for t, n in kept))
 
+    @property
+    def cpu_per_gpu_milli(self) -> float:
+        """CPU (millicores) the GPU requests ask per GPU thousandth; 0 if they ask none."""
+        gpu = sum(share * t[0] * t[1] for t, share in self.types if t[0])
+        cpu = sum(share * t[2] for t, share in self.types if t[0])
+        return cpu / gpu if gpu else 0.0
+
 
 def request_type(pod: Pod) -> RequestType:
     return (

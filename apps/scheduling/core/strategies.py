@@ -16,6 +16,9 @@ from .frag import DEFAULT_WORKLOAD, Workload, node_fragmentation, request_type
 from .model import MILLI, Pod
 from .state import NodeState
 
+RELEARN_EVERY = 4096  # arrivals between re-learnings of the workload mix, once it is settled
+CACHE_LIMIT = 200_000  # entries per score cache before it is dropped and rebuilt
+
 
 class Strategy:
     """The interface the cluster calls. Subclasses override `order_key` and `pick_gpus`."""
@@ -87,37 +90,36 @@ class Spread(Strategy):
 
 
 class FGD(Strategy):
-    """Fragmentation gradient descent: the placement that grows expected fragmentation least.
+    """Fragmentation gradient descent (Weng et al., ATC '23), as its artifact scores it.
 
-    Score of a node = F(after) - F(before), F being `node_fragmentation` under the workload mix
-    (given, or learnt from the pods seen). `quantized=True` reproduces the published artifact,
-    which turns the change into an integer 0..100 through a sigmoid (many ties, broken by the
-    smaller node name).
+    A node's score is the change in expected fragmentation F (frag.py) the placement causes,
+    under the workload mix (given, or learnt from the pods seen). Like the artifact, the change
+    is squashed through a sigmoid into an integer 0..100, so many nodes tie and the smaller
+    node name wins: that tie-break packs load onto a stable subset of nodes, which the paper's
+    numbers rely on.
     """
 
     name = "fgd"
     uses_classes = True
 
-    def __init__(
-        self, workload: Workload | None = None, *, quantized: bool = False, relearn_every: int = 256
-    ):
+    def __init__(self, workload: Workload | None = None, *, coverage: float = 0.95) -> None:
         self.fixed = workload is not None
+        self.coverage = coverage
         self.workload = workload or DEFAULT_WORKLOAD
-        self.quantized = quantized
-        self.relearn_every = relearn_every
         self._seen: Counter = Counter()
-        self._since = 0
+        self._next_relearn = 1
         self._frag: dict[tuple, float] = {}
         self._score: dict[tuple, tuple] = {}
 
     def observe(self, pod: Pod) -> None:
+        """Learn the mix: relearn after 1, 2, 4, ... 4096 arrivals, then every 4096."""
         if self.fixed:
             return
         self._seen[request_type(pod)] += 1
-        self._since += 1
-        if self._since >= self.relearn_every or sum(self._seen.values()) < self.relearn_every:
-            self.set_workload(Workload.from_counts(self._seen))
-            self._since = 0
+        seen = self._seen.total()
+        if seen >= self._next_relearn:
+            self._next_relearn = seen * 2 if seen < RELEARN_EVERY else seen + RELEARN_EVERY
+            self.set_workload(Workload.from_counts(self._seen, coverage=self.coverage))
 
     def set_workload(self, workload: Workload) -> None:
         if workload != self.workload:
@@ -126,13 +128,21 @@ class FGD(Strategy):
             self._score.clear()
 
     def frag(self, model: str, shape: tuple[int, ...], cpu_free: int) -> float:
+        """F of a node state, cached. O(1) on a hit, O(T x G) on a miss."""
         key = (model, shape, cpu_free)
         value = self._frag.get(key)
         if value is None:
-            if len(self._frag) > 200_000:
+            if len(self._frag) > CACHE_LIMIT:
                 self._frag.clear()
-            value = self._frag[key] = node_fragmentation(shape, cpu_free, model, self.workload)
+            value = self._frag[key] = self._node_frag(model, shape, cpu_free)
         return value
+
+    def _node_frag(self, model: str, shape: tuple[int, ...], cpu_free: int) -> float:
+        return node_fragmentation(shape, cpu_free, model, self.workload)
+
+    def score(self, before: float, after: float) -> int:
+        """The artifact's score, negated so that lower is better: -int(100 sigmoid(-dF/1000))."""
+        return -int(100 / (1 + math.exp((after - before) / 1000)))
 
     def class_score(self, model: str, shape: tuple[int, ...], cpu_free: int, pod: Pod) -> tuple:
         """(score, GPU free values the share may take) for a node class; lower score is better.
@@ -143,7 +153,7 @@ class FGD(Strategy):
         key = (model, shape, cpu_free, pod.gpus, pod.gpu_milli, pod.cpu_milli)
         hit = self._score.get(key)
         if hit is None:
-            if len(self._score) > 200_000:
+            if len(self._score) > CACHE_LIMIT:
                 self._score.clear()
             hit = self._score[key] = self._class_score(model, shape, cpu_free, pod)
         return hit
@@ -152,12 +162,13 @@ class FGD(Strategy):
         before = self.frag(model, shape, cpu_free)
         cpu_after = cpu_free - pod.cpu_milli
         if pod.gpus == 1 and pod.gpu_milli < MILLI:
+            # A share may go to any GPU with room: score each distinct free value.
             best, values = None, []
             for v in sorted(set(shape)):
                 if v < pod.gpu_milli:
                     continue
                 after = _take(shape, [v], pod.gpu_milli)
-                s = self._delta(before, self.frag(model, after, cpu_after))
+                s = self.score(before, self.frag(model, after, cpu_after))
                 if best is None or s < best:
                     best, values = s, [v]
                 elif s == best:
@@ -165,28 +176,52 @@ class FGD(Strategy):
             return (best, tuple(values))
         taken = sorted(f for f in shape if f >= pod.gpu_milli)[: pod.gpus]
         after = _take(shape, taken, pod.gpu_milli)
-        return (self._delta(before, self.frag(model, after, cpu_after)), ())
-
-    def _delta(self, before: float, after: float) -> float:
-        if self.quantized:
-            x = (before - after) / 1000
-            return -int(100 / (1 + math.exp(-x)))
-        return after - before
+        return (self.score(before, self.frag(model, after, cpu_after)), ())
 
     def pick_gpus(self, st: NodeState, pod: Pod) -> list[int]:
         if not (pod.gpus == 1 and pod.gpu_milli < MILLI):
             # The artifact's exclusive choice: the least sufficient GPUs, lowest index on ties.
             roomy = st.gpus_with(pod.gpu_milli)
             roomy.sort(key=lambda i: st.free[i])
-            return sorted(roomy[: pod.gpus]) if pod.gpu_milli == MILLI else roomy[: pod.gpus]
+            return sorted(roomy[: pod.gpus])
         _, values = self.class_score(st.pool.gpu_model, st.shape(), st.cpu_free, pod)
         return [next(i for i in st.gpus_with(pod.gpu_milli) if st.free[i] in values)]
 
 
 class FGDPlus(FGD):
-    """The default: FGD on exact (unquantized) fragmentation change, workload learnt online."""
+    """The default: FGD that also counts the GPU a node's CPU can no longer feed.
+
+    F+ = F + cpu_weight x max(0, free GPU thousandths - free CPU / rho), rho being the CPU the
+    workload asks per GPU thousandth (its GPU pods' CPU over their GPU): the free GPU that,
+    in expectation, will be stranded for lack of CPU. FGD sees CPU only once it is already too
+    short for a request type; this term steers CPU-heavy pods (CPU-only ones above all) to
+    nodes with CPU to spare, before the GPUs there are cut off. Score = round(dF+ / quantum):
+    changes within `quantum` thousandths tie, and the smaller node name wins, which packs.
+    """
 
     name = "fgd-plus"
+
+    def __init__(
+        self,
+        workload: Workload | None = None,
+        *,
+        coverage: float = 0.95,
+        cpu_weight: float = 1.0,
+        quantum: int = 50,
+    ) -> None:
+        super().__init__(workload, coverage=coverage)
+        self.cpu_weight = cpu_weight
+        self.quantum = quantum
+
+    def _node_frag(self, model: str, shape: tuple[int, ...], cpu_free: int) -> float:
+        frag = node_fragmentation(shape, cpu_free, model, self.workload)
+        rho = self.workload.cpu_per_gpu_milli
+        if rho and self.cpu_weight:
+            frag += self.cpu_weight * max(0.0, sum(shape) - cpu_free / rho)
+        return frag
+
+    def score(self, before: float, after: float) -> int:
+        return round((after - before) / self.quantum)
 
 
 def _take(shape: tuple[int, ...], values: list[int], milli: int) -> tuple[int, ...]:
