@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | cksum | cut -d' ' -f1)
 
-.PHONY: install run test lint bench clean
+.PHONY: install run test lint bench clean browser
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -24,7 +24,11 @@ lint: install
 	$(BIN)/python manage.py makemigrations --check --dry-run
 	$(BIN)/python -m scripts.check_core_imports
 
-test: lint
+# The browser tests drive Debian's Chromium through Playwright (never a browser download).
+browser:
+	test -x /usr/bin/chromium || (apt-get update && apt-get install -y chromium)
+
+test: lint browser
 	$(BIN)/python -m pytest
 
 bench: install

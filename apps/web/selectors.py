@@ -111,7 +111,7 @@ def gpu_hours_by_day(tenant: Tenant, *, days: int = 14, now: datetime | None = N
     for allocated_at, released_at in held.values_list("allocated_at", "released_at")[:50_000]:
         _spread(hours, max(allocated_at, start), released_at or now)
     busiest = max(hours.values(), default=0) or 1
-    return [DayHours(day, round(h, 2), round(100 * h / busiest)) for day, h in hours.items()]
+    return [DayHours(day, round(h, 3), round(100 * h / busiest)) for day, h in hours.items()]
 
 
 def _spread(hours: dict[date, float], begin: datetime, end: datetime) -> None:

@@ -1,0 +1,65 @@
+"""Browser tests drive Debian's Chromium (`make browser` installs it; no browser download)
+through Playwright against the real platform shared with the CLI tests."""
+
+import os
+import pathlib
+
+import pytest
+
+from tests.browser.ui_platform import ui_platform
+from tests.e2e.platform import ROOT
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
+SCREENSHOTS = pathlib.Path(os.environ.get("GPUPLATFORM_SCREENSHOTS", ROOT / "docs" / "screenshots" / "latest"))
+PASSWORD = "e2e-password"  # tests/e2e/seed.py
+
+
+@pytest.fixture(scope="session")
+def platform(tmp_path_factory, request):
+    return ui_platform(tmp_path_factory, request)
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} missing: run `make browser` (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def sign_in(chromium, platform):
+    """A fresh browser context signed in through the login form as `username`."""
+    contexts = []
+
+    def open_as(username: str, **context_args):
+        context = chromium.new_context(base_url=platform.url, accept_downloads=True, **context_args)
+        contexts.append(context)
+        page = context.new_page()
+        page.set_default_timeout(20_000)
+        page.goto("/login/")
+        page.fill("#id_username", username)
+        page.fill("#id_password", PASSWORD)
+        page.click("button[type=submit]")
+        page.wait_for_url(platform.url + "/")
+        return page
+
+    yield open_as
+    for context in contexts:
+        context.close()
+
+
+@pytest.fixture(scope="session")
+def shoot():
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+
+    def save(page, name: str, **kwargs) -> None:
+        page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), **kwargs)
+
+    return save
