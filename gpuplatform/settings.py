@@ -42,6 +42,7 @@ INSTALLED_APPS = [
     "apps.jobs",
     "apps.scheduling",
     "apps.web",
+    "apps.webhooks",
 ]
 
 MIDDLEWARE = [

@@ -19,6 +19,7 @@ from apps.jobs.models import JOB_ACTIVE, JOB_TERMINAL, JobState, JobTemplate
 from apps.jobs.serializers import JobSerializer
 from apps.tenants.models import Tier
 from apps.web import selectors, submit
+from apps.webhooks.models import Webhook, WebhookDelivery
 
 JOBS_PER_PAGE = 25
 
@@ -133,4 +134,8 @@ def usage(request):
     if membership is not None:
         context["use"] = selectors.tenant_use(membership.tenant)
         context["days"] = selectors.gpu_hours_by_day(membership.tenant)
+        context["webhooks"] = Webhook.objects.filter(tenant=membership.tenant)
+        context["deliveries"] = (
+            WebhookDelivery.objects.filter(webhook__tenant=membership.tenant).select_related("webhook", "event")[:20]
+        )
     return render(request, "web/usage.html", context)

@@ -1,0 +1,159 @@
+"""Turning job state changes into webhook deliveries, and sending them.
+
+An outbox: `deliveries_enqueue` reads the audit log (JobEvent) past each webhook's cursor and
+records one delivery per state change; `deliveries_send` posts the due ones, signed, and
+schedules a retry with exponential backoff on any failure. Nothing in the job's own
+transaction depends on a receiver being up. `pump` does both; `manage.py deliver_webhooks`
+runs it in a loop.
+
+Signature: `X-Gpuplatform-Signature: sha256=<hex>`, the HMAC-SHA256 with the webhook's secret of
+`<X-Gpuplatform-Timestamp>.<body>`; receivers recompute it and refuse old timestamps.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import time
+import urllib.error
+import urllib.request
+from datetime import datetime, timedelta
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from apps.jobs.models import JobEvent
+from apps.webhooks.models import DeliveryState, Webhook, WebhookDelivery
+
+log = logging.getLogger(__name__)
+
+SETTLE_SECONDS = 2  # read only events this old: on PostgreSQL ids may commit out of order
+MAX_ATTEMPTS = 12
+MAX_BACKOFF_SECONDS = 600
+SEND_TIMEOUT_SECONDS = 5
+CLAIM_SECONDS = 30  # a claimed delivery is not sent again by another pump within this
+BATCH = 200
+
+
+def backoff(attempts: int) -> timedelta:
+    """1 s, 2 s, 4 s, ... capped at 10 minutes."""
+    return timedelta(seconds=min(MAX_BACKOFF_SECONDS, 2 ** max(0, attempts - 1)))
+
+
+def sign(secret: str, timestamp: str, body: bytes) -> str:
+    digest = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+    return f"sha256={digest}"
+
+
+def webhook_create(*, tenant, url: str) -> Webhook:
+    """A new webhook hears about state changes from now on, not the tenant's history."""
+    latest = JobEvent.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
+    return Webhook.objects.create(tenant=tenant, url=url, cursor=latest)
+
+
+def payload_for(event: JobEvent) -> dict:
+    job = event.job
+    return {
+        "type": "job.state_changed",
+        "event_id": event.pk,
+        "job": {"id": str(job.pk), "name": job.name, "tenant": job.tenant.slug},
+        "from": event.from_state or None,
+        "to": event.to_state,
+        "reason": event.reason,
+        "actor": event.actor,
+        "at": event.created_at.isoformat(),
+    }
+
+
+def deliveries_enqueue(*, now: datetime | None = None) -> int:
+    now = now or timezone.now()
+    created = 0
+    for webhook in Webhook.objects.filter(active=True):
+        created += _enqueue_for(webhook, settled_before=now - timedelta(seconds=SETTLE_SECONDS), now=now)
+    return created
+
+
+@transaction.atomic
+def _enqueue_for(webhook: Webhook, *, settled_before: datetime, now: datetime) -> int:
+    events = list(
+        JobEvent.objects.filter(job__tenant_id=webhook.tenant_id, kind="state", pk__gt=webhook.cursor,
+                                created_at__lte=settled_before)
+        .select_related("job__tenant").order_by("pk")[:BATCH]
+    )  # fmt: skip
+    if not events:
+        return 0
+    # The guarded cursor move makes a second pump that read the same cursor give up here.
+    if not Webhook.objects.filter(pk=webhook.pk, cursor=webhook.cursor).update(cursor=events[-1].pk):
+        return 0
+    WebhookDelivery.objects.bulk_create(
+        [WebhookDelivery(webhook=webhook, event=e, payload=payload_for(e), next_attempt_at=now) for e in events],
+        ignore_conflicts=True,
+    )
+    return len(events)
+
+
+def deliveries_send(*, now: datetime | None = None) -> int:
+    """Send every due delivery once; returns how many were sent successfully."""
+    now = now or timezone.now()
+    due = WebhookDelivery.objects.filter(state=DeliveryState.PENDING, next_attempt_at__lte=now)
+    ok = 0
+    for delivery in due.select_related("webhook").order_by("event_id")[:BATCH]:
+        if _claim(delivery, now):
+            ok += _attempt(delivery, now)
+    return ok
+
+
+def _claim(delivery: WebhookDelivery, now: datetime) -> bool:
+    claimed_until = now + timedelta(seconds=CLAIM_SECONDS)
+    return bool(
+        WebhookDelivery.objects.filter(pk=delivery.pk, state=DeliveryState.PENDING, attempts=delivery.attempts,
+                                       next_attempt_at=delivery.next_attempt_at)
+        .update(next_attempt_at=claimed_until)
+    )  # fmt: skip
+
+
+def _attempt(delivery: WebhookDelivery, now: datetime) -> bool:
+    status, error = post(delivery)
+    attempts = delivery.attempts + 1
+    if status is not None and 200 <= status < 300:
+        WebhookDelivery.objects.filter(pk=delivery.pk).update(
+            state=DeliveryState.DELIVERED, attempts=attempts, last_status_code=status, last_error="",
+            delivered_at=timezone.now(),
+        )  # fmt: skip
+        return True
+    gave_up = attempts >= MAX_ATTEMPTS
+    WebhookDelivery.objects.filter(pk=delivery.pk).update(
+        state=DeliveryState.FAILED if gave_up else DeliveryState.PENDING,
+        attempts=F("attempts") + 1, last_status_code=status, last_error=error[:300],
+        next_attempt_at=now + backoff(attempts),
+    )  # fmt: skip
+    log.info("webhook delivery %s failed (attempt %d): %s", delivery.pk, attempts, error or status)
+    return False
+
+
+def post(delivery: WebhookDelivery) -> tuple[int | None, str]:
+    body = json.dumps(delivery.payload, separators=(",", ":"), sort_keys=True).encode()
+    timestamp = str(int(time.time()))
+    request = urllib.request.Request(delivery.webhook.url, data=body, method="POST", headers={
+        "Content-Type": "application/json",
+        "User-Agent": "gpuplatform-webhooks/1",
+        "X-Gpuplatform-Delivery": str(delivery.pk),
+        "X-Gpuplatform-Event": delivery.payload.get("type", ""),
+        "X-Gpuplatform-Timestamp": timestamp,
+        "X-Gpuplatform-Signature": sign(delivery.webhook.secret, timestamp, body),
+    })  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=SEND_TIMEOUT_SECONDS) as response:  # noqa: S310 (http(s) URLField)
+            return response.status, ""
+    except urllib.error.HTTPError as error:
+        return error.code, f"HTTP {error.code}"
+    except (urllib.error.URLError, OSError) as error:
+        return None, str(getattr(error, "reason", error))
+
+
+def pump(*, now: datetime | None = None) -> int:
+    deliveries_enqueue(now=now)
+    return deliveries_send(now=now)
