@@ -10,7 +10,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from gpuplatform import embedded_redis
-from gpuplatform.env import env_bool, env_float, env_int, env_list, env_str
+from gpuplatform.env import env_bool, env_choice, env_float, env_int, env_list, env_str
 
 BASE_DIR = pathlib.Path(__file__).resolve().parent.parent
 DATA_DIR = pathlib.Path(env_str("GPUPLATFORM_DATA_DIR") or BASE_DIR / "var").resolve()
@@ -188,6 +188,9 @@ MAX_RUNTIME_LIMIT_SECONDS = env_int("GPUPLATFORM_MAX_RUNTIME_LIMIT", 7 * 24 * 36
 MAX_ATTEMPTS = env_int("GPUPLATFORM_MAX_ATTEMPTS", 5, minimum=1)
 FLOWER_PORT = env_int("FLOWER_PORT", 5555, minimum=1, maximum=65535)
 PORT = env_int("PORT", 8000, minimum=1, maximum=65535)
+# fair: levels, weighted fair share, aging, backfill, preemption (docs/scheduling.md);
+# level-fifo: tier level then submit time; fifo; slurm: our rendering of Slurm's multifactor.
+SCHEDULING_POLICY = env_choice("GPUPLATFORM_POLICY", "fair", ["fair", "level-fifo", "fifo", "slurm"])
 
 LOGGING = {
     "version": 1,

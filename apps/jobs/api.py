@@ -50,9 +50,9 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def get_serializer_context(self):
         context = super().get_serializer_context()
         if self.action == "list":
-            from apps.scheduling.dispatcher import ordered_queue
+            from apps.scheduling.dispatcher import QUEUE_SCAN_LIMIT, queue_order
 
-            ids = ordered_queue().values_list("pk", flat=True)
+            ids = queue_order().values_list("pk", flat=True)[:QUEUE_SCAN_LIMIT]
             context["queue_positions"] = {pk: position for position, pk in enumerate(ids, start=1)}
         return context
 

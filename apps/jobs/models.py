@@ -121,9 +121,11 @@ class JobAttempt(models.Model):
     exit_code = models.IntegerField(null=True, blank=True)
     reason = models.CharField(max_length=300, blank=True)
     checkpoint = models.CharField(max_length=500, blank=True)
+    checkpoint_at = models.DateTimeField(null=True, blank=True, help_text="When the last checkpoint was saved.")
     stop_requested = models.CharField(
         max_length=32, blank=True, help_text='Why the agents should stop it: "cancel", "lost", ...'
     )
+    preempted_for = models.CharField(max_length=64, blank=True, help_text="The job it is being preempted for.")
 
     class Meta:
         ordering = ["job", "number"]

@@ -215,7 +215,8 @@ class MemberPlacement:
 
 
 @transaction.atomic
-def job_place(*, job: Job, members: list[MemberPlacement], actor: str = "system:dispatcher") -> JobAttempt | None:
+def job_place(*, job: Job, members: list[MemberPlacement], actor: str = "system:dispatcher",
+              why: str = "") -> JobAttempt | None:  # fmt: skip
     """Create the attempt for a queued job on the given GPUs, or return None if the job moved on.
 
     The job's guarded update and the partial unique index on GPU allocations are the last word:
@@ -223,7 +224,8 @@ def job_place(*, job: Job, members: list[MemberPlacement], actor: str = "system:
     """
     number = job.attempts_count + 1
     if not transition_job(job, to=JobState.STARTING, expect=[JobState.QUEUED], actor=actor,
-                          reason=_placement_reason(members), attempts_count=number):  # fmt: skip
+                          reason=_placement_reason(members) + (f" ({why})" if why else ""),
+                          attempts_count=number):  # fmt: skip
         return None
     now = timezone.now()
     attempt = JobAttempt.objects.create(
@@ -285,8 +287,10 @@ def attempt_progress(*, attempt_id: int, token: str, progress: float, checkpoint
     if attempt is None or attempt.state not in ATTEMPT_ACTIVE:
         return False
     progress = min(1.0, max(0.0, float(progress)))
-    if checkpoint and checkpoint != attempt.checkpoint:
-        JobAttempt.objects.filter(pk=attempt.pk).update(checkpoint=checkpoint[:500])
+    if checkpoint:
+        # Every progress report that names a checkpoint moves its time: the policy's victim cost
+        # is the work done since the last one.
+        JobAttempt.objects.filter(pk=attempt.pk).update(checkpoint=checkpoint[:500], checkpoint_at=timezone.now())
     Job.objects.filter(pk=attempt.job_id, state__in=JOB_PLACED).update(progress=progress)
     return True
 
@@ -352,14 +356,15 @@ def _settle_preempted(attempt: JobAttempt, *, actor: str, exit_code) -> None:
 
 
 @transaction.atomic
-def job_preempt(*, job: Job, actor: str, reason: str) -> Job:
+def job_preempt(*, job: Job, actor: str, reason: str, for_job_id: str = "") -> Job:
     """Ask a placed job to checkpoint and stop: its processes get the checkpoint signal, then
     SIGTERM after the tier's grace period, then SIGKILL; it then goes back to the queue."""
     job = Job.objects.select_for_update().get(pk=job.pk)
     attempt = active_attempt(job)
     if job.state not in (JobState.STARTING, JobState.RUNNING) or attempt is None:
         raise ServiceError(f"only a starting or running job can be preempted, this one is {job.state}", field="state")
-    transition_attempt(attempt, to=AttemptState.PREEMPTING, expect=[AttemptState.STARTING, AttemptState.RUNNING])
+    transition_attempt(attempt, to=AttemptState.PREEMPTING, expect=[AttemptState.STARTING, AttemptState.RUNNING],
+                       preempted_for=for_job_id)  # fmt: skip
     if not transition_job(job, to=JobState.PREEMPTING, expect=[JobState.STARTING, JobState.RUNNING], actor=actor,
                           reason=f"preempting: {reason}", attempt=attempt):  # fmt: skip
         raise ServiceError("job changed while preempting; try again", field="state")

@@ -1,32 +1,43 @@
-"""The dispatcher: load the cluster and the queue from the database, ask the pure core where
-each job goes, and apply each placement as a guarded update (see apps.jobs.services.job_place).
+"""The dispatcher: load the cluster, the running jobs and the queue from the database, ask the
+pure policy (apps.scheduling.core.policy.decide) what to do, and apply each decision as a
+guarded update (see apps.jobs.services.job_place and job_preempt).
 
-First version of the policy (kept behind `ordered_queue`): strict tier order, then submit time;
-a job that does not fit is skipped, with the core's explanation as its `reason`.
+A pass builds fresh plain data every time: the database is the truth, and two dispatchers
+running at once can at worst both try the same placement, which the job's guarded update and
+the GPU allocation index refuse to the second.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 
+from django.conf import settings
 from django.db import IntegrityError
 from django.db.models import Q
+from django.utils import timezone
 
-from apps.jobs.models import GpuAllocation, Job, JobState
-from apps.jobs.services import MemberPlacement, job_place
+from apps.jobs.models import ATTEMPT_ACTIVE, GpuAllocation, Job, JobAttempt, JobState
+from apps.jobs.services import MemberPlacement, ServiceError, job_place, job_preempt
 from apps.nodes.models import GpuHealth, Node, NodeState
 from apps.scheduling import core
+from apps.scheduling.core import policy
+from apps.tenants.models import Tier
 
 log = logging.getLogger(__name__)
-QUEUE_SCAN_LIMIT = 1000  # jobs looked at per pass; the rest wait for the next one
-HELD = "held:"  # pseudo-pods standing for the GPUs that attempts hold
+QUEUE_SCAN_LIMIT = 5000  # queued jobs handed to the policy per pass
+HELD = "held:"  # pseudo-pods for GPUs still held by attempts that have ended (processes stopping)
+STOPPING = "(stopping)"
+RESERVATION_KEY = "gpuplatform:dispatch:reservation"
 
 
 @dataclass
 class DispatchResult:
     placed: list[str] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
     waiting: int = 0
     seconds: float = 0.0
 
@@ -36,105 +47,245 @@ class ClusterSnapshot:
     cluster: core.ClusterManager
     gpu_ids: dict[tuple[str, int], int]  # (node name, GPU index) -> Gpu pk
     node_ids: dict[str, int]
+    running: list[policy.RunningJob] = field(default_factory=list)
 
 
-def load_cluster(strategy: str = "best-fit") -> ClusterSnapshot:
-    """The ready nodes with every allocated or unhealthy GPU marked taken."""
-    cluster = core.ClusterManager(strategy=strategy)
-    held = set(GpuAllocation.objects.filter(released_at=None).values_list("gpu_id", flat=True))
+def epoch(moment) -> float:
+    return moment.timestamp()
+
+
+def load_cluster(strategy: str | None = None) -> ClusterSnapshot:
+    """Every node that is not lost (cordoned and draining ones take no new work), its unhealthy
+    GPUs marked unusable, and every GPU held by an attempt restored as a pod."""
+    cluster = core.ClusterManager(strategy=strategy) if strategy else core.ClusterManager()
     gpu_ids, node_ids = {}, {}
-    nodes = Node.objects.filter(state=NodeState.READY).select_related("sku").prefetch_related("gpus")
+    nodes = Node.objects.exclude(state=NodeState.LOST).select_related("sku").prefetch_related("gpus")
     for node in nodes:
         gpus = {gpu.index: gpu for gpu in node.gpus.all()}
         size = max(gpus, default=-1) + 1
         cluster.add_node(core.Node(name=node.name, gpus=size, gpu_model=node.sku.name, labels=node.labels))
         node_ids[node.name] = node.pk
-        held_here = []
+        if node.state != NodeState.READY:
+            cluster.cordon(node.name)
         for index in range(size):
             gpu = gpus.get(index)
             if gpu is None or gpu.health != GpuHealth.HEALTHY:
                 cluster.set_gpu_health(node.name, index, False)
-            elif gpu.pk in held:
-                held_here.append(index)
             if gpu is not None:
                 gpu_ids[(node.name, index)] = gpu.pk
-        if held_here:
-            assignment = core.Assignment(node=node.name, gpu_indices=held_here, gpu_milli=[core.MILLI] * len(held_here))
-            cluster.add_pod(
-                core.Pod(name=HELD + node.name, gpus=len(held_here), gpu_models=(node.sku.name,)),
-                core.Placement(assignments=[assignment]),
+    snapshot = ClusterSnapshot(cluster=cluster, gpu_ids=gpu_ids, node_ids=node_ids)
+    _restore_allocations(snapshot)
+    return snapshot
+
+
+def _restore_allocations(snapshot: ClusterSnapshot) -> None:
+    now = timezone.now()
+    held: dict[int, dict[str, list[int]]] = {}
+    rows = GpuAllocation.objects.filter(released_at=None).values_list("attempt_id", "gpu__node__name", "gpu__index")
+    for attempt_id, node, index in rows:
+        if node in snapshot.node_ids:
+            held.setdefault(attempt_id, {}).setdefault(node, []).append(index)
+    attempts = JobAttempt.objects.filter(pk__in=held).select_related("job__tenant", "job__tier", "job__gpu_sku")
+    for attempt in attempts:
+        by_node = held[attempt.pk]
+        job = attempt.job
+        live = attempt.state in ATTEMPT_ACTIVE and job.state in (JobState.STARTING, JobState.RUNNING, JobState.PREEMPTING)
+        name = str(job.pk) if live else f"{HELD}{attempt.pk}"
+        placement = core.Placement(
+            assignments=[core.Assignment(node=n, gpu_indices=sorted(ix), gpu_milli=[core.MILLI] * len(ix))
+                         for n, ix in sorted(by_node.items())]  # fmt: skip
+        )
+        per_node = max(len(ix) for ix in by_node.values())
+        snapshot.cluster.add_pod(core.Pod(name=name, gpus=per_node, nodes=len(by_node)), placement)
+        started = attempt.started_at or attempt.created_at
+        stopping = not live or attempt.state == "preempting"
+        grace = timedelta(seconds=job.tier.preemption_grace_seconds + settings.KILL_GRACE_SECONDS)
+        snapshot.running.append(
+            policy.RunningJob(
+                job_id=name, tenant=job.tenant.slug, tier=job.tier.name, gpus=per_node, nodes=len(by_node),
+                started_at=epoch(started),
+                est_end=epoch(now + grace) if stopping else epoch(started) + job.max_runtime_seconds,
+                placement=placement,
+                last_checkpoint_at=epoch(attempt.checkpoint_at) if attempt.checkpoint_at else None,
+                preemptions=job.preemption_count,
+                gpu_models=(job.gpu_sku.name,) if job.gpu_sku_id else (),
+                node_selector=job.node_selector or {},
+                preempted_for=(attempt.preempted_for or STOPPING) if stopping else None,
             )
-    return ClusterSnapshot(cluster=cluster, gpu_ids=gpu_ids, node_ids=node_ids)
+        )  # fmt: skip
+
+
+def tier_policies() -> dict[str, policy.TierPolicy]:
+    return {
+        tier.name: policy.TierPolicy(
+            name=tier.name, level=tier.level, weight=float(tier.weight), preemptible=tier.preemptible,
+            can_preempt=tier.can_preempt, guaranteed_share=tier.guaranteed_share,
+            borrowing_limit=tier.borrowing_limit, age_limit_s=float(tier.age_limit_seconds),
+            min_runtime_s=float(tier.min_runtime_seconds), max_preemptions=tier.max_preemptions,
+        )  # fmt: skip
+        for tier in Tier.objects.all()
+    }
+
+
+def policy_config(tiers) -> policy.PolicyConfig:
+    grace = max((t.preemption_grace_seconds for t in Tier.objects.all()), default=30)
+    return policy.PolicyConfig(ordering=settings.SCHEDULING_POLICY, grace_s=float(grace + settings.KILL_GRACE_SECONDS))
 
 
 def ordered_queue():
-    """Queued jobs in the order the first-version policy serves them."""
+    """Queued jobs in submit order (the policy decides who goes first)."""
     return (
         Job.objects.filter(state=JobState.QUEUED)
-        .select_related("tier", "gpu_sku")
-        .order_by("-tier__level", "-tier__rank", "-priority_boost", "created_at")[:QUEUE_SCAN_LIMIT]
+        .select_related("tier", "tenant", "gpu_sku")
+        .order_by("created_at")[:QUEUE_SCAN_LIMIT]
     )
 
 
-def pod_for(job: Job) -> core.Pod:
-    return core.Pod(
-        name=str(job.id),
-        gpus=job.gpus,
-        gpu_models=(job.gpu_sku.name,) if job.gpu_sku_id else (),
-        node_selector=job.node_selector or {},
-        nodes=job.nodes,
+def queued_job(job: Job) -> policy.QueuedJob:
+    return policy.QueuedJob(
+        job_id=str(job.pk), tenant=job.tenant.slug, tier=job.tier.name, gpus=job.gpus, nodes=job.nodes,
+        submit=epoch(job.created_at), est_runtime_s=float(job.max_runtime_seconds),
+        gpu_models=(job.gpu_sku.name,) if job.gpu_sku_id else (), node_selector=job.node_selector or {},
+        preemptions=job.preemption_count,
+    )  # fmt: skip
+
+
+def tenant_usage(now, half_life_s: float) -> dict[str, policy.TenantUsage]:
+    """Each tenant's GPU-seconds, decayed with the policy's half-life, from recent attempts."""
+    since = now - timedelta(seconds=4 * half_life_s)
+    rows = (
+        JobAttempt.objects.filter(started_at__isnull=False)
+        .filter(Q(ended_at__isnull=True) | Q(ended_at__gte=since))
+        .values_list("job__tenant__slug", "job__tier__name", "started_at", "ended_at", "job__gpus", "job__nodes")
     )
+    runs: dict[str, tuple[str, list]] = {}
+    for tenant, tier, started, ended, gpus, nodes in rows:
+        runs.setdefault(tenant, (tier, []))[1].append((epoch(started), epoch(ended or now), gpus * nodes))
+    return {
+        tenant: policy.TenantUsage(tier=tier, gpu_seconds=policy.decayed_gpu_seconds(spans, epoch(now), half_life_s))
+        for tenant, (tier, spans) in runs.items()
+    }
 
 
 def dispatch_once() -> DispatchResult:
     started = time.monotonic()
     result = DispatchResult()
+    now = timezone.now()
     snapshot = load_cluster()
-    for job in ordered_queue():
-        pod = pod_for(job)
-        placement = snapshot.cluster.schedule_pod(pod)
-        if placement is None:
+    tiers = tier_policies()
+    config = policy_config(tiers)
+    jobs = {str(job.pk): job for job in ordered_queue() if job.tier.name in tiers}
+    decisions = policy.decide(
+        epoch(now), snapshot.cluster, [queued_job(job) for job in jobs.values()], snapshot.running, tiers,
+        tenant_usage(now, config.half_life_s), config=config, held_reservation=_held_reservation(jobs),
+    )  # fmt: skip
+    waiting_for_victims = set()
+    for decision in decisions:
+        job = jobs.get(getattr(decision, "job_id", None) or getattr(decision, "for_job_id", ""))
+        if isinstance(decision, policy.Start) and job is not None:
+            if _apply_start(job, decision, snapshot):
+                result.placed.append(decision.job_id)
+        elif isinstance(decision, policy.Preempt):
+            result.preempted += _apply_preempt(decision, job)
+            waiting_for_victims.add(decision.for_job_id)
+        elif isinstance(decision, policy.Reserve) and job is not None:
+            _store_reservation(decision.job_id)
+            if decision.job_id not in waiting_for_victims:
+                _set_reason(job, _reservation_reason(decision))
             result.waiting += 1
-            _explain_wait(job, snapshot.cluster.why_not(pod))
-            continue
-        if _apply(job, placement, snapshot):
-            result.placed.append(str(job.id))
-        else:
-            snapshot.cluster.remove_pod(pod.name)
+        elif isinstance(decision, policy.Wait) and job is not None:
+            _set_reason(job, decision.reason)
+            result.waiting += 1
     result.seconds = time.monotonic() - started
-    if result.placed:
-        log.info("dispatch placed %d jobs, %d waiting, %.3fs", len(result.placed), result.waiting, result.seconds)
+    if result.placed or result.preempted:
+        log.info("dispatch: placed %d, preempted %d, %d waiting, %.3fs", len(result.placed), len(result.preempted),
+                 result.waiting, result.seconds)  # fmt: skip
     return result
 
 
-def _apply(job: Job, placement, snapshot: ClusterSnapshot) -> bool:
+def _apply_start(job: Job, decision: policy.Start, snapshot: ClusterSnapshot) -> bool:
     members = [
         MemberPlacement(
             node_id=snapshot.node_ids[a.node],
             gpu_ids=[snapshot.gpu_ids[(a.node, i)] for i in a.gpu_indices],
             gpu_indices=list(a.gpu_indices),
         )
-        for a in placement.assignments
+        for a in decision.placement.assignments
     ]
     try:
-        return job_place(job=job, members=members) is not None
+        return job_place(job=job, members=members, why=decision.reason) is not None
     except IntegrityError:
         # Another dispatcher took one of these GPUs first: the database said no.
-        log.info("placement of %s lost a race for its GPUs; retrying next pass", job.id)
+        log.info("placement of %s lost a race for its GPUs; retrying next pass", job.pk)
         return False
 
 
-def _explain_wait(job: Job, why: str) -> None:
-    reason = f"waiting: {why}"[:300] if why else "waiting for free GPUs"
+def _apply_preempt(decision: policy.Preempt, for_job: Job | None) -> list[str]:
+    done = []
+    for victim in Job.objects.filter(pk__in=[v for v in decision.victim_ids if not v.startswith(HELD)]):
+        try:
+            job_preempt(job=victim, actor="system:dispatcher", reason=decision.reason, for_job_id=decision.for_job_id)
+            done.append(str(victim.pk))
+        except ServiceError as error:
+            log.info("could not preempt %s: %s", victim.pk, error.message)
+    if for_job is not None:
+        _set_reason(for_job, f"waiting for {len(done)} preempted job(s) to checkpoint and stop: {decision.reason}")
+    return done
+
+
+def _reservation_reason(decision: policy.Reserve) -> str:
+    """The policy's words, with its clock (epoch seconds, "t=...") shown as a UTC time."""
+    from datetime import UTC, datetime
+
+    def clock(match: re.Match) -> str:
+        return datetime.fromtimestamp(float(match.group(1)), tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+    nodes = ", ".join(decision.nodes[:4]) + (", ..." if len(decision.nodes) > 4 else "")
+    when = clock(re.match(r"(.*)", str(decision.at)))
+    return f"first in line: {nodes} held for it from {when}; " + re.sub(r"t=(\d+(?:\.\d+)?)", clock, decision.reason)
+
+
+def _set_reason(job: Job, reason: str) -> None:
+    reason = reason[:300]
     if job.reason != reason:
         Job.objects.filter(pk=job.pk, state=JobState.QUEUED, version=job.version).update(reason=reason)
 
 
+def _held_reservation(jobs: dict) -> str | None:
+    from .redis import client
+
+    try:
+        held = client().get(RESERVATION_KEY)
+    except Exception:
+        return None
+    held = held.decode() if held else None
+    return held if held in jobs else None
+
+
+def _store_reservation(job_id: str) -> None:
+    from .redis import client
+
+    try:
+        client().set(RESERVATION_KEY, job_id, ex=3600)
+    except Exception:
+        log.warning("could not remember the reservation for %s", job_id)
+
+
+def queue_order():
+    """Queued jobs in strict tier order, then submit time: what `queue_position` counts."""
+    return Job.objects.filter(state=JobState.QUEUED).order_by("-tier__level", "-tier__rank", "created_at")
+
+
 def queue_position(job: Job) -> int | None:
-    """1-based position among queued jobs in dispatch order."""
+    """1-based position among queued jobs in strict tier order, then submit time (a simple,
+    explainable figure: the fair-share policy may start a job of a less-served tenant earlier)."""
     if job.state != JobState.QUEUED:
         return None
     return Job.objects.filter(state=JobState.QUEUED).filter(_ahead_filter(job)).count() + 1
+
+
+def queue_positions(jobs) -> dict:
+    return {job.pk: queue_position(job) for job in jobs if job.state == JobState.QUEUED}
 
 
 def _ahead_filter(job: Job) -> Q:

@@ -8,6 +8,17 @@ TIERS = [
     ("free", 1, 0, 1, True, False, 20, 20, 5, 15),
 ]
 
+# Policy settings per tier: guaranteed share, borrowing limit, age limit (s), min runtime (s),
+# max preemptions. Enterprise never waits behind lower tiers; free is preemptible.
+TIER_POLICY = {
+    "enterprise": dict(guaranteed_share=0.0, borrowing_limit=None, age_limit_seconds=3600,
+                       min_runtime_seconds=0, max_preemptions=3),
+    "pro": dict(guaranteed_share=0.3, borrowing_limit=None, age_limit_seconds=12 * 3600,
+                min_runtime_seconds=15 * 60, max_preemptions=3),
+    "free": dict(guaranteed_share=0.1, borrowing_limit=None, age_limit_seconds=24 * 3600,
+                 min_runtime_seconds=15 * 60, max_preemptions=3),
+}  # fmt: skip
+
 TEMPLATES = [
     {
         "name": "demo-train",
@@ -39,16 +50,24 @@ TEMPLATES = [
 ]
 
 
-def ensure_tiers(Tier) -> None:
+def ensure_tiers(Tier, *, with_policy: bool = True) -> None:
+    """Create the default tiers that are missing. The first data migration runs before the
+    policy fields exist, so it passes with_policy=False (migration 0004 fills them in)."""
     for name, rank, level, weight, preemptible, can_preempt, queued, rate, burst, grace in TIERS:
         Tier.objects.get_or_create(
             name=name,
             defaults=dict(
                 rank=rank, level=level, weight=weight, preemptible=preemptible, can_preempt=can_preempt,
                 max_queued_jobs=queued, submit_rate_per_minute=rate, submit_burst=burst,
-                preemption_grace_seconds=grace,
+                preemption_grace_seconds=grace, **(TIER_POLICY[name] if with_policy else {}),
             ),
         )  # fmt: skip
+
+
+def apply_tier_policy(Tier) -> None:
+    """Give existing default tiers their policy settings (used by the migration adding them)."""
+    for name, values in TIER_POLICY.items():
+        Tier.objects.filter(name=name).update(**values)
 
 
 def ensure_templates(JobTemplate) -> None:

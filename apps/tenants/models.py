@@ -18,6 +18,18 @@ class Tier(models.Model):
     submit_rate_per_minute = models.PositiveIntegerField(default=60)
     submit_burst = models.PositiveIntegerField(default=20)
     preemption_grace_seconds = models.PositiveIntegerField(default=30)
+    # Fair-share policy settings (docs/scheduling.md has the formulas).
+    guaranteed_share = models.FloatField(default=0.0, help_text="Fraction of all GPUs it may reclaim by preemption.")
+    borrowing_limit = models.FloatField(
+        null=True, blank=True, help_text="Fraction above its guarantee it may hold; empty: no limit."
+    )
+    age_limit_seconds = models.PositiveIntegerField(
+        default=24 * 3600, help_text="A job waiting this long goes ahead of every younger job of its level."
+    )
+    min_runtime_seconds = models.PositiveIntegerField(
+        default=15 * 60, help_text="A job must run this long before it may be preempted."
+    )
+    max_preemptions = models.PositiveSmallIntegerField(default=3, help_text="A job is preempted at most this often.")
     description = models.CharField(max_length=200, blank=True)
 
     class Meta:

@@ -44,7 +44,7 @@ def test_it_places_the_higher_tier_first_when_only_one_fits(cast):
     assert result.placed == [str(high.id)]
     low.refresh_from_db()
     assert low.state == "queued"
-    assert "4" in low.reason  # says what it waits for
+    assert low.reason.startswith("first in line: h1 held for it")  # the node is reserved for it
 
 
 def test_a_job_that_fits_nowhere_waits_with_a_reason(cast):
@@ -54,7 +54,7 @@ def test_a_job_that_fits_nowhere_waits_with_a_reason(cast):
     dispatch_once()
     job.refresh_from_db()
     assert job.state == "queued"
-    assert job.reason.startswith("waiting")
+    assert "4 free H100-80GB" in job.reason
 
 
 def test_the_database_refuses_a_gpu_allocated_twice(cast):
@@ -163,3 +163,45 @@ def test_only_a_placed_job_can_be_preempted(cast):
     job = submit(cast)
     with pytest.raises(services.ServiceError):
         services.job_preempt(job=job, actor="test", reason="x")
+
+
+def test_an_enterprise_job_preempts_the_cheapest_free_job(cast):
+    Tier.objects.filter(name="free").update(min_runtime_seconds=0)
+    make_node("h1", gpus=4)
+    from apps.tenants.services import tenant_create, user_create
+
+    tenant_create(slug="hobby", tier_name="free")
+    cast["erin"] = user_create(username="erin", tenant_slug="hobby")
+    fresh, stale = submit(cast, "erin", gpus=2), submit(cast, "erin", gpus=2)
+    dispatch_once()
+    for job in (fresh, stale):
+        attempt = job.attempts.get()
+        services.attempt_member_started(attempt_id=attempt.pk, rank=0, token=str(attempt.token), pid=1)
+    # `fresh` saved a checkpoint just now; `stale` has saved nothing since it started.
+    JobAttempt.objects.filter(job=fresh).update(checkpoint="/c", checkpoint_at=timezone.now())
+    JobAttempt.objects.filter(job=stale).update(started_at=timezone.now() - timedelta(minutes=5))
+    JobAttempt.objects.filter(job=fresh).update(started_at=timezone.now() - timedelta(minutes=5))
+    urgent = submit(cast, "bob", gpus=2)
+    result = dispatch_once()
+    assert result.preempted == [str(fresh.id)]  # losing nothing since its checkpoint is cheapest
+    urgent.refresh_from_db()
+    assert urgent.state == "queued" and "preempted" in urgent.reason
+    fresh.refresh_from_db()
+    assert fresh.state == "preempting"
+    assert dispatch_once().preempted == []  # no preemption loop while the victim stops
+
+
+def test_an_enterprise_job_never_preempts_when_it_still_would_not_fit(cast):
+    Tier.objects.filter(name="free").update(min_runtime_seconds=0)
+    make_node("h1", gpus=4)
+    from apps.tenants.services import tenant_create, user_create
+
+    tenant_create(slug="hobby", tier_name="free")
+    cast["erin"] = user_create(username="erin", tenant_slug="hobby")
+    victim = submit(cast, "erin", gpus=2)
+    dispatch_once()
+    huge = submit(cast, "bob", gpus=8)
+    assert dispatch_once().preempted == []
+    victim.refresh_from_db()
+    huge.refresh_from_db()
+    assert victim.state == "starting" and huge.state == "queued"
