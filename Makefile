@@ -17,6 +17,9 @@ install: $(STAMP)
 run: install
 	$(BIN)/python -m gpuplatform.launch
 
+# Checks and tests need a secret key; this one exists only for them (never for `make run`).
+lint test bench: export SECRET_KEY ?= make-check-not-a-secret
+
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check apps/scheduling/core
