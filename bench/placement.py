@@ -59,6 +59,17 @@ class ScanFirstFit:
         self.cpu = [n.cpu_milli for n in ordered]
         self.mem = [n.memory_mib for n in ordered]
         self.pods: dict[str, tuple[int, list[int], Pod]] = {}
+        self.index = {name: i for i, name in enumerate(self.names)}
+
+    def add_pod(self, pod: Pod, placement) -> None:
+        """Take an allocation decided elsewhere (the shared starting state)."""
+        [a] = placement.assignments
+        i = self.index[a.node]
+        for g in a.gpu_indices:
+            self.free[i][g] -= pod.gpu_milli
+        self.cpu[i] -= pod.cpu_milli
+        self.mem[i] -= pod.memory_mib
+        self.pods[pod.name] = (i, list(a.gpu_indices), pod)
 
     def fits(self, i: int, pod: Pod) -> bool:
         if self.cpu[i] < pod.cpu_milli or self.mem[i] < pod.memory_mib:
@@ -140,47 +151,49 @@ class Rate:
         return statistics.median(self.rates)
 
 
-def churn_rate(make, n_nodes: int, per_repeat: int, repeats: int, seed: int = 7) -> Rate:
-    """Fill the cluster to ~85% GPU, then time `schedule_pod` while pods come and go.
-
-    Before each timed call, if allocated GPUs exceed 85%, one random pod leaves (untimed),
-    so every strategy works on a busy, fragmented cluster. Same pod stream for everyone.
-    """
+def busy_state(n_nodes: int, seed: int = 7) -> tuple[list[Node], list[tuple[Pod, object]]]:
+    """Nodes and a set of allocations filling ~85% of their GPUs (found with indexed first-fit,
+    so building it costs little), from which every contender starts."""
     rng = random.Random(seed)
     nodes = synthetic_nodes(n_nodes)
-    cm = make(nodes)
-    capacity = MILLI * 8 * n_nodes
-    used = 0
-    live: list[Pod] = []
-    counter = 0
-
-    def next_pod() -> Pod:
-        nonlocal counter
+    cm = make_manager("first-fit")(nodes)
+    used, misses, counter = 0, 0, 0
+    while used < 0.85 * MILLI * 8 * n_nodes and misses < 100:
         counter += 1
-        return synthetic_pods(rng, 1, f"p{counter}-")[0]
-
-    def leave() -> None:
-        nonlocal used
-        k = rng.randrange(len(live))
-        live[k], live[-1] = live[-1], live[k]
-        pod = live.pop()
-        cm.remove_pod(pod.name)
-        used -= pod.gpus * pod.gpu_milli
-
-    while used < 0.85 * capacity:  # fill, untimed
-        pod = next_pod()
-        if cm.schedule_pod(pod) is not None:
-            live.append(pod)
+        pod = synthetic_pods(rng, 1, f"fill{counter}-")[0]
+        if cm.schedule_pod(pod) is None:
+            misses += 1
+        else:
             used += pod.gpus * pod.gpu_milli
-        elif len(live) > 0 and rng.random() < 0.01:
-            break
+    return nodes, [(pod, cm.placement_of(pod.name)) for pod in cm.list_pods()]
+
+
+def churn_rate(
+    make, nodes: list[Node], allocations, per_repeat: int, repeats: int, seed: int = 11
+) -> Rate:
+    """From the busy state, time `schedule_pod` while pods come and go.
+
+    Before each timed call, if allocated GPUs exceed 85%, random pods leave (untimed), so
+    every contender works on a busy, fragmented cluster. Same pod stream for everyone.
+    """
+    rng = random.Random(seed)
+    cm = make(nodes)
+    for pod, placement in allocations:
+        cm.add_pod(pod, placement)
+    capacity = MILLI * sum(n.gpus for n in nodes)
+    live = [pod for pod, _ in allocations]
+    used = sum(p.gpus * p.gpu_milli for p in live)
     rates, placed, calls = [], 0, 0
-    for _ in range(repeats):
+    for r in range(repeats):
         spent = 0.0
-        for _ in range(per_repeat):
+        for i in range(per_repeat):
             while used > 0.85 * capacity and live:
-                leave()
-            pod = next_pod()
+                k = rng.randrange(len(live))
+                live[k], live[-1] = live[-1], live[k]
+                gone = live.pop()
+                cm.remove_pod(gone.name)
+                used -= gone.gpus * gone.gpu_milli
+            pod = synthetic_pods(rng, 1, f"r{r}-{i}-")[0]
             t0 = time.perf_counter()
             ok = cm.schedule_pod(pod) is not None
             spent += time.perf_counter() - t0
@@ -190,7 +203,7 @@ def churn_rate(make, n_nodes: int, per_repeat: int, repeats: int, seed: int = 7)
                 live.append(pod)
                 used += pod.gpus * pod.gpu_milli
         rates.append(per_repeat / spent)
-    return Rate("", n_nodes, rates, placed / calls)
+    return Rate("", len(nodes), rates, placed / calls)
 
 
 def make_manager(strategy: str) -> Callable[[list[Node]], ClusterManager]:
@@ -213,6 +226,7 @@ THROUGHPUT_STRATEGIES = ["first-fit", "best-fit", "bin-pack", "spread", "fgd-plu
 def throughput(sizes: list[int], per_repeat: dict[int, int], repeats: int) -> list[Rate]:
     results = []
     for n in sizes:
+        nodes, allocations = busy_state(n)
         runs = [(s, make_manager(s)) for s in THROUGHPUT_STRATEGIES]
         runs += [
             ("scan first-fit (all nodes)", make_scan(False)),
@@ -221,7 +235,7 @@ def throughput(sizes: list[int], per_repeat: dict[int, int], repeats: int) -> li
         for name, make in runs:
             count = per_repeat[n] if not name.startswith("scan") else max(20, per_repeat[n] // 50)
             t0 = time.perf_counter()
-            rate = churn_rate(make, n, count, repeats)
+            rate = churn_rate(make, nodes, allocations, count, repeats)
             rate.name = name
             results.append(rate)
             print(

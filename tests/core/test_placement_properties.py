@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from apps.scheduling.core import STRATEGIES, Assignment, ClusterManager, Node, Placement, Pod
-from apps.scheduling.core.cluster import _static_verdict
+from apps.scheduling.core.cluster import node_verdict
 
 EXAMPLES = int(os.environ.get("CORE_HYPOTHESIS_EXAMPLES", "30"))
 NODE_NAMES = [f"n{i}" for i in range(8)]
@@ -275,7 +275,7 @@ class PlacementMachine(RuleBasedStateMachine):
         """Node names per tier: untainted or tolerated first, then PreferNoSchedule ones."""
         first, second = [], []
         for name in sorted(self.ref.nodes):
-            verdict = _static_verdict(self.cm._nodes[name].pool, pod)
+            verdict = node_verdict(self.cm._nodes[name], pod)
             (first if verdict == "ok" else second if verdict == "prefer-not" else []).append(name)
         return [first, first + second] if pod.nodes > 1 else [first, second]
 

@@ -17,6 +17,10 @@ from .model import MILLI, Assignment, Node, Placement, Pod, Toleration
 from .state import NodeState, Pool
 from .strategies import Strategy, make_strategy
 
+# A node selector matching at most 1/SELECTIVE of a pool is served by ranking its nodes
+# directly; a broader one by walking the buckets and skipping the nodes it rules out.
+SELECTIVE = 8
+
 
 @dataclass
 class WhyNot:
@@ -97,7 +101,7 @@ class ClusterManager:
                 pool = self._pools[key] = Pool(key, node, self.strategy.uses_classes)
                 self._eligible.clear()
             st = self._nodes[node.name] = NodeState.fresh(node, pool)
-            pool.members.add(node.name)
+            pool.add_member(node)
             pool.index(st, self.strategy.order_key)
 
     def remove_node(self, name: str) -> list[Pod]:
@@ -111,7 +115,7 @@ class ClusterManager:
             for pod in evicted:
                 self._release(pod.name)
             st.pool.unindex(st)
-            st.pool.members.discard(name)
+            st.pool.remove_member(st.node)
             if not st.pool.members:
                 del self._pools[st.pool.key]
                 self._eligible.clear()
@@ -304,59 +308,94 @@ class ClusterManager:
     def _best_node(
         self, pod: Pod, pools: list[Pool], exclude: frozenset = frozenset()
     ) -> NodeState | None:
-        if self.strategy.uses_classes:
-            return self._best_by_class(pod, pools, exclude)
+        """The strategy's best node for one member, over the pools' buckets (or classes)."""
+        best = None  # (comparable key, node state)
+        for pool in pools:
+            allowed = pool.selected(pod.node_selector) if pod.node_selector else None
+            if allowed is not None and len(allowed) * SELECTIVE <= len(pool.members):
+                found = self._best_of(pod, [self._nodes[n] for n in allowed], exclude)
+            elif self.strategy.uses_classes:
+                found = self._best_by_class(pod, pool, allowed, exclude, best)
+            else:
+                found = self._best_in_buckets(pod, pool, allowed, exclude, best)
+            if found is not None and (best is None or found[0] < best[0]):
+                best = found
+        return best[1] if best is not None else None
+
+    def _best_in_buckets(self, pod, pool, allowed, exclude, best):
+        """First fitting node of each feasible bucket; buckets are sorted, so stop early."""
         nodes, cpu, mem = self._nodes, pod.cpu_milli, pod.memory_mib
         multi_share = pod.gpus > 1 and pod.gpu_milli < MILLI
-        best = None
-        for pool in pools:
-            for bucket in pool.buckets_for(pod.gpus, pod.gpu_milli):
-                for entry in bucket:
-                    if best is not None and entry >= best:
-                        break  # sorted: nothing later in this bucket beats the best so far
-                    st = nodes[entry[-1]]
-                    if st.cpu_free >= cpu and st.mem_free >= mem and entry[-1] not in exclude:
-                        if not multi_share or len(st.gpus_with(pod.gpu_milli)) >= pod.gpus:
-                            best = entry
-                            break
-        return nodes[best[-1]] if best is not None else None
+        bound = best[0] if best is not None else None
+        found = None
+        for bucket in pool.buckets_for(pod.gpus, pod.gpu_milli):
+            for entry in bucket:
+                if bound is not None and entry >= bound:
+                    break  # nothing later in this bucket beats the best so far
+                name = entry[-1]
+                st = nodes[name]
+                if st.cpu_free < cpu or st.mem_free < mem or name in exclude:
+                    continue
+                if allowed is not None and name not in allowed:
+                    continue
+                if multi_share and len(st.gpus_with(pod.gpu_milli)) < pod.gpus:
+                    continue
+                found, bound = (entry, st), entry
+                break
+        return found
 
-    def _best_by_class(self, pod: Pod, pools: list[Pool], exclude: frozenset) -> NodeState | None:
-        best = None  # (score, name)
+    def _best_by_class(self, pod, pool, allowed, exclude, best):
+        """FGD-style: score each class of identical nodes once, take its first fitting name."""
         score_of = self.strategy.class_score  # type: ignore[attr-defined]
-        for pool in pools:
-            for (shape, cpu_free), names in pool.classes.items():
-                if cpu_free < pod.cpu_milli or not _shape_fits(shape, pod):
+        bound = best[0] if best is not None else None
+        found = None
+        for (shape, cpu_free), names in pool.classes.items():
+            if cpu_free < pod.cpu_milli or not _shape_fits(shape, pod):
+                continue
+            score = score_of(pool.gpu_model, shape, cpu_free, pod)[0]
+            if bound is not None and score > bound[0]:
+                continue
+            for name in names:
+                if bound is not None and (score, name) >= bound:
+                    break
+                if self._nodes[name].mem_free < pod.memory_mib or name in exclude:
                     continue
-                score = score_of(pool.gpu_model, shape, cpu_free, pod)[0]
-                if best is not None and score > best[0]:
+                if allowed is not None and name not in allowed:
                     continue
-                for name in names:
-                    if best is not None and (score, name) >= best:
-                        break
-                    if self._nodes[name].mem_free >= pod.memory_mib and name not in exclude:
-                        best = (score, name)
-                        break
-        return self._nodes[best[1]] if best is not None else None
+                bound = (score, name)
+                found = (bound, self._nodes[name])
+                break
+        return found
+
+    def _best_of(self, pod: Pod, states: list[NodeState], exclude: frozenset):
+        """Rank a few given nodes directly (a selective node selector). O(len(states) x G)."""
+        best = None
+        for st in states:
+            if st.entry is None or st.name in exclude or not _fits(st, pod):
+                continue
+            key = (*self._rank(st, pod), st.name)
+            if best is None or key < best[0]:
+                best = (key, st)
+        return best
 
     def _member_candidates(self, pod: Pod, pools: list[Pool]) -> list[NodeState]:
         """Every node that could host one gang member, best first by the strategy. O(F log F)."""
         ranked = []
         for pool in pools:
-            seen: set[str] = set()
+            allowed = pool.selected(pod.node_selector) if pod.node_selector else None
             for bucket in pool.buckets_for(pod.gpus, pod.gpu_milli):
                 for entry in bucket:
                     st = self._nodes[entry[-1]]
-                    if st.name not in seen and _fits(st, pod):
-                        seen.add(st.name)
-                        ranked.append((self._rank(st, pod), st))
-        ranked.sort(key=lambda r: (r[0], r[1].name))
+                    if (allowed is None or st.name in allowed) and _fits(st, pod):
+                        ranked.append(((*self._rank(st, pod), st.name), st))
+        ranked.sort(key=lambda r: r[0])
         return [st for _, st in ranked]
 
     def _rank(self, st: NodeState, pod: Pod) -> tuple:
+        """The strategy's rank of a schedulable node for a pod, without the name."""
         if self.strategy.uses_classes:
             return (self.strategy.class_score(st.pool.gpu_model, st.shape(), st.cpu_free, pod)[0],)  # type: ignore[attr-defined]
-        return st.entry[:-1] if st.entry else ()
+        return st.entry[:-1]
 
     def _pick_gang(self, pod: Pod, pools: list[Pool]) -> list[NodeState] | None:
         """k distinct nodes: one rack if any can, else one zone, else the fewest racks."""
@@ -430,7 +469,7 @@ class ClusterManager:
     def _first_failure(self, st: NodeState, pod: Pod) -> str | None:
         if st.cordoned:
             return "cordoned"
-        verdict = _static_verdict(st.pool, pod)
+        verdict = node_verdict(st, pod)
         if verdict not in ("ok", "prefer-not"):
             return verdict
         if pod.gpus > st.node.gpus:
@@ -498,12 +537,20 @@ def _fits(st: NodeState, pod: Pod) -> bool:
     return pod.gpus == 0 or len(st.gpus_with(pod.gpu_milli)) >= pod.gpus
 
 
+def node_verdict(st: NodeState, pod: Pod) -> str:
+    """The static verdict for one node: its pool's, then the node selector."""
+    verdict = _static_verdict(st.pool, pod)
+    if verdict in ("gpu_model",):
+        return verdict
+    if any(st.node.labels.get(k) != v for k, v in pod.node_selector.items()):
+        return "selector"
+    return verdict
+
+
 def _static_verdict(pool: Pool, pod: Pod) -> str:
     """'ok', 'prefer-not' (only PreferNoSchedule taints untolerated), or the failing reason."""
     if pod.gpus and pod.gpu_models and pool.gpu_model not in pod.gpu_models:
         return "gpu_model"
-    if any(pool.labels.get(k) != v for k, v in pod.node_selector.items()):
-        return "selector"
     tolerations = [Toleration.parse(t) for t in pod.tolerations]
     untolerated = [t for t in pool.taints if not any(tol.tolerates(t) for tol in tolerations)]
     if any(t.effect == "NoSchedule" for t in untolerated):
@@ -551,6 +598,11 @@ def _verify(cm: ClusterManager) -> None:
     for key, pool in cm._pools.items():
         members = {n for n, st in cm._nodes.items() if st.pool is pool}
         assert members == pool.members and members, key
+        by_label: dict[tuple, set] = {}
+        for n in members:
+            for item in cm._nodes[n].node.labels.items():
+                by_label.setdefault(item, set()).add(n)
+        assert pool.by_label == by_label, key
         live = [cm._nodes[n] for n in sorted(members) if not cm._nodes[n].cordoned]
         full = [
             sorted((*cm.strategy.order_key(st), st.name) for st in live if st.full_count() == c)

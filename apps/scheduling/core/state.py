@@ -1,7 +1,9 @@
 """Per-node free capacity and the per-pool indexes that find a fitting node without a scan.
 
-A *pool* is the set of nodes that look the same to every static filter (GPU model, GPU count,
-labels, taints), so model, selector and taint checks run once per pool, not once per node.
+A *pool* is the set of nodes that look the same to the static filters (GPU model, GPU count,
+taints), so model and taint checks run once per pool, not once per node. Labels vary too much
+(a rack label per rack) to split pools by; a pool indexes its nodes by label instead, so a node
+selector costs a set intersection.
 Inside a pool, each schedulable node sits in exactly one bucket of each index:
 
 - `full[c]`: nodes with exactly `c` fully free healthy GPUs (whole-GPU and CPU-only pods);
@@ -87,9 +89,9 @@ class Pool:
         self.key = key
         self.gpu_model = node.gpu_model
         self.gpus = node.gpus
-        self.labels = dict(node.labels)
         self.taints = [Taint.parse(t) for t in node.taints]
         self.members: set[str] = set()
+        self.by_label: dict[tuple[str, str], set[str]] = {}
         self.full: list[list[Entry]] = [[] for _ in range(node.gpus + 1)]
         self.share: dict[int, list[Entry]] = {}
         self.share_keys: list[int] = []  # sorted keys of `share` with a non-empty bucket
@@ -98,12 +100,25 @@ class Pool:
 
     @staticmethod
     def key_of(node: Node) -> tuple:
-        return (
-            node.gpu_model,
-            node.gpus,
-            tuple(sorted(node.labels.items())),
-            tuple(sorted(node.taints)),
-        )
+        return (node.gpu_model, node.gpus, tuple(sorted(node.taints)))
+
+    def add_member(self, node: Node) -> None:
+        self.members.add(node.name)
+        for item in node.labels.items():
+            self.by_label.setdefault(item, set()).add(node.name)
+
+    def remove_member(self, node: Node) -> None:
+        self.members.discard(node.name)
+        for item in node.labels.items():
+            names = self.by_label[item]
+            names.discard(node.name)
+            if not names:
+                del self.by_label[item]
+
+    def selected(self, selector: dict[str, str]) -> set[str]:
+        """Members whose labels match every `key=value` of the selector. O(smallest label set)."""
+        sets = sorted((self.by_label.get(item, _EMPTY) for item in selector.items()), key=len)
+        return sets[0].intersection(*sets[1:]) if sets else set(self.members)
 
     # -- index maintenance: each O(log n + b) where b is the bucket's length (list memmove) --
 
@@ -151,6 +166,9 @@ class Pool:
             start = bisect_left(self.share_keys, gpu_milli)
             for v in self.share_keys[start:]:
                 yield self.share[v]
+
+
+_EMPTY: set[str] = set()
 
 
 def _remove(bucket: list, item: object) -> None:

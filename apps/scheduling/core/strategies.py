@@ -107,6 +107,7 @@ class FGD(Strategy):
         self.coverage = coverage
         self.workload = workload or DEFAULT_WORKLOAD
         self._seen: Counter = Counter()
+        self._seen_count = 0
         self._next_relearn = 1
         self._frag: dict[tuple, float] = {}
         self._score: dict[tuple, tuple] = {}
@@ -116,7 +117,8 @@ class FGD(Strategy):
         if self.fixed:
             return
         self._seen[request_type(pod)] += 1
-        seen = self._seen.total()
+        self._seen_count += 1
+        seen = self._seen_count
         if seen >= self._next_relearn:
             self._next_relearn = seen * 2 if seen < RELEARN_EVERY else seen + RELEARN_EVERY
             self.set_workload(Workload.from_counts(self._seen, coverage=self.coverage))
