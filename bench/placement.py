@@ -245,6 +245,73 @@ def throughput(sizes: list[int], per_repeat: dict[int, int], repeats: int) -> li
     return results
 
 
+# ----------------------------------------------------------------------------- the lock
+
+
+@dataclass
+class LockRow:
+    strategy: str
+    variant: str
+    rate: float  # schedule+remove pairs per second, all threads together
+
+
+def lock_numbers(n_nodes: int, pairs: int) -> tuple[float, list[LockRow]]:
+    """What the one global lock costs, and what 16 threads get through it.
+
+    Each op is a `schedule_pod` then `remove_pod` of that pod (the state stays busy and the
+    same). Variants: one thread with the lock, one thread with the lock swapped for a no-op
+    (unsafe; measurement only), 16 threads sharing the lock.
+    """
+    import contextlib
+    import threading
+    import timeit
+
+    rlock = threading.RLock()
+
+    def acquire_release():
+        with rlock:
+            pass
+
+    lock_ns = min(timeit.repeat(acquire_release, number=100_000, repeat=5)) / 100_000 * 1e9
+    nodes, allocations = busy_state(n_nodes)
+    variants = (
+        ("1 thread, lock", 1, True),
+        ("1 thread, no lock", 1, False),
+        ("16 threads, lock", 16, True),
+    )
+    samples: dict[tuple[str, str], list[float]] = {}
+    for _ in range(3):  # interleaved rounds, median taken: the machine is shared
+        for strategy in ("first-fit", "fgd-plus"):
+            for variant, threads, locked in variants:
+                cm = make_manager(strategy)(nodes)
+                for pod, placement in allocations:
+                    cm.add_pod(pod, placement)
+                if not locked:
+                    cm._lock = contextlib.nullcontext()
+                pods = synthetic_pods(random.Random(5), pairs, "lock")
+                chunks = [pods[t::threads] for t in range(threads)]
+
+                def work(chunk, cm=cm):
+                    for pod in chunk:
+                        if cm.schedule_pod(pod) is not None:
+                            cm.remove_pod(pod.name)
+
+                workers = [threading.Thread(target=work, args=(c,)) for c in chunks]
+                t0 = time.perf_counter()
+                for w in workers:
+                    w.start()
+                for w in workers:
+                    w.join()
+                samples.setdefault((strategy, variant), []).append(
+                    pairs / (time.perf_counter() - t0)
+                )
+                cm.verify()
+    rows = [LockRow(s, v, statistics.median(r)) for (s, v), r in samples.items()]
+    for r in rows:
+        print(f"  {r.strategy:<10} {r.variant:<18} {r.rate:>9.0f} pairs/s", flush=True)
+    return lock_ns, rows
+
+
 # ----------------------------------------------------------------------------- FGD protocol
 
 
@@ -417,7 +484,12 @@ def fgd_protocol(seeds: list[int], names: list[str] | None = None) -> dict[str, 
 
 
 def render(
-    args, rates: list[Rate], fgd: dict[str, dict[int, float]], seeds: list[int], wall: float
+    args,
+    rates: list[Rate],
+    fgd: dict[str, dict[int, float]],
+    seeds: list[int],
+    wall: float,
+    lock=None,
 ) -> str:
     command = "python -m bench.placement" + (" --quick" if args.quick else "")
     out = ["## Placement core\n"]
@@ -445,6 +517,24 @@ def render(
                 out.append(
                     f"| {n:,} | {r.name} | {r.median:,.0f} | {reps} | {100 * r.placed:.0f}% | {r.median / scan.median:,.1f}x |"
                 )
+        out.append("")
+    if lock:
+        lock_ns, rows = lock
+        out.append("### The global lock\n")
+        out.append(
+            f"Command: `{command}`. 1,000 busy nodes (as above); each op is `schedule_pod` then "
+            "`remove_pod` of the same pod. An uncontended `threading.RLock` acquire+release costs "
+            f"{lock_ns:.0f} ns here. 'no lock' swaps the lock for a no-op (unsafe; measurement only).\n"
+        )
+        out.append("| strategy | variant | ops/s (all threads) | vs 1 thread with lock |")
+        out.append("|---|---|---:|---:|")
+        for r in rows:
+            base = next(
+                x for x in rows if x.strategy == r.strategy and x.variant == "1 thread, lock"
+            )
+            out.append(
+                f"| {r.strategy} | {r.variant} | {r.rate:,.0f} | {r.rate / base.rate:.2f}x |"
+            )
         out.append("")
     if fgd:
         out.append("### FGD protocol on the Alibaba openb trace\n")
@@ -485,10 +575,14 @@ def main(argv: list[str] | None = None) -> int:
         sizes = [1000, 10000]
         per = {1000: 400, 10000: 400} if args.quick else {1000: 2000, 10000: 2000}
         rates = throughput(sizes, per, args.repeats)
+    lock = None
+    if args.only in (None, "throughput"):
+        print("the lock", flush=True)
+        lock = lock_numbers(1000, 3000 if args.quick else 20000)
     if args.only in (None, "fgd"):
         print(f"FGD protocol, seeds {seeds}", flush=True)
         fgd = fgd_protocol(seeds)
-    text = render(args, rates, fgd, seeds, time.perf_counter() - t0)
+    text = render(args, rates, fgd, seeds, time.perf_counter() - t0, lock)
     print(text)
     if not args.no_write and args.only is None:
         SECTION.parent.mkdir(parents=True, exist_ok=True)

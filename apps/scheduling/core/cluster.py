@@ -91,7 +91,11 @@ class ClusterManager:
     # ------------------------------------------------------------------ nodes
 
     def add_node(self, node: Node) -> None:
-        """Add an empty node. O(P + log N) time, O(G) space. Raises ValueError if the name is taken."""
+        """Add an empty node. Raises ValueError if the name is taken.
+
+        Time O(L + G + log N) (L labels; bucket inserts are bisections plus a list memmove),
+        space O(G + L).
+        """
         with self._lock:
             if node.name in self._nodes:
                 raise ValueError(f"node {node.name} already exists")
@@ -107,7 +111,8 @@ class ClusterManager:
     def remove_node(self, name: str) -> list[Pod]:
         """Remove a node and evict every pod with a part on it, gangs whole; return them.
 
-        O(E x k log N) for E evicted pods. Raises KeyError for an unknown node.
+        Time O(E x k x (G + log N)) for E evicted pods of up to k nodes each, space O(E).
+        Raises KeyError for an unknown node.
         """
         with self._lock:
             st = self._nodes[name]
@@ -123,7 +128,7 @@ class ClusterManager:
             return evicted
 
     def cordon(self, name: str, cordoned: bool = True) -> None:
-        """Stop (or resume) placing new pods on a node; its pods stay. O(log N)."""
+        """Stop (or resume) placing new pods on a node; its pods stay. Time O(G + log N), space O(1)."""
         with self._lock:
             st = self._nodes[name]
             if st.cordoned != cordoned:
@@ -131,11 +136,12 @@ class ClusterManager:
                 self._reindex(st, lambda: None)
 
     def uncordon(self, name: str) -> None:
+        """Place new pods on the node again. Time O(G + log N), space O(1)."""
         self.cordon(name, False)
 
     def set_gpu_health(self, name: str, index: int, healthy: bool) -> None:
         """Mark one GPU usable or not. Pods already on it stay (evict them with `remove_pod`);
-        nothing new lands on an unhealthy GPU. O(G + log N)."""
+        nothing new lands on an unhealthy GPU. Time O(G + log N), space O(1)."""
         with self._lock:
             st = self._nodes[name]
             if not 0 <= index < st.node.gpus:
@@ -147,12 +153,12 @@ class ClusterManager:
             self._reindex(st, change)
 
     def list_nodes(self) -> list[Node]:
-        """Every node, sorted by name. O(N log N)."""
+        """Every node, sorted by name. Time O(N log N), space O(N)."""
         with self._lock:
             return [self._nodes[n].node for n in sorted(self._nodes)]
 
     def node_view(self, name: str) -> NodeView:
-        """A snapshot of one node's free capacity and pods. O(G + pods on it)."""
+        """A snapshot of one node's free capacity and pods. Time and space O(G + pods on it)."""
         with self._lock:
             st = self._nodes[name]
             return NodeView(
@@ -170,9 +176,14 @@ class ClusterManager:
     def schedule_pod(self, pod: Pod) -> Placement | None:
         """Find room for a pod and allocate it in one step; None (and no change) if none fits.
 
-        Single node: O(P + B x (log N + s)) where s counts the nodes skipped in a bucket for
-        lack of CPU or memory, plus O(G) for the allocation; FGD is O(P + C) with cached scores.
-        Gang: O(F log F) over the F nodes that could host a member. Space O(F) for gangs, else O(1).
+        Single node, indexed strategies: time O(P x B x (1 + s) + G + log N), where B is the
+        number of feasible buckets per pool (at most G+1 for whole GPUs, the distinct roomiest
+        free values for shares) and s the nodes skipped in a bucket for lack of CPU or memory
+        or for a broad node selector; it never looks at every node. Class strategies (FGD):
+        O(P x C) with C the classes of identical nodes (cached scores; a miss costs
+        O(V x T x G)). A selective node selector: O(M x G) over its M matching nodes.
+        Gang: O(F log F) over the F nodes that could host a member.
+        Space O(1) extra for one node, O(F) for a gang.
         """
         with self._lock:
             if pod.name in self._pods:
@@ -203,7 +214,7 @@ class ClusterManager:
         Checks only resources, not model, selector or taints (those may have changed since);
         cordoned nodes and unhealthy GPUs are allowed, as the pod is already there. Raises
         ValueError and changes nothing if a resource is not free or the placement does not
-        match the pod. O(k x (G + log N)).
+        match the pod. Time O(k x (G + log N)), space O(k x G).
         """
         with self._lock:
             self._check_restorable(pod, placement)
@@ -211,19 +222,22 @@ class ClusterManager:
             self._commit(pod, _copy(placement))
 
     def remove_pod(self, name: str) -> Placement | None:
-        """Free a pod's resources; returns its placement, or None if it was not placed. O(k x (G + log N))."""
+        """Free a pod's resources; return its placement, or None if it was not placed (idempotent).
+
+        Time O(k x (G + log N)), space O(k x G) for the returned copy.
+        """
         with self._lock:
             if name not in self._pods:
                 return None
             return _copy(self._release(name))
 
     def list_pods(self) -> list[Pod]:
-        """Every placed pod, sorted by name. O(n log n)."""
+        """Every placed pod, sorted by name. Time O(n log n), space O(n)."""
         with self._lock:
             return [self._pods[n][0] for n in sorted(self._pods)]
 
     def placement_of(self, name: str) -> Placement | None:
-        """Where a pod is, or None. O(1)."""
+        """Where a pod is (a copy), or None. Time and space O(k x G)."""
         with self._lock:
             entry = self._pods.get(name)
             return _copy(entry[1]) if entry else None
@@ -231,7 +245,9 @@ class ClusterManager:
     # ------------------------------------------------------------------ reports
 
     def utilization(self) -> dict:
-        """Allocated GPU share overall and per model, and fragmentation. O(N x T x G).
+        """Allocated GPU share overall and per model, and fragmentation.
+
+        Time O(N x T x G), space O(models + T).
 
         `fragmentation`: the share of free GPU capacity that the workload seen so far could not
         use (FGD's measure, see frag.py; before any pod is seen, the workload is one whole GPU).
@@ -260,7 +276,10 @@ class ClusterManager:
             }
 
     def why_not(self, pod: Pod) -> WhyNot:
-        """Explain where a pod could go and what ruled out the other nodes. O(N x G)."""
+        """Explain where a pod could go and what ruled out the other nodes.
+
+        Time O(N x (G + S)) for S selector items and taints, space O(reasons).
+        """
         with self._lock:
             counts: Counter = Counter()
             for st in self._nodes.values():
