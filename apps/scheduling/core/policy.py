@@ -102,6 +102,7 @@ class PolicyConfig:
     preempt_plans_per_pass: int = 4
     preempt_retry_s: float = 60.0  # a job whose plan failed is not replanned before this
     reservations: int = 1  # blocked jobs that hold a reservation at once (1: EASY backfill)
+    backfill_misses: int = 48  # stop a pass after this many jobs in a row could not start
     full_pass_every_s: float = 300.0  # arrivals alone trigger a pass over the arrivals only
     slurm_weights: tuple[float, float, float] = (100000.0, 10000.0, 1000.0)  # QOS, FS, age
     slurm_max_age_s: float = 7 * 24 * HOUR
@@ -323,6 +324,7 @@ class Scheduler:
         self._changed = True  # anything but arrivals since the last full pass
         self._arrived: list[QueuedJob] = []  # arrivals since the last pass
         self._last_full = -math.inf
+        self.wake_at = math.inf  # call `decide` again by then: a time-based change is due
         self._plan_failed: dict[str, float] = {}
         self._victims_of: dict[str, set[str]] = {}  # preemptor -> victims still stopping
         self._slurm = SlurmPriority(self.config.slurm_calc_period_s)
@@ -429,6 +431,9 @@ class Scheduler:
         every reservation holder.
         """
         self.now = now
+        if now >= self.wake_at:
+            self._changed = True
+        self.wake_at = math.inf
         arrived, self._arrived = self._arrived, []
         quick = (
             not explain
@@ -669,12 +674,17 @@ class _Pass:
         s = self.s
         order = self.order if self.order is not None else s._order(self.now)
         preemptors_left = self._preemptors_queued()
-        scanned = 0
+        self._start_held()
+        scanned = misses = 0
+        early = {job.job_id for job in self.taken}
         for job in order:
+            if early and job.job_id in early:
+                continue
             scanned += 1
-            if scanned > self.cfg.backfill_depth:
-                self._wait(job, "behind {} jobs in queue order", self.cfg.backfill_depth)
+            if scanned > self.cfg.backfill_depth or misses >= self.cfg.backfill_misses:
+                self._wait(job, "behind {} jobs in queue order", scanned - 1)
                 break
+            started = len(self.taken)
             preemptor = self._may_preempt(job)
             preemptors_left -= preemptor
             if s.view.free_total == 0 and not preemptor and self.heads:
@@ -685,11 +695,28 @@ class _Pass:
                 continue
             if not self._step(job):
                 break
+            misses = 0 if len(self.taken) > started or not self.heads else misses + 1
         if self.explain:
             for job in order:
                 self._wait(job, "behind the jobs ahead in queue order")
         self._finish()
         return self.out
+
+    def _start_held(self) -> None:
+        """A job holding a reservation starts as soon as it fits: it is first in line."""
+        s = self.s
+        for resv in list(self.heads):
+            job = s.queued.get(resv.job_id)
+            if job is None:
+                continue
+            tier = s.tiers[job.tier]
+            if s.tier_gpus(job.tier) + job.gpus * job.nodes > s._tier_cap(tier):
+                continue
+            binding = [r for r in self.heads if r is not resv and r.level >= tier.level]
+            placement = self._place(job, binding)
+            if placement is not None:
+                self._drop_head(job.job_id)
+                self._started(job, placement, self._start_reason(job, tier, "reserved, now free"))
 
     def _preemptors_queued(self) -> int:
         """How many queued jobs belong to tiers that could preempt someone right now."""
@@ -822,19 +849,45 @@ class _Pass:
             if job.nodes == 1:
                 self.failed[key] = job.gpus if fewest is None else min(fewest, job.gpus)
             return None
-        placement = s.cluster.schedule_pod(s._pod(job))
+        pod = s._pod(job)
+        placement = s.cluster.schedule_pod(pod)
         if placement is None or not binding:
             return placement
-        alloc = _alloc_of(placement)
-        for node, n in alloc:
-            s.view.take(node, n)
-        ok = all(r.respects(s.view, alloc) for r in binding)
-        for node, n in alloc:
-            s.view.give(node, n)
-        if not ok:  # the placement core chose GPUs a reservation needs: undo
+        cordoned: list[str] = []
+        for _ in range(3):
+            clash = self._clashes(_alloc_of(placement), binding)
+            if not clash:
+                break
+            # The placement core chose GPUs a reservation needs: undo, steer it away, retry.
             s.cluster.remove_pod(job.job_id)
-            return None
+            placement = None
+            for node in clash:
+                if not s.cluster.node_view(node).cordoned:
+                    s.cluster.cordon(node)
+                    cordoned.append(node)
+            placement = s.cluster.schedule_pod(pod)
+            if placement is None:
+                break
+        else:
+            s.cluster.remove_pod(job.job_id)
+            placement = None
+        for node in cordoned:
+            s.cluster.cordon(node, False)
+        if placement is None and job.nodes == 1:
+            self.failed[key] = job.gpus if fewest is None else min(fewest, job.gpus)
         return placement
+
+    def _clashes(self, alloc: list[tuple[str, int]], binding: list[Reservation]) -> set[str]:
+        """Reserved nodes on which `alloc` would leave a reservation short."""
+        view = self.s.view
+        for node, n in alloc:
+            view.take(node, n)
+        clash = {
+            node for node, _ in alloc for r in binding if node in r.need and r.extra(view, node) < 0
+        }
+        for node, n in alloc:
+            view.give(node, n)
+        return clash
 
     def _started(self, job: QueuedJob, placement: Any, reason: str) -> None:
         s = self.s
@@ -891,10 +944,24 @@ class _Pass:
                 job.gpus, job.nodes, allowed, s.view.free, s.view.model, victims, self._cost
             )
         if plan is None or not self._evict_and_place(job, tier, *plan):
-            s._plan_failed[job.job_id] = self.now + self.cfg.preempt_retry_s
+            soonest = self._next_eligible()  # a new victim may become eligible then
+            s._plan_failed[job.job_id] = min(self.now + self.cfg.preempt_retry_s, soonest)
+            s.wake_at = min(s.wake_at, soonest)
             return False
         s._plan_failed.pop(job.job_id, None)
         return True
+
+    def _next_eligible(self) -> float:
+        """When the next preemptible job passes its minimum runtime (inf if none will)."""
+        s = self.s
+        soonest = math.inf
+        for victim in s.running.values():
+            vt = s.tiers[victim.tier]
+            if vt.preemptible and victim.preempted_for is None:
+                at = victim.started_at + vt.min_runtime_s
+                if self.now < at < soonest and victim.preemptions < vt.max_preemptions:
+                    soonest = at
+        return soonest
 
     def _victim_ok(self, job: QueuedJob, tier: TierPolicy, victim: RunningJob) -> bool:
         s = self.s

@@ -36,7 +36,7 @@ from apps.scheduling.core.policy import (
 )
 from apps.scheduling.sim.workload import SimJob
 
-FINISH, RELEASE, NODE_UP, NODE_DOWN = 0, 1, 2, 3
+FINISH, RELEASE, NODE_UP, NODE_DOWN, WAKE = 0, 1, 2, 3, 4
 
 
 @dataclass
@@ -85,6 +85,7 @@ class Simulation:
         self.decisions = 0
         self.preempt_decisions = 0
         self._seq = 0
+        self._wake_pending = math.inf
         self._last_t = 0.0
         self._next_sample = 0.0
         self._last_sample = 0.0
@@ -128,6 +129,10 @@ class Simulation:
                 self._arrive(jobs[i])
                 i += 1
             self._apply(self.scheduler.decide(t), t)
+            wake = self.scheduler.wake_at
+            if t < wake < self._wake_pending:
+                self._wake_pending = wake
+                self.push(wake, WAKE, None)
             for hook in self.hooks:
                 hook(self, t)
 
@@ -138,6 +143,9 @@ class Simulation:
             self._released(*payload, t)
         elif kind == NODE_UP:
             self.scheduler.add_node(payload)
+        elif kind == WAKE:
+            if self._wake_pending <= t:
+                self._wake_pending = math.inf
         elif kind == NODE_DOWN:
             raise NotImplementedError("node removal arrives with autoscaling (issue 7)")
 
