@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 
-from tests.browser.ui_platform import ui_platform
+from tests.browser.ui_platform import stop_after_last_user, ui_platform
 from tests.e2e.platform import ROOT
 
 CHROMIUM = "/usr/bin/chromium"
@@ -63,3 +63,7 @@ def shoot():
         page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), **kwargs)
 
     return save
+
+
+def pytest_runtest_teardown(item, nextitem):
+    stop_after_last_user(item, nextitem)

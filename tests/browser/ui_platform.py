@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.platform import Platform
+from tests.e2e.platform import ROOT, Platform
 
 NODES = {
     "ui-h1": ("H100-80GB", 4, "rack=r1,zone=a"),
@@ -29,6 +29,14 @@ def ui_platform(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fixtur
         _platform = platform
         request.addfinalizer(_stop)
     return _platform
+
+
+def stop_after_last_user(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Stop the platform as soon as the next test is not one of ours, so it never runs beside
+    the end-to-end suite's platform on a small machine."""
+    ours = (ROOT / "tests" / "browser", ROOT / "tests" / "cli")
+    if nextitem is None or not any(parent in ours for parent in nextitem.path.parents):
+        _stop()
 
 
 def _stop() -> None:
