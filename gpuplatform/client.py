@@ -155,12 +155,12 @@ class Client:
         with self._request("GET", path, headers=headers, timeout=timeout + 30) as response:
             yield from parse_sse(response)
 
-    def follow(self, job_id: str, *, deadline: float | None = None) -> Iterator[Event]:
+    def follow(self, job_id: str, *, deadline: float | None = None, stream_seconds: float = 30) -> Iterator[Event]:
         """Every event of the job until it ends, reconnecting where the last stream stopped."""
         last_id = None
         while deadline is None or time.monotonic() < deadline:
             try:
-                for event in self.events(job_id, last_event_id=last_id):
+                for event in self.events(job_id, last_event_id=last_id, timeout=stream_seconds):
                     last_id = event.id or last_id
                     yield event
                     if event.event == "end":
