@@ -41,6 +41,7 @@ INSTALLED_APPS = [
     "apps.nodes",
     "apps.jobs",
     "apps.scheduling",
+    "apps.admission",
     "apps.web",
     "apps.webhooks",
 ]
@@ -186,6 +187,11 @@ STARTING_TIMEOUT_SECONDS = env_float("GPUPLATFORM_STARTING_TIMEOUT", 60.0, minim
 KILL_GRACE_SECONDS = env_float("GPUPLATFORM_KILL_GRACE_SECONDS", 5.0, minimum=0)
 MAX_RUNTIME_LIMIT_SECONDS = env_int("GPUPLATFORM_MAX_RUNTIME_LIMIT", 7 * 24 * 3600, minimum=1)
 MAX_ATTEMPTS = env_int("GPUPLATFORM_MAX_ATTEMPTS", 5, minimum=1)
+# Admission (docs/admission.md): which tiers keep submitting while Redis is down (the others
+# get 503), each user's share of its tenant's submit rate, and the result cache's default TTL.
+RATE_LIMIT_FAIL_OPEN_TIERS = env_list("GPUPLATFORM_RATE_LIMIT_FAIL_OPEN_TIERS", ["enterprise", "pro"])
+USER_SUBMIT_SHARE = env_float("GPUPLATFORM_USER_SUBMIT_SHARE", 1.0, minimum=0.01, maximum=1)
+RESULT_CACHE_TTL_SECONDS = env_int("GPUPLATFORM_RESULT_CACHE_TTL", 24 * 3600, minimum=0)
 FLOWER_PORT = env_int("FLOWER_PORT", 5555, minimum=1, maximum=65535)
 PORT = env_int("PORT", 8000, minimum=1, maximum=65535)
 # fair: levels, weighted fair share, aging, backfill, preemption (docs/scheduling.md);

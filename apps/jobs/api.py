@@ -10,6 +10,7 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.response import Response
 
+from apps.admission.services import Admission
 from apps.jobs import services
 from apps.jobs.access import can_cancel, membership_of, visible_jobs
 from apps.jobs.models import AttemptMember, Job, JobAttempt, JobState
@@ -65,12 +66,18 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             raise PermissionDenied(f"role {membership.role} may not submit jobs")
         if not isinstance(request.data, dict):
             raise ValidationError({"body": ["must be a JSON object"]})
-        form = JobSubmitSerializer(data=request.data)
-        form.is_valid(raise_exception=True)
-        spec = form.to_spec(default_tier=membership.tenant.tier)
-        job = services.job_submit(tenant=membership.tenant, user=request.user, spec=spec)
-        job = job_queryset(request.user).get(pk=job.pk)
-        return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
+        # Admission (apps/admission, docs/admission.md): idempotent replay, rate limits with
+        # X-RateLimit-* on every answer, GPU-hour quota, result cache and coalescing.
+        admission = Admission.start(tenant=membership.tenant, user=request.user, body=request.data,
+                                    idempotency_key=request.headers.get("Idempotency-Key"))  # fmt: skip
+        self.headers.update(admission.headers)
+        admission.raise_if_refused()
+        if not admission.replayed:
+            form = JobSubmitSerializer(data=request.data)
+            form.is_valid(raise_exception=True)
+            admission.submit(form.to_spec(default_tier=membership.tenant.tier))
+        job = job_queryset(request.user).get(pk=admission.job.pk)
+        return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED if admission.created else status.HTTP_200_OK)
 
     @extend_schema(request=None, responses={200: JobSerializer})
     @action(detail=True, methods=["post"])

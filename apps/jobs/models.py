@@ -83,6 +83,9 @@ class Job(models.Model):
     checkpointable = models.BooleanField(default=False)
     cacheable = models.BooleanField(default=False)
     priority_boost = models.SmallIntegerField(default=0)
+    retry_on_failure = models.BooleanField(
+        default=False, help_text="Retry a user error (non-zero exit) too, not only infrastructure failures."
+    )
 
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.QUEUED, db_index=True)
     version = models.PositiveIntegerField(default=0)
@@ -90,6 +93,9 @@ class Job(models.Model):
     reason = models.CharField(max_length=300, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     cache_hit = models.BooleanField(default=False)
+    not_before = models.DateTimeField(
+        null=True, blank=True, help_text="A retry waits out its backoff: the dispatcher places it from then on."
+    )
     attempts_count = models.PositiveSmallIntegerField(default=0)
     preemption_count = models.PositiveSmallIntegerField(default=0)
 

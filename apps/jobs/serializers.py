@@ -145,8 +145,17 @@ class JobSerializer(serializers.ModelSerializer):
 
         return queue_position(job)
 
-    def get_estimated_start_at(self, job: Job) -> None:
-        return None  # estimates come with the admission work (issue 5)
+    def get_estimated_start_at(self, job: Job):
+        """From the queue ahead, capacity and running jobs' expected ends (apps/admission/estimates.py).
+        One estimator per response: a list shares it across its jobs."""
+        if job.state != "queued":
+            return None
+        from apps.admission.estimates import Estimator
+
+        if "estimator" not in self.context:
+            self.context["estimator"] = Estimator.load()
+        estimate = self.context["estimator"].estimate(job)
+        return serializers.DateTimeField().to_representation(estimate) if estimate else None
 
 
 class ArtifactSerializer(serializers.ModelSerializer):

@@ -100,6 +100,10 @@ def transition_job(job: Job, *, to: str, expect: Iterable[str], actor: str, reas
     for name, value in fields.items():
         setattr(job, name, value)
     record_event(job, actor=actor, reason=reason, from_state=from_state, to_state=to, attempt=attempt)
+    if to in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED):
+        from apps.admission.cache import job_ended  # settles coalesced followers of this job
+
+        job_ended(job)
     return True
 
 

@@ -20,6 +20,7 @@ from django.db import IntegrityError
 from django.db.models import Q
 from django.utils import timezone
 
+from apps.admission.quotas import DispatchGate
 from apps.jobs.models import ATTEMPT_ACTIVE, GpuAllocation, Job, JobAttempt, JobState
 from apps.jobs.services import MemberPlacement, ServiceError, job_place, job_preempt
 from apps.nodes.models import GpuHealth, Node, NodeState
@@ -174,7 +175,8 @@ def dispatch_once() -> DispatchResult:
     snapshot = load_cluster()
     tiers = tier_policies()
     config = policy_config(tiers)
-    jobs = {str(job.pk): job for job in ordered_queue() if job.tier.name in tiers}
+    gate = DispatchGate.load()  # admission: per-tenant GPU caps, coalesced followers (apps/admission)
+    jobs = {str(job.pk): job for job in ordered_queue() if job.tier.name in tiers and not gate.hold(job)}
     decisions = policy.decide(
         epoch(now), snapshot.cluster, [queued_job(job) for job in jobs.values()], snapshot.running, tiers,
         tenant_usage(now, config.half_life_s), config=config, held_reservation=_held_reservation(jobs),
@@ -183,7 +185,8 @@ def dispatch_once() -> DispatchResult:
     for decision in decisions:
         job = jobs.get(getattr(decision, "job_id", None) or getattr(decision, "for_job_id", ""))
         if isinstance(decision, policy.Start) and job is not None:
-            if _apply_start(job, decision, snapshot):
+            if not gate.hold(job, decision.placement) and _apply_start(job, decision, snapshot):
+                gate.placed(job, decision.placement)
                 result.placed.append(decision.job_id)
         elif isinstance(decision, policy.Preempt):
             result.preempted += _apply_preempt(decision, job)

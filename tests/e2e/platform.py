@@ -22,6 +22,7 @@ FAST = {
     "GPUPLATFORM_DISPATCH_TICK_SECONDS": "1",
     "GPUPLATFORM_KILL_GRACE_SECONDS": "2",
     "GPUPLATFORM_STARTING_TIMEOUT": "30",
+    "GPUPLATFORM_RETRY_BACKOFF_SECONDS": "0.5",
     "LOG_LEVEL": "INFO",
 }
 
@@ -57,17 +58,28 @@ def separate_redis_url(db_index: int) -> str:
 
 
 class Platform:
-    def __init__(self, data_dir: pathlib.Path, *, name: str = "gpuplatform_e2e", redis_db: int = 1):
+    """`own_redis`: start an embedded Redis of its own (which `restart_redis` can wipe) instead
+    of a database of the session's REDIS_URL; `env`: settings on top of FAST."""
+
+    def __init__(self, data_dir: pathlib.Path, *, name: str = "gpuplatform_e2e", redis_db: int = 1,
+                 own_redis: bool = False, env: dict[str, str] | None = None):  # fmt: skip
         self.data_dir = data_dir
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.processes: dict[str, subprocess.Popen] = {}
+        self.killed: set[str] = set()  # processes stopped on purpose (not a failure to report)
+        self.redis = None
+        if own_redis:
+            from gpuplatform import embedded_redis
+
+            self.redis = embedded_redis.start(data_dir / "redis", persist=False)
         self.env = dict(os.environ, **FAST)
         self.env.update(
             GPUPLATFORM_DATA_DIR=str(data_dir),
             DATABASE_URL=fresh_database_url(data_dir, name),
-            REDIS_URL=separate_redis_url(redis_db),
+            REDIS_URL=self.redis.url if self.redis else separate_redis_url(redis_db),
             PYTHONPATH=str(ROOT),
+            **(env or {}),
         )
         self.tokens: dict[str, str] = {}
         self.agents: dict[str, list[str]] = {}
@@ -82,13 +94,26 @@ class Platform:
         self.tokens = json.loads(seed.stdout.strip().splitlines()[-1])
         self.spawn("web", [sys.executable, "-m", "gunicorn", "gpuplatform.wsgi", "--bind", f"127.0.0.1:{self.port}",
                            "--workers", "2", "--threads", "4", "--timeout", "60"])  # fmt: skip
-        self.spawn("dispatcher", [sys.executable, "-m", "celery", "-A", "gpuplatform", "worker", "-Q", "control", "-B",
-                                  "-n", f"dispatcher-{self.port}@%h", "--pool", "threads", "--concurrency", "4",
-                                  "-s", str(self.data_dir / "beat-schedule"), "--loglevel", "INFO"])  # fmt: skip
+        self.start_dispatcher("dispatcher")
         for node, (sku, gpus, labels) in agents.items():
             self.start_agent(node, sku, gpus, labels)
         self.wait_until(self.ready, timeout=90, what="web answering and every node registered")
         return self
+
+    def start_dispatcher(self, name: str = "dispatcher") -> None:
+        """A dispatcher (Celery worker on the control queue with its own beat); several may run."""
+        self.spawn(name, [sys.executable, "-m", "celery", "-A", "gpuplatform", "worker", "-Q", "control", "-B",
+                          "-n", f"{name}-{self.port}@%h", "--pool", "threads", "--concurrency", "4",
+                          "-s", str(self.data_dir / f"beat-schedule-{name}"), "--loglevel", "INFO"])  # fmt: skip
+
+    def restart_redis(self) -> None:
+        """Stop the platform's own Redis and start an empty one on the same port: every queue,
+        lock and counter is gone, as after a crash without persistence."""
+        from gpuplatform import embedded_redis
+
+        port = self.redis.port
+        self.redis.stop()
+        self.redis = embedded_redis.start(self.data_dir / "redis", port=port, persist=False)
 
     def start_agent(self, node: str, sku: str, gpus: int, labels: str = "") -> None:
         argv = [sys.executable, "-m", "workers.agent", "--node", node, "--sku", sku, "--gpus", str(gpus), "--fake"]
@@ -105,10 +130,12 @@ class Platform:
         process = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                    start_new_session=True)  # fmt: skip
         self.processes[name] = process
+        self.killed.discard(name)
         return process
 
     def kill(self, name: str, signum: int = signal.SIGKILL) -> None:
         process = self.processes[name]
+        self.killed.add(name)
         os.kill(process.pid, signum)
         process.wait(10)
 
@@ -124,6 +151,8 @@ class Platform:
                 process.wait(15)
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
+        if self.redis is not None:
+            self.redis.stop()
 
     def manage(self, *args: str) -> str:
         result = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, check=True,
@@ -187,7 +216,7 @@ class Platform:
             if condition():
                 return
             for name, process in self.processes.items():
-                if process.poll() is not None and name in ("web", "dispatcher"):
+                if process.poll() is not None and name in ("web", "dispatcher") and name not in self.killed:
                     raise AssertionError(f"{name} exited ({process.returncode}):\n{self.logs(name)}")
             time.sleep(interval)
         tails = "\n".join(f"--- {name}\n{self.logs(name, 1500)}" for name in self.processes)

@@ -17,6 +17,7 @@ from gpuplatform_job import (
 )
 
 CHECKPOINTED_EXIT = 0  # a preempted job that checkpointed exits cleanly
+GANG_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # torch.distributed's rendezvous
 
 
 def main() -> int:
@@ -25,6 +26,8 @@ def main() -> int:
     steps, step_seconds, fail_at = p.get("steps", 10), p.get("step_seconds", 0.1), p.get("fail_at_step")
     state = resume_from() or {"step": 0}
     start = state["step"]
+    gang = " ".join(f"{name}={os.environ.get(name, '')}" for name in GANG_ENV)
+    print(f"demo-train: {gang} pid={os.getpid()}", flush=True)
     print(f"demo-train: steps={steps} starting at step {start} CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}", flush=True)
     for step in range(start, steps):
         if fail_at is not None and step == fail_at:
@@ -43,6 +46,8 @@ def main() -> int:
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "rank": int(os.environ.get("RANK", "0")),
         "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+        "master_addr": os.environ.get("MASTER_ADDR", ""),
+        "master_port": os.environ.get("MASTER_PORT", ""),
     }
     (output_dir() / "result.json").write_text(json.dumps(result, indent=2))
     print("demo-train: done", flush=True)

@@ -1,0 +1,71 @@
+"""What admission remembers between requests: idempotency keys, the result cache's links
+between identical jobs, per-template cache lifetimes, and counters of Redis outages."""
+
+from django.db import models
+from django.utils import timezone
+
+
+class IdempotencyKey(models.Model):
+    """A client's `Idempotency-Key`, scoped to its tenant. The unique constraint is what makes
+    concurrent replays exact: only one insert of (tenant, key) can ever win."""
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="idempotency_keys")
+    key = models.CharField(max_length=255)
+    body_sha256 = models.CharField(max_length=64)
+    job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="+")
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "key"], name="idempotency_key_once_per_tenant")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}:{self.key}"
+
+
+class CacheRole(models.TextChoices):
+    ORIGIN = "origin"  # runs on a GPU; its result feeds later hits
+    FOLLOWER = "follower"  # joined an identical origin while it was queued or running
+    HIT = "hit"  # served from a finished origin's result, never ran
+
+
+class CachedJob(models.Model):
+    """A cacheable job's place in the result cache. `key` hashes template, template version,
+    params and tenant, so nothing is ever shared across tenants or template versions."""
+
+    job = models.OneToOneField("jobs.Job", on_delete=models.CASCADE, primary_key=True, related_name="cache_link")
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=64)
+    role = models.CharField(max_length=16, choices=CacheRole.choices)
+    source = models.ForeignKey(
+        "jobs.Job", null=True, blank=True, on_delete=models.SET_NULL, related_name="cache_dependents",
+        help_text="The origin a follower joined or a hit was served from.",
+    )  # fmt: skip
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "key", "role"])]
+
+    def __str__(self) -> str:
+        return f"{self.role} {self.job_id}"
+
+
+class TemplateCachePolicy(models.Model):
+    """How long a template's results may be served from cache (settings' default otherwise)."""
+
+    template = models.OneToOneField("jobs.JobTemplate", on_delete=models.CASCADE, related_name="cache_policy")
+    ttl_seconds = models.PositiveIntegerField(help_text="0 turns the cache off for this template.")
+
+    def __str__(self) -> str:
+        return f"{self.template} cached {self.ttl_seconds}s"
+
+
+class AdmissionCounter(models.Model):
+    """Counters every web process shares (the database is the one place they all see), e.g.
+    submissions admitted or refused while Redis was down."""
+
+    name = models.CharField(max_length=100, unique=True)
+    value = models.PositiveBigIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.name}={self.value}"

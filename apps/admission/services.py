@@ -1,0 +1,103 @@
+"""Admission of one submission, in order:
+
+1. an idempotent replay (same tenant, key and body within 24 h) answers with its job: no token
+   spent, nothing created; another body with that key is 409;
+2. the rate limits take a token (429 with Retry-After, or the Redis-down fail mode);
+3. (the caller validates the body into a JobSpec)
+4. under the tenant's row lock: the key again, the GPU-hour quota (403), then the job, through
+   `job_submit` (tier, commands, queued-job cap), and its place in the result cache: a hit ends
+   at once, a follower waits on its identical origin.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from apps.admission import cache, idempotency, quotas
+from apps.admission.ratelimit import RateDecision, check_submit
+from apps.jobs.models import Job, JobState
+from apps.jobs.services import JobSpec, job_submit, tenant_limits, transition_job
+from apps.tenants.models import Tenant
+
+
+@dataclass
+class Admission:
+    tenant: Tenant
+    user: object
+    key: str | None
+    digest: str
+    limits: dict
+    rate: RateDecision | None = None
+    job: Job | None = None
+    created: bool = False
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def start(cls, *, tenant: Tenant, user, body, idempotency_key: str | None) -> Admission:
+        """Steps 1 and 2. Never raises for the rate limit: the caller first takes `headers`
+        (they go on every answer), then calls `raise_if_refused`."""
+        admission = cls(tenant=tenant, user=user, key=idempotency.clean_key(idempotency_key),
+                        digest=idempotency.body_digest(body), limits=tenant_limits(tenant))  # fmt: skip
+        admission.job = idempotency.replay(tenant=tenant, key=admission.key, digest=admission.digest)
+        if admission.job is None:
+            admission.rate = check_submit(tenant=tenant, user=user, limits=admission.limits)
+            admission.headers = dict(admission.rate.headers)
+        return admission
+
+    @property
+    def replayed(self) -> bool:
+        return self.job is not None and not self.created
+
+    def raise_if_refused(self) -> None:
+        if self.rate is not None:
+            self.rate.raise_if_refused()
+
+    def submit(self, spec: JobSpec) -> Job:
+        """Step 4. A concurrent request that recorded the same key first wins; this one then
+        answers as its replay."""
+        try:
+            self.job, self.created = _admit(tenant=self.tenant, user=self.user, spec=spec, key=self.key,
+                                            digest=self.digest, limits=self.limits)  # fmt: skip
+        except IntegrityError:
+            self.job = idempotency.replay(tenant=self.tenant, key=self.key, digest=self.digest)
+            if self.job is None:
+                raise
+        return self.job
+
+
+@transaction.atomic
+def _admit(*, tenant: Tenant, user, spec: JobSpec, key: str | None, digest: str,
+           limits: dict) -> tuple[Job, bool]:  # fmt: skip
+    # The tenant's row lock serializes this tenant's submissions (job_submit takes it too), so
+    # the key, the cache lookups and the queued-job count all see each other's writes.
+    tenant = Tenant.objects.select_for_update().select_related("tier").get(pk=tenant.pk)
+    earlier = idempotency.replay(tenant=tenant, key=key, digest=digest)
+    if earlier is not None:
+        return earlier, False  # recorded meanwhile by a request we waited for
+    cache_key = cache.cache_key(spec, tenant)
+    origin = cache.fresh_origin(tenant, cache_key, spec.template) if cache_key else None
+    if origin is None:
+        quotas.check_gpu_hours(tenant=tenant, limits=limits, gpus_wanted=spec.gpus * spec.nodes)
+    job = job_submit(tenant=tenant, user=user, spec=spec)
+    if origin is not None:
+        _serve_from_cache(job, origin)
+        cache.link_hit(job, tenant=tenant, key=cache_key, origin=origin)
+    elif cache_key:
+        leader = cache.active_origin(tenant, cache_key)
+        if leader is not None:
+            cache.link_follower(job, tenant=tenant, key=cache_key, origin=leader)
+        else:
+            cache.link_origin(job, tenant=tenant, key=cache_key)
+    idempotency.remember(tenant=tenant, key=key, digest=digest, job=job)
+    return job, True
+
+
+def _serve_from_cache(job: Job, origin: Job) -> None:
+    now = timezone.now()
+    transition_job(job, to=JobState.SUCCEEDED, expect=[JobState.QUEUED], actor=cache.ACTOR,
+                   reason=f"served from cache: result of job {origin.pk}", cache_hit=True, progress=1.0,
+                   exit_code=0, started_at=now, finished_at=now)  # fmt: skip
+    cache.share_artifacts(origin, job)
