@@ -386,3 +386,58 @@ def test_a_pod_retried_every_pass_counts_once_in_the_workload_mix():
     for _ in range(50):
         assert cm.schedule_pod(Pod("waiting", gpus=1)) is None
     assert sum(cm._seen.values()) == 2
+
+
+def test_fgd_plus_sends_cpu_heavy_pods_where_cpu_is_spare():
+    tight = Node("a-tight", 8, "G2", cpu_milli=96_000, memory_mib=100_000)
+    rich = Node("b-rich", 2, "T4", cpu_milli=104_000, memory_mib=100_000)
+    for strategy, expected in (("fgd-plus", "b-rich"), ("first-fit", "a-tight")):
+        cm = cluster(strategy, [tight, rich])
+        for i in range(64):  # the mix: one-GPU pods asking 12 cores each
+            cm.schedule_pod(Pod(f"w{i}", gpus=1, cpu_milli=12_000))
+            cm.remove_pod(f"w{i}")
+        assert cm.schedule_pod(Pod("cpu", gpus=0, cpu_milli=32_000)).nodes == [expected]
+
+
+def test_why_not_names_selector_share_cpu_and_memory():
+    cm = cluster(
+        nodes=[
+            h100("a", labels={"disk": "hdd"}),
+            h100("b", gpus=1, labels={"disk": "ssd"}),
+            h100("c", cpu_milli=100, labels={"disk": "ssd"}),
+            h100("d", memory_mib=10, labels={"disk": "ssd"}),
+        ]
+    )
+    cm.add_pod(Pod("x", gpu_milli=800), Placement([Assignment("b", [0], [800])]))
+    why = cm.why_not(
+        Pod("p", gpu_milli=500, cpu_milli=1000, memory_mib=100, node_selector={"disk": "ssd"})
+    )
+    assert why.excluded == {"selector": 1, "gpu_share": 1, "cpu": 1, "memory": 1}
+    assert "lack 1 GPU with 500m free" in why.message
+
+
+class CountingDict(dict):
+    """Counts node look-ups, to show a placement does not visit every node."""
+
+    lookups = 0
+
+    def __getitem__(self, key):
+        CountingDict.lookups += 1
+        return super().__getitem__(key)
+
+
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+def test_a_placement_visits_a_few_nodes_not_all(strategy):
+    nodes = [h100(f"n{i:04}", labels={"rack": f"r{i // 16}"}) for i in range(2000)]
+    cm = cluster(strategy, nodes)
+    for i in range(1500):  # make it busy and uneven
+        cm.schedule_pod(Pod(f"fill{i}", gpus=1 + i % 4, cpu_milli=1000))
+    cm._nodes = CountingDict(cm._nodes)
+    CountingDict.lookups = 0
+    for i in range(100):
+        assert (
+            cm.schedule_pod(Pod(f"p{i}", gpus=1 + i % 3, gpu_milli=1000 if i % 5 else 500))
+            is not None
+        )
+    assert CountingDict.lookups / 100 < 20  # of 2,000 nodes (2 to 6 in practice)
+    cm.verify()
