@@ -1,7 +1,7 @@
 """Turning job state changes into webhook deliveries, and sending them.
 
 An outbox: `deliveries_enqueue` reads the audit log (JobEvent) past each webhook's cursor and
-records one delivery per state change; `deliveries_send` posts the due ones, signed, and
+records one delivery per state change; `deliveries_send` posts them in order, signed, and
 schedules a retry with exponential backoff on any failure. Nothing in the job's own
 transaction depends on a receiver being up. `pump` does both; `manage.py deliver_webhooks`
 runs it in a loop.
@@ -96,13 +96,20 @@ def _enqueue_for(webhook: Webhook, *, settled_before: datetime, now: datetime) -
 
 
 def deliveries_send(*, now: datetime | None = None) -> int:
-    """Send every due delivery once; returns how many were sent successfully."""
+    """Send due deliveries, in event order per webhook: a delivery waiting on its backoff holds
+    back the later ones of the same webhook, so a receiver sees a job's states in order."""
     now = now or timezone.now()
-    due = WebhookDelivery.objects.filter(state=DeliveryState.PENDING, next_attempt_at__lte=now)
+    waiting = WebhookDelivery.objects.filter(state=DeliveryState.PENDING, next_attempt_at__lte=now)
     ok = 0
-    for delivery in due.select_related("webhook").order_by("event_id")[:BATCH]:
-        if _claim(delivery, now):
-            ok += _attempt(delivery, now)
+    for webhook_id in waiting.values_list("webhook_id", flat=True).distinct()[:BATCH]:
+        for _ in range(BATCH):
+            head = (
+                WebhookDelivery.objects.filter(webhook_id=webhook_id, state=DeliveryState.PENDING)
+                .select_related("webhook").order_by("event_id").first()
+            )  # fmt: skip
+            if head is None or head.next_attempt_at > now or not _claim(head, now) or not _attempt(head, now):
+                break
+            ok += 1
     return ok
 
 

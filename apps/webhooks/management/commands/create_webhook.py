@@ -1,0 +1,27 @@
+"""`python manage.py create_webhook SLUG URL`: a webhook for the tenant; prints its secret."""
+
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError
+from django.core.validators import URLValidator
+
+from apps.tenants.models import Tenant
+from apps.webhooks.services import webhook_create
+
+
+class Command(BaseCommand):
+    help = "Add a webhook to a tenant; it is told about every later state change of the tenant's jobs."
+
+    def add_arguments(self, parser):
+        parser.add_argument("slug")
+        parser.add_argument("url")
+
+    def handle(self, *args, slug, url, **options):
+        tenant = Tenant.objects.filter(slug=slug).first()
+        if tenant is None:
+            raise CommandError(f"no tenant {slug!r}")
+        try:
+            URLValidator(schemes=["http", "https"])(url)
+        except ValidationError:
+            raise CommandError(f"not an http(s) URL: {url!r}") from None
+        webhook = webhook_create(tenant=tenant, url=url)
+        self.stdout.write(f"webhook {webhook.pk} for {slug} -> {url}\nsecret:\n{webhook.secret}")
