@@ -187,6 +187,10 @@ STARTING_TIMEOUT_SECONDS = env_float("GPUPLATFORM_STARTING_TIMEOUT", 60.0, minim
 KILL_GRACE_SECONDS = env_float("GPUPLATFORM_KILL_GRACE_SECONDS", 5.0, minimum=0)
 MAX_RUNTIME_LIMIT_SECONDS = env_int("GPUPLATFORM_MAX_RUNTIME_LIMIT", 7 * 24 * 3600, minimum=1)
 MAX_ATTEMPTS = env_int("GPUPLATFORM_MAX_ATTEMPTS", 5, minimum=1)
+# A retried job waits base x 2^(n-1) seconds before its n-th retry, at most the max
+# (docs/reliability.md): a flapping node or agent is not hammered by the same jobs.
+RETRY_BACKOFF_SECONDS = env_float("GPUPLATFORM_RETRY_BACKOFF_SECONDS", 5.0, minimum=0)
+RETRY_BACKOFF_MAX_SECONDS = env_float("GPUPLATFORM_RETRY_BACKOFF_MAX", 300.0, minimum=0)
 # Admission (docs/admission.md): which tiers keep submitting while Redis is down (the others
 # get 503), each user's share of its tenant's submit rate, and the result cache's default TTL.
 RATE_LIMIT_FAIL_OPEN_TIERS = env_list("GPUPLATFORM_RATE_LIMIT_FAIL_OPEN_TIERS", ["enterprise", "pro"])

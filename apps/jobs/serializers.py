@@ -33,6 +33,7 @@ class JobSubmitSerializer(serializers.Serializer):
     max_runtime_seconds = StrictIntegerField(min_value=1, required=False)
     checkpointable = StrictBooleanField(required=False)
     cacheable = StrictBooleanField(required=False)
+    retry_on_failure = StrictBooleanField(required=False, default=False)
 
     def to_internal_value(self, data):
         if not isinstance(data, dict):
@@ -102,6 +103,7 @@ class JobSubmitSerializer(serializers.Serializer):
             or (template.default_max_runtime_seconds if template else 3600),
             checkpointable=data.get("checkpointable", template.checkpointable if template else False),
             cacheable=data.get("cacheable", template.cacheable if template else False),
+            retry_on_failure=data.get("retry_on_failure", False),
         )
 
 
@@ -134,7 +136,8 @@ class JobSerializer(serializers.ModelSerializer):
             "id", "name", "tenant", "user", "tier", "state", "progress", "gpus", "nodes", "gpu_sku",
             "node_selector", "template", "params", "command", "max_runtime_seconds", "checkpointable",
             "cacheable", "created_at", "started_at", "finished_at", "queue_position",
-            "estimated_start_at", "reason", "cache_hit", "exit_code", "attempts",
+            "estimated_start_at", "reason", "cache_hit", "exit_code", "attempts", "retry_on_failure",
+            "not_before",
         ]  # fmt: skip
 
     def get_queue_position(self, job: Job) -> int | None:

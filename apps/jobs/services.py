@@ -71,6 +71,7 @@ class JobSpec:
     max_runtime_seconds: int
     checkpointable: bool
     cacheable: bool
+    retry_on_failure: bool = False  # retry a user error too (infrastructure failures always are)
 
 
 # --- helpers -------------------------------------------------------------------------------
@@ -154,7 +155,7 @@ def job_submit(*, tenant: Tenant, user, spec: JobSpec) -> Job:
         params=spec.params, command=spec.command, gpus=spec.gpus, nodes=spec.nodes,
         gpu_sku=spec.gpu_sku, node_selector=spec.node_selector,
         max_runtime_seconds=spec.max_runtime_seconds, checkpointable=spec.checkpointable,
-        cacheable=spec.cacheable, reason="waiting for the dispatcher",
+        cacheable=spec.cacheable, retry_on_failure=spec.retry_on_failure, reason="waiting for the dispatcher",
     )  # fmt: skip
     record_event(job, actor=f"user:{user.username}", reason="submitted", to_state=JobState.QUEUED)
     trigger_dispatch()
@@ -342,6 +343,9 @@ def _settle_attempt(attempt: JobAttempt, member: AttemptMember, *, ok: bool, exi
     why = reason or f"exit code {exit_code}"
     end_attempt(attempt, state=AttemptState.FAILED, reason=why, exit_code=exit_code)
     stop_rest_of_gang(attempt, why="gang member failed")
+    if job.retry_on_failure and reason != "timeout":
+        retry_or_fail(job, attempt, actor=actor, why=why, exit_code=exit_code)
+        return
     transition_job(job, to=JobState.FAILED, expect=JOB_PLACED, actor=actor, reason=why, attempt=attempt,
                    exit_code=exit_code, finished_at=timezone.now())  # fmt: skip
 
@@ -403,13 +407,30 @@ def attempt_lost(*, attempt: JobAttempt, reason: str, actor: str) -> None:
     job = attempt.job
     if job.state not in JOB_PLACED:
         return
-    if job.attempts_count >= settings.MAX_ATTEMPTS:
-        transition_job(job, to=JobState.FAILED, expect=JOB_PLACED, actor=actor, attempt=attempt,
-                       reason=f"{reason}; gave up after {job.attempts_count} attempts", finished_at=now)  # fmt: skip
-    else:
-        transition_job(job, to=JobState.QUEUED, expect=JOB_PLACED, actor=actor, attempt=attempt,
-                       reason=f"{reason}; requeued")  # fmt: skip
+    retry_or_fail(job, attempt, actor=actor, why=reason)
     trigger_dispatch()
+
+
+def retry_backoff(failures: int) -> float:
+    """Seconds the n-th retry waits: base, 2 x base, 4 x base, ..., at most the max."""
+    return min(settings.RETRY_BACKOFF_MAX_SECONDS, settings.RETRY_BACKOFF_SECONDS * 2 ** max(0, failures - 1))
+
+
+def retry_or_fail(job: Job, attempt: JobAttempt, *, actor: str, why: str, exit_code: int | None = None) -> bool:
+    """After a failed try: queue the job again behind its backoff, or fail it once it has failed
+    MAX_ATTEMPTS times. Preempted and cancelled attempts are not failures and do not count."""
+    failures = job.attempts.filter(state__in=[AttemptState.LOST, AttemptState.FAILED]).count()
+    now = timezone.now()
+    if failures >= settings.MAX_ATTEMPTS:
+        return transition_job(job, to=JobState.FAILED, expect=JOB_PLACED, actor=actor, attempt=attempt,
+                              reason=f"{why}; gave up after {failures} failed attempts", exit_code=exit_code,
+                              finished_at=now)  # fmt: skip
+    delay = retry_backoff(failures)
+    not_before = now + timedelta(seconds=delay)
+    return transition_job(job, to=JobState.QUEUED, expect=JOB_PLACED, actor=actor, attempt=attempt,
+                          reason=f"{why}; retry {failures} of {settings.MAX_ATTEMPTS - 1} after {delay:g}s backoff "
+                                 f"(not before {not_before:%H:%M:%S} UTC)",
+                          not_before=not_before)  # fmt: skip
 
 
 @transaction.atomic

@@ -134,10 +134,12 @@ def policy_config(tiers) -> policy.PolicyConfig:
 
 
 def ordered_queue():
-    """Queued jobs in submit order (the policy decides who goes first)."""
+    """Queued jobs in submit order (the policy decides who goes first), less the retries still
+    waiting out their backoff (their reason says until when)."""
     return (
         Job.objects.filter(state=JobState.QUEUED)
         .select_related("tier", "tenant", "gpu_sku")
+        .filter(Q(not_before__isnull=True) | Q(not_before__lte=timezone.now()))
         .order_by("created_at")[:QUEUE_SCAN_LIMIT]
     )
 
