@@ -1,0 +1,122 @@
+"""The autoscaler on hand-made scenarios (pure core, no Django)."""
+
+from apps.scheduling.core.autoscale import (
+    Autoscaler,
+    Demand,
+    Forecaster,
+    NodeStatus,
+    Pending,
+    SkuLimits,
+)
+
+H100 = SkuLimits(gpus_per_node=8, min_nodes=0, max_nodes=20, cooldown_s=600)
+
+
+def busy(name, ends_at=None, gpus=8, preemptible_only=False):
+    freeing = ((ends_at, gpus),) if ends_at is not None else ()
+    return NodeStatus(name, gpus=gpus, free_gpus=0, preemptible_only=preemptible_only, freeing=freeing)
+
+
+def test_a_gang_demand_scales_by_whole_nodes():
+    scaler = Autoscaler({"H100": H100}, mode="reactive", provision_lag_s=300)
+    decision = scaler.decide(0, "H100", [], [Demand(gpus=8, nodes=4)])
+    assert decision.provision == 4
+    # Two members of one gang never share a node, even if they would fit on one.
+    decision = Autoscaler({"H100": H100}, mode="reactive").decide(0, "H100", [], [Demand(gpus=3, nodes=2)])
+    assert decision.provision == 2
+    # Two single-node jobs do share.
+    decision = Autoscaler({"H100": H100}, mode="reactive").decide(0, "H100", [], [Demand(3), Demand(3)])
+    assert decision.provision == 1
+
+
+def test_capacity_that_frees_within_the_lag_absorbs_a_short_burst():
+    nodes = [busy("a", ends_at=60), busy("b", ends_at=120)]
+    burst = [Demand(gpus=1, est_runtime_s=30)] * 64  # 64 x 30 s of 1 GPU, on 16 GPUs freeing soon
+    for mode in ("reactive", "predictive"):
+        scaler = Autoscaler({"H100": H100}, mode=mode, provision_lag_s=300)
+        for _ in range(64):
+            scaler.observe_arrival("H100", 0, Demand(1))
+        decision = scaler.decide(1, "H100", nodes, burst)
+        assert decision.provision == 0, (mode, decision)
+
+
+def test_a_long_queue_beyond_the_lag_asks_for_nodes():
+    nodes = [busy("a", ends_at=3600)]
+    decision = Autoscaler({"H100": H100}, mode="reactive", provision_lag_s=300).decide(
+        0, "H100", nodes, [Demand(gpus=8, est_runtime_s=3600)] * 3
+    )
+    assert decision.provision == 3
+    assert "queued work" in decision.reason
+
+
+def test_nodes_being_provisioned_count():
+    scaler = Autoscaler({"H100": H100}, mode="reactive", provision_lag_s=300)
+    decision = scaler.decide(0, "H100", [], [Demand(gpus=8)] * 3, pending=[Pending(count=2, ready_at=200)])
+    assert decision.provision == 1
+
+
+def test_scale_down_never_removes_a_node_with_non_preemptible_work():
+    nodes = [
+        NodeStatus("idle", gpus=8, free_gpus=8, idle_since=0),
+        busy("important", ends_at=None),
+        busy("preemptible", ends_at=None, preemptible_only=True),
+    ]
+    # Low demand: only the idle node goes; busy nodes are still needed.
+    decision = Autoscaler({"H100": H100}, mode="reactive").decide(10_000, "H100", nodes, [])
+    assert (decision.terminate, decision.drain) == (("idle",), ())
+    # The limit drops to one node: the idle one goes, the preemptible one is drained, and the
+    # node with non-preemptible work stays even though the limit is exceeded.
+    tight = SkuLimits(gpus_per_node=8, max_nodes=0, cooldown_s=600)
+    decision = Autoscaler({"H100": tight}, mode="reactive").decide(10_000, "H100", nodes, [])
+    assert decision.terminate == ("idle",)
+    assert decision.drain == ("preemptible",)
+    assert "important" not in decision.terminate + decision.drain
+
+
+def test_no_scale_down_before_the_cooldown():
+    scaler = Autoscaler({"H100": H100}, mode="reactive", provision_lag_s=300)
+    decision = scaler.decide(100, "H100", [NodeStatus("idle", gpus=8, free_gpus=8, idle_since=0)], [])
+    assert decision.terminate == () and decision.drain == ()
+
+
+def test_min_and_max_nodes_hold():
+    limits = SkuLimits(gpus_per_node=8, min_nodes=2, max_nodes=3)
+    scaler = Autoscaler({"H100": limits}, mode="reactive")
+    assert scaler.decide(0, "H100", [], []).provision == 2
+    assert scaler.decide(0, "H100", [], [Demand(8)] * 10).provision == 3
+
+
+def test_a_gpu_hour_budget_caps_scale_up():
+    limits = SkuLimits(gpus_per_node=8, gpu_hour_budget=20, budget_horizon_s=3600)
+    scaler = Autoscaler({"H100": limits}, mode="reactive")
+    decision = scaler.decide(0, "H100", [], [Demand(8)] * 5)
+    assert decision.provision == 2  # 2 nodes x 8 GPUs x 1 h = 16 GPU-hours <= 20
+    assert "budget" in decision.reason
+
+
+def test_no_flapping_on_a_sawtooth_load():
+    scaler = Autoscaler({"H100": H100}, mode="reactive", provision_lag_s=300)
+    nodes: list[NodeStatus] = []
+    desired, changes, last = [], 0, None
+    for step in range(60):  # a minute per step; demand jumps every 3 minutes
+        now = step * 60.0
+        queue = [Demand(8, est_runtime_s=600)] * (4 if (step // 3) % 2 == 0 else 0)
+        decision = scaler.decide(now, "H100", nodes, queue)
+        nodes = nodes + [NodeStatus(f"n{step}-{i}", 8, 8, idle_since=now) for i in range(decision.provision)]
+        nodes = [n for n in nodes if n.name not in decision.terminate]
+        desired.append(decision.desired)
+        if last is not None and decision.desired != last:
+            changes += 1
+        last = decision.desired
+    assert changes <= 2, desired
+
+
+def test_the_forecast_learns_a_daily_season():
+    forecast = Forecaster(bin_s=3600)
+    for day in range(5):
+        for hour in range(24):
+            t = day * 86400 + hour * 3600
+            forecast.observe(t, 80 if 9 <= hour < 17 else 8)
+    forecast.observe(5 * 86400, 8)  # closes the last bin of day 4
+    busy_hour, night_hour = forecast.rate(10 * 3600), forecast.rate(2 * 3600)
+    assert busy_hour > 3 * night_hour
