@@ -17,11 +17,11 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from apps.admission.quotas import DispatchGate
-from apps.jobs.models import ATTEMPT_ACTIVE, GpuAllocation, Job, JobAttempt, JobState
+from apps.jobs.models import ATTEMPT_ACTIVE, AttemptMember, GpuAllocation, Job, JobAttempt, JobState
 from apps.jobs.services import MemberPlacement, ServiceError, job_place, job_preempt
 from apps.nodes.models import GpuHealth, Node, NodeState
 from apps.scheduling import core
@@ -135,11 +135,14 @@ def policy_config(tiers) -> policy.PolicyConfig:
 
 def ordered_queue():
     """Queued jobs in submit order (the policy decides who goes first), less the retries still
-    waiting out their backoff (their reason says until when)."""
+    waiting out their backoff (their reason says until when) and the jobs whose previous attempt
+    still has a process stopping (a lost gang's survivors): a job never runs twice at once."""
+    still_stopping = AttemptMember.objects.filter(attempt__job=OuterRef("pk"), ended_at=None)
     return (
         Job.objects.filter(state=JobState.QUEUED)
         .select_related("tier", "tenant", "gpu_sku")
         .filter(Q(not_before__isnull=True) | Q(not_before__lte=timezone.now()))
+        .filter(~Exists(still_stopping))
         .order_by("created_at")[:QUEUE_SCAN_LIMIT]
     )
 

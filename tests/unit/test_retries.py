@@ -129,3 +129,20 @@ def test_a_job_that_asks_is_not_retried_past_its_max_runtime(cast):
     run_and_exit(job, -15, reason="timeout")
     job.refresh_from_db()
     assert (job.state, job.reason) == ("failed", "timeout")
+
+
+def test_a_lost_gang_is_not_placed_again_while_a_member_of_its_last_attempt_still_runs(cast):
+    for name in ("h1", "h2", "h3"):
+        make_node(name, gpus=1)
+    job = submit(cast, gpus=1, nodes=2)
+    dispatch_once()
+    attempt = job.attempts.get()
+    token = str(attempt.token)
+    for rank in (0, 1):
+        services.attempt_member_started(attempt_id=attempt.pk, rank=rank, token=token, pid=1)
+    survivor, lost = attempt.members.order_by("rank")
+    lose_node(lost.node.name)  # rank 1's node is lost; rank 0 is told to stop but still runs
+    end_backoff(job)
+    assert dispatch_once().placed == []  # two nodes are free, but rank 0's process is not gone yet
+    services.attempt_member_finished(attempt_id=attempt.pk, rank=0, token=token, exit_code=-15, reason="lost")
+    assert dispatch_once().placed == [str(job.id)]
