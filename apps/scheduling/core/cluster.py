@@ -311,7 +311,7 @@ class ClusterManager:
 
     def _pools_for(self, pod: Pod) -> tuple[list[Pool], list[Pool]]:
         """Pools passing the static filters: (untainted or tolerated, PreferNoSchedule only)."""
-        key = (pod.gpus, pod.gpu_models, tuple(sorted(pod.node_selector.items())), pod.tolerations)
+        key = (pod.gpus, pod.gpu_models, pod.tolerations)
         hit = self._eligible.get(key)
         if hit is None:
             preferred, tolerated = [], []
@@ -324,24 +324,22 @@ class ClusterManager:
             hit = self._eligible[key] = (preferred, tolerated)
         return hit
 
-    def _best_node(
-        self, pod: Pod, pools: list[Pool], exclude: frozenset = frozenset()
-    ) -> NodeState | None:
+    def _best_node(self, pod: Pod, pools: list[Pool]) -> NodeState | None:
         """The strategy's best node for one member, over the pools' buckets (or classes)."""
         best = None  # (comparable key, node state)
         for pool in pools:
             allowed = pool.selected(pod.node_selector) if pod.node_selector else None
             if allowed is not None and len(allowed) * SELECTIVE <= len(pool.members):
-                found = self._best_of(pod, [self._nodes[n] for n in allowed], exclude)
+                found = self._best_of(pod, [self._nodes[n] for n in allowed])
             elif self.strategy.uses_classes:
-                found = self._best_by_class(pod, pool, allowed, exclude, best)
+                found = self._best_by_class(pod, pool, allowed, best)
             else:
-                found = self._best_in_buckets(pod, pool, allowed, exclude, best)
+                found = self._best_in_buckets(pod, pool, allowed, best)
             if found is not None and (best is None or found[0] < best[0]):
                 best = found
         return best[1] if best is not None else None
 
-    def _best_in_buckets(self, pod, pool, allowed, exclude, best):
+    def _best_in_buckets(self, pod, pool, allowed, best):
         """First fitting node of each feasible bucket; buckets are sorted, so stop early."""
         nodes, cpu, mem = self._nodes, pod.cpu_milli, pod.memory_mib
         multi_share = pod.gpus > 1 and pod.gpu_milli < MILLI
@@ -353,7 +351,7 @@ class ClusterManager:
                     break  # nothing later in this bucket beats the best so far
                 name = entry[-1]
                 st = nodes[name]
-                if st.cpu_free < cpu or st.mem_free < mem or name in exclude:
+                if st.cpu_free < cpu or st.mem_free < mem:
                     continue
                 if allowed is not None and name not in allowed:
                     continue
@@ -363,7 +361,7 @@ class ClusterManager:
                 break
         return found
 
-    def _best_by_class(self, pod, pool, allowed, exclude, best):
+    def _best_by_class(self, pod, pool, allowed, best):
         """FGD-style: score each class of identical nodes once, take its first fitting name."""
         score_of = self.strategy.class_score  # type: ignore[attr-defined]
         bound = best[0] if best is not None else None
@@ -377,7 +375,7 @@ class ClusterManager:
             for name in names:
                 if bound is not None and (score, name) >= bound:
                     break
-                if self._nodes[name].mem_free < pod.memory_mib or name in exclude:
+                if self._nodes[name].mem_free < pod.memory_mib:
                     continue
                 if allowed is not None and name not in allowed:
                     continue
@@ -386,11 +384,11 @@ class ClusterManager:
                 break
         return found
 
-    def _best_of(self, pod: Pod, states: list[NodeState], exclude: frozenset):
+    def _best_of(self, pod: Pod, states: list[NodeState]):
         """Rank a few given nodes directly (a selective node selector). O(len(states) x G)."""
         best = None
         for st in states:
-            if st.entry is None or st.name in exclude or not _fits(st, pod):
+            if st.entry is None or not _fits(st, pod):
                 continue
             key = (*self._rank(st, pod), st.name)
             if best is None or key < best[0]:
