@@ -48,11 +48,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 class DbReporter:
     """The runner's reports, written through the job services (fenced by the attempt token)."""
 
-    def started(self, run) -> None:
+    def started(self, run) -> bool:
+        """False: the attempt or member ended before this process started (the runner stops it)."""
         from apps.jobs.services import attempt_member_started
 
         a = run.assignment
-        attempt_member_started(attempt_id=a.attempt_id, rank=a.rank, token=a.token, pid=run.process.pid)
+        return attempt_member_started(attempt_id=a.attempt_id, rank=a.rank, token=a.token, pid=run.process.pid)
 
     def progress(self, run, progress: float, checkpoint: str) -> None:
         from apps.jobs.services import attempt_progress

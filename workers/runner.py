@@ -207,9 +207,19 @@ class Runner:
             self._save_state()
         log.info("started attempt %s rank %s pid %s on GPUs %s", a.attempt_id, a.rank, run.process.pid, a.gpu_indices)
         try:
-            self.reporter.started(run)
+            accepted = self.reporter.started(run)
+        except Exception:
+            # The process runs: its end is still reported (and settles the attempt); never
+            # report it finished while it runs, or its GPUs would go to another job.
+            log.exception("could not report the start of attempt %s rank %s", a.attempt_id, a.rank)
+            accepted = None
         finally:
             run.start_reported = True
+        if accepted is False:
+            # The attempt ended (lost, cancelled) between our read and the launch: stop it now
+            # rather than at the next sync, so it never runs beside the job's next attempt.
+            log.warning("attempt %s rank %s ended before its process started; stopping it", a.attempt_id, a.rank)
+            self.stop(a.attempt_id, a.rank, why="not assigned here any more")
 
     def _environment(self, run: Run, output, control, checkpoints) -> dict[str, str]:
         a = run.assignment
