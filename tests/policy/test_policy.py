@@ -219,13 +219,13 @@ def test_a_tier_under_its_guarantee_reclaims_from_a_borrowing_tier():
 def test_an_aged_job_goes_ahead_of_its_level():
     tiers = default_tiers()
     s = cluster_of(1, gpus=1, tiers=tiers)
-    s.submit(job("blocker", tenant="x", est=100_000))
+    s.submit(job("blocker", tenant="x", est=200_000))
     s.decide(0)
     s.submit(job("old-free", tenant="f", submit=1))
     for i in range(5):
         s.submit(job(f"pro{i}", tier="pro", tenant="p", submit=2 + i))
-    s.finish("blocker", 90_000)  # old-free waited > 24 h: aged
-    assert started(s.decide(90_000)) == ["old-free"]
+    s.finish("blocker", 180_000)  # old-free waited > 48 h: aged
+    assert started(s.decide(180_000)) == ["old-free"]
 
 
 def test_a_young_job_of_a_heavier_weight_goes_first():

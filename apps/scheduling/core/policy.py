@@ -96,12 +96,13 @@ class PolicyConfig:
     backfill: bool = True  # EASY backfill behind the first blocked job
     preemption: bool = True
     victim_cost: str = "checkpoint"  # checkpoint | youngest (Slurm-like: ignores checkpoints)
-    half_life_s: float = 24 * HOUR  # decay of tenant and tier usage
+    half_life_s: float = 72 * HOUR  # decay of tenant and tier usage
     backfill_depth: int = 256  # jobs looked at per pass (Slurm's bf_max_job_test)
     grace_s: float = 0.0  # a victim releases its GPUs this long after the signal
     preempt_plans_per_pass: int = 4
     preempt_retry_s: float = 60.0  # a job whose plan failed is not replanned before this
     reservations: int = 1  # blocked jobs that hold a reservation at once (1: EASY backfill)
+    sticky_reservations: bool = True  # a reservation stays with its job until it starts
     backfill_misses: int = 48  # stop a pass after this many jobs in a row could not start
     full_pass_every_s: float = 300.0  # arrivals alone trigger a pass over the arrivals only
     slurm_weights: tuple[float, float, float] = (100000.0, 10000.0, 1000.0)  # QOS, FS, age
@@ -118,11 +119,11 @@ def default_tiers() -> dict[str, TierPolicy]:
         ),
         "pro": TierPolicy(
             "pro", level=1, weight=3.0, can_preempt=True, guaranteed_share=0.3,
-            age_limit_s=12 * HOUR, qos_priority=100,
+            age_limit_s=24 * HOUR, qos_priority=100,
         ),
         "free": TierPolicy(
             "free", level=1, weight=1.0, preemptible=True, guaranteed_share=0.1,
-            age_limit_s=24 * HOUR, qos_priority=10,
+            age_limit_s=48 * HOUR, qos_priority=10,
         ),
     }  # fmt: skip
 
@@ -645,6 +646,8 @@ class _Pass:
     def _load_heads(self) -> None:
         s = self.s
         fresh = not s._resv_dirty
+        if not self.cfg.sticky_reservations:
+            return
         for job_id in s._held[: max(1, self.cfg.reservations)]:
             job = s.queued.get(job_id)
             if job is None:
@@ -703,13 +706,20 @@ class _Pass:
         return self.out
 
     def _start_held(self) -> None:
-        """A job holding a reservation starts as soon as it fits: it is first in line."""
+        """A job holding a reservation starts as soon as it fits: it is first in line (unless
+        a job of a higher level is queued: strict priority comes first)."""
         s = self.s
+        top = max(
+            (lvl for lvl, tiers in s.index.levels.items() if any(s.index.queues(tiers))),
+            default=None,
+        )
         for resv in list(self.heads):
             job = s.queued.get(resv.job_id)
             if job is None:
                 continue
             tier = s.tiers[job.tier]
+            if top is not None and tier.level < top and self.cfg.ordering != "fifo":
+                continue
             if s.tier_gpus(job.tier) + job.gpus * job.nodes > s._tier_cap(tier):
                 continue
             binding = [r for r in self.heads if r is not resv and r.level >= tier.level]
@@ -792,7 +802,12 @@ class _Pass:
             self._drop_head(job.job_id)
             self._started(job, placement, self._start_reason(job, tier, "backfilled"))
             return
-        if tier.level > max(r.level for r in binding) and self._try_preempt(job, tier):
+        # It may preempt too (several top-level jobs at once), but never on reserved nodes.
+        avoid = {node for r in binding for node in r.need}
+        top = max(r.level for r in binding)
+        if (
+            tier.level > top or (tier.level == top and self._above_victims(tier))
+        ) and self._try_preempt(job, tier, avoid):
             self.invalid = True
             self._drop_head(job.job_id)
             self._make_head(job, force=True)
@@ -929,19 +944,28 @@ class _Pass:
     def _may_preempt(self, job: QueuedJob) -> bool:
         return self.plans_left > 0 and self.could_preempt.get(job.tier, False)
 
-    def _try_preempt(self, job: QueuedJob, tier: TierPolicy) -> bool:
+    def _try_preempt(
+        self, job: QueuedJob, tier: TierPolicy, avoid: set[str] | frozenset[str] = frozenset()
+    ) -> bool:
         s = self.s
         if not self._may_preempt(job):
             return False
         if self.now < s._plan_failed.get(job.job_id, -math.inf) or job.job_id in s._victims_of:
             return False  # failed recently, or its victims are still stopping
         self.plans_left -= 1
-        victims = [v for v in s.running.values() if self._victim_ok(job, tier, v)]
+        victims = [
+            v
+            for v in s.running.values()
+            if self._victim_ok(job, tier, v) and not (avoid and any(n in avoid for n, _ in v.alloc))
+        ]
         plan = None
         if victims:
             allowed = set(s.view.models_for(job.gpu_models))
+            free = s.view.free
+            if avoid:
+                free = {node: f for node, f in free.items() if node not in avoid}
             plan = plan_victims(
-                job.gpus, job.nodes, allowed, s.view.free, s.view.model, victims, self._cost
+                job.gpus, job.nodes, allowed, free, s.view.model, victims, self._cost
             )
         if plan is None or not self._evict_and_place(job, tier, *plan):
             soonest = self._next_eligible()  # a new victim may become eligible then
@@ -950,6 +974,10 @@ class _Pass:
             return False
         s._plan_failed.pop(job.job_id, None)
         return True
+
+    def _above_victims(self, tier: TierPolicy) -> bool:
+        """Whether the tier outranks some preemptible tier (preemption by level, not reclaim)."""
+        return any(t.preemptible and t.level < tier.level for t in self.s.tiers.values())
 
     def _next_eligible(self) -> float:
         """When the next preemptible job passes its minimum runtime (inf if none will)."""

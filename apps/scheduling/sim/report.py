@@ -7,9 +7,9 @@
   over its tenants by their demand (running + queued GPUs); x_i = a tenant's allocated GPU-time /
   its fair GPU-time, over the samples in which some tenant of the tier waited;
   J = (sum x)^2 / (n sum x^2). 1.0 means every tenant got its fair share.
-- the aging bound of tier T: age_limit(T) + the longest runtime estimate in the workload (a
-  job that waited age_limit is ahead of every non-aged job of its level, and its reservation
-  is at most one longest runtime away); jobs over it are listed.
+- the aging bound of tier T: age_limit(T) + the longest runtime estimate in the workload (see
+  docs/scheduling.md for when it holds); jobs over it are listed, with how many jobs aged and
+  the longest wait past the age limit.
 - GPU-hours lost = GPUs x lost seconds (work since the last checkpoint, grace, restarts).
 """
 
@@ -100,11 +100,20 @@ def summarize(sim: Any, settings: dict[str, Any], elapsed_s: float) -> dict[str,
         bound = (policy.age_limit_s + longest) if policy else math.inf
         over = [j.job_id for j in members if j.start is not None and j.start - j.submit > bound]
         over += [j.job_id for j in members if j.start is None]
+        limit = policy.age_limit_s if policy else math.inf
+        aged = [
+            j.start - j.submit - limit
+            for j in members
+            if j.start is not None and j.start - j.submit > limit
+        ]
         summary["aging"][tier] = {
-            "age_limit_s": policy.age_limit_s if policy else None,
+            "age_limit_s": limit if math.isfinite(limit) else None,
+            "longest_runtime_s": longest,
             "bound_s": bound if math.isfinite(bound) else None,
             "jobs_over_bound": len(over),
             "examples": over[:10],
+            "jobs_aged": len(aged),
+            "max_wait_after_aging_s": max(aged, default=None),
         }
     return summary
 
