@@ -1,23 +1,31 @@
 """The submit page's form: HTML inputs in, the API's submission body out.
 
 The page validates nothing itself. It turns form strings into the JSON types the API expects
-and hands the body to the same `JobSubmitSerializer` and `job_submit` service as the API, so a
-submission is accepted or refused the same way whichever door it came through; the
-serializer's errors are spread back onto the form's fields.
+and takes the API's own path: admission (rate limits, GPU-hour quota, result cache), the same
+`JobSubmitSerializer`, and `job_submit` behind it, so a submission is accepted or refused the
+same way whichever door it came through. Errors are spread back onto the form's fields. Each
+rendering of the form carries a fresh Idempotency-Key, so a double click submits once.
 """
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 
 from django.http import QueryDict
 
+from apps.admission.services import Admission
 from apps.jobs import services
 from apps.jobs.models import Job, JobTemplate
 from apps.jobs.serializers import JobSubmitSerializer
 from apps.tenants.models import Membership
 
 PARAM_PREFIX = "param_"
+FORM_FIELDS = {"template", "params", "name", "gpus", "nodes", "gpu_sku", "tier", "command"}
+
+
+def new_idempotency_key() -> str:
+    return f"web-{uuid.uuid4()}"
 
 
 @dataclass(frozen=True)
@@ -116,18 +124,22 @@ class Outcome:
 
 
 def submit(*, membership: Membership, user, data: QueryDict, template: JobTemplate | None) -> Outcome:
-    form = JobSubmitSerializer(data=submission_body(data, template))
-    if not form.is_valid():
-        return _spread_errors(form.errors)
-    spec = form.to_spec(default_tier=membership.tenant.tier)
+    body = submission_body(data, template)
     try:
-        job = services.job_submit(tenant=membership.tenant, user=user, spec=spec)
+        admission = Admission.start(tenant=membership.tenant, user=user, body=body,
+                                    idempotency_key=data.get("idempotency_key") or None)  # fmt: skip
+        admission.raise_if_refused()
+        if admission.replayed:
+            return Outcome(job=admission.job)
+        form = JobSubmitSerializer(data=body)
+        if not form.is_valid():
+            return _spread_errors(form.errors)
+        return Outcome(job=admission.submit(form.to_spec(default_tier=membership.tenant.tier)))
     except services.ServiceError as error:
         message = error.message
         if error.retry_after:
             message += f" (try again in {error.retry_after} s)"
-        return Outcome(errors={error.field or "form": [message]})
-    return Outcome(job=job)
+        return Outcome(errors={error.field if error.field in FORM_FIELDS else "form": [message]})
 
 
 def _spread_errors(errors: dict) -> Outcome:

@@ -12,6 +12,7 @@ from django.http import HttpResponseForbidden
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
+from apps.admission.usage import admission_usage
 from apps.jobs import services
 from apps.jobs.access import can_cancel, membership_of, visible_jobs
 from apps.jobs.api import job_queryset
@@ -115,6 +116,7 @@ def job_new(request):
         "capacity": selectors.capacity_by_sku(),
         "tiers": Tier.objects.filter(rank__lte=membership.tenant.tier.rank) if membership else [],
         "membership": membership,
+        "idempotency_key": submit.new_idempotency_key(),
     }
     if request.htmx and request.method == "GET":
         return render(request, "web/_params.html", context)
@@ -133,6 +135,8 @@ def usage(request):
     context = {"membership": membership}
     if membership is not None:
         context["use"] = selectors.tenant_use(membership.tenant)
+        context["admission"] = admission_usage(tenant=membership.tenant, user=request.user,
+                                               limits=context["use"]["limits"])  # fmt: skip
         context["days"] = selectors.gpu_hours_by_day(membership.tenant)
         context["webhooks"] = Webhook.objects.filter(tenant=membership.tenant)
         context["deliveries"] = (

@@ -194,3 +194,30 @@ def test_the_usage_page_shows_limits_and_current_use(browser_as, bobs_job):
     page = browser_as("bob").get("/usage/").content.decode()
     assert "queued jobs: <strong>1</strong> of 1000" in page
     assert "GPU hours per day" in page and "600 per minute" in page
+
+
+def test_a_double_click_submits_once(browser_as):
+    bob = browser_as("bob")
+    first = submit(bob, idempotency_key="web-same-form")
+    second = submit(bob, idempotency_key="web-same-form")
+    assert first.status_code == second.status_code == 302 and first["Location"] == second["Location"]
+    assert Job.objects.count() == 1
+
+
+def test_the_form_renders_a_fresh_idempotency_key_each_time(browser_as):
+    bob = browser_as("bob")
+    keys = [r.context["idempotency_key"] for r in (bob.get("/jobs/new/"), bob.get("/jobs/new/"))]
+    assert keys[0] != keys[1] and all(k.startswith("web-") for k in keys)
+
+
+def test_the_submit_rate_limit_applies_to_the_form_as_to_the_api(browser_as):
+    from apps.tenants.models import Tenant
+    from apps.tenants.services import quota_set
+
+    quota_set(tenant=Tenant.objects.get(slug="acme"), submit_rate_per_minute=1, submit_burst=1)
+    bob = browser_as("bob")
+    assert submit(bob, idempotency_key="web-1").status_code == 302
+    refused = submit(bob, idempotency_key="web-2")
+    assert refused.status_code == 400 and b"try again in" in refused.content
+    assert Job.objects.count() == 1
+    assert b"submissions left" in bob.get("/usage/").content
