@@ -186,6 +186,21 @@ def control_metrics() -> Iterator[Metric]:
     for reason, n in sorted(_redis_hash(REJECTIONS_KEY).items()):
         rejections.add_metric([reason], int(n))
     yield rejections
+    yield admission_counters()
+
+
+def admission_counters() -> Metric:
+    """Admission's own shared counters (apps/admission/counters.py), e.g. submissions admitted
+    or refused while Redis was down, `<what>:<tier>`."""
+    from apps.admission.counters import counters
+
+    family = CounterMetricFamily(
+        "gpuplatform_admission_events", "Admission control events by name and tier", labels=["event", "tier"]
+    )
+    for name, value in sorted(counters().items()):
+        event, _, tier = name.partition(":")
+        family.add_metric([event, tier], value)
+    return family
 
 
 class DatabaseCollector:

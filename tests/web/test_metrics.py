@@ -65,3 +65,11 @@ def test_heartbeat_age_dispatch_duration_and_rejections_are_exported(cast):
     assert value(after, "gpuplatform_dispatch_passes_total") == value(before, "gpuplatform_dispatch_passes_total") + 1
     rejected = value(after, "gpuplatform_admission_rejections_total", reason="rate_limited")
     assert rejected == value(before, "gpuplatform_admission_rejections_total", reason="rate_limited") + 1
+
+
+def test_admissions_own_counters_are_exported(cast):
+    from apps.admission.counters import bump
+
+    bump("rate_limit_redis_down_refused:free", 2)
+    samples = scrape()
+    assert value(samples, "gpuplatform_admission_events_total", event="rate_limit_redis_down_refused", tier="free") == 2
