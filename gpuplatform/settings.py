@@ -200,6 +200,8 @@ FLOWER_PORT = env_int("FLOWER_PORT", 5555, minimum=1, maximum=65535)
 PORT = env_int("PORT", 8000, minimum=1, maximum=65535)
 # fair: levels, weighted fair share, aging, backfill, preemption (docs/scheduling.md);
 # level-fifo: tier level then submit time; fifo; slurm: our rendering of Slurm's multifactor.
+AUTOSCALE_TICK_SECONDS = env_float("GPUPLATFORM_AUTOSCALE_TICK_SECONDS", 10.0, minimum=0.5, maximum=3600)
+AUTOSCALE_PROVIDER = env_choice("GPUPLATFORM_AUTOSCALE_PROVIDER", "local", ["local"])
 SCHEDULING_POLICY = env_choice("GPUPLATFORM_POLICY", "fair", ["fair", "level-fifo", "fifo", "slurm"])
 
 LOGGING = {

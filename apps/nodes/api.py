@@ -5,7 +5,7 @@ from rest_framework import serializers, viewsets
 from rest_framework.permissions import IsAdminUser
 
 from apps.jobs.models import GpuAllocation
-from apps.nodes.models import Gpu, Node
+from apps.nodes.models import Gpu, Node, NodeState
 
 
 class GpuSerializer(serializers.ModelSerializer):
@@ -37,4 +37,5 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
     def get_queryset(self):
         live = GpuAllocation.objects.filter(released_at=None)
         gpus = Gpu.objects.prefetch_related(Prefetch("allocations", queryset=live, to_attr="live_allocations"))
-        return Node.objects.select_related("sku").prefetch_related(Prefetch("gpus", queryset=gpus))
+        nodes = Node.objects.select_related("sku").prefetch_related(Prefetch("gpus", queryset=gpus))
+        return nodes.exclude(state=NodeState.TERMINATED)  # given back by the autoscaler

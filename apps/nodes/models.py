@@ -21,6 +21,7 @@ class NodeState(models.TextChoices):
     CORDONED = "cordoned"
     DRAINING = "draining"
     LOST = "lost"
+    TERMINATED = "terminated"  # given back by the autoscaler's provider
 
 
 class Node(models.Model):

@@ -121,7 +121,9 @@ def lost_cutoff():
 def mark_silent_nodes_lost() -> list[str]:
     """Nodes whose agent has not heartbeated for N intervals are lost; their attempts requeued."""
     lost = []
-    silent = Node.objects.exclude(state=NodeState.LOST).filter(last_heartbeat_at__lt=lost_cutoff())
+    silent = Node.objects.exclude(state__in=[NodeState.LOST, NodeState.TERMINATED]).filter(
+        last_heartbeat_at__lt=lost_cutoff()
+    )
     for node in silent:
         with transaction.atomic():
             updated = Node.objects.filter(pk=node.pk, version=node.version).update(

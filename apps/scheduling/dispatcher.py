@@ -60,7 +60,8 @@ def load_cluster(strategy: str | None = None) -> ClusterSnapshot:
     GPUs marked unusable, and every GPU held by an attempt restored as a pod."""
     cluster = core.ClusterManager(strategy=strategy) if strategy else core.ClusterManager()
     gpu_ids, node_ids = {}, {}
-    nodes = Node.objects.exclude(state=NodeState.LOST).select_related("sku").prefetch_related("gpus")
+    nodes = Node.objects.exclude(state__in=[NodeState.LOST, NodeState.TERMINATED]).select_related("sku")
+    nodes = nodes.prefetch_related("gpus")
     for node in nodes:
         gpus = {gpu.index: gpu for gpu in node.gpus.all()}
         size = max(gpus, default=-1) + 1

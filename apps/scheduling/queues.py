@@ -10,5 +10,6 @@ def node_queue(node_name: str) -> str:
 
 DISPATCH_TASK = "scheduling.dispatch"
 RECONCILE_TASK = "scheduling.reconcile"
+AUTOSCALE_TASK = "scheduling.autoscale"
 START_ATTEMPT_TASK = "workers.start_attempt"
 STOP_ATTEMPT_TASK = "workers.stop_attempt"

@@ -2,7 +2,7 @@
 
 from django.conf import settings
 
-from .queues import CONTROL, DISPATCH_TASK, RECONCILE_TASK
+from .queues import AUTOSCALE_TASK, CONTROL, DISPATCH_TASK, RECONCILE_TASK
 
 
 def beat_schedule() -> dict:
@@ -18,5 +18,11 @@ def beat_schedule() -> dict:
             "task": RECONCILE_TASK,
             "schedule": settings.RECONCILE_TICK_SECONDS,
             "options": {"queue": CONTROL, "expires": settings.RECONCILE_TICK_SECONDS * 2},
+        },
+        # Per-SKU autoscaling (apps/scheduling/autoscaling.py); a no-op while every policy is off.
+        "autoscale": {
+            "task": AUTOSCALE_TASK,
+            "schedule": settings.AUTOSCALE_TICK_SECONDS,
+            "options": {"queue": CONTROL, "expires": settings.AUTOSCALE_TICK_SECONDS * 2},
         },
     }

@@ -1,0 +1,114 @@
+"""Where new nodes come from. A provider turns "N more nodes of this SKU" into machines and gives
+them back; the autoscaler never knows which.
+
+- `LocalProvider` (the `make run` demo and the tests): after the policy's provisioning lag it
+  starts a fake-GPU node agent process on this machine; terminating sends it SIGTERM.
+
+Writing another provider (Kubernetes, a cloud API) means implementing the same three calls:
+`provision(policy, count)` asks for machines that will start `python -m workers.agent --node
+NAME --sku SKU --gpus N` (a node pool template, an instance template with that start command),
+recording a ProvisionRequest per machine; `advance()` notices machines that came up or failed;
+`terminate(node)` deletes the machine after the autoscaler drained it. See docs/autoscaling.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import uuid
+from datetime import timedelta
+
+from django.conf import settings
+from django.utils import timezone
+
+from apps.nodes.models import Node, NodeState
+from apps.scheduling.models import AutoscalePolicy, ProvisionRequest, ProvisionState
+
+log = logging.getLogger(__name__)
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+class Provider:
+    name = "base"
+
+    def provision(self, policy: AutoscalePolicy, count: int) -> list[ProvisionRequest]:
+        now = timezone.now()
+        return [
+            ProvisionRequest.objects.create(
+                sku=policy.sku, provider=self.name, gpus=policy.gpus_per_node,
+                node_name=f"auto-{_slug(policy.sku.name)}-{uuid.uuid4().hex[:6]}",
+                ready_at=now + timedelta(seconds=policy.provision_lag_seconds),
+            )  # fmt: skip
+            for _ in range(count)
+        ]
+
+    def pending(self, policy: AutoscalePolicy) -> list[ProvisionRequest]:
+        """Asked for and not yet a registered node (a started agent takes a moment to register)."""
+        registered = Node.objects.filter(sku=policy.sku).values("name")
+        return list(
+            ProvisionRequest.objects.filter(sku=policy.sku, state__in=[ProvisionState.PENDING, ProvisionState.RUNNING])
+            .exclude(node_name__in=registered)
+        )
+
+    def advance(self) -> None:
+        raise NotImplementedError
+
+    def terminate(self, node: Node) -> None:
+        raise NotImplementedError
+
+
+class LocalProvider(Provider):
+    """Starts fake node agents as local processes once their lag has passed."""
+
+    name = "local"
+
+    def advance(self) -> None:
+        self._fail_stragglers()
+        due = ProvisionRequest.objects.filter(state=ProvisionState.PENDING, ready_at__lte=timezone.now())
+        for request in due.select_related("sku"):
+            policy = request.sku.autoscale
+            labels = ",".join(f"{k}={v}" for k, v in {**policy.labels, "autoscaled": "true"}.items())
+            argv = [sys.executable, "-m", "workers.agent", "--node", request.node_name, "--sku", request.sku.name,
+                    "--gpus", str(request.gpus), "--fake", "--labels", labels]  # fmt: skip
+            logs = pathlib.Path(settings.DATA_DIR) / "autoscaled"
+            logs.mkdir(parents=True, exist_ok=True)
+            with open(logs / f"{request.node_name}.log", "ab") as out:
+                process = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,  # noqa: S603
+                                           stdin=subprocess.DEVNULL, start_new_session=True, env=os.environ.copy())  # fmt: skip
+            ProvisionRequest.objects.filter(pk=request.pk).update(state=ProvisionState.RUNNING, pid=process.pid)
+            log.info("provisioned node %s (%s x %s), pid %s", request.node_name, request.gpus, request.sku, process.pid)
+
+    def _fail_stragglers(self, grace_s: float = 120.0) -> None:
+        """A started agent that never registered (crashed on start) stops counting as coming."""
+        late = timezone.now() - timedelta(seconds=grace_s)
+        registered = Node.objects.values("name")
+        ProvisionRequest.objects.filter(state=ProvisionState.RUNNING, ready_at__lt=late).exclude(
+            node_name__in=registered
+        ).update(state=ProvisionState.FAILED, ended_at=timezone.now())
+
+    def terminate(self, node: Node) -> None:
+        request = ProvisionRequest.objects.filter(node_name=node.name, state=ProvisionState.RUNNING).first()
+        Node.objects.filter(pk=node.pk).update(state=NodeState.TERMINATED, version=node.version + 1)
+        if request is None:
+            return
+        try:
+            os.kill(request.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        ProvisionRequest.objects.filter(pk=request.pk).update(state=ProvisionState.TERMINATED, ended_at=timezone.now())
+        log.info("terminated node %s (pid %s)", node.name, request.pid)
+
+
+def _slug(text: str) -> str:
+    return "".join(ch if ch.isalnum() else "-" for ch in text.lower()).strip("-")
+
+
+PROVIDERS = {"local": LocalProvider}
+
+
+def get_provider() -> Provider:
+    return PROVIDERS[settings.AUTOSCALE_PROVIDER]()
