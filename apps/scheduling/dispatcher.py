@@ -183,6 +183,7 @@ def dispatch_once() -> DispatchResult:
     config = policy_config(tiers)
     gate = DispatchGate.load()  # admission: per-tenant GPU caps, coalesced followers (apps/admission)
     jobs = {str(job.pk): job for job in ordered_queue() if job.tier.name in tiers and not gate.hold(job)}
+    _drop_moved(jobs, snapshot)
     decisions = policy.decide(
         epoch(now), snapshot.cluster, [queued_job(job) for job in jobs.values()], snapshot.running, tiers,
         tenant_usage(now, config.half_life_s), config=config, held_reservation=_held_reservation(jobs),
@@ -210,6 +211,13 @@ def dispatch_once() -> DispatchResult:
         log.info("dispatch: placed %d, preempted %d, %d waiting, %.3fs", len(result.placed), len(result.preempted),
                  result.waiting, result.seconds)  # fmt: skip
     return result
+
+
+def _drop_moved(jobs: dict[str, Job], snapshot: ClusterSnapshot) -> None:
+    """The cluster and the queue are read one after the other: a job requeued in between (lost,
+    preempted) shows in both. The policy must see it once; the next pass sees it queued."""
+    for running in snapshot.running:
+        jobs.pop(running.job_id, None)
 
 
 def _apply_start(job: Job, decision: policy.Start, snapshot: ClusterSnapshot) -> bool:
