@@ -12,6 +12,20 @@ DEMO = [
 DEMO_PASSWORD = "demo-password"  # noqa: S105 (demo accounts, printed on purpose)
 
 
+def ensure_demo_autoscaling() -> None:
+    """An L4 pool with no static nodes: submitting L4 jobs makes fake nodes appear after the lag
+    (30 s) and go away two minutes after they fall idle."""
+    from apps.nodes.models import GpuSku
+    from apps.scheduling.models import AutoscalePolicy
+
+    sku, _ = GpuSku.objects.get_or_create(name="L4-24GB", defaults={"memory_mib": 24576})
+    AutoscalePolicy.objects.get_or_create(
+        sku=sku,
+        defaults=dict(mode="predictive", gpus_per_node=2, min_nodes=0, max_nodes=3, provision_lag_seconds=30,
+                      cooldown_seconds=120, labels={"pool": "autoscaled"}),
+    )  # fmt: skip
+
+
 class Command(BaseCommand):
     help = "Idempotent: default tiers and templates, demo tenants, users and API tokens; prints them."
 
@@ -23,6 +37,7 @@ class Command(BaseCommand):
             for username, role in users:
                 _, key = user_create(username=username, tenant_slug=slug, role=role, password=DEMO_PASSWORD)
                 self.stdout.write(f"{username:8} {slug:8} {tier:11} {role:7} {key}")
+        ensure_demo_autoscaling()
         _, key = user_create(username="staff", tenant_slug=None, staff=True, password=DEMO_PASSWORD)
         self.stdout.write(f"{'staff':8} {'-':8} {'-':11} {'staff':7} {key}")
         self.stdout.write(f"web and admin password for every demo user: {DEMO_PASSWORD}")
