@@ -154,3 +154,106 @@ def _num(x: float | None) -> str:
     if x is None:
         return ""
     return repr(float(x))
+
+
+def targets(results: dict[str, dict[str, Any]]) -> list[tuple[str, str, bool | None]]:
+    """Issue 4's targets for `default` against `fifo` and `slurm` in the same run.
+
+    Returns (target, measured, met); met is None when a policy it needs was not run.
+    """
+    d, f, s = results.get("default"), results.get("fifo"), results.get("slurm")
+    if d is None:
+        return []
+
+    def tier(r: dict[str, Any], name: str, key: str) -> float | None:
+        return r["tiers"].get(name, {}).get(key)
+
+    def big(r: dict[str, Any]) -> float | None:
+        return r["by_size"]["gpus>=32"]["wait_p99"]
+
+    out: list[tuple[str, str, bool | None]] = []
+
+    def ratio(label: str, mine: float | None, theirs: float | None, limit: float) -> None:
+        if mine is None or theirs is None:
+            out.append((label, "-", None))
+            return
+        value = mine / theirs if theirs else (0.0 if not mine else math.inf)
+        out.append(
+            (label, f"{mine / 3600:.2f} h vs {theirs / 3600:.2f} h = {value:.2f}x", value <= limit)
+        )
+
+    jains = {
+        t: v["jain_fairness"] for t, v in d["tiers"].items() if v.get("jain_fairness") is not None
+    }
+    if f is not None:
+        ratio(
+            "enterprise p99 wait <= 10% of FIFO's",
+            tier(d, "enterprise", "wait_p99"),
+            tier(f, "enterprise", "wait_p99"),
+            0.10,
+        )
+        ratio(
+            "free p99 wait <= 3x FIFO's",
+            tier(d, "free", "wait_p99"),
+            tier(f, "free", "wait_p99"),
+            3.0,
+        )
+    over = sum(a["jobs_over_bound"] for a in d["aging"].values())
+    out.append(("no job over the aging bound", f"{over} jobs over", over == 0))
+    out.append((
+        "Jain's fairness >= 0.9 within each tier",
+        ", ".join(f"{t} {v:.3f}" for t, v in sorted(jains.items())),
+        all(v >= 0.9 for v in jains.values()),
+    ))  # fmt: skip
+    if f is not None:
+        du, fu = d["utilisation_while_waiting"], f["utilisation_while_waiting"]
+        out.append(("utilisation while jobs wait >= FIFO's", f"{du:.3f} vs {fu:.3f}", du >= fu))
+        ratio("jobs >= 32 GPUs p99 wait <= 2x FIFO's", big(d), big(f), 2.0)
+    share = d["lost_share"]
+    out.append(
+        ("GPU-hours lost to preemption <= 2% of delivered", f"{100 * share:.2f}%", share <= 0.02)
+    )
+    if f is not None:
+        dj, fj = d["by_size"]["all"]["jct_mean"], f["by_size"]["all"]["jct_mean"]
+        out.append(("mean JCT <= FIFO's", f"{dj / 3600:.2f} h vs {fj / 3600:.2f} h", dj <= fj))
+    if s is not None:
+        de, se = tier(d, "enterprise", "wait_p99"), tier(s, "enterprise", "wait_p99")
+        out.append(
+            (
+                "enterprise p99 wait below slurm's",
+                f"{de / 3600:.3f} h vs {se / 3600:.3f} h",
+                de < se,
+            )
+        )
+        sj = {
+            t: v["jain_fairness"]
+            for t, v in s["tiers"].items()
+            if v.get("jain_fairness") is not None
+        }
+        both = sorted(set(jains) & set(sj))
+        out.append((
+            "Jain's fairness above slurm's in each tier",
+            ", ".join(f"{t} {jains[t]:.3f} vs {sj[t]:.3f}" for t in both),
+            all(jains[t] > sj[t] for t in both),
+        ))  # fmt: skip
+        du, su = d["utilisation_while_waiting"], s["utilisation_while_waiting"]
+        out.append(
+            (
+                "utilisation while waiting within 2% of slurm's",
+                f"{du:.3f} vs {su:.3f}",
+                abs(du - su) <= 0.02,
+            )
+        )
+    return out
+
+
+def targets_table(results: dict[str, dict[str, Any]]) -> str:
+    rows = targets(results)
+    if not rows:
+        return ""
+    lines = ["| target (default policy) | measured | met |", "|---|---|---|"]
+    for label, measured, met in rows:
+        lines.append(
+            f"| {label} | {measured} | {'-' if met is None else ('yes' if met else 'no')} |"
+        )
+    return "\n".join(lines) + "\n"
