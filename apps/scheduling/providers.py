@@ -77,8 +77,10 @@ class LocalProvider(Provider):
             logs = pathlib.Path(settings.DATA_DIR) / "autoscaled"
             logs.mkdir(parents=True, exist_ok=True)
             with open(logs / f"{request.node_name}.log", "ab") as out:
+                # Local "machines" stop with the dispatcher that started them (make run's Ctrl-C).
                 process = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,  # noqa: S603
-                                           stdin=subprocess.DEVNULL, start_new_session=True, env=os.environ.copy())  # fmt: skip
+                                           stdin=subprocess.DEVNULL, start_new_session=True, env=os.environ.copy(),
+                                           preexec_fn=_stop_with_parent)  # fmt: skip
             ProvisionRequest.objects.filter(pk=request.pk).update(state=ProvisionState.RUNNING, pid=process.pid)
             log.info("provisioned node %s (%s x %s), pid %s", request.node_name, request.gpus, request.sku, process.pid)
 
@@ -101,6 +103,15 @@ class LocalProvider(Provider):
             pass
         ProvisionRequest.objects.filter(pk=request.pk).update(state=ProvisionState.TERMINATED, ended_at=timezone.now())
         log.info("terminated node %s (pid %s)", node.name, request.pid)
+
+
+def _stop_with_parent() -> None:  # runs in the child between fork and exec
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
 
 
 def _slug(text: str) -> str:
