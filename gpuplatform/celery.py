@@ -8,7 +8,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuplatform.settings")
 
 app = Celery("gpuplatform")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks(["apps.scheduling", "workers"])
+app.autodiscover_tasks(["apps.scheduling", "workers", "apps.webhooks"])
 app.autodiscover_tasks(["apps.scheduling"], related_name="autoscaling")
 
 

@@ -203,11 +203,37 @@ def admission_counters() -> Metric:
     return family
 
 
+def autoscale_metrics() -> Iterator[Metric]:
+    """Per autoscaled SKU: nodes now, desired by the last decision, provisions pending, and the
+    last decision's reason (docs/autoscaling.md)."""
+    from apps.nodes.models import Node, NodeState
+    from apps.scheduling.models import AutoscalePolicy, ProvisionRequest, ProvisionState, ScaleEvent
+
+    current = GaugeMetricFamily("gpuplatform_autoscale_nodes", "Nodes of an autoscaled SKU now", labels=["sku"])
+    desired = GaugeMetricFamily("gpuplatform_autoscale_desired_nodes", "Desired nodes (last decision)", labels=["sku"])
+    pending = GaugeMetricFamily("gpuplatform_autoscale_pending_nodes", "Nodes asked for, not yet there", labels=["sku"])
+    decision = GaugeMetricFamily(
+        "gpuplatform_autoscale_last_decision", "The last decision (value: its time)", labels=["sku", "mode", "reason"]
+    )
+    for policy in AutoscalePolicy.objects.select_related("sku"):
+        sku = policy.sku.name
+        nodes = Node.objects.filter(sku=policy.sku).exclude(state__in=[NodeState.LOST, NodeState.TERMINATED])
+        current.add_metric([sku], nodes.count())
+        waiting = ProvisionRequest.objects.filter(sku=policy.sku, state=ProvisionState.PENDING).count()
+        pending.add_metric([sku], waiting)
+        last = ScaleEvent.objects.filter(sku=policy.sku).first()
+        if last is not None:
+            desired.add_metric([sku], last.desired)
+            decision.add_metric([sku, policy.mode, last.reason[:200]], last.created_at.timestamp())
+    yield from (current, desired, pending, decision)
+
+
 class DatabaseCollector:
     def collect(self) -> Iterator[Metric]:
         yield from job_metrics()
         yield from fleet_metrics()
         yield from control_metrics()
+        yield from autoscale_metrics()
 
 
 def metrics(request):

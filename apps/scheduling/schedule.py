@@ -19,6 +19,12 @@ def beat_schedule() -> dict:
             "schedule": settings.RECONCILE_TICK_SECONDS,
             "options": {"queue": CONTROL, "expires": settings.RECONCILE_TICK_SECONDS * 2},
         },
+        # Webhook outbox: one signed POST per job state change, retried with backoff (apps/webhooks).
+        "webhooks": {
+            "task": "webhooks.pump",
+            "schedule": 2.0,
+            "options": {"queue": CONTROL, "expires": 4.0},
+        },
         # Per-SKU autoscaling (apps/scheduling/autoscaling.py); a no-op while every policy is off.
         "autoscale": {
             "task": AUTOSCALE_TASK,
