@@ -10,10 +10,11 @@ from django.core.files.storage import default_storage
 from django.db.models import Count
 from django.utils import timezone
 
-from apps.jobs.models import GpuAllocation, Job, JobState
+from apps.jobs.models import GpuAllocation, Job
 from apps.jobs.services import tenant_limits
 from apps.nodes.models import Gpu, GpuHealth, GpuSku, NodeState
 from apps.tenants.models import Tenant
+from apps.tenants.selectors import current_use
 
 LOG_TAIL_BYTES = 8_000
 
@@ -70,25 +71,16 @@ class CapUse:
 def tenant_use(tenant: Tenant) -> dict:
     """What the tenant uses now against its caps (the same figures as /api/v1/usage/)."""
     limits = tenant_limits(tenant)
-    by_state = dict(
-        Job.objects.filter(tenant=tenant, state__in=[JobState.QUEUED, JobState.STARTING, JobState.RUNNING])
-        .values_list("state")
-        .annotate(n=Count("pk"))
-    )
-    gpus_in_use = dict(
-        GpuAllocation.objects.filter(attempt__job__tenant=tenant, released_at=None)
-        .values_list("gpu__node__sku__name")
-        .annotate(n=Count("pk"))
-    )
-    caps = [CapUse("queued jobs", by_state.get(JobState.QUEUED, 0), limits["max_queued_jobs"])]
-    for sku in sorted(set(gpus_in_use) | set(limits["max_gpus"])):
-        caps.append(CapUse(f"{sku} GPUs in use", gpus_in_use.get(sku, 0), limits["max_gpus"].get(sku)))
+    use = current_use(tenant)
+    caps = [CapUse("queued jobs", use.queued_jobs, limits["max_queued_jobs"])]
+    for sku in sorted(set(use.gpus_in_use) | set(limits["max_gpus"])):
+        caps.append(CapUse(f"{sku} GPUs in use", use.gpus_in_use.get(sku, 0), limits["max_gpus"].get(sku)))
     return {
         "limits": limits,
         "caps": caps,
-        "running_jobs": by_state.get(JobState.RUNNING, 0) + by_state.get(JobState.STARTING, 0),
-        "queued_jobs": by_state.get(JobState.QUEUED, 0),
-        "gpus_in_use": gpus_in_use,
+        "running_jobs": use.running_jobs,
+        "queued_jobs": use.queued_jobs,
+        "gpus_in_use": use.gpus_in_use,
     }
 
 

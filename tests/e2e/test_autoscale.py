@@ -7,6 +7,7 @@ import signal
 import pytest
 
 from tests.e2e.platform import Platform
+from tests.processes import alive
 
 pytestmark = pytest.mark.e2e
 SKU = "L4-24GB"
@@ -44,7 +45,7 @@ def test_a_burst_brings_nodes_after_the_lag_and_idle_nodes_go_away(scaling_platf
     # Idle past the cooldown, the nodes are given back and their agents stop.
     platform.wait_until(lambda: platform.nodes() == {}, timeout=60, what="the idle nodes to be terminated")
     pids = _autoscaled_pids(platform)
-    platform.wait_until(lambda: not any(_alive(p) for p in pids), timeout=30, what="autoscaled agents to exit")
+    platform.wait_until(lambda: not any(alive(p) for p in pids), timeout=30, what="autoscaled agents to exit")
     events = platform.manage("shell", "-c", "from apps.scheduling.models import ScaleEvent; "
                              "print([(e.provision, len(e.terminate)) for e in ScaleEvent.objects.order_by('created_at')])")  # fmt: skip
     decisions = eval(events.strip().splitlines()[-1])  # noqa: S307 (our own repr of ints)
@@ -67,15 +68,3 @@ def _kill_autoscaled(platform) -> None:
                 pass
     except Exception:  # the platform may not have started
         pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            return "zombie" not in status.read()
-    except FileNotFoundError:
-        return False

@@ -1,12 +1,13 @@
 """A GPU job goes from the API to a GPU node and back, through real processes."""
 
 import json
-import os
 import re
 import time
 from datetime import datetime
 
 import pytest
+
+from tests.processes import alive
 
 pytestmark = pytest.mark.e2e
 TRAIN = {"template": "demo-train", "gpu_sku": "H100-80GB"}
@@ -82,11 +83,11 @@ def test_cancelling_a_running_job_kills_its_whole_process_tree(platform):
 
     platform.wait_until(child_reported, timeout=30, what="the job to print its child's pid")
     child = int(pids[0])
-    assert _alive(child)
+    assert alive(child)
 
     response = platform.post("bob", f"/api/v1/jobs/{job['id']}/cancel/")
     assert response.status_code == 200 and response.json()["state"] == "cancelled"
-    platform.wait_until(lambda: not _alive(child), timeout=20, what=f"child {child} to die")
+    platform.wait_until(lambda: not alive(child), timeout=20, what=f"child {child} to die")
     platform.wait_until(lambda: _gpus_free(platform, "e2e-h1"), timeout=20, what="the job's GPU to be released")
     assert platform.job(job["id"])["attempts"][0]["state"] == "cancelled"
 
@@ -125,18 +126,6 @@ def _gpus_free(platform, node: str) -> bool:
 
 def _ts(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            return "zombie" not in status.read()
-    except FileNotFoundError:
-        return False
 
 
 def test_flower_is_not_in_the_way_of_the_api(platform):

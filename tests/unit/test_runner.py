@@ -1,7 +1,5 @@
 """The runner on its own: real subprocesses, a recording reporter instead of the database."""
 
-import os
-import pathlib
 import signal
 import sys
 import time
@@ -9,6 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from tests.processes import alive
 from workers.runner import Runner
 
 
@@ -129,7 +128,7 @@ def test_stopping_kills_the_whole_process_tree(runner, tmp_path):
     runner.stop(1, 0, "cancel")
     assert run_until_finished(runner)[2] == "cancel"
     time.sleep(0.2)
-    assert not _alive(child)
+    assert not alive(child)
 
 
 def test_a_launch_delivered_twice_runs_once(runner):
@@ -147,7 +146,7 @@ def test_a_restarted_agent_kills_the_orphans_of_the_previous_one(tmp_path):
     second = Runner(node="n1", data_dir=tmp_path, reporter=Recorder())
     assert second.kill_orphans() == 1
     first.runs[(1, 0)].process.wait(5)
-    assert not _alive(pid)
+    assert not alive(pid)
 
 
 def test_progress_and_checkpoints_from_the_sdk_are_reported(runner):
@@ -185,16 +184,6 @@ def test_a_job_that_ignores_the_checkpoint_signal_is_killed_after_the_grace(runn
     finished = run_until_finished(runner)
     assert finished[1] == -signal.SIGKILL
     assert 1.5 <= time.monotonic() - started < 8  # grace (1 s) + kill grace (1 s), then SIGKILL
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie still answers kill(0); it is dead for our purpose
-    status = pathlib.Path(f"/proc/{pid}/status")
-    return status.exists() and "zombie" not in status.read_text()
 
 
 if sys.platform != "linux":  # pragma: no cover
