@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | cksum | cut -d' ' -f1)
 
-.PHONY: install run test lint bench clean browser
+.PHONY: install run test lint bench clean browser chaos
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -18,7 +18,7 @@ run: install
 	$(BIN)/python -m gpuplatform.launch
 
 # Checks and tests need a secret key; this one exists only for them (never for `make run`).
-lint test bench: export SECRET_KEY ?= make-check-not-a-secret
+lint test bench chaos: export SECRET_KEY ?= make-check-not-a-secret
 
 lint: install
 	$(BIN)/ruff check .
@@ -36,6 +36,11 @@ test: lint browser
 
 bench: install
 	$(BIN)/python -m bench.run_all
+
+# Break the platform on purpose (docs/reliability.md): two dispatchers place 1,000 jobs, then
+# 250 more run while agents, a dispatcher and Redis are killed at random; prints the counts.
+chaos: install
+	$(BIN)/python -m scripts.chaos
 
 clean:
 	rm -rf var .pytest_cache

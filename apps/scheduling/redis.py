@@ -1,6 +1,8 @@
 """The shared Redis client, and the dispatcher's leader lock with a fencing token."""
 
 import functools
+import os
+import socket
 import uuid
 
 import redis
@@ -16,6 +18,9 @@ def client() -> redis.Redis:
 _RELEASE = """
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end
 """
+_EXTEND = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end
+"""
 
 
 class LeaderLock:
@@ -24,7 +29,8 @@ class LeaderLock:
 
     def __init__(self, name: str, ttl_ms: int = 30_000):
         self.key, self.ttl_ms = f"gpuplatform:lock:{name}", ttl_ms
-        self.token = uuid.uuid4().hex
+        # Unique per holder, and says who holds it (host:pid:random) for operators and tests.
+        self.token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}"
         self.fence: int | None = None
 
     def acquire(self) -> bool:
@@ -32,6 +38,10 @@ class LeaderLock:
             return False
         self.fence = int(client().incr(f"{self.key}:fence"))
         return True
+
+    def extend(self) -> bool:
+        """Renew the lease if we still hold it; False if it lapsed (someone else may hold it)."""
+        return bool(client().eval(_EXTEND, 1, self.key, self.token, self.ttl_ms))
 
     def release(self) -> None:
         client().eval(_RELEASE, 1, self.key, self.token)

@@ -14,6 +14,10 @@ from .redis import LeaderLock, client
 
 log = logging.getLogger(__name__)
 DIRTY_KEY = "gpuplatform:dispatch:dirty"
+# A leader killed mid-pass holds the lock until it lapses: this bounds the takeover (plus one
+# beat tick). The holder renews it between passes; a single pass longer than this may overlap
+# another dispatcher's, which is safe (the job's guarded update and the allocation index).
+LEADER_TTL_MS = 5_000
 
 
 def request_dispatch() -> None:
@@ -27,7 +31,7 @@ def request_dispatch() -> None:
 @shared_task(name=DISPATCH_TASK, ignore_result=True)
 def dispatch() -> None:
     """One dispatcher pass at a time; requests arriving meanwhile make the holder go again."""
-    lock = LeaderLock("dispatch")
+    lock = LeaderLock("dispatch", ttl_ms=LEADER_TTL_MS)
     try:
         if not lock.acquire():
             client().set(DIRTY_KEY, 1, ex=60)
@@ -40,7 +44,7 @@ def dispatch() -> None:
         for _ in range(20):
             client().delete(DIRTY_KEY)
             _timed_pass()
-            if not client().get(DIRTY_KEY):
+            if not client().get(DIRTY_KEY) or not lock.extend():
                 break
     finally:
         lock.release()

@@ -112,6 +112,7 @@ class Platform:
         from gpuplatform import embedded_redis
 
         port = self.redis.port
+        self.redis.process.kill()  # no shutdown save: whatever it held is gone
         self.redis.stop()
         self.redis = embedded_redis.start(self.data_dir / "redis", port=port, persist=False)
 
@@ -133,10 +134,14 @@ class Platform:
         self.killed.discard(name)
         return process
 
-    def kill(self, name: str, signum: int = signal.SIGKILL) -> None:
+    def kill(self, name: str, signum: int = signal.SIGKILL, *, group: bool = False) -> None:
+        """Signal one process (`group`: its whole process group, e.g. a dispatcher and its beat)."""
         process = self.processes[name]
         self.killed.add(name)
-        os.kill(process.pid, signum)
+        try:
+            (os.killpg if group else os.kill)(process.pid, signum)
+        except ProcessLookupError:
+            pass
         process.wait(10)
 
     def stop(self) -> None:
