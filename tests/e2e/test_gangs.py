@@ -5,7 +5,8 @@ import re
 
 import pytest
 
-from tests.e2e.test_foundation import _alive, _gpus_free
+from tests.e2e.test_foundation import _gpus_free
+from tests.processes import alive
 
 pytestmark = pytest.mark.e2e
 GANG = {"template": "demo-train", "gpu_sku": "A100-40GB", "gpus": 2, "nodes": 2}  # both A100 nodes
@@ -34,12 +35,12 @@ def test_a_gang_starts_both_members_with_the_rendezvous_env_and_a_lost_member_en
     assert envs[0]["MASTER_ADDR"] and envs[0]["MASTER_ADDR"] == envs[1]["MASTER_ADDR"]
     assert int(envs[0]["MASTER_PORT"]) > 0 and envs[0]["MASTER_PORT"] == envs[1]["MASTER_PORT"]
     pids = [int(e["pid"]) for e in envs]
-    assert all(_alive(pid) for pid in pids)
+    assert all(alive(pid) for pid in pids)
 
     # The agent of rank 1 dies: its member dies with it, and the platform stops rank 0.
     lost_node, other_node = placements[1]["node"], placements[0]["node"]
     platform.kill(f"agent-{lost_node}")
-    platform.wait_until(lambda: not any(_alive(pid) for pid in pids), timeout=30, what="both members to stop")
+    platform.wait_until(lambda: not any(alive(pid) for pid in pids), timeout=30, what="both members to stop")
     platform.wait_until(lambda: _gpus_free(platform, other_node), timeout=30, what=f"{other_node}'s GPUs released")
     waiting = platform.job(job["id"])
     assert waiting["state"] == "queued"  # one A100 node is not enough for the gang: it waits whole

@@ -2,7 +2,8 @@
 
 import time
 
-from tests.unit.test_runner import Recorder, Work, _alive, py, run_until_finished
+from tests.processes import alive
+from tests.unit.test_runner import Recorder, Work, py, run_until_finished
 from workers.runner import Runner
 
 
@@ -29,7 +30,7 @@ def test_a_process_whose_attempt_ended_before_it_started_is_stopped_at_once(tmp_
     pid = runner.runs[(1, 0)].process.pid
     finished = run_until_finished(runner)
     assert finished[2] == "not assigned here any more"
-    assert time.monotonic() - started < 10 and not _alive(pid)
+    assert time.monotonic() - started < 10 and not alive(pid)
 
 
 def test_a_failed_start_report_never_reports_a_running_process_finished(tmp_path):
@@ -38,4 +39,4 @@ def test_a_failed_start_report_never_reports_a_running_process_finished(tmp_path
     pid = runner.runs[(1, 0)].process.pid
     finished = run_until_finished(runner)
     assert finished == ("finished", 0, "")  # its real end, not a made-up launch failure
-    assert not _alive(pid)
+    assert not alive(pid)
