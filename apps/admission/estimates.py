@@ -16,6 +16,7 @@ import heapq
 import statistics
 from collections import defaultdict
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from django.db.models import Count
 from django.utils import timezone
@@ -24,11 +25,23 @@ from apps.jobs.models import ATTEMPT_ACTIVE, AttemptState, GpuAllocation, Job, J
 from apps.nodes.models import Gpu, GpuHealth, NodeState
 
 ANY = "*"
+QUEUE_LIMIT = 1000  # queued jobs replayed; a job further back gets no estimate
+
+
+class Queued(NamedTuple):
+    """What the replay needs of a queued job (plain rows: a list response must stay cheap)."""
+
+    pk: object
+    sku: str
+    gpus: int
+    nodes: int
+    max_runtime_seconds: int
+    template_id: int | None
 
 
 class Estimator:
     def __init__(self, *, now: datetime, capacity: dict[str, int], running: list[tuple[str, datetime, int]],
-                 queue: list[Job], typical: dict[int, float]):  # fmt: skip
+                 queue: list[Queued], typical: dict[int, float]):  # fmt: skip
         self.now, self.capacity, self.running, self.queue, self.typical = now, capacity, running, queue, typical
         self._starts: dict | None = None
 
@@ -37,7 +50,8 @@ class Estimator:
         from apps.scheduling.dispatcher import queue_order
 
         now = timezone.now()
-        queue = list(queue_order().select_related("gpu_sku")[:1000])
+        fields = ("pk", "gpu_sku__name", "gpus", "nodes", "max_runtime_seconds", "template_id")
+        queue = [Queued(pk, sku or ANY, *rest) for pk, sku, *rest in queue_order().values_list(*fields)[:QUEUE_LIMIT]]
         held = _held()
         templates = {j.template_id for j in queue} | {a.job.template_id for a, _ in held}
         typical = _typical_runtimes({t for t in templates if t})
@@ -50,7 +64,7 @@ class Estimator:
             running += [(sku, max(end, now), n) for sku, n in by_sku.items()]
         return cls(now=now, capacity=_capacity(), running=running, queue=queue, typical=typical)
 
-    def runtime(self, job: Job) -> float:
+    def runtime(self, job: Queued | Job) -> float:
         return _runtime(job, self.typical)
 
     def estimate(self, job: Job) -> datetime | None:
@@ -69,7 +83,7 @@ class Estimator:
         heapq.heapify(releases)
         t, starts = self.now, {}
         for job in self.queue:
-            if (job.gpu_sku.name if job.gpu_sku_id else ANY) != pool:
+            if job.sku != pool:
                 continue
             need = job.gpus * job.nodes
             if need > capacity:
@@ -90,7 +104,7 @@ def _capacity() -> dict[str, int]:
     return dict(rows.values_list("node__sku__name").annotate(n=Count("pk")))
 
 
-def _runtime(job: Job, typical: dict[int, float]) -> float:
+def _runtime(job: Queued | Job, typical: dict[int, float]) -> float:
     usual = typical.get(job.template_id) if job.template_id else None
     return min(job.max_runtime_seconds, usual) if usual else float(job.max_runtime_seconds)
 
