@@ -63,10 +63,12 @@ class DbReporter:
 
     def finished(self, run, exit_code, reason: str, checkpoint: str) -> None:
         from apps.jobs.services import attempt_member_finished, attempt_member_lost
+        from workers.runner import FENCED
 
         a = run.assignment
-        if run.stop_reason == "agent stopping":
-            attempt_member_lost(attempt_id=a.attempt_id, rank=a.rank, token=a.token, reason="agent stopped")
+        if run.stop_reason in ("agent stopping", FENCED):  # not the job's fault: it is retried
+            why = "agent stopped" if run.stop_reason == "agent stopping" else f"agent {run.stop_reason}"
+            attempt_member_lost(attempt_id=a.attempt_id, rank=a.rank, token=a.token, reason=why)
             return
         attempt_member_finished(attempt_id=a.attempt_id, rank=a.rank, token=a.token, exit_code=exit_code,
                                 reason=reason, checkpoint=checkpoint)  # fmt: skip
@@ -101,6 +103,12 @@ class Agent:
         self.settings = settings
         self.stopping = threading.Event()
         self.nvml = None
+        # When the database last took our heartbeat (its start), and how long we may go without
+        # one: as long as the platform waits before it declares the node lost. Measured from
+        # before the heartbeat's write, we fence first; a lost node's jobs then wait out their
+        # retry backoff before they can start elsewhere.
+        self.last_heartbeat = time.monotonic()
+        self.fence_after = settings.HEARTBEAT_SECONDS * settings.NODE_LOST_AFTER_HEARTBEATS
         self.runner = Runner(node=args.node, data_dir=pathlib.Path(settings.DATA_DIR), reporter=DbReporter(),
                              kill_grace=settings.KILL_GRACE_SECONDS)  # fmt: skip
 
@@ -131,11 +139,13 @@ class Agent:
         while not self.stopping.wait(self.settings.HEARTBEAT_SECONDS):
             try:
                 close_old_connections()
+                began = time.monotonic()
                 gpus = self.nvml.gpus(limit=self.args.gpus) if self.nvml else []
                 if node_heartbeat(name=self.args.node, agent_instance=self.instance, gpus=gpus) is None:
                     log.error("another agent took over node %s; stopping", self.args.node)
                     self.runner.stop_all("agent replaced")
                     os._exit(3)
+                self.last_heartbeat = began
                 self.sync()
             except Exception:
                 log.exception("heartbeat failed; retrying")
@@ -165,11 +175,19 @@ class Agent:
                 self.runner.reporter.lost(Run(assignment=want, workdir=pathlib.Path("."), log_path=pathlib.Path(".")),
                                           "ended before it started")  # fmt: skip
 
+    def fence(self) -> None:
+        """Cut off from the database (or too slow to reach it) for as long as the platform waits
+        before it declares this node lost and runs its jobs elsewhere: kill every job here first,
+        so that no job ever runs in two places at once."""
+        if time.monotonic() - self.last_heartbeat > self.fence_after and self.runner.runs:
+            self.runner.kill_all()
+
     def tick_loop(self) -> None:
         from django.db import close_old_connections
 
         while not self.stopping.wait(0.2):
             try:
+                self.fence()
                 close_old_connections()
                 self.runner.tick()
             except Exception:

@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 SDK_DIR = pathlib.Path(__file__).resolve().parent / "sdk"
 PR_SET_PDEATHSIG = 1
 ENV_PASSTHROUGH = ("LD_LIBRARY_PATH", "CUDA_HOME", "NVIDIA_DRIVER_CAPABILITIES", "TZ")
+FENCED = "cut off from the platform"  # the agent missed its heartbeats: its jobs die at once
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -114,6 +115,15 @@ class Runner:
         signum, wait = run.stop_plan.pop(0)
         self._signal(run, signum)
         run.stop_deadline = None if wait is None else time.monotonic() + wait
+
+    def kill_all(self, why: str = FENCED) -> None:
+        """SIGKILL every job here now, no grace: the platform may already be running them elsewhere."""
+        with self.lock:
+            for run in [run for run in self.runs.values() if not run.finished]:
+                if run.stop_reason != why:
+                    log.error("attempt %s rank %s: %s; killing it", *run.key, why)
+                    run.stop_reason, run.stop_plan, run.stop_deadline = why, [], None
+                self._signal(run, signal.SIGKILL)
 
     def stop_all(self, why: str) -> None:
         with self.lock:

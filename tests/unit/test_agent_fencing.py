@@ -1,0 +1,60 @@
+"""An agent cut off from the database kills its jobs before the platform declares the node lost
+and runs them elsewhere: a job never runs in two places at once."""
+
+import argparse
+import pathlib
+import time
+
+import pytest
+
+from apps.jobs import services
+from apps.scheduling.dispatcher import dispatch_once
+from tests.factories import make_cast, make_node
+from tests.processes import alive
+from tests.unit.test_dispatcher import submit
+from tests.unit.test_runner import Recorder, Work, py, run_until_finished
+from workers.agent import Agent, DbReporter
+from workers.runner import FENCED, Run
+
+
+@pytest.fixture
+def agent(settings, tmp_path):
+    settings.DATA_DIR = tmp_path
+    settings.HEARTBEAT_SECONDS, settings.NODE_LOST_AFTER_HEARTBEATS = 2, 3
+    agent = Agent(argparse.Namespace(node="n1", sku="H100-80GB", gpus=1, fake=True, labels={}, concurrency=1))
+    agent.runner.reporter = Recorder()
+    return agent
+
+
+def test_an_agent_that_misses_its_heartbeats_kills_its_jobs_before_the_node_is_declared_lost(agent):
+    assert agent.fence_after == 6  # as long as the platform waits before it declares the node lost: 3 x 2 s
+    agent.runner.launch(Work(argv=py("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)")))
+    pid = agent.runner.runs[(1, 0)].process.pid
+    agent.fence()
+    assert alive(pid)  # heartbeats are fine: nothing happens
+    agent.last_heartbeat = time.monotonic() - 6.5
+    agent.fence()
+    assert run_until_finished(agent.runner, timeout=5)[1:] == (-9, FENCED)  # SIGKILL, no grace
+    assert not alive(pid)
+
+
+@pytest.fixture
+def cast(db):
+    return make_cast()
+
+
+def test_a_job_killed_by_the_fence_is_retried_not_failed(cast, settings):
+    make_node("h1", gpus=1)
+    job = submit(cast)
+    dispatch_once()
+    attempt = job.attempts.get()
+    services.attempt_member_started(attempt_id=attempt.pk, rank=0, token=str(attempt.token), pid=1)
+    from apps.jobs.selectors import assignment
+
+    run = Run(assignment=assignment(attempt.pk, 0, str(attempt.token)), workdir=pathlib.Path("."),
+              log_path=pathlib.Path("."), stop_reason=FENCED)  # fmt: skip
+    DbReporter().finished(run, -9, FENCED, "")
+    job.refresh_from_db()
+    attempt.refresh_from_db()
+    assert (attempt.state, job.state) == ("lost", "queued")
+    assert job.reason.startswith(f"agent {FENCED}; retry 1 of")
