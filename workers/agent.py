@@ -63,12 +63,14 @@ class DbReporter:
 
     def finished(self, run, exit_code, reason: str, checkpoint: str) -> None:
         from apps.jobs.services import attempt_member_finished, attempt_member_lost
-        from workers.runner import FENCED
+        from workers.runner import FENCED, UNASSIGNED
 
         a = run.assignment
-        if run.stop_reason in ("agent stopping", FENCED):  # not the job's fault: it is retried
-            why = "agent stopped" if run.stop_reason == "agent stopping" else f"agent {run.stop_reason}"
-            attempt_member_lost(attempt_id=a.attempt_id, rank=a.rank, token=a.token, reason=why)
+        # Stopped by the agent, not the job's fault: retried. (If the database already ended the
+        # member, as it has for UNASSIGNED unless a race fooled the agent, this changes nothing.)
+        lost = {"agent stopping": "agent stopped", FENCED: f"agent {FENCED}", UNASSIGNED: f"agent: {UNASSIGNED}"}
+        if run.stop_reason in lost:
+            attempt_member_lost(attempt_id=a.attempt_id, rank=a.rank, token=a.token, reason=lost[run.stop_reason])
             return
         attempt_member_finished(attempt_id=a.attempt_id, rank=a.rank, token=a.token, exit_code=exit_code,
                                 reason=reason, checkpoint=checkpoint)  # fmt: skip
@@ -153,14 +155,17 @@ class Agent:
     def sync(self) -> None:
         """Make what runs here match what the database says runs here."""
         from apps.jobs.selectors import open_members_on
+        from workers.runner import UNASSIGNED
 
-        wanted = open_members_on(self.args.node)
+        # Local runs first: a run launched (start message) after the database read would look
+        # unassigned and be killed.
         with self.runner.lock:
             local = dict(self.runner.runs)
+        wanted = open_members_on(self.args.node)
         for key, run in local.items():
             want = wanted.get(key)
             if want is None or want.token != run.assignment.token:
-                self.runner.stop(*key, why="not assigned here any more")
+                self.runner.stop(*key, why=UNASSIGNED)
             elif want.stop_requested:
                 self.runner.stop(*key, why=want.stop_requested)
         for key, want in wanted.items():

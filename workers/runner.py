@@ -26,6 +26,7 @@ SDK_DIR = pathlib.Path(__file__).resolve().parent / "sdk"
 PR_SET_PDEATHSIG = 1
 ENV_PASSTHROUGH = ("LD_LIBRARY_PATH", "CUDA_HOME", "NVIDIA_DRIVER_CAPABILITIES", "TZ")
 FENCED = "cut off from the platform"  # the agent missed its heartbeats: its jobs die at once
+UNASSIGNED = "not assigned here any more"  # the database no longer has it on this node
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -229,7 +230,7 @@ class Runner:
             # The attempt ended (lost, cancelled) between our read and the launch: stop it now
             # rather than at the next sync, so it never runs beside the job's next attempt.
             log.warning("attempt %s rank %s ended before its process started; stopping it", a.attempt_id, a.rank)
-            self.stop(a.attempt_id, a.rank, why="not assigned here any more")
+            self.stop(a.attempt_id, a.rank, why=UNASSIGNED)
 
     def _environment(self, run: Run, output, control, checkpoints) -> dict[str, str]:
         a = run.assignment

@@ -55,7 +55,15 @@ def epoch(moment) -> float:
     return moment.timestamp()
 
 
-def load_cluster(strategy: str | None = None) -> ClusterSnapshot:
+def placement_strategy(jobs) -> core.Strategy | str:
+    """The default fgd-plus places to keep free capacity useful for the request mix it expects.
+    A manager built for one pass cannot learn that mix, so it is given the queue's; with an
+    empty queue there is nothing to place and best-fit will do."""
+    pods = [core.Pod(name=str(job.pk), gpus=job.gpus, nodes=job.nodes) for job in jobs]
+    return core.FGDPlus(workload=core.Workload.from_pods(pods)) if pods else "best-fit"
+
+
+def load_cluster(strategy: core.Strategy | str | None = None) -> ClusterSnapshot:
     """Every node that is not lost (cordoned and draining ones take no new work), its unhealthy
     GPUs marked unusable, and every GPU held by an attempt restored as a pod."""
     cluster = core.ClusterManager(strategy=strategy) if strategy else core.ClusterManager()
@@ -178,11 +186,11 @@ def dispatch_once() -> DispatchResult:
     started = time.monotonic()
     result = DispatchResult()
     now = timezone.now()
-    snapshot = load_cluster()
     tiers = tier_policies()
     config = policy_config(tiers)
     gate = DispatchGate.load()  # admission: per-tenant GPU caps, coalesced followers (apps/admission)
     jobs = {str(job.pk): job for job in ordered_queue() if job.tier.name in tiers and not gate.hold(job)}
+    snapshot = load_cluster(strategy=placement_strategy(jobs.values()))
     _drop_moved(jobs, snapshot)
     decisions = policy.decide(
         epoch(now), snapshot.cluster, [queued_job(job) for job in jobs.values()], snapshot.running, tiers,

@@ -14,7 +14,7 @@ from tests.processes import alive
 from tests.unit.test_dispatcher import submit
 from tests.unit.test_runner import Recorder, Work, py, run_until_finished
 from workers.agent import Agent, DbReporter
-from workers.runner import FENCED, Run
+from workers.runner import FENCED, UNASSIGNED, Run
 
 
 @pytest.fixture
@@ -58,3 +58,33 @@ def test_a_job_killed_by_the_fence_is_retried_not_failed(cast, settings):
     attempt.refresh_from_db()
     assert (attempt.state, job.state) == ("lost", "queued")
     assert job.reason.startswith(f"agent {FENCED}; retry 1 of")
+
+
+def test_a_run_launched_while_the_agent_reads_the_database_is_not_taken_for_unassigned(agent, monkeypatch):
+    work = Work(argv=py("import time; time.sleep(60)"))
+
+    def read_while_a_start_message_arrives(node):
+        agent.runner.launch(work)  # placed after this read began: not in what it returns
+        return {}
+
+    monkeypatch.setattr("apps.jobs.selectors.open_members_on", read_while_a_start_message_arrives)
+    agent.sync()
+    run = agent.runner.runs[(1, 0)]
+    assert run.stop_reason == ""  # not killed as "not assigned here any more"
+    agent.runner.kill_all("test over")
+    run_until_finished(agent.runner)
+
+
+def test_a_job_the_agent_stopped_as_unassigned_while_still_assigned_is_retried_not_failed(cast):
+    make_node("h1", gpus=1)
+    job = submit(cast)
+    dispatch_once()
+    attempt = job.attempts.get()
+    services.attempt_member_started(attempt_id=attempt.pk, rank=0, token=str(attempt.token), pid=1)
+    from apps.jobs.selectors import assignment
+
+    run = Run(assignment=assignment(attempt.pk, 0, str(attempt.token)), workdir=pathlib.Path("."),
+              log_path=pathlib.Path("."), stop_reason=UNASSIGNED)  # fmt: skip
+    DbReporter().finished(run, -15, UNASSIGNED, "")
+    job.refresh_from_db()
+    assert job.state == "queued" and job.attempts.get().state == "lost"
