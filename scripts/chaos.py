@@ -36,8 +36,11 @@ USERS = {"enterprise": "bob", "pro": "dave", "free": "erin"}  # the e2e seed's t
 TENANTS = ("acme", "globex", "hobby")
 CHECKS = ("jobs_with_two_attempts_running_at_once", "jobs_with_two_live_attempts", "gpu_double_placements",
           "gpus_held_by_ended_attempts", "open_members_of_ended_attempts", "members_started_twice")  # fmt: skip
-# Faster than production so a run takes minutes: retries back off from 0.5 s up to 4 s.
-ENV = {"GPUPLATFORM_RETRY_BACKOFF_SECONDS": "0.5", "GPUPLATFORM_RETRY_BACKOFF_MAX": "4", "LOG_LEVEL": "WARNING"}
+# Faster than production so a run takes minutes: heartbeats every second (a node is lost after
+# 3 s of silence; 0.5 s, the e2e default, loses nodes on a loaded 2-core box with nothing broken)
+# and retries backing off from 0.5 s up to 4 s.
+ENV = {"GPUPLATFORM_HEARTBEAT_SECONDS": "1", "GPUPLATFORM_RETRY_BACKOFF_SECONDS": "0.5",
+       "GPUPLATFORM_RETRY_BACKOFF_MAX": "4", "LOG_LEVEL": "INFO"}  # fmt: skip
 
 
 def start_platform(data_dir: pathlib.Path, *, name: str, nodes: int, gpus: int, env: dict | None = None):

@@ -18,8 +18,7 @@ LOCK = "gpuplatform:lock:dispatch"
 
 @pytest.fixture(scope="module")
 def platform(tmp_path_factory):
-    env = {"GPUPLATFORM_HEARTBEAT_SECONDS": "1", "LOG_LEVEL": "INFO"}  # a loaded CI box delays heartbeats
-    platform = chaos.start_platform(tmp_path_factory.mktemp("ha"), name="gpuplatform_e2e_ha", nodes=4, gpus=4, env=env)
+    platform = chaos.start_platform(tmp_path_factory.mktemp("ha"), name="gpuplatform_e2e_ha", nodes=4, gpus=4)
     try:
         yield platform
     finally:
