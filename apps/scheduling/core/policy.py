@@ -641,6 +641,7 @@ class _Pass:
         self.failed: dict[tuple, int] = {}  # (models, reservations) -> fewest GPUs that failed
         self.heads: list[Reservation] = []
         self.head_of: dict[str, Reservation] = {}
+        self._binding: dict[int, list[Reservation]] = {}  # level -> heads at or above it
         self._load_heads()
 
     def _load_heads(self) -> None:
@@ -664,12 +665,14 @@ class _Pass:
         self.heads.append(resv)
         self.head_of[resv.job_id] = resv
         self.failed.clear()
+        self._binding.clear()
 
     def _drop_head(self, job_id: str) -> None:
         resv = self.head_of.pop(job_id, None)
         if resv is not None:
             self.heads.remove(resv)
             self.failed.clear()
+            self._binding.clear()
 
     # --- the loop -------------------------------------------------------------------------
 
@@ -693,6 +696,7 @@ class _Pass:
             if s.view.free_total == 0 and not preemptor and self.heads:
                 # Nothing starts without preemption; stop once no job left could preempt.
                 self._wait(job, self._shortage, job)
+                misses += 1
                 if preemptors_left <= 0 or self.plans_left <= 0:
                     break
                 continue
@@ -763,8 +767,14 @@ class _Pass:
         if s.tier_gpus(job.tier) + total > s._tier_cap(tier):
             self._wait(job, self._at_cap, job)
             return True
+        if not self.heads:
+            return self._front(job, tier)
         level = tier.level
-        binding = [r for r in self.heads if r.job_id != job.job_id and r.level >= level]
+        binding = self._binding.get(level)
+        if binding is None:
+            binding = self._binding[level] = [r for r in self.heads if r.level >= level]
+        if job.job_id in self.head_of:
+            binding = [r for r in binding if r.job_id != job.job_id]
         if not binding:
             return self._front(job, tier)
         self._behind(job, tier, binding)
@@ -803,15 +813,15 @@ class _Pass:
             self._started(job, placement, self._start_reason(job, tier, "backfilled"))
             return
         # It may preempt too (several top-level jobs at once), but never on reserved nodes.
-        avoid = {node for r in binding for node in r.need}
-        top = max(r.level for r in binding)
-        if (
-            tier.level > top or (tier.level == top and self._above_victims(tier))
-        ) and self._try_preempt(job, tier, avoid):
-            self.invalid = True
-            self._drop_head(job.job_id)
-            self._make_head(job, force=True)
-            return
+        if self.could_preempt.get(job.tier) and self.plans_left > 0:
+            top = max(r.level for r in binding)
+            if tier.level > top or (tier.level == top and self._above_victims(tier)):
+                avoid = {node for r in binding for node in r.need}
+                if self._try_preempt(job, tier, avoid):
+                    self.invalid = True
+                    self._drop_head(job.job_id)
+                    self._make_head(job, force=True)
+                    return
         if job.job_id in self.head_of or len(self.heads) < self.cfg.reservations:
             self._make_head(job)
             return
@@ -851,7 +861,7 @@ class _Pass:
         (cleared whenever a job starts or a reservation changes).
         """
         s = self.s
-        key = (job.gpu_models, tuple(r.job_id for r in binding))
+        key = (job.gpu_models, tuple([r.job_id for r in binding]))
         fewest = self.failed.get(key)
         if fewest is not None and job.gpus >= fewest:
             return None
@@ -977,7 +987,8 @@ class _Pass:
 
     def _above_victims(self, tier: TierPolicy) -> bool:
         """Whether the tier outranks some preemptible tier (preemption by level, not reclaim)."""
-        return any(t.preemptible and t.level < tier.level for t in self.s.tiers.values())
+        lowest = min((t.level for t in self.s.tiers.values() if t.preemptible), default=math.inf)
+        return tier.level > lowest
 
     def _next_eligible(self) -> float:
         """When the next preemptible job passes its minimum runtime (inf if none will)."""
