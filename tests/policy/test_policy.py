@@ -20,8 +20,10 @@ from apps.scheduling.core.policy import (
 )
 
 
-def cluster_of(nodes: int, gpus: int = 8, model: str = "A100", config=None, tiers=None):
-    scheduler = Scheduler(ClusterManager(), tiers or default_tiers(), config)
+def cluster_of(
+    nodes: int, gpus: int = 8, model: str = "A100", config=None, tiers=None, strategy=None
+):
+    scheduler = Scheduler(ClusterManager(strategy), tiers or default_tiers(), config)
     for i in range(nodes):
         scheduler.add_node(Node(f"n{i}", gpus, model))
     return scheduler
@@ -315,3 +317,33 @@ def test_decayed_usage_halves_every_half_life():
     one = decayed_gpu_seconds([(0, 10, 1)], 10, h)
     later = decayed_gpu_seconds([(0, 10, 1)], 10 + h, h)
     assert math.isclose(later, one / 2, rel_tol=1e-9)
+
+
+def test_a_long_backfill_job_is_steered_off_the_reserved_node():
+    s = cluster_of(2, strategy="spread")
+    s.submit(job("ends-soon", gpus=4, tenant="a", est=100))
+    s.submit(job("ends-late", gpus=4, tenant="b", est=1000))
+    assert len(started(s.decide(0))) == 2
+    for node in ("n0", "n1"):  # 4 GPUs busy on each node
+        assert s.view.free[node] == 4
+    soon_node = s.running["ends-soon"].alloc[0][0]
+    s.submit(job("wide", gpus=8, tenant="c", submit=1, est=100))
+    s.submit(job("long", gpus=4, tenant="d", submit=2, est=5000))
+    decisions = s.decide(2)
+    [reserve] = [d for d in decisions if isinstance(d, Reserve)]
+    assert reserve.nodes == (soon_node,) and reserve.at == 100
+    [start] = [d for d in decisions if isinstance(d, Start)]
+    assert start.job_id == "long" and start.placement.nodes != [soon_node]
+
+
+def test_several_reservations_hold_disjoint_nodes():
+    s = cluster_of(3, config=PolicyConfig(reservations=2), strategy="spread")
+    for i in range(3):
+        s.submit(job(f"r{i}", gpus=4, tenant=f"t{i}", est=100 * (i + 1)))
+    s.decide(0)
+    s.submit(job("w1", gpus=8, tenant="x", submit=1))
+    s.submit(job("w2", gpus=8, tenant="y", submit=2))
+    reserves = [d for d in s.decide(2) if isinstance(d, Reserve)]
+    assert [d.job_id for d in reserves] == ["w1", "w2"]
+    assert not set(reserves[0].nodes) & set(reserves[1].nodes)
+    assert [d.at for d in reserves] == [100, 200]
