@@ -23,7 +23,8 @@ from apps.scheduling.sim.cli import table
 from apps.scheduling.sim.report import targets_table
 
 ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "var" / "bench" / "sim"
+OUT_ARG = Path("var/bench/sim")  # relative to the repository root, as the commands show it
+OUT = ROOT / OUT_ARG
 SECTION = ROOT / "docs" / "bench" / "30-simulator.md"
 POLICIES = "default,fifo,strict,slurm"
 
@@ -38,7 +39,7 @@ def run(argv: list[str]) -> str:
 def speed(quick: bool) -> tuple[str, dict]:
     argv = ["--format", "philly", "--nodes", "125", "--gpus-per-node", "8", "--policy", "default"]
     argv += ["--limit", "20000"] if quick else []
-    argv += ["--no-files", "--out", str(OUT / "philly")]
+    argv += ["--no-files", "--out", str(OUT_ARG / "philly")]
     command = run(argv)
     return command, json.loads((OUT / "philly" / "summary.json").read_text())
 
@@ -46,7 +47,7 @@ def speed(quick: bool) -> tuple[str, dict]:
 def policies(quick: bool) -> tuple[str, dict[str, dict]]:
     argv = ["--format", "itp", "--trace", "cluster04", "--nodes", "69", "--gpus-per-node", "8"]
     argv += ["--tenants", "12", "--tier-mix", "enterprise=0.1,pro=0.3,free=0.6", "--seed", "1"]
-    argv += ["--policy", POLICIES, "--no-files", "--out", str(OUT / "cluster04")]
+    argv += ["--policy", POLICIES, "--no-files", "--out", str(OUT_ARG / "cluster04")]
     argv += ["--limit", "4000"] if quick else []
     command = run(argv)
     results = {
