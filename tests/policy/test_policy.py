@@ -347,3 +347,54 @@ def test_several_reservations_hold_disjoint_nodes():
     assert [d.job_id for d in reserves] == ["w1", "w2"]
     assert not set(reserves[0].nodes) & set(reserves[1].nodes)
     assert [d.at for d in reserves] == [100, 200]
+
+
+def test_the_dispatcher_seam_over_three_ticks_of_a_preemption():
+    """decide() from plain rows each tick: preempt, wait for the victim, then start."""
+    from apps.scheduling.core import Pod
+
+    def fresh_cluster(running_rows):
+        cluster = ClusterManager()
+        cluster.add_node(Node("n0", 2, "A100"))
+        for row in running_rows:
+            cluster.add_pod(Pod(row.job_id, gpus=row.gpus), row.placement)
+        return cluster
+
+    tiers = default_tiers()
+    setup = cluster_of(1, gpus=2)
+    start_running(setup, 0, running("f1", tenant="f"), running("f2", tenant="g"))
+    setup.record_checkpoint("f2", 3000.0)
+    rows = [
+        RunningJob("f1", "f", "free", 1, 0.0, 10_000.0, setup.running["f1"].placement),
+        RunningJob(
+            "f2",
+            "g",
+            "free",
+            1,
+            0.0,
+            10_000.0,
+            setup.running["f2"].placement,
+            last_checkpoint_at=3000.0,
+        ),
+    ]
+    boss = job("boss", tier="enterprise", tenant="e", submit=3600)
+    # Tick 1: the cheaper victim (f2, saved at 3000) is signalled; boss holds a reservation.
+    first = decide(3600, fresh_cluster(rows), [boss], rows, tiers, config=PolicyConfig(grace_s=30))
+    [p] = [d for d in first if isinstance(d, Preempt)]
+    assert p.victim_ids == ("f2",) and p.for_job_id == "boss"
+    held = [d.job_id for d in first if isinstance(d, Reserve)]
+    assert held == ["boss"]
+    # Tick 2: f2 is `preempting` (still on its GPU until it stops): nothing new happens.
+    rows[1].preempted_for, rows[1].est_end = "boss", 3630.0
+    second = decide(3610, fresh_cluster(rows), [boss], rows, tiers, held_reservation=held)
+    assert not [d for d in second if isinstance(d, Preempt | Start)]
+    assert [d.at for d in second if isinstance(d, Reserve)] == [3630.0]
+    # Tick 3: f2 stopped (its attempt ended, the job went back to the queue): boss starts first.
+    back = job("f2", tenant="g", submit=0, preemptions=1)
+    third = decide(
+        3630, fresh_cluster(rows[:1]), [boss, back], rows[:1], tiers, held_reservation=held
+    )
+    assert started(third) == ["boss"]
+    [again] = [d for d in third if isinstance(d, Reserve)]
+    assert again.job_id == "f2" and again.at == 3730.0  # boss ends by its 100 s estimate
+    assert again.reason.startswith("first in line, reserved 1 node(s) from t=3730")

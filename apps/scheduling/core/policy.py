@@ -849,7 +849,13 @@ class _Pass:
                 )
                 return True
             self._add_head(resv)
-        self.out.append(Reserve(job.job_id, tuple(sorted(resv.need)), resv.shadow, "reserved"))
+        reason = "reserved"
+        if self.explain:
+            reason = (
+                f"first in line, reserved {len(resv.need)} node(s) from t={resv.shadow:.0f} "
+                f"(when running jobs end by their limits); now {self._shortage(job)}"
+            )
+        self.out.append(Reserve(job.job_id, tuple(sorted(resv.need)), resv.shadow, reason))
         return True
 
     # --- placing --------------------------------------------------------------------------
