@@ -203,7 +203,7 @@ def job_requeue(*, job: Job, actor: str, reason: str) -> Job:
         request_stop(attempt, why="requeue")
         end_attempt(attempt, state=AttemptState.CANCELLED, reason=reason)
     if not transition_job(job, to=JobState.QUEUED, expect=list(JobState), actor=actor, reason=reason,
-                          finished_at=None, exit_code=None, progress=0.0):  # fmt: skip
+                          finished_at=None, exit_code=None, progress=0.0, not_before=None):  # fmt: skip
         raise ServiceError("job changed while requeueing; try again", field="state")
     trigger_dispatch()
     return job

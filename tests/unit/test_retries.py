@@ -146,3 +146,26 @@ def test_a_lost_gang_is_not_placed_again_while_a_member_of_its_last_attempt_stil
     assert dispatch_once().placed == []  # two nodes are free, but rank 0's process is not gone yet
     services.attempt_member_finished(attempt_id=attempt.pk, rank=0, token=token, exit_code=-15, reason="lost")
     assert dispatch_once().placed == [str(job.id)]
+
+
+def test_an_attempt_whose_lease_expires_is_lost_and_retried_behind_its_backoff(cast):
+    from apps.jobs.models import JobAttempt
+    from apps.scheduling.reconcile import expire_leases
+
+    make_node("h1", gpus=1)
+    job = submit(cast)
+    dispatch_once()
+    JobAttempt.objects.filter(job=job).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    assert expire_leases() == 1
+    job.refresh_from_db()
+    assert job.attempts.get().state == "lost"
+    assert job.state == "queued" and job.reason.startswith("lease expired while starting; retry 1 of 2 after 10s")
+
+
+def test_staff_requeue_skips_the_backoff(cast):
+    make_node("h1", gpus=1)
+    job = submit(cast)
+    dispatch_once()
+    lose_node("h1")
+    services.job_requeue(job=Job.objects.get(pk=job.pk), actor="staff:support", reason="requeued by support")
+    assert dispatch_once().placed == [str(job.id)]
