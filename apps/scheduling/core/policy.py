@@ -123,7 +123,7 @@ def default_tiers() -> dict[str, TierPolicy]:
         ),
         "free": TierPolicy(
             "free", level=1, weight=1.0, preemptible=True, guaranteed_share=0.1,
-            age_limit_s=48 * HOUR, qos_priority=10,
+            age_limit_s=48 * HOUR, min_runtime_s=10 * 60, qos_priority=10,
         ),
     }  # fmt: skip
 

@@ -2,7 +2,8 @@
 
 - `default`: our policy (policy.py): enterprise on its own level above pro and free; pro and free
   share a level 3:1 by weight with guaranteed shares 30% / 10%; aging; EASY backfill;
-  checkpoint-aware preemption with a 15-minute minimum runtime and at most 3 preemptions a job.
+  checkpoint-aware preemption with a 10-minute minimum runtime (free) and at most 3 preemptions
+  a job.
 - `fifo`: submit order, head-of-line blocking, no backfill, no preemption.
 - `strict`: three strict levels (enterprise > pro > free), submit order inside a level, EASY
   backfill, the same preemption safeguards as `default`, no fair share and no aging.
