@@ -109,7 +109,7 @@ def _tier_dict(obj: Any) -> dict[str, Any]:
 def table(results: dict[str, dict[str, Any]]) -> str:
     """Side by side: the figures issue 4 sets targets on."""
     rows = [
-        ("enterprise p99 wait (h)", lambda s: _h(s["tiers"].get("enterprise", {}).get("wait_p99"))),
+        ("enterprise p99 wait (min)", lambda s: _m(s["tiers"].get("enterprise", {}).get("wait_p99"))),
         ("pro p99 wait (h)", lambda s: _h(s["tiers"].get("pro", {}).get("wait_p99"))),
         ("free p99 wait (h)", lambda s: _h(s["tiers"].get("free", {}).get("wait_p99"))),
         ("free max wait (h)", lambda s: _h(s["tiers"].get("free", {}).get("wait_max"))),
@@ -132,6 +132,10 @@ def table(results: dict[str, dict[str, Any]]) -> str:
 
 def _h(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds / 3600:.2f}"
+
+
+def _m(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds / 60:.2f}"
 
 
 def _f(x: float | None) -> str:

@@ -230,7 +230,8 @@ def targets(results: dict[str, dict[str, Any]]) -> list[tuple[str, str, bool | N
             for t, v in s["tiers"].items()
             if v.get("jain_fairness") is not None
         }
-        both = sorted(set(jains) & set(sj))
+        # A tier with one tenant has no fairness between tenants to compare.
+        both = sorted(t for t in set(jains) & set(sj) if d["tiers"][t].get("tenants", 0) > 1)
         out.append((
             "Jain's fairness above slurm's in each tier",
             ", ".join(f"{t} {jains[t]:.3f} vs {sj[t]:.3f}" for t in both),
