@@ -46,7 +46,7 @@ def start_platform(data_dir: pathlib.Path, nodes: dict, name: str):
     (data_dir / name).mkdir(parents=True, exist_ok=True)
     platform.env["GPUPLATFORM_DATA_DIR"] = str(data_dir / name)
     platform.start(nodes)
-    platform.manage("set_quota", "acme", "--max-queued-jobs", "100000")
+    platform.manage("set_quota", "acme", "--max-queued-jobs", "100000", "--submit-rate", "1000000", "--submit-burst", "100000")
     return platform, redis_server
 
 
