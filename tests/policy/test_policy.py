@@ -271,7 +271,7 @@ def test_wait_reasons_name_the_missing_resource():
     s.submit(job("h100", tenant="u", gpus=1, gpu_models=("H100",)))
     decisions = s.decide(0, explain=True)
     reasons = {d.job_id: d.reason for d in decisions if isinstance(d, Wait)}
-    assert "more than the cluster has" in reasons["big"]
+    assert "more than the cluster can offer" in reasons["big"]
     assert "1 free H100 GPU" in reasons["h100"]
 
 
@@ -398,3 +398,18 @@ def test_the_dispatcher_seam_over_three_ticks_of_a_preemption():
     [again] = [d for d in third if isinstance(d, Reserve)]
     assert again.job_id == "f2" and again.at == 3730.0  # boss ends by its 100 s estimate
     assert again.reason.startswith("first in line, reserved 1 node(s) from t=3730")
+
+
+def test_decide_counts_cordoned_nodes_and_foreign_pods_as_busy():
+    from apps.scheduling.core import Pod
+
+    cluster = ClusterManager()
+    for name in ("n0", "n1", "n2"):
+        cluster.add_node(Node(name, 8, "A100"))
+    cluster.cordon("n0")
+    cluster.schedule_pod(Pod("held-by-someone", gpus=8))  # not a job the policy knows
+    queued = [job("wide", gpus=8, nodes=2)]
+    decisions = decide(0, cluster, queued, [], default_tiers())
+    assert not started(decisions)
+    [wait] = [d for d in decisions if isinstance(d, Wait)]
+    assert "more than the cluster can offer" in wait.reason  # only n2 is usable

@@ -28,9 +28,10 @@ It returns, in the order they were taken:
   ids back as `held_reservation` next tick so the holds are kept.
 - `Wait(job_id, reason)`: still queued, with the reason shown to the user (only with `explain`).
 
-`decide` changes `cluster` the way the decisions say (victims removed, started jobs placed), so a
-dispatcher should build a fresh ClusterManager per tick. The simulator keeps one `Scheduler` alive
-instead and feeds it events (`submit`, `finish`); both go through `Scheduler.decide`.
+`decide` places the started jobs in `cluster` (victims stay until they stop), so a dispatcher
+should build a fresh ClusterManager per tick. GPUs the cluster holds for pods that are not in
+`running`, on cordoned nodes, or unhealthy count as busy. The simulator keeps one `Scheduler`
+alive instead and feeds it events (`submit`, `finish`); both go through `Scheduler.decide`.
 
 The rules (docs/scheduling.md has the formulas):
 
@@ -234,6 +235,7 @@ def decide(
         scheduler.add_node(node, in_cluster=True)
     for job in running:
         scheduler.restore_running(job)
+    _busy_beyond_running(scheduler, cluster)
     scheduler.reset_usage(now)
     for tenant, usage in (tenant_usage or {}).items():
         scheduler.set_usage(tenant, usage.tier, usage.gpu_seconds, now)
@@ -241,6 +243,22 @@ def decide(
         scheduler.submit(job)
     scheduler.hold(held_reservation)
     return scheduler.decide(now, explain=explain)
+
+
+def _busy_beyond_running(scheduler: Scheduler, cluster: Any) -> None:
+    """Count as busy what the cluster cannot give: other pods, cordoned nodes, unhealthy GPUs."""
+    if not hasattr(cluster, "node_view"):
+        return
+    view = scheduler.view
+    for name in list(view.free):
+        node = cluster.node_view(name)
+        usable = 0
+        if not node.cordoned:
+            usable = sum(
+                1 for m, ok in zip(node.free_milli, node.healthy, strict=True) if m >= 1000 and ok
+            )
+        if view.free[name] > usable:
+            view.take(name, view.free[name] - usable)
 
 
 def decayed_gpu_seconds(
@@ -843,7 +861,7 @@ class _Pass:
             if resv is None:
                 self._wait(
                     job,
-                    "needs {} node(s) with {}: more than the cluster has",
+                    "needs {} node(s) with {}: more than the cluster can offer",
                     job.nodes,
                     _gpu_label(job),
                 )
