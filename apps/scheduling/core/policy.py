@@ -347,6 +347,7 @@ class Scheduler:
         self._plan_failed: dict[str, float] = {}
         self._victims_of: dict[str, set[str]] = {}  # preemptor -> victims still stopping
         self._slurm = SlurmPriority(self.config.slurm_calc_period_s)
+        self._draining: set[str] = set()  # nodes that take no new work (see drain_node)
         self.now = 0.0
 
     # --- state changes --------------------------------------------------------------------
@@ -356,6 +357,34 @@ class Scheduler:
         if not in_cluster:
             self.cluster.add_node(node)
         self.view.add_node(node.name, int(node.gpus), node.gpu_model)
+        self._resv_dirty = self._changed = True
+
+    def drain_node(self, name: str) -> None:
+        """No new work on the node (cordoned); its running jobs stay until they end. O(G + log N).
+
+        Its free GPUs leave the view now and GPUs its jobs release never come back to it, so the
+        pass neither places nor reserves anything there."""
+        if name in self._draining:
+            return
+        self._draining.add(name)
+        if hasattr(self.cluster, "cordon"):
+            self.cluster.cordon(name)
+        free = self.view.free.get(name, 0)
+        if free:
+            self.view.take(name, free)
+        self._resv_dirty = self._changed = True
+
+    def remove_node(self, name: str) -> None:
+        """Forget a node that runs nothing (the autoscaler gives back idle nodes only).
+
+        Raises ValueError when a running job still holds GPUs there. O(R + G + log N) for R
+        running jobs."""
+        busy = [j.job_id for j in self.running.values() if any(n == name for n, _ in j.alloc)]
+        if busy:
+            raise ValueError(f"node {name} still runs {', '.join(sorted(busy))}")
+        self.cluster.remove_node(name)
+        self.view.remove_node(name)
+        self._draining.discard(name)
         self._resv_dirty = self._changed = True
 
     def submit(self, job: QueuedJob) -> None:
@@ -510,7 +539,8 @@ class Scheduler:
     def _remove_running(self, job_id: str, now: float) -> RunningJob:
         job = self.running.pop(job_id)
         for node, n in job.alloc:
-            self.view.give(node, n)
+            if node not in self._draining:
+                self.view.give(node, n)
         if job.preempted_for is not None:
             pending = self._victims_of.get(job.preempted_for)
             if pending is not None:

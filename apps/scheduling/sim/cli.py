@@ -6,15 +6,30 @@
 
 With several policies (comma-separated) each run writes to OUT/<policy>/ and a side-by-side
 table is printed (and written to OUT/table.md).
+
+Autoscaling (issue 7; apps/scheduling/sim/autoscale.py):
+
+    python -m apps.scheduling.sim --format itp --trace cluster04 --gpus-per-node 8 \
+        --autoscale peak,reactive,predictive --provision-lag 300 --out var/sim/autoscale
+
+`--autoscale` takes one or more of `off` (a static cluster of `--nodes`), `peak` (a static
+cluster sized for the workload's peak: the most GPUs its jobs would hold at once if each started
+at its submission, in whole nodes), `reactive` and `predictive` (start with `--min-nodes`, grow
+up to `--max-nodes`, default the peak, with the core's `Autoscaler` every
+`--autoscale-interval` seconds). With several, each run writes to OUT/<mode>/ and the table
+compares wait and paid GPU-hours (paid from the moment a node is requested until it is removed
+or the last job ends).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from pathlib import Path
 from typing import Any
 
+from apps.scheduling.sim.autoscale import AutoscaleHook, AutoscaleSettings
 from apps.scheduling.sim.engine import SimSettings, Simulation
 from apps.scheduling.sim.presets import POLICIES, policy_preset
 from apps.scheduling.sim.report import summarize, targets_table, write_outputs
@@ -55,7 +70,31 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--backfill-depth", type=int, default=256)
     p.add_argument("--out", type=Path, default=Path("var/sim"))
     p.add_argument("--no-files", action="store_true", help="skip jobs.csv/segments.csv")
+    p.add_argument("--autoscale", default="off", help=f"one or more of {','.join(AUTOSCALE_MODES)}")
+    p.add_argument("--provision-lag", type=float, default=300.0, help="seconds a new node takes")
+    p.add_argument("--min-nodes", type=int, default=0, help="autoscaled: nodes at the start")
+    p.add_argument("--max-nodes", type=int, default=0, help="autoscaled: at most (0: the peak)")
+    p.add_argument("--cooldown", type=float, default=600.0, help="seconds idle before removal")
+    p.add_argument("--autoscale-interval", type=float, default=60.0, help="seconds between calls")
     return p
+
+
+AUTOSCALE_MODES = ("off", "peak", "reactive", "predictive")
+
+
+def peak_nodes(jobs: list, gpus_per_node: int) -> int:
+    """Nodes for the most GPUs the jobs would hold at once if each started at its submission
+    (no waiting, whole nodes per job shape: a gang of k members x g GPUs counts k x g)."""
+    steps = sorted(
+        [(j.submit, j.gpus * j.nodes) for j in jobs]
+        + [(j.submit + j.duration, -j.gpus * j.nodes) for j in jobs],
+        key=lambda e: (e[0], e[1]),
+    )
+    held = peak = 0
+    for _, delta in steps:
+        held += delta
+        peak = max(peak, held)
+    return math.ceil(peak / gpus_per_node)
 
 
 def load_workload(args: argparse.Namespace) -> tuple[list, str]:
@@ -73,15 +112,28 @@ def load_workload(args: argparse.Namespace) -> tuple[list, str]:
     return jobs, source
 
 
-def run_one(args: argparse.Namespace, policy: str, out: Path) -> dict[str, Any]:
+def run_one(args: argparse.Namespace, policy: str, out: Path, mode: str = "off") -> dict[str, Any]:
     jobs, source = load_workload(args)
     tiers, config = policy_preset(policy, grace_s=args.grace, depth=args.backfill_depth)
+    peak = peak_nodes(jobs, args.gpus_per_node)
+    nodes = {"off": args.nodes, "peak": peak}.get(mode, args.min_nodes)
     settings = SimSettings(
-        nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+        nodes=nodes, gpus_per_node=args.gpus_per_node,
         checkpoint_interval_s=args.checkpoint_interval, restart_overhead_s=args.restart_overhead,
         grace_s=args.grace, strategy=args.placement, nodes_per_rack=args.nodes_per_rack,
     )  # fmt: skip
     sim = Simulation(jobs, settings, tiers, config)
+    hook = None
+    if mode in ("reactive", "predictive"):
+        hook = AutoscaleHook(
+            AutoscaleSettings(
+                mode, provision_lag_s=args.provision_lag, min_nodes=args.min_nodes,
+                max_nodes=args.max_nodes or peak, cooldown_s=args.cooldown,
+                interval_s=args.autoscale_interval,
+            ),
+            args.gpus_per_node, settings.gpu_model,
+        )  # fmt: skip
+        hook.install(sim)
     began, cpu = time.perf_counter(), time.process_time()
     sim.run()
     elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu
@@ -92,6 +144,16 @@ def run_one(args: argparse.Namespace, policy: str, out: Path) -> dict[str, Any]:
     )  # fmt: skip
     summary = summarize(sim, used, elapsed)
     summary["cpu_seconds"] = cpu
+    last_end = max((j.end for j in jobs if j.end is not None), default=sim.end_t)
+    scaling = hook.summary() if hook else {"mode": mode, "peak_nodes": nodes}
+    scaling.update(
+        workload_peak_nodes=peak,
+        paid_gpu_hours=sim.paid_gpu_hours(last_end),
+        billed_until=last_end,
+        billing="each node from its request (booting included) to its removal or the last job end",
+    )
+    summary["autoscale"] = scaling
+    summary["paid_gpu_hours"] = scaling["paid_gpu_hours"]
     if args.no_files:
         out.mkdir(parents=True, exist_ok=True)
         (out / "summary.json").write_text(
@@ -142,25 +204,98 @@ def _f(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
 
 
+def autoscale_table(results: dict[str, dict[str, Any]]) -> str:
+    """Wait and what it cost: p50/p95 wait, paid GPU-hours, node counts."""
+    rows = [
+        ("p50 wait (min)", lambda s: _m(s["by_size"]["all"]["wait_p50"])),
+        ("p95 wait (min)", lambda s: _m(s["by_size"]["all"]["wait_p95"])),
+        ("p99 wait (min)", lambda s: _m(s["by_size"]["all"]["wait_p99"])),
+        ("mean wait (min)", lambda s: _m(s["by_size"]["all"]["wait_mean"])),
+        ("paid GPU-hours", lambda s: f"{s['paid_gpu_hours']:,.0f}"),
+        ("GPU-hours delivered", lambda s: f"{s['gpu_hours_delivered']:,.0f}"),
+        ("nodes at most (up + booting)", lambda s: str(s["autoscale"]["peak_nodes"])),
+        ("nodes provisioned / removed", lambda s: f"{s['autoscale'].get('nodes_provisioned', 0)} / {s['autoscale'].get('nodes_terminated', 0) + s['autoscale'].get('nodes_drained', 0)}"),
+        ("preemptions", lambda s: str(s["preemptions"])),
+        ("simulation CPU time (s)", lambda s: f"{s['cpu_seconds']:.1f}"),
+    ]  # fmt: skip
+    names = list(results)
+    lines = ["| autoscale | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for label, get in rows:
+        lines.append(f"| {label} | " + " | ".join(get(results[n]) for n in names) + " |")
+    checks = autoscale_targets(results)
+    if checks:
+        lines += ["", "| target (issue 7) | measured | met |", "|---|---|---|"]
+        lines += [f"| {a} | {b} | {'yes' if c else 'no'} |" for a, b, c in checks]
+    return "\n".join(lines) + "\n"
+
+
+def autoscale_targets(results: dict[str, dict[str, Any]]) -> list[tuple[str, str, bool]]:
+    """Issue 7: predictive vs reactive (no more paid GPU-hours, p95 wait >= 30% lower) and vs
+    the static cluster sized for the peak (<= 60% of its GPU-hours, p95 wait <= 1.5x)."""
+    pred = results.get("predictive")
+    if pred is None:
+        return []
+
+    def p95(r: dict[str, Any]) -> float:
+        return r["by_size"]["all"]["wait_p95"] or 0.0
+
+    out = []
+    react = results.get("reactive")
+    if react is not None:
+        a, b = pred["paid_gpu_hours"], react["paid_gpu_hours"]
+        out.append(("paid GPU-hours: predictive <= reactive", f"{a:,.0f} vs {b:,.0f}", a <= b))
+        a, b = p95(pred), p95(react)
+        cut = 1 - a / b if b else 0.0
+        out.append((
+            "p95 wait: predictive >= 30% below reactive",
+            f"{a / 60:.2f} vs {b / 60:.2f} min ({100 * cut:.0f}% lower)", b > 0 and cut >= 0.3,
+        ))  # fmt: skip
+    peak = results.get("peak")
+    if peak is not None:
+        a, b = pred["paid_gpu_hours"], peak["paid_gpu_hours"]
+        out.append((
+            "paid GPU-hours: predictive <= 60% of static-for-peak",
+            f"{a:,.0f} vs {b:,.0f} ({100 * a / b:.0f}%)", a <= 0.6 * b,
+        ))  # fmt: skip
+        a, b = p95(pred), p95(peak)
+        out.append((
+            "p95 wait: predictive <= 1.5x static-for-peak",
+            f"{a / 60:.2f} vs {b / 60:.2f} min", a <= 1.5 * b,
+        ))  # fmt: skip
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     for p in policies:
         policy_preset(p)  # fail early on a bad name
+    modes = [m.strip() for m in args.autoscale.split(",") if m.strip()]
+    for m in modes:
+        if m not in AUTOSCALE_MODES:
+            raise SystemExit(f"unknown --autoscale {m!r}; choose from {', '.join(AUTOSCALE_MODES)}")
+    if len(policies) > 1 and len(modes) > 1:
+        raise SystemExit("compare several policies or several --autoscale modes, not both")
+    runs = (
+        [(p, modes[0], p) for p in policies]
+        if len(modes) == 1
+        else [(policies[0], m, m) for m in modes]
+    )
     results = {}
-    for policy in policies:
-        out = args.out / policy if len(policies) > 1 else args.out
-        results[policy] = run_one(args, policy, out)
-        s = results[policy]
+    for policy, mode, key in runs:
+        out = args.out / key if len(runs) > 1 else args.out
+        results[key] = run_one(args, policy, out, mode)
+        s = results[key]
         print(
-            f"{policy}: {s['finished']}/{s['jobs']} jobs finished in {s['wall_seconds']:.1f} s -> {out}",
+            f"{key}: {s['finished']}/{s['jobs']} jobs finished in {s['wall_seconds']:.1f} s -> {out}",
             flush=True,
         )
     text = table(results)
-    checks = targets_table(results)
+    checks = targets_table(results) if len(modes) == 1 else ""
     if checks:
         text += "\n" + checks
+    text += "\n" + autoscale_table(results)
     print(text)
-    if len(policies) > 1:
+    if len(runs) > 1:
         (args.out / "table.md").write_text(text)
     return 0

@@ -13,8 +13,13 @@ the rest of the run (including the grace period) is lost, and when it runs again
 R seconds restarting, also lost. So for every job the sum of its segments equals its
 duration plus its lost time, which the segments validator checks.
 
-Room for autoscaling (issue 7): `add_node_at(t, node)` / `remove_node_at(t, name)` schedule node
-changes as events, and `hooks` are called as `hook(sim, t)` after every pass.
+Autoscaling (issue 7, apps/scheduling/sim/autoscale.py): `add_node_at(t, node, requested_at=)`
+and `remove_node_at(t, name)` schedule node changes as events, `tick_at(t)` asks for a pass at t
+(a hook's timer), and `hooks` are called as `hook(sim, t)` after every pass. A NODE_DOWN removes
+an idle node at once; a node that still runs something is drained (no new work) and goes when
+its last job ends, so nothing is ever evicted. Every node is paid from the moment it is
+requested (a cloud bills a booting machine) until it is removed or the simulation ends (the last
+event); the nodes present at the start are paid from the first submission.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from apps.scheduling.core.policy import (
 )
 from apps.scheduling.sim.workload import SimJob
 
-FINISH, RELEASE, NODE_UP, NODE_DOWN, WAKE = 0, 1, 2, 3, 4
+FINISH, RELEASE, NODE_UP, NODE_DOWN, WAKE, TICK = 0, 1, 2, 3, 4, 5
 
 
 @dataclass
@@ -89,8 +94,18 @@ class Simulation:
         self._last_t = 0.0
         self._next_sample = 0.0
         self._last_sample = 0.0
+        self._arrivals = 0  # jobs of `self.jobs` that arrived so far
+        self._ticks = 0  # TICK events in the heap
+        self.arrival_hooks: list[Callable[[Simulation, SimJob, float], None]] = []
+        # node name -> [requested at, up at (None: still coming), down at (None: still there), gpus]
+        start = self.jobs[0].submit if self.jobs else 0.0
+        self.billing: dict[str, list] = {}
+        self.draining: set[str] = set()  # asked to go while running something
+        self.end_t = start
         for i in range(settings.nodes):
-            self.scheduler.add_node(self._node(i))
+            node = self._node(i)
+            self.scheduler.add_node(node)
+            self.billing[node.name] = [start, start, None, node.gpus]
 
     def _node(self, i: int) -> Node:
         s = self.settings
@@ -106,11 +121,43 @@ class Simulation:
         self._seq += 1
         heapq.heappush(self.events, (t, kind, self._seq, payload))
 
-    def add_node_at(self, t: float, node: Node) -> None:
+    def add_node_at(self, t: float, node: Node, requested_at: float | None = None) -> None:
+        """The node joins at t; it is paid from `requested_at` (default t)."""
+        self.billing[node.name] = [
+            t if requested_at is None else requested_at,
+            None,
+            None,
+            node.gpus,
+        ]
         self.push(t, NODE_UP, node)
 
     def remove_node_at(self, t: float, name: str) -> None:
         self.push(t, NODE_DOWN, name)
+
+    def tick_at(self, t: float) -> None:
+        """A pass (and so the hooks) at t, while there is still work to simulate."""
+        self._ticks += 1
+        self.push(t, TICK, None)
+
+    def has_work(self) -> bool:
+        """Jobs still to arrive, or events other than ticks pending."""
+        return self._arrivals < len(self.jobs) or len(self.events) > self._ticks
+
+    def node_jobs(self, name: str) -> list[str]:
+        """Running jobs with a part on the node."""
+        return [
+            j.job_id for j in self.scheduler.running.values() if any(n == name for n, _ in j.alloc)
+        ]
+
+    def paid_gpu_hours(self, end: float | None = None) -> float:
+        """GPU-hours paid: each node from its request to its removal (or `end`, default the
+        last event)."""
+        end = self.end_t if end is None else end
+        total = 0.0
+        for requested, _up, down, gpus in self.billing.values():
+            stop = end if down is None else min(down, end)
+            total += max(0.0, stop - requested) * gpus
+        return total / 3600.0
 
     # --- the loop ------------------------------------------------------------------------------
 
@@ -122,12 +169,16 @@ class Simulation:
             t = min(jobs[i].submit if i < n else inf, events[0][0] if events else inf)
             # (a zero grace period releases victims at the same t: a second pass at t follows)
             self._account(t)
+            self.end_t = max(self.end_t, t)
             while events and events[0][0] <= t:
                 _, kind, _, payload = heapq.heappop(events)
                 self._handle(kind, payload, t)
             while i < n and jobs[i].submit <= t:
                 self._arrive(jobs[i])
                 i += 1
+                self._arrivals = i
+                for arrival_hook in self.arrival_hooks:
+                    arrival_hook(self, jobs[i - 1], t)
             self._apply(self.scheduler.decide(t), t)
             wake = self.scheduler.wake_at
             if t < wake < self._wake_pending:
@@ -143,11 +194,31 @@ class Simulation:
             self._released(*payload, t)
         elif kind == NODE_UP:
             self.scheduler.add_node(payload)
+            self.billing[payload.name][1] = t
+        elif kind == TICK:
+            self._ticks -= 1
         elif kind == WAKE:
             if self._wake_pending <= t:
                 self._wake_pending = math.inf
         elif kind == NODE_DOWN:
-            raise NotImplementedError("node removal arrives with autoscaling (issue 7)")
+            self._node_down(payload, t)
+
+    def _node_down(self, name: str, t: float) -> None:
+        """Remove an idle node now; drain a busy one (it goes when its last job ends)."""
+        if name not in self.scheduler.view.capacity:
+            return  # already gone
+        if self.node_jobs(name):
+            self.draining.add(name)
+            self.scheduler.drain_node(name)
+            return
+        self.scheduler.remove_node(name)
+        self.draining.discard(name)
+        self.billing[name][2] = t
+
+    def _drained(self, alloc: list[tuple[str, int]], t: float) -> None:
+        for name, _ in alloc:
+            if name in self.draining and not self.node_jobs(name):
+                self._node_down(name, t)
 
     def _arrive(self, job: SimJob) -> None:
         self.tier_of[job.tenant] = job.tier
@@ -190,7 +261,9 @@ class Simulation:
         job = self.by_id[job_id]
         if attempt != job.attempt:
             return
-        self.scheduler.finish(job_id, t)  # possibly within its grace period: then no loss
+        ended = self.scheduler.finish(job_id, t)  # possibly within its grace period: no loss
+        if self.draining:
+            self._drained(ended.alloc, t)
         job.attempt += 1
         self._close_segment(job, t, "finish", kept=job.duration - job.done)
         job.done = job.duration
@@ -204,7 +277,9 @@ class Simulation:
         job = self.by_id[job_id]
         if attempt != job.attempt:
             return  # it finished during the grace period
-        self.scheduler.finish(job_id, t)
+        ended = self.scheduler.finish(job_id, t)
+        if self.draining:
+            self._drained(ended.alloc, t)
         job.attempt += 1
         interval = self.settings.checkpoint_interval_s
         progress = max(0.0, signal_t - job.seg_progress_from)
