@@ -27,12 +27,15 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "bench" / "40-admission.md"
-BELOW_TARGET = """Below the target. The rate-limit script is a small part of a submit (p50 well under a
-millisecond). The rest: a submit runs about 25 SQL statements against the ping's one (auth,
-membership, quota, template, SKU; then in one transaction the tenant row lock, the queued-job
-count, the job and its audit event; then the 201's job object with its queue position and
-start estimate), and one tenant's submits serialize on its row lock (PostgreSQL) or on the
-database write lock (SQLite). All clients here are one tenant, the worst case for that lock."""
+BELOW_TARGET = """Below the target. A submit now runs 9 SQL statements (was 24; bounded by
+tests/admission/test_submit_queries.py) and single-threaded in one process costs about 2x the
+usage page's GET (12 ms against 6-7 ms on this machine, was 80-100 ms with the queue replayed
+for every answer). What is left under load is the serial part: every submission of one tenant
+holds its lock (PostgreSQL: the tenant's row; SQLite: the one write lock, taken in turn,
+apps/admission/writer.py) for the queued-job count, the job and its audit event, and with 4
+threads per gunicorn worker on 2 shared cores, each statement inside that section waits for the
+GIL behind the other threads' CPU work, so the section lasts 10-30 ms instead of ~1 ms. All
+clients here are one tenant, the worst case for that lock."""
 SUBMIT = {"template": "demo-train", "params": {"steps": 1}, "gpus": 1, "gpu_sku": "H100-80GB"}
 
 
@@ -124,7 +127,10 @@ def bucket_check_latency(redis_url: str, count: int) -> dict:
 def start_web(data_dir: pathlib.Path):
     from tests.e2e.platform import Platform
 
-    platform = Platform(data_dir, name="gpuplatform_bench_admission", redis_db=3)
+    # Its own database: a SQLite file, or (DATABASE_URL on PostgreSQL) a database of this name
+    # created beside it; GPUPLATFORM_BENCH_DB_NAME keeps two benches on one server apart.
+    name = os.environ.get("GPUPLATFORM_BENCH_DB_NAME", "gpuplatform_bench_admission")
+    platform = Platform(data_dir, name=name, redis_db=3)
     platform.manage("migrate", "--noinput", "-v", "0")
     seed = subprocess.run([sys.executable, "-m", "tests.e2e.seed"], cwd=ROOT, env=platform.env, check=True,
                           capture_output=True, text=True)  # fmt: skip

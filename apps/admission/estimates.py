@@ -12,8 +12,11 @@ estimated against the whole cluster. None when the job can never fit (or nothing
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import statistics
+import threading
+import time
 from collections import defaultdict
 from datetime import datetime, timedelta
 from typing import NamedTuple
@@ -37,21 +40,31 @@ class Queued(NamedTuple):
     nodes: int
     max_runtime_seconds: int
     template_id: int | None
+    order: tuple = ()  # its place in queue order: (-tier level, -tier rank, created_at)
+
+
+QUEUED_FIELDS = ("pk", "gpu_sku__name", "gpus", "nodes", "max_runtime_seconds", "template_id",
+                 "tier__level", "tier__rank", "created_at")  # fmt: skip
+
+
+def queued_row(pk, sku, gpus, nodes, max_runtime_seconds, template_id, level, rank, created_at) -> Queued:
+    return Queued(pk, sku or ANY, gpus, nodes, max_runtime_seconds, template_id, (-level, -rank, created_at))
 
 
 class Estimator:
     def __init__(self, *, now: datetime, capacity: dict[str, int], running: list[tuple[str, datetime, int]],
                  queue: list[Queued], typical: dict[int, float]):  # fmt: skip
         self.now, self.capacity, self.running, self.queue, self.typical = now, capacity, running, queue, typical
-        self._starts: dict | None = None
+        self._pools: dict[str, tuple] = {}  # pool -> (starts, replay state at the queue's end)
+        self._index: dict | None = None
+        self._newest: datetime | None = None
 
     @classmethod
     def load(cls) -> Estimator:
         from apps.scheduling.dispatcher import queue_order
 
         now = timezone.now()
-        fields = ("pk", "gpu_sku__name", "gpus", "nodes", "max_runtime_seconds", "template_id")
-        queue = [Queued(pk, sku or ANY, *rest) for pk, sku, *rest in queue_order().values_list(*fields)[:QUEUE_LIMIT]]
+        queue = [queued_row(*row) for row in queue_order().values_list(*QUEUED_FIELDS)[:QUEUE_LIMIT]]
         held = _held()
         templates = {j.template_id for j in queue} | {a.job.template_id for a, _ in held}
         typical = _typical_runtimes({t for t in templates if t})
@@ -70,19 +83,64 @@ class Estimator:
     def estimate(self, job: Job) -> datetime | None:
         if job.state != JobState.QUEUED:
             return None
-        if self._starts is None:
-            self._starts = {}
-            for pool in {ANY, *self.capacity}:
-                self._starts.update(self._replay(pool))
-        return self._starts.get(job.pk)
+        row = self.index().get(job.pk)
+        if row is None:
+            return None  # beyond the replayed part of the queue
+        pool = row.sku
+        if pool not in self._pools:
+            self._pools[pool] = self._replay(pool, self.queue)
+        return self._pools[pool][0].get(job.pk)
 
-    def _replay(self, pool: str) -> dict:
+    def index(self) -> dict:
+        """{pk: row} of the loaded queue."""
+        if self._index is None:
+            self._index = {row.pk: row for row in self.queue}
+        return self._index
+
+    def newest(self) -> datetime:
+        """The latest submit time in the loaded queue."""
+        if self._newest is None:
+            self._newest = max(row.order[2] for row in self.queue)
+        return self._newest
+
+    def extend(self, rows: list[Queued]) -> None:
+        """Add jobs queued since the load. Jobs that sort after the whole queue (the usual case:
+        newer, of a tier no better than the last one queued) continue each pool's replay from
+        where it stopped; any other arrival replays the pool again."""
+        if not rows:
+            return
+        rows = sorted(rows, key=lambda r: r.order)
+        appended = not self.queue or rows[0].order >= self.queue[-1].order
+        for row in rows:
+            bisect.insort(self.queue, row, key=lambda r: r.order)
+            if self._index is not None:
+                self._index[row.pk] = row
+            self._newest = max(self._newest or row.order[2], row.order[2])
+        if not appended:
+            self._pools.clear()
+            return
+        for pool, (starts, state) in list(self._pools.items()):
+            more, state = self._replay(pool, rows, state)
+            self._pools[pool] = ({**starts, **more}, state)
+
+    def position(self, job: Job) -> int | None:
+        """1-based place in queue order (`queue_position`), if the job is in the loaded queue."""
+        for index in range(len(self.queue) - 1, -1, -1):  # a job just admitted sits near the end
+            if self.queue[index].pk == job.pk:
+                return index + 1
+        return None
+
+    def _replay(self, pool: str, queue: list[Queued], state: tuple | None = None) -> tuple[dict, tuple]:
         capacity = self.capacity.get(pool, 0) if pool != ANY else sum(self.capacity.values())
-        releases = [(end, n) for sku, end, n in self.running if pool in (ANY, sku)]
-        free = capacity - sum(n for _, n in releases)
-        heapq.heapify(releases)
-        t, starts = self.now, {}
-        for job in self.queue:
+        if state is None:
+            releases = [(end, n) for sku, end, n in self.running if pool in (ANY, sku)]
+            free = capacity - sum(n for _, n in releases)
+            heapq.heapify(releases)
+            t = self.now
+        else:
+            t, free, releases = state[0], state[1], list(state[2])
+        starts = {}
+        for job in queue:
             if job.sku != pool:
                 continue
             need = job.gpus * job.nodes
@@ -96,7 +154,80 @@ class Estimator:
             starts[job.pk] = t
             free -= need
             heapq.heappush(releases, (t + timedelta(seconds=self.runtime(job)), need))
-        return starts
+        return starts, (t, free, releases)
+
+
+# --- the 201 answer of a submit -------------------------------------------------------------------
+
+REUSE_SECONDS = 1.0  # how old a web process's loaded replay may be when it answers a submit
+ARRIVAL_SLACK = timedelta(seconds=0.5)  # created_at is taken just before the commit; a later one is caught by the count
+
+
+class _Reused(threading.local):
+    """Not shared between threads (each has its own database connection and transaction)."""
+
+    estimator: Estimator | None = None
+    loaded_at: float = 0.0
+    total: int = 0
+
+
+_reused = _Reused()
+
+
+def for_new_job(job: Job) -> tuple[int | None, datetime | None]:
+    """`queue_position` and `estimated_start_at` of a job this request just admitted.
+
+    A full `Estimator.load` reads the whole queue (up to QUEUE_LIMIT rows) and the running
+    attempts, which made it most of a submit's cost. Here each web thread keeps its last load
+    for up to REUSE_SECONDS and extends it with the jobs queued since (one indexed query on
+    state and created_at), after one count of the queued jobs checks that no job has left the
+    queue meanwhile (placed or cancelled: then it loads again). Within those seconds, GPUs
+    freed by jobs ending and capacity changes are not seen by this answer; a GET of the job
+    computes everything afresh."""
+    if job.state != JobState.QUEUED:
+        return None, None
+    from apps.scheduling.dispatcher import queue_order, queue_position
+
+    total = Job.objects.filter(state=JobState.QUEUED).count()
+    if total > QUEUE_LIMIT:  # a truncated replay cannot be extended; usually the job is past it
+        position = queue_position(job)
+        if position is None or position > QUEUE_LIMIT:
+            return position, None
+        return position, Estimator.load().estimate(job)
+    cached = _reused.estimator
+    if cached is not None and time.monotonic() - _reused.loaded_at <= REUSE_SECONDS and cached.queue:
+        known = cached.index()
+        since = cached.newest() - ARRIVAL_SLACK
+        arrived = [queued_row(*row) for row in queue_order().filter(created_at__gte=since).values_list(*QUEUED_FIELDS)]
+        arrived = [row for row in arrived if row.pk not in known]
+        if len(known) + len(arrived) == total:
+            cached.extend(arrived)
+            position = cached.position(job)
+            if position is not None:
+                return position, _not_past(cached.estimate(job))
+    estimator = Estimator.load()
+    _reused.estimator, _reused.loaded_at = estimator, time.monotonic()
+    return estimator.position(job), estimator.estimate(job)
+
+
+def _not_past(moment: datetime | None) -> datetime | None:
+    # A reused replay started at its load time: a job that could start at once starts now.
+    return max(moment, timezone.now()) if moment is not None else None
+
+
+class Known:
+    """Estimates already computed, in the shape JobSerializer's context wants ("estimator")."""
+
+    def __init__(self, starts: dict):
+        self.starts = starts
+
+    def estimate(self, job: Job) -> datetime | None:
+        return self.starts.get(job.pk)
+
+
+def forget() -> None:
+    """Drop this thread's reused replay (tests)."""
+    _reused.estimator = None
 
 
 def _capacity() -> dict[str, int]:

@@ -13,14 +13,38 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from apps.admission import cache, idempotency, quotas
+from apps.admission import cache, dispatch, idempotency, quotas
 from apps.admission.ratelimit import RateDecision, check_submit
+from apps.admission.writer import end_turn_at_commit, write_turn
 from apps.jobs.models import Job, JobState
 from apps.jobs.services import JobSpec, job_submit, tenant_limits, transition_job
-from apps.tenants.models import Tenant
+from apps.tenants.models import Membership, Quota, Tenant
+
+
+def submitter(user) -> Membership | None:
+    """The user's membership with its tenant, tier and quota: one query for all a submit needs
+    to know about who is asking (the lazy accessors would take four)."""
+    membership = (
+        Membership.objects.select_related("tenant__tier", "tenant__quota").filter(user_id=user.pk).first()
+    )
+    if membership is not None:
+        membership.user = user
+    return membership
+
+
+def limits_of(tenant: Tenant) -> dict:
+    """The tenant's effective limits, from its quota row when it came with the tenant."""
+    try:
+        quota = tenant.quota if Tenant.quota.is_cached(tenant) else None
+    except Quota.DoesNotExist:
+        quota = None
+    if quota is None:
+        return tenant_limits(tenant)  # creates the row the first time
+    quota.tenant = tenant
+    return quota.effective()
 
 
 @dataclass
@@ -40,7 +64,7 @@ class Admission:
         """Steps 1 and 2. Never raises for the rate limit: the caller first takes `headers`
         (they go on every answer), then calls `raise_if_refused`."""
         admission = cls(tenant=tenant, user=user, key=idempotency.clean_key(idempotency_key),
-                        digest=idempotency.body_digest(body), limits=tenant_limits(tenant))  # fmt: skip
+                        digest=idempotency.body_digest(body), limits=limits_of(tenant))  # fmt: skip
         admission.job = idempotency.replay(tenant=tenant, key=admission.key, digest=admission.digest)
         if admission.job is None:
             admission.rate = check_submit(tenant=tenant, user=user, limits=admission.limits)
@@ -59,8 +83,9 @@ class Admission:
         """Step 4. A concurrent request that recorded the same key first wins; this one then
         answers as its replay."""
         try:
-            self.job, self.created = _admit(tenant=self.tenant, user=self.user, spec=spec, key=self.key,
-                                            digest=self.digest, limits=self.limits)  # fmt: skip
+            with write_turn() as turn:  # SQLite: submissions queue for its one write lock (writer.py)
+                self.job, self.created = _admit(tenant=self.tenant, user=self.user, spec=spec, key=self.key,
+                                                digest=self.digest, limits=self.limits, turn=turn)  # fmt: skip
         except IntegrityError:
             self.job = idempotency.replay(tenant=self.tenant, key=self.key, digest=self.digest)
             if self.job is None:
@@ -70,10 +95,15 @@ class Admission:
 
 @transaction.atomic
 def _admit(*, tenant: Tenant, user, spec: JobSpec, key: str | None, digest: str,
-           limits: dict) -> tuple[Job, bool]:  # fmt: skip
-    # The tenant's row lock serializes this tenant's submissions (job_submit takes it too), so
-    # the key, the cache lookups and the queued-job count all see each other's writes.
-    tenant = Tenant.objects.select_for_update().select_related("tier").get(pk=tenant.pk)
+           limits: dict, turn=None) -> tuple[Job, bool]:  # fmt: skip
+    end_turn_at_commit(turn)  # first of the commit hooks: before the dispatch request
+    # The tenant's row lock serializes this tenant's submissions, so the key, the cache lookups
+    # and the queued-job count all see each other's writes. PostgreSQL: SELECT ... FOR UPDATE.
+    # SQLite has no row locks: the transaction's BEGIN IMMEDIATE already holds the database's
+    # one write lock, so nothing more is taken (or read) there. The tenant and its limits were
+    # read with the membership just before; job_submit is told the lock is held.
+    if connection.features.has_select_for_update:
+        Tenant.objects.select_for_update().filter(pk=tenant.pk).values_list("pk", flat=True).get()
     earlier = idempotency.replay(tenant=tenant, key=key, digest=digest)
     if earlier is not None:
         return earlier, False  # recorded meanwhile by a request we waited for
@@ -81,7 +111,10 @@ def _admit(*, tenant: Tenant, user, spec: JobSpec, key: str | None, digest: str,
     origin = cache.fresh_origin(tenant, cache_key, spec.template) if cache_key else None
     if origin is None:
         quotas.check_gpu_hours(tenant=tenant, limits=limits, gpus_wanted=spec.gpus * spec.nodes)
-    job = job_submit(tenant=tenant, user=user, spec=spec)
+    # job_submit's own body (`__wrapped__`, without its @transaction.atomic): this transaction
+    # is the one it needs, and a savepoint would be two more statements while the lock is held.
+    job = job_submit.__wrapped__(tenant=tenant, user=user, spec=spec, limits=limits, locked=True, dispatch=False)
+    dispatch.after_commit()  # after the turn's hook: the turn ends before the request is sent
     if origin is not None:
         _serve_from_cache(job, origin)
         cache.link_hit(job, tenant=tenant, key=cache_key, origin=origin)

@@ -10,9 +10,10 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.response import Response
 
-from apps.admission.services import Admission
+from apps.admission import estimates
+from apps.admission.services import Admission, submitter
 from apps.jobs import services
-from apps.jobs.access import can_cancel, membership_of, visible_jobs
+from apps.jobs.access import can_cancel, visible_jobs
 from apps.jobs.models import AttemptMember, Job, JobAttempt, JobState
 from apps.jobs.serializers import ArtifactSerializer, JobSerializer, JobSubmitSerializer
 
@@ -59,7 +60,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
 
     @extend_schema(request=JobSubmitSerializer, responses={201: JobSerializer})
     def create(self, request):
-        membership = membership_of(request.user)
+        membership = submitter(request.user)  # with its tenant, tier and quota, in one query
         if membership is None:
             raise PermissionDenied("you belong to no tenant")
         if not membership.can_submit:
@@ -76,8 +77,17 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             form = JobSubmitSerializer(data=request.data)
             form.is_valid(raise_exception=True)
             admission.submit(form.to_spec(default_tier=membership.tenant.tier))
+        if admission.created:
+            # The job as created, with the objects in hand (tenant, user, tier, template, SKU)
+            # and no attempts yet: nothing is read back (tests/admission/test_submit_queries.py).
+            # Its queue position and start estimate come from apps.admission.estimates.for_new_job.
+            job = admission.job
+            job._prefetched_objects_cache = {"attempts": JobAttempt.objects.none()}
+            position, start = estimates.for_new_job(job)
+            context = {"queue_positions": {job.pk: position}, "estimator": estimates.Known({job.pk: start})}
+            return Response(JobSerializer(job, context=context).data, status=status.HTTP_201_CREATED)
         job = job_queryset(request.user).get(pk=admission.job.pk)
-        return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED if admission.created else status.HTTP_200_OK)
+        return Response(JobSerializer(job).data, status=status.HTTP_200_OK)
 
     @extend_schema(request=None, responses={200: JobSerializer})
     @action(detail=True, methods=["post"])

@@ -136,14 +136,20 @@ def tenant_limits(tenant: Tenant) -> dict:
 
 
 @transaction.atomic
-def job_submit(*, tenant: Tenant, user, spec: JobSpec) -> Job:
+def job_submit(*, tenant: Tenant, user, spec: JobSpec, limits: dict | None = None, locked: bool = False,
+               dispatch: bool = True) -> Job:  # fmt: skip
     # Lock the tenant row so concurrent submits of one tenant count queued jobs one at a time.
-    tenant = Tenant.objects.select_for_update().select_related("tier").get(pk=tenant.pk)
+    # `locked`: the caller (admission) holds that lock already in this transaction and passes
+    # the tenant with its tier loaded and its `limits`, so none of it is read twice, and asks
+    # for the dispatch pass itself (`dispatch=False`: apps/admission/dispatch.py coalesces them).
+    if not locked:
+        tenant = Tenant.objects.select_for_update().select_related("tier").get(pk=tenant.pk)
     if spec.tier.rank > tenant.tier.rank:
         raise NotAllowed(f"tenant {tenant.slug} may not submit at tier {spec.tier.name}", field="tier")
     if spec.command is not None and not tenant.allow_commands:
         raise NotAllowed(f"tenant {tenant.slug} may only run templates, not commands", field="command")
-    limits = tenant_limits(tenant)
+    if limits is None:
+        limits = tenant_limits(tenant)
     queued = Job.objects.filter(tenant=tenant, state=JobState.QUEUED).count()
     if queued >= limits["max_queued_jobs"]:
         raise QueueFull(
@@ -158,7 +164,8 @@ def job_submit(*, tenant: Tenant, user, spec: JobSpec) -> Job:
         cacheable=spec.cacheable, retry_on_failure=spec.retry_on_failure, reason="waiting for the dispatcher",
     )  # fmt: skip
     record_event(job, actor=f"user:{user.username}", reason="submitted", to_state=JobState.QUEUED)
-    trigger_dispatch()
+    if dispatch:
+        trigger_dispatch()
     return job
 
 

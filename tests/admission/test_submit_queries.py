@@ -1,0 +1,66 @@
+"""A submit's SQL stays bounded (like NetBox's query-count tests): it does not grow with the
+queue, and the 201 answer is built from the objects in hand, not read back.
+
+Counted: statements that read or write tables. Transaction control (BEGIN, SAVEPOINT, RELEASE,
+COMMIT) is left out: the test runs inside a transaction, so its shape differs from production.
+A submit today: token auth, membership (+tenant, tier, quota), template, SKU; in the
+transaction the queued-job count, the job and its audit event; then, for the answer's queue
+position and start estimate, a count of the queued jobs and the jobs queued since this web
+thread's last replay (apps/admission/estimates.py: for_new_job). Before this was cut, a submit
+ran 24 statements and read the whole queue for every answer.
+"""
+
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from apps.admission import estimates
+from apps.jobs.models import JobEvent
+from tests.admission.conftest import TRAIN, placed_ids
+
+MOST = 9  # statements of a submit that finds its web thread's replay fresh
+MOST_COLD = 13  # one that loads the replay (first submit, or the queue lost a job meanwhile)
+
+
+def table_statements(ctx) -> list[str]:
+    control = ("BEGIN", "SAVEPOINT", "RELEASE", "COMMIT", "ROLLBACK")
+    return [q["sql"] for q in ctx.captured_queries if not q["sql"].lstrip().upper().startswith(control)]
+
+
+def submit(client, body=TRAIN):
+    with CaptureQueriesContext(connection) as ctx:
+        response = client.post("/api/v1/jobs/", body, format="json")
+    assert response.status_code == 201, response.content
+    return response.json(), table_statements(ctx)
+
+
+def test_a_submit_runs_a_bounded_number_of_statements_whatever_the_queue(as_user):
+    estimates.forget()
+    bob = as_user("bob")
+    _, cold = submit(bob)
+    assert len(cold) <= MOST_COLD, "\n".join(cold)
+    counts = [len(submit(bob)[1]) for _ in range(30)]
+    assert max(counts) <= MOST, counts
+    assert counts[-1] == counts[0]  # 30 more queued jobs: not one more statement
+
+
+def test_the_201_answer_is_what_a_get_of_the_job_says(as_user):
+    estimates.forget()
+    bob = as_user("bob")
+    submit(bob)
+    created, _ = submit(bob, {**TRAIN, "gpus": 2, "name": "second"})
+    fetched = bob.get(f"/api/v1/jobs/{created['id']}/").json()
+    assert created.pop("estimated_start_at") is not None and fetched.pop("estimated_start_at") is not None
+    assert created == fetched
+    assert JobEvent.objects.filter(job_id=created["id"], to_state="queued", reason="submitted").count() == 1
+
+
+def test_the_answer_counts_a_job_that_left_the_queue_since_the_last_submit(as_user):
+    estimates.forget()
+    bob = as_user("bob")
+    first, _ = submit(bob)
+    assert first["queue_position"] == 1
+    assert placed_ids() == {first["id"]}  # it leaves the queue
+    second, _ = submit(bob, {**TRAIN, "gpus": 16})  # can never fit on the 8-GPU node
+    third, _ = submit(bob)
+    assert (second["queue_position"], second["estimated_start_at"]) == (1, None)
+    assert third["queue_position"] == 2 and third["estimated_start_at"] is not None
