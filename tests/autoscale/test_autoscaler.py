@@ -120,3 +120,22 @@ def test_the_forecast_learns_a_daily_season():
     forecast.observe(5 * 86400, 8)  # closes the last bin of day 4
     busy_hour, night_hour = forecast.rate(10 * 3600), forecast.rate(2 * 3600)
     assert busy_hour > 3 * night_hour
+
+
+def test_burst_share_keeps_room_for_a_recent_burst():
+    def scaler(share):
+        s = Autoscaler({"H100": H100}, mode="predictive", provision_lag_s=300, burst_share=share)
+        for hour in range(13):  # a quiet morning, then a single burst of 64 GPUs at noon
+            s.observe_arrival("H100", hour * 3600.0, Demand(1))
+        s.observe_arrival("H100", 12 * 3600.0 + 60, Demand(8, nodes=8))
+        s.observe_arrival("H100", 13 * 3600.0, Demand(1))
+        return s
+
+    now = 14 * 3600.0  # two hours after the burst
+    plain = scaler(0.0).decide(now, "H100", [], [])
+    ready = scaler(1.0).decide(now, "H100", [], [])
+    assert plain.provision <= 1  # the smoothed rate: a GPU or so
+    # 64 GPUs in a 15-minute bin = 64/900 GPU/s; over a 300 s lag, decayed for 2 h: ~20 GPUs
+    assert ready.provision >= plain.provision + 2
+    assert "forecast" in ready.reason
+    assert Forecaster(burst_half_life_s=3600).burst_decay < Forecaster().burst_decay

@@ -120,3 +120,56 @@ def test_traces_dir_follows_the_environment(monkeypatch, tmp_path):
     assert os.fspath(trace_path("philly", None)).endswith(
         "shared/traces/philly-rfold/philly_trace.csv"
     )
+
+
+def _nodes(out):
+    import csv
+
+    with open(out / "nodes.csv", newline="") as fh:
+        return {r["node"]: r for r in csv.DictReader(fh)}
+
+
+@needs_traces
+@pytest.mark.parametrize("mode", ["reactive", "predictive"])
+def test_autoscaling_adds_nodes_after_the_lag_and_removes_only_idle_ones(tmp_path, mode):
+    summary = run(
+        tmp_path, "--format", "itp", "--trace", "cluster04", "--limit", "400", "--gpus-per-node",
+        "8", "--autoscale", mode, "--provision-lag", "300", "--max-nodes", "30", "--cooldown", "600",
+    )  # fmt: skip
+    scaling = summary["autoscale"]
+    assert summary["finished"] == 400
+    assert scaling["nodes_provisioned"] > 0 and scaling["nodes_terminated"] > 0
+    assert scaling["peak_nodes"] <= 30 + scaling["nodes_drained"]
+    assert check(tmp_path, gpus_per_node=8, nodes=30 + scaling["nodes_drained"]) == []
+    nodes = _nodes(tmp_path)
+    for node in nodes.values():
+        assert float(node["up"]) - float(node["requested"]) == pytest.approx(300)
+    # Every segment ran on a node that was up: nothing before it arrived or after it left.
+    import csv
+
+    with open(tmp_path / "segments.csv", newline="") as fh:
+        for seg in csv.DictReader(fh):
+            for name in seg["nodes"].split(";"):
+                node = nodes[name]
+                assert float(node["up"]) <= float(seg["start"])
+                assert node["down"] == "" or float(seg["end"]) <= float(node["down"])
+    # Paid: every node from its request to its removal (or the end), booting included.
+    end = scaling["billed_until"]
+    paid = sum(
+        (min(float(n["down"] or end), end) - float(n["requested"])) * int(n["gpus"])
+        for n in nodes.values()
+    )
+    assert summary["paid_gpu_hours"] == pytest.approx(paid / 3600)
+    assert summary["paid_gpu_hours"] >= summary["gpu_hours_delivered"]
+
+
+def test_a_static_cluster_pays_for_every_node_from_the_first_submission(tmp_path):
+    summary = run(
+        tmp_path, "--format", "synthetic", "--jobs", "100", "--nodes", "3", "--policy", "default",
+    )  # fmt: skip
+    assert summary["autoscale"]["mode"] == "off"
+    first = min(
+        float(r["submit"]) for r in __import__("csv").DictReader(open(tmp_path / "jobs.csv"))
+    )
+    end = summary["autoscale"]["billed_until"]
+    assert summary["paid_gpu_hours"] == pytest.approx(3 * 8 * (end - first) / 3600)

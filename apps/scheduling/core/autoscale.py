@@ -120,8 +120,17 @@ class Forecaster:
     seasonal factor per time-of-day bin (also smoothed). `rate(t)` is GPUs-per-second of new
     demand expected at time t; `expected(t, horizon)` integrates it over the horizon."""
 
-    def __init__(self, bin_s: float = 900.0, alpha: float = 0.3, gamma: float = 0.3) -> None:
+    def __init__(
+        self,
+        bin_s: float = 900.0,
+        alpha: float = 0.3,
+        gamma: float = 0.3,
+        burst_half_life_s: float = DAY,
+    ) -> None:
         self.bin_s, self.alpha, self.gamma = bin_s, alpha, gamma
+        # The highest bin rate seen lately, decaying with this half-life: how big a burst gets.
+        self.burst_decay = 0.5 ** (bin_s / burst_half_life_s) if burst_half_life_s > 0 else 0.0
+        self.peak_rate = 0.0
         self.bins = max(1, int(DAY // bin_s))
         self.level: float | None = None
         self.season = [1.0] * self.bins
@@ -145,6 +154,7 @@ class Forecaster:
     def _close_bin(self, rate: float) -> None:
         slot = self._bin % self.bins
         season = self.season[slot]
+        self.peak_rate = max(rate, self.peak_rate * self.burst_decay)
         if self.level is None:
             self.level = 0.0  # start from nothing: one burst must not look like a trend
         deseasoned = rate / season if season > 0 else rate
@@ -157,6 +167,12 @@ class Forecaster:
         if self.level is None:
             return 0.0
         return self.level * self.season[int(t // self.bin_s) % self.bins]
+
+    def burst(self, t: float, horizon_s: float) -> float:
+        """GPUs of new demand a recent burst (the decaying highest bin rate) brings in
+        [t, t + horizon)."""
+        self._roll(t)
+        return self.peak_rate * horizon_s
 
     def expected(self, t: float, horizon_s: float) -> float:
         """Expected GPUs of new demand arriving in [t, t + horizon)."""
@@ -186,12 +202,15 @@ class Autoscaler:
         mode: str = "predictive",
         provision_lag_s: float = 300.0,
         forecaster: Mapping[str, Forecaster] | None = None,
+        burst_share: float = 0.0,
     ) -> None:
         if mode not in ("off", "reactive", "predictive"):
             raise ValueError(f"unknown autoscale mode {mode!r}")
         self.limits = dict(limits)
         self.mode = mode
         self.lag = provision_lag_s
+        # predictive: plan for this share of a recent burst on top of the smoothed forecast
+        self.burst_share = burst_share
         self.forecast = dict(forecaster or {sku: Forecaster() for sku in self.limits})
         self._state = {sku: _SkuState() for sku in self.limits}
 
@@ -294,7 +313,12 @@ class Autoscaler:
         return len(used), len(new_nodes), spare
 
     def _predicted(self, now, sku, limits, spare_gpus) -> int:
-        expected = self.forecast[sku].expected(now, self.lag) if sku in self.forecast else 0.0
+        forecast = self.forecast.get(sku)
+        expected = 0.0
+        if forecast is not None:
+            expected = forecast.expected(now, self.lag)
+            if self.burst_share > 0:
+                expected = max(expected, self.burst_share * forecast.burst(now, self.lag))
         shortfall = expected - spare_gpus
         return max(0, math.ceil(shortfall / limits.gpus_per_node - 1e-9))
 

@@ -76,6 +76,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-nodes", type=int, default=0, help="autoscaled: at most (0: the peak)")
     p.add_argument("--cooldown", type=float, default=600.0, help="seconds idle before removal")
     p.add_argument("--autoscale-interval", type=float, default=60.0, help="seconds between calls")
+    p.add_argument(
+        "--burst-share", type=float, default=0.0,
+        help="predictive: keep room for this share of the recent burst (0: the smoothed rate only)",
+    )  # fmt: skip
     return p
 
 
@@ -129,7 +133,7 @@ def run_one(args: argparse.Namespace, policy: str, out: Path, mode: str = "off")
             AutoscaleSettings(
                 mode, provision_lag_s=args.provision_lag, min_nodes=args.min_nodes,
                 max_nodes=args.max_nodes or peak, cooldown_s=args.cooldown,
-                interval_s=args.autoscale_interval,
+                interval_s=args.autoscale_interval, burst_share=args.burst_share,
             ),
             args.gpus_per_node, settings.gpu_model,
         )  # fmt: skip

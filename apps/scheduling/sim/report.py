@@ -11,6 +11,10 @@
   docs/scheduling.md for when it holds); jobs over it are listed, with how many jobs aged and
   the longest wait past the age limit.
 - GPU-hours lost = GPUs x lost seconds (work since the last checkpoint, grace, restarts).
+- paid GPU-hours (summary["paid_gpu_hours"], with autoscaling details under "autoscale"): every
+  node from the moment it is requested (booting included, as a cloud bills) until it is removed
+  or the last job ends, x its GPUs; nodes present at the start count from the first submission.
+  nodes.csv lists each node's requested/up/down times.
 """
 
 from __future__ import annotations
@@ -147,6 +151,11 @@ def write_outputs(sim: Any, out: Path, summary: dict[str, Any]) -> None:
         for j in sim.jobs:
             for start, end, nodes, how in j.segments:
                 w.writerow([j.job_id, _num(start), _num(end), nodes, j.gpus, how])
+    with open(out / "nodes.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["node", "gpus", "requested", "up", "down"])
+        for name, (requested, up, down, gpus) in sorted(sim.billing.items()):
+            w.writerow([name, gpus, _num(requested), _num(up), _num(down)])
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
 
 
