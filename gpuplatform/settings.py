@@ -186,6 +186,8 @@ RECONCILE_TICK_SECONDS = env_float("GPUPLATFORM_RECONCILE_TICK_SECONDS", 2.0, mi
 STARTING_TIMEOUT_SECONDS = env_float("GPUPLATFORM_STARTING_TIMEOUT", 60.0, minimum=1)
 KILL_GRACE_SECONDS = env_float("GPUPLATFORM_KILL_GRACE_SECONDS", 5.0, minimum=0)
 MAX_RUNTIME_LIMIT_SECONDS = env_int("GPUPLATFORM_MAX_RUNTIME_LIMIT", 7 * 24 * 3600, minimum=1)
+DRAIN_DEADLINE_SECONDS = env_int("GPUPLATFORM_DRAIN_DEADLINE_SECONDS", 600, minimum=0)
+PRIORITY_BOOST_SECONDS = env_int("GPUPLATFORM_PRIORITY_BOOST_SECONDS", 3600, minimum=0)
 MAX_ATTEMPTS = env_int("GPUPLATFORM_MAX_ATTEMPTS", 5, minimum=1)
 # A retried job waits base x 2^(n-1) seconds before its n-th retry, at most the max
 # (docs/reliability.md): a flapping node or agent is not hammered by the same jobs.

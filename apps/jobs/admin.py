@@ -86,17 +86,24 @@ def preempt_jobs(modeladmin, request, queryset):
             messages.warning(request, f"{job.name}: {error.message}")
 
 
+@admin.action(description="Bump priority of selected jobs (+1: an hour ahead in the queue order)")
+def bump_priority(modeladmin, request, queryset):
+    for job in queryset:
+        services.job_bump_priority(job=job, actor=f"staff:{request.user.username}")
+    messages.info(request, f"boosted {queryset.count()} job(s)")
+
+
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
     list_display = ["name", "tenant", "tier", "state", "gpus", "nodes", "gpu_sku", "progress", "created_at"]
-    list_filter = ["state", "tier", "gpu_sku", "tenant"]
+    list_filter = ["state", "tier", "gpu_sku", "tenant", ("attempts__members__node", admin.RelatedOnlyFieldListFilter)]
     list_select_related = ["tenant", "tier", "gpu_sku"]
     search_fields = ["id", "name", "tenant__slug", "user__username"]
     readonly_fields = ["state", "version", "progress", "reason", "exit_code", "cache_hit", "attempts_count", "preemption_count",
                        "created_at", "started_at", "finished_at"]  # fmt: skip
     raw_id_fields = ["user", "tenant"]
     inlines = [AttemptInline, EventInline]
-    actions = [cancel_jobs, requeue_jobs, preempt_jobs]
+    actions = [cancel_jobs, requeue_jobs, preempt_jobs, bump_priority]
     date_hierarchy = "created_at"
 
 

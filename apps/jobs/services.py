@@ -216,6 +216,17 @@ def job_requeue(*, job: Job, actor: str, reason: str) -> Job:
     return job
 
 
+@transaction.atomic
+def job_bump_priority(*, job: Job, actor: str, by: int = 1) -> Job:
+    """Support staff: move a queued job ahead. Each step counts as PRIORITY_BOOST_SECONDS of
+    extra waiting in the policy's order (aging and the order inside its tenant)."""
+    Job.objects.filter(pk=job.pk).update(priority_boost=F("priority_boost") + by)
+    job.refresh_from_db(fields=["priority_boost"])
+    record_event(job, actor=actor, kind="note", reason=f"priority boosted to {job.priority_boost}")
+    trigger_dispatch()
+    return job
+
+
 # --- placement (called by the dispatcher) ------------------------------------------------------
 
 

@@ -32,6 +32,9 @@ class Node(models.Model):
     hostname = models.CharField(max_length=255, blank=True)
     agent_instance = models.CharField(max_length=64, blank=True, help_text="Id of the agent run now serving it.")
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    drain_deadline = models.DateTimeField(
+        null=True, blank=True, help_text="Draining: jobs still running then are preempted (and resume elsewhere)."
+    )
     registered_at = models.DateTimeField(auto_now_add=True)
     version = models.PositiveIntegerField(default=0)
 

@@ -152,8 +152,34 @@ def _lose_attempts_on(node: Node, *, reason: str) -> None:
             attempt_lost(attempt=attempt, reason=reason, actor="system:reconcile")
 
 
-def node_set_state(*, node: Node, state: str) -> Node:
-    """Support staff: cordon (no new placements), drain, or return a node to service."""
-    Node.objects.filter(pk=node.pk).update(state=state, version=node.version + 1)
+def node_set_state(*, node: Node, state: str, drain_seconds: float | None = None) -> Node:
+    """Support staff: cordon (no new placements), drain (no new placements; what still runs after
+    `drain_seconds` is preempted and resumes elsewhere), or return a node to service."""
+    deadline = None
+    if state == NodeState.DRAINING:
+        seconds = settings.DRAIN_DEADLINE_SECONDS if drain_seconds is None else drain_seconds
+        deadline = timezone.now() + timedelta(seconds=seconds)
+    Node.objects.filter(pk=node.pk).update(state=state, version=node.version + 1, drain_deadline=deadline)
     node.refresh_from_db()
     return node
+
+
+def preempt_past_drain_deadline() -> list[str]:
+    """Jobs still on a draining node after its deadline are preempted (checkpoint, requeue)."""
+    from apps.jobs.models import AttemptState, Job
+    from apps.jobs.services import ServiceError, job_preempt
+
+    preempted = []
+    overdue = Node.objects.filter(state=NodeState.DRAINING, drain_deadline__lt=timezone.now())
+    jobs = Job.objects.filter(
+        attempts__state__in=[AttemptState.STARTING, AttemptState.RUNNING],
+        attempts__members__node__in=overdue,
+        attempts__members__ended_at=None,
+    ).distinct()
+    for job in jobs:
+        try:
+            job_preempt(job=job, actor="system:reconcile", reason="its node is drained")
+            preempted.append(str(job.pk))
+        except ServiceError:
+            continue  # it ended or moved meanwhile
+    return preempted

@@ -159,7 +159,8 @@ def ordered_queue():
 def queued_job(job: Job) -> policy.QueuedJob:
     return policy.QueuedJob(
         job_id=str(job.pk), tenant=job.tenant.slug, tier=job.tier.name, gpus=job.gpus, nodes=job.nodes,
-        submit=epoch(job.created_at), est_runtime_s=float(job.max_runtime_seconds),
+        submit=epoch(job.created_at) - job.priority_boost * settings.PRIORITY_BOOST_SECONDS,
+        est_runtime_s=float(job.max_runtime_seconds),
         gpu_models=(job.gpu_sku.name,) if job.gpu_sku_id else (), node_selector=job.node_selector or {},
         preemptions=job.preemption_count,
     )  # fmt: skip

@@ -6,7 +6,7 @@ from django.utils import timezone
 
 from apps.jobs.models import AttemptState, JobAttempt
 from apps.jobs.services import attempt_lost
-from apps.nodes.services import mark_silent_nodes_lost
+from apps.nodes.services import mark_silent_nodes_lost, preempt_past_drain_deadline
 
 log = logging.getLogger(__name__)
 
@@ -14,7 +14,8 @@ log = logging.getLogger(__name__)
 def reconcile_once() -> dict:
     lost_nodes = mark_silent_nodes_lost()
     expired = expire_leases()
-    return {"lost_nodes": lost_nodes, "expired_attempts": expired}
+    drained = preempt_past_drain_deadline()
+    return {"lost_nodes": lost_nodes, "expired_attempts": expired, "preempted_for_drain": drained}
 
 
 def expire_leases() -> int:

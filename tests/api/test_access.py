@@ -103,3 +103,20 @@ def test_the_schema_and_health_answer(as_user):
     health = as_user(None).get("/healthz")
     assert health.status_code == 200, health.content
     assert health.json()["redis"] == "ok"
+
+
+def test_the_job_list_costs_the_same_queries_for_3_jobs_as_for_23(as_user, cast):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def cost() -> int:
+        with CaptureQueriesContext(connection) as captured:
+            assert as_user("bob").get("/api/v1/jobs/").status_code == 200
+        return len(captured)
+
+    for _ in range(3):
+        as_user("bob").post("/api/v1/jobs/", GOOD, format="json")
+    few = cost()
+    for _ in range(20):
+        as_user("alice").post("/api/v1/jobs/", GOOD, format="json")
+    assert cost() <= few <= 20

@@ -1,0 +1,99 @@
+"""Support staff's admin: bounded list pages, and the actions call the same services."""
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from apps.jobs.models import Job
+from apps.nodes.models import Node
+from apps.nodes.services import node_set_state, preempt_past_drain_deadline
+from apps.scheduling.dispatcher import dispatch_once
+from apps.tenants.models import Tier
+from tests.factories import make_node
+from tests.unit.test_dispatcher import submit
+
+PAGES = [
+    "/admin/jobs/job/",
+    "/admin/jobs/job/?state__exact=queued",
+    "/admin/jobs/jobattempt/",
+    "/admin/jobs/jobevent/",
+    "/admin/jobs/gpuallocation/",
+    "/admin/nodes/node/",
+    "/admin/nodes/gpu/",
+    "/admin/tenants/tenant/",
+    "/admin/tenants/membership/",
+]
+
+
+@pytest.fixture
+def cast(db):
+    from tests.factories import make_cast
+
+    return make_cast()
+
+
+@pytest.fixture
+def staff_client(cast):
+    client = Client()
+    client.force_login(cast["staff"][0])
+    return client
+
+
+def queries_for(client, url) -> int:
+    with CaptureQueriesContext(connection) as captured:
+        assert client.get(url).status_code == 200, url
+    return len(captured)
+
+
+@pytest.mark.parametrize("url", PAGES)
+def test_admin_list_pages_cost_the_same_for_3_rows_as_for_23(cast, staff_client, url):
+    make_node("h1", gpus=8)
+    for _ in range(3):
+        submit(cast, gpus=1)
+    dispatch_once()
+    few = queries_for(staff_client, url)
+    for i in range(20):
+        make_node(f"x{i}", gpus=1)
+        submit(cast, gpus=1)
+    dispatch_once()
+    assert queries_for(staff_client, url) <= few <= 25
+
+
+def test_jobs_filter_by_node(cast, staff_client):
+    node = make_node("h1", gpus=2)
+    submit(cast, gpus=1)
+    dispatch_once()
+    response = staff_client.get(f"/admin/jobs/job/?attempts__members__node__id__exact={node.pk}")
+    assert response.status_code == 200 and b"1 job" in response.content
+
+
+def test_bump_priority_moves_a_job_ahead_in_its_tenant(cast, staff_client):
+    make_node("h1", gpus=4)
+    Tier.objects.update(min_runtime_seconds=10**6)  # no preemption in this test
+    first, second = submit(cast, gpus=4), submit(cast, gpus=4)
+    response = staff_client.post("/admin/jobs/job/", {"action": "bump_priority", "_selected_action": [second.pk]})
+    assert response.status_code == 302
+    assert dispatch_once().placed == [str(second.id)]
+    assert second.events.filter(kind="note", reason__contains="priority boosted").exists()
+    first.refresh_from_db()
+    assert first.state == "queued"
+
+
+def test_a_drained_node_takes_nothing_new_and_preempts_what_runs_after_its_deadline(cast):
+    node = make_node("h1", gpus=2)
+    job = submit(cast, gpus=1)
+    dispatch_once()
+    node_set_state(node=node, state="draining", drain_seconds=60)
+    later = submit(cast, gpus=1)
+    assert dispatch_once().placed == []  # no new placement on a draining node
+    assert preempt_past_drain_deadline() == []  # the deadline has not passed
+    Node.objects.filter(pk=node.pk).update(drain_deadline=timezone.now() - timedelta(seconds=1))
+    assert preempt_past_drain_deadline() == [str(job.id)]
+    job.refresh_from_db()
+    later.refresh_from_db()
+    assert job.state == "preempting" and later.state == "queued"
+    assert Job.objects.get(pk=job.pk).reason.startswith("preempting: its node is drained")
