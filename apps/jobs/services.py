@@ -169,6 +169,9 @@ def job_submit(*, tenant: Tenant, user, spec: JobSpec, limits: dict | None = Non
     return job
 
 
+PROGRESS_SAMPLES = 20
+
+
 def active_attempt(job: Job) -> JobAttempt | None:
     return job.attempts.filter(state__in=ATTEMPT_ACTIVE).order_by("-number").first()
 
@@ -310,6 +313,9 @@ def attempt_progress(*, attempt_id: int, token: str, progress: float, checkpoint
     if attempt is None or attempt.state not in ATTEMPT_ACTIVE:
         return False
     progress = min(1.0, max(0.0, float(progress)))
+    if int(progress * PROGRESS_SAMPLES) > int(attempt.job.progress * PROGRESS_SAMPLES):
+        # A sample per 5% for the job page's progress chart (at most 20 rows an attempt).
+        record_event(attempt.job, actor="agent", kind="progress", attempt=attempt, data={"progress": progress})
     if checkpoint:
         # Every progress report that names a checkpoint moves its time: the policy's victim cost
         # is the work done since the last one.

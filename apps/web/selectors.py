@@ -115,3 +115,17 @@ def _spread(hours: dict[date, float], begin: datetime, end: datetime) -> None:
             hours[begin.date()] += (stop - begin).total_seconds() / 3600
         begin = stop
 
+
+
+def progress_chart(job, width: int = 300, height: int = 60) -> dict | None:
+    """SVG polyline points of the job's progress over time, from its 5% progress samples."""
+    samples = list(job.events.filter(kind="progress").order_by("created_at").values_list("created_at", "data"))
+    if not samples or job.started_at is None:
+        return None
+    start = job.started_at.timestamp()
+    points = [(start, 0.0)] + [(at.timestamp(), float(data.get("progress", 0))) for at, data in samples]
+    if job.finished_at is not None:
+        points.append((job.finished_at.timestamp(), job.progress))
+    span = max(points[-1][0] - start, 1e-6)
+    coords = " ".join(f"{(t - start) / span * width:.1f},{height - p * height:.1f}" for t, p in points)
+    return {"points": coords, "width": width, "height": height, "seconds": round(span)}

@@ -70,6 +70,7 @@ def job_detail(request, job_id):
         "events": job.events.filter(kind="state").order_by("created_at", "id"),
         "artifacts": job.artifacts.all(),
         "log": selectors.log_tail(job),
+        "chart": selectors.progress_chart(job),
         "queue_position": shaped["queue_position"],
         "estimated_start_at": shaped["estimated_start_at"],
         "live": job.state not in JOB_TERMINAL,
