@@ -206,11 +206,15 @@ AUTOSCALE_TICK_SECONDS = env_float("GPUPLATFORM_AUTOSCALE_TICK_SECONDS", 10.0, m
 AUTOSCALE_PROVIDER = env_choice("GPUPLATFORM_AUTOSCALE_PROVIDER", "local", ["local"])
 SCHEDULING_POLICY = env_choice("GPUPLATFORM_POLICY", "fair", ["fair", "level-fifo", "fifo", "slurm"])
 
+LOG_FORMAT = env_choice("LOG_FORMAT", "plain", ["plain", "json"])  # json: one object per line
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "gpuplatform.logs.JsonLinesFormatter"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }

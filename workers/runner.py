@@ -216,7 +216,8 @@ class Runner:
         run.started = time.monotonic()
         with self.lock:
             self._save_state()
-        log.info("started attempt %s rank %s pid %s on GPUs %s", a.attempt_id, a.rank, run.process.pid, a.gpu_indices)
+        log.info("started attempt %s rank %s pid %s on GPUs %s", a.attempt_id, a.rank, run.process.pid, a.gpu_indices,
+                 extra={"job_id": a.job_id, "attempt_id": a.attempt_id, "node": self.node, "rank": a.rank})  # fmt: skip
         try:
             accepted = self.reporter.started(run)
         except Exception:

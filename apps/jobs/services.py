@@ -101,6 +101,8 @@ def transition_job(job: Job, *, to: str, expect: Iterable[str], actor: str, reas
     for name, value in fields.items():
         setattr(job, name, value)
     record_event(job, actor=actor, reason=reason, from_state=from_state, to_state=to, attempt=attempt)
+    log.info("job %s %s -> %s by %s: %s", job.pk, from_state, to, actor, reason,
+             extra={"job_id": job.pk, "attempt_id": attempt.pk if attempt else None})  # fmt: skip
     if to in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED):
         from apps.admission.cache import job_ended  # settles coalesced followers of this job
 
