@@ -13,6 +13,7 @@ def exception_handler(exc, context):
     if isinstance(exc, ParseError):
         return Response({"body": [f"malformed request body: {exc.detail}"]}, status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, ServiceError):
+        _count_refused_submit(exc, context)
         response = Response({exc.field or "detail": [exc.message]}, status=exc.status)
         if exc.retry_after is not None:
             response["Retry-After"] = str(exc.retry_after)
@@ -20,3 +21,14 @@ def exception_handler(exc, context):
     if isinstance(exc, RecursionError):
         return Response({"body": ["request body is nested too deeply"]}, status=status.HTTP_400_BAD_REQUEST)
     return drf_exception_handler(exc, context)
+
+
+def _count_refused_submit(exc: ServiceError, context) -> None:
+    """A refused submission counts in /metrics (`gpuplatform_admission_rejections{reason}`)."""
+    view = context.get("view")
+    if getattr(view, "action", None) != "create" or exc.status not in (403, 409, 429, 503):
+        return
+    from gpuplatform.metrics import record_admission_rejection
+
+    name = type(exc).__name__
+    record_admission_rejection("".join(f"_{c.lower()}" if c.isupper() else c for c in name).lstrip("_"))

@@ -114,3 +114,17 @@ def test_the_queued_job_cap_answers_429_with_retry_after(as_user, cast):
     response = as_user("bob").post("/api/v1/jobs/", GOOD, format="json")
     assert response.status_code == 429
     assert int(response["Retry-After"]) > 0
+
+
+def test_refused_submissions_are_counted_by_reason_in_metrics(as_user, cast):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from apps.tenants.models import Tenant
+    from apps.tenants.services import quota_set
+
+    quota_set(tenant=Tenant.objects.get(slug="acme"), max_queued_jobs=0)
+    assert as_user("bob").post("/api/v1/jobs/", GOOD, format="json").status_code == 429
+    assert as_user("dave").post("/api/v1/jobs/", body(tier="enterprise"), format="json").status_code == 403
+    families = {f.name: f for f in text_string_to_metric_families(as_user(None).get("/metrics").content.decode())}
+    counted = {s.labels["reason"]: s.value for s in families["gpuplatform_admission_rejections"].samples}
+    assert counted.get("queue_full", 0) >= 1 and counted.get("not_allowed", 0) >= 1
