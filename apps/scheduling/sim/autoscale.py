@@ -1,0 +1,147 @@
+"""The autoscaler in the simulator: the core's `Autoscaler` driven from a hook.
+
+Every `interval_s` of simulated time (a TICK event keeps the clock going while there is work)
+the hook builds what the platform's beat task builds (one `NodeStatus` per node, one `Demand`
+per queued job, one `Pending` per node still booting) and applies the `ScaleDecision`:
+
+- `provision`: `add_node_at(t + lag, node, requested_at=t)`; the node is paid from t.
+- `terminate`: the node is idle, so NODE_DOWN removes it at once (nothing is evicted).
+- `drain`: NODE_DOWN on a busy node drains it: no new work, removed when its last job ends.
+
+Every arrival is fed to `Autoscaler.observe_arrival` (GPUs x nodes of the job). `idle_since` is
+the first tick that found a node empty, so idleness is known to within one interval.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from apps.scheduling.core import Node
+from apps.scheduling.core.autoscale import Autoscaler, Demand, NodeStatus, Pending, SkuLimits
+
+
+@dataclass
+class AutoscaleSettings:
+    mode: str = "off"  # off | reactive | predictive
+    provision_lag_s: float = 300.0
+    min_nodes: int = 0
+    max_nodes: int = 1_000_000
+    cooldown_s: float = 600.0
+    interval_s: float = 60.0
+    burst_share: float = 0.0  # predictive: share of a recent burst to keep ready
+
+
+@dataclass
+class AutoscaleHook:
+    settings: AutoscaleSettings
+    gpus_per_node: int
+    gpu_model: str = "GPU"
+    autoscaler: Autoscaler = field(init=False)
+    idle_since: dict[str, float] = field(default_factory=dict)
+    coming: dict[str, float] = field(default_factory=dict)  # node name -> ready at
+    next_tick: float = float("-inf")
+    provisioned: int = 0
+    terminated: int = 0
+    drained: int = 0
+    peak_nodes: int = 0  # up + coming, at its highest
+    decisions: int = 0
+    _seq: int = 0
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        limits = SkuLimits(
+            self.gpus_per_node,
+            min_nodes=s.min_nodes,
+            max_nodes=s.max_nodes,
+            cooldown_s=s.cooldown_s,
+        )
+        self.autoscaler = Autoscaler(
+            {self.gpu_model: limits},
+            mode=s.mode,
+            provision_lag_s=s.provision_lag_s,
+            burst_share=s.burst_share,
+        )
+
+    def install(self, sim: Any) -> None:
+        sim.hooks.append(self)
+        sim.arrival_hooks.append(self.arrived)
+        self.peak_nodes = len(sim.scheduler.view.capacity)
+
+    def arrived(self, sim: Any, job: Any, t: float) -> None:
+        self.autoscaler.observe_arrival(self.gpu_model, t, Demand(job.gpus, job.nodes))
+
+    def __call__(self, sim: Any, t: float) -> None:
+        if t < self.next_tick:
+            return
+        interval = self.settings.interval_s
+        self.next_tick = t + interval
+        self._decide(sim, t)
+        if sim.has_work():
+            sim.tick_at(self.next_tick)
+
+    def _decide(self, sim: Any, t: float) -> None:
+        scheduler = sim.scheduler
+        view = scheduler.view
+        on_node: dict[str, list] = {}
+        for job in scheduler.running.values():
+            for name, gpus in job.alloc:
+                on_node.setdefault(name, []).append((job, gpus))
+        nodes = []
+        for name, capacity in view.capacity.items():
+            jobs = on_node.get(name, [])
+            if jobs:
+                self.idle_since.pop(name, None)
+                idle = None
+            else:
+                idle = self.idle_since.setdefault(name, t)
+            nodes.append(
+                NodeStatus(
+                    name, capacity, view.free[name], idle_since=idle,
+                    preemptible_only=bool(jobs)
+                    and all(scheduler.tiers[j.tier].preemptible for j, _ in jobs),
+                    draining=name in sim.draining,
+                    freeing=tuple((j.est_end, g) for j, g in jobs),
+                )
+            )  # fmt: skip
+        self.coming = {n: r for n, r in self.coming.items() if r > t}
+        pending = [Pending(1, ready) for ready in self.coming.values()]
+        queued = [
+            Demand(j.gpus, j.nodes, j.est_runtime_s)
+            for j in scheduler.queued.values()
+            if j.gpus <= self.gpus_per_node
+        ]
+        d = self.autoscaler.decide(t, self.gpu_model, nodes, queued, pending)
+        self.decisions += 1
+        for _ in range(d.provision):
+            self._seq += 1
+            node = Node(f"auto{self._seq:05d}", self.gpus_per_node, self.gpu_model)
+            ready = t + self.settings.provision_lag_s
+            sim.add_node_at(ready, node, requested_at=t)
+            self.coming[node.name] = ready
+        for name in d.terminate:
+            sim.remove_node_at(t, name)
+            self.idle_since.pop(name, None)
+        for name in d.drain:
+            sim.remove_node_at(t, name)
+        self.provisioned += d.provision
+        self.terminated += len(d.terminate)
+        self.drained += len(d.drain)
+        live = len(view.capacity) - len(d.terminate) + len(self.coming)
+        self.peak_nodes = max(self.peak_nodes, live)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "mode": self.settings.mode,
+            "provision_lag_s": self.settings.provision_lag_s,
+            "min_nodes": self.settings.min_nodes,
+            "max_nodes": self.settings.max_nodes,
+            "cooldown_s": self.settings.cooldown_s,
+            "interval_s": self.settings.interval_s,
+            "burst_share": self.settings.burst_share,
+            "decisions": self.decisions,
+            "nodes_provisioned": self.provisioned,
+            "nodes_terminated": self.terminated,
+            "nodes_drained": self.drained,
+            "peak_nodes": self.peak_nodes,
+        }
