@@ -110,6 +110,40 @@ def throughput(count: int, data_dir: pathlib.Path) -> dict:
             os.environ.pop("REDIS_URL", None)
 
 
+def peer_drain(count: int, data_dir: pathlib.Path) -> dict:
+    """Slurm's b4 shape (peers/slurm/bench.sh): `count` one-GPU jobs that exit at once, all queued
+    first, then drained by 4 nodes x 4 GPUs (16 at a time)."""
+    platform, redis_server = start_platform(data_dir, {}, "peer")
+    try:
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda _: platform.submit("bob", command=["true"], gpus=1), range(count)))
+        opened = time.monotonic()
+        for i in range(4):
+            platform.start_agent(f"peer-{i}", "H100-80GB", 4)
+
+        def all_done():
+            ended = [platform.get("bob", f"/api/v1/jobs/?state={s}").json()["count"] for s in ("succeeded", "failed")]
+            return sum(ended) >= count
+
+        platform.wait_until(all_done, timeout=1800, what=f"{count} jobs drained", interval=0.5)
+        wall = time.monotonic() - opened
+        starts, ends, url = [], [], "/api/v1/jobs/?page=1"
+        while url:
+            page = platform.get("bob", url.replace(platform.url, "")).json()
+            for job in page["results"]:
+                attempt = job["attempts"][-1]
+                starts.append(ts(attempt["started_at"]))
+                ends.append(ts(attempt["ended_at"]))
+            url = page["next"]
+        drain = max(ends) - min(starts)  # first start to last end: agents already up, like Slurm's UP
+        return {"n": count, "drain_seconds": drain, "jobs_per_second": count / drain, "wall_seconds": wall}
+    finally:
+        platform.stop()
+        if redis_server:
+            redis_server.stop()
+            os.environ.pop("REDIS_URL", None)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="20 latency samples, 200 jobs drained")
@@ -121,6 +155,8 @@ def main() -> int:
         print(f"latency: {lat}", flush=True)
         tp = throughput(n_drain, pathlib.Path(tmp))
         print(f"throughput: {tp}", flush=True)
+        peer = peer_drain(n_drain // 2, pathlib.Path(tmp))
+        print(f"peer drain: {peer}", flush=True)
     command = "python -m bench.foundation" + (" --quick" if args.quick else "")
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(f"""## Foundation: the whole stack
@@ -136,6 +172,7 @@ Command: `{command}` ({backend}, Redis, gunicorn 2x4, one dispatcher, fake GPU a
 | time from first submit to last start ({tp['n']} jobs) | {tp['drain_seconds']:.1f} s |
 | submits per second while filling the queue (8 client threads) | {tp['submits_per_second']:.1f} /s |
 | jobs retried or failed during the drain | {len(tp['retried'])} |
+| Slurm's b4 shape: {peer['n']} one-GPU jobs queued first, then drained by 4 nodes x 4 GPUs | {peer['jobs_per_second']:.1f} jobs/s ({peer['drain_seconds']:.1f} s from the first start to the last end) |
 
 Latency is measured from the job's `created_at` to its attempt's `started_at` (server clocks,
 no client overhead): dispatch trigger on commit, placement, the start message to the node queue,
