@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import os
 import pathlib
 import statistics
@@ -30,6 +31,36 @@ def ts(text: str) -> float:
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+@contextlib.contextmanager
+def running_platform(data_dir: pathlib.Path, nodes: dict, name: str):
+    """A whole platform for one measurement, stopped (with its embedded Redis) afterwards."""
+    platform, redis_server = start_platform(data_dir, nodes, name)
+    try:
+        yield platform
+    finally:
+        platform.stop()
+        if redis_server:
+            redis_server.stop()
+            os.environ.pop("REDIS_URL", None)
+
+
+def all_jobs(platform):
+    """Every job of bob's tenant, page by page."""
+    url = "/api/v1/jobs/?page=1"
+    while url:
+        page = platform.get("bob", url.replace(platform.url, "")).json()
+        yield from page["results"]
+        url = page["next"]
+
+
+def wait_until_ended(platform, count: int, interval: float) -> None:
+    def ended() -> bool:
+        counts = [platform.get("bob", f"/api/v1/jobs/?state={s}").json()["count"] for s in ("succeeded", "failed")]
+        return sum(counts) >= count
+
+    platform.wait_until(ended, timeout=1800, what=f"{count} jobs ended", interval=interval)
 
 
 def start_platform(data_dir: pathlib.Path, nodes: dict, name: str):
@@ -53,49 +84,31 @@ def start_platform(data_dir: pathlib.Path, nodes: dict, name: str):
 
 
 def latency(count: int, data_dir: pathlib.Path) -> dict:
-    platform, redis_server = start_platform(data_dir, {"lat-h1": ("H100-80GB", 8, "")}, "latency")
-    try:
+    with running_platform(data_dir, {"lat-h1": ("H100-80GB", 8, "")}, "latency") as platform:
         samples = []
         for _ in range(count):
             job = platform.submit("bob", command=["true"], gpus=1, gpu_sku="H100-80GB")
             done = platform.wait_for_state(job["id"], ["succeeded", "failed"], timeout=60)
             samples.append(ts(done["attempts"][0]["started_at"]) - ts(done["created_at"]))
         return {"n": count, "p50": statistics.median(samples), "p95": percentile(samples, 0.95)}
-    finally:
-        platform.stop()
-        if redis_server:
-            redis_server.stop()
-            os.environ.pop("REDIS_URL", None)
 
 
 def throughput(count: int, data_dir: pathlib.Path) -> dict:
     nodes = {f"tp-{i}": ("H100-80GB", 8, "") for i in range(8)}
-    platform, redis_server = start_platform(data_dir, nodes, "throughput")
-    try:
+    with running_platform(data_dir, nodes, "throughput") as platform:
         submit_started = time.monotonic()
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda _: platform.submit("bob", command=["true"], gpus=1, gpu_sku="H100-80GB")["id"],
-                                range(count)))  # fmt: skip
+                          range(count)))  # fmt: skip
         submit_seconds = time.monotonic() - submit_started
-
-        def all_done():
-            ended = [platform.get("bob", f"/api/v1/jobs/?state={s}").json()["count"] for s in ("succeeded", "failed")]
-            return sum(ended) >= count
-
-        platform.wait_until(all_done, timeout=1800, what=f"{count} jobs succeeded", interval=2)
+        wait_until_ended(platform, count, interval=2)
         starts, created, retried = [], [], []
-        url = "/api/v1/jobs/?page=1"
-        while url:
-            page = platform.get("bob", url.replace(platform.url, "")).json()
-            for job in page["results"]:
-                if job["state"] != "succeeded":
-                    retried.append([(a["state"], a["reason"]) for a in job["attempts"]])
-                    continue
+        for job in all_jobs(platform):
+            if job["state"] != "succeeded" or len(job["attempts"]) > 1:
+                retried.append([(a["state"], a["reason"]) for a in job["attempts"]])
+            if job["state"] == "succeeded":
                 starts.append(ts(job["attempts"][-1]["started_at"]))
                 created.append(ts(job["created_at"]))
-                if len(job["attempts"]) > 1:
-                    retried.append([(a["state"], a["reason"]) for a in job["attempts"]])
-            url = page["next"]
         span = max(starts) - min(starts)
         return {
             "n": count, "nodes": 8, "gpus": 64, "submit_seconds": submit_seconds,
@@ -103,45 +116,23 @@ def throughput(count: int, data_dir: pathlib.Path) -> dict:
             "starts_per_second": count / span if span else float("inf"),
             "drain_seconds": max(starts) - min(created), "retried": retried,
         }  # fmt: skip
-    finally:
-        platform.stop()
-        if redis_server:
-            redis_server.stop()
-            os.environ.pop("REDIS_URL", None)
 
 
 def peer_drain(count: int, data_dir: pathlib.Path) -> dict:
     """Slurm's b4 shape (peers/slurm/bench.sh): `count` one-GPU jobs that exit at once, all queued
     first, then drained by 4 nodes x 4 GPUs (16 at a time)."""
-    platform, redis_server = start_platform(data_dir, {}, "peer")
-    try:
+    with running_platform(data_dir, {}, "peer") as platform:
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda _: platform.submit("bob", command=["true"], gpus=1), range(count)))
         opened = time.monotonic()
         for i in range(4):
             platform.start_agent(f"peer-{i}", "H100-80GB", 4)
-
-        def all_done():
-            ended = [platform.get("bob", f"/api/v1/jobs/?state={s}").json()["count"] for s in ("succeeded", "failed")]
-            return sum(ended) >= count
-
-        platform.wait_until(all_done, timeout=1800, what=f"{count} jobs drained", interval=0.5)
+        wait_until_ended(platform, count, interval=0.5)
         wall = time.monotonic() - opened
-        starts, ends, url = [], [], "/api/v1/jobs/?page=1"
-        while url:
-            page = platform.get("bob", url.replace(platform.url, "")).json()
-            for job in page["results"]:
-                attempt = job["attempts"][-1]
-                starts.append(ts(attempt["started_at"]))
-                ends.append(ts(attempt["ended_at"]))
-            url = page["next"]
-        drain = max(ends) - min(starts)  # first start to last end: agents already up, like Slurm's UP
+        attempts = [job["attempts"][-1] for job in all_jobs(platform)]
+        # First start to last end: the agents are already up then, like Slurm's partition UP.
+        drain = max(ts(a["ended_at"]) for a in attempts) - min(ts(a["started_at"]) for a in attempts)
         return {"n": count, "drain_seconds": drain, "jobs_per_second": count / drain, "wall_seconds": wall}
-    finally:
-        platform.stop()
-        if redis_server:
-            redis_server.stop()
-            os.environ.pop("REDIS_URL", None)
 
 
 def main() -> int:
