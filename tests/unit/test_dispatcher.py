@@ -165,13 +165,20 @@ def test_only_a_placed_job_can_be_preempted(cast):
         services.job_preempt(job=job, actor="test", reason="x")
 
 
-def test_an_enterprise_job_preempts_the_cheapest_free_job(cast):
-    Tier.objects.filter(name="free").update(min_runtime_seconds=0)
-    make_node("h1", gpus=4)
+@pytest.fixture
+def free_tenant(cast):
+    """erin of the free tenant "hobby", whose jobs may be preempted at once, and a 4-GPU node."""
     from apps.tenants.services import tenant_create, user_create
 
+    Tier.objects.filter(name="free").update(min_runtime_seconds=0)
+    make_node("h1", gpus=4)
     tenant_create(slug="hobby", tier_name="free")
     cast["erin"] = user_create(username="erin", tenant_slug="hobby")
+    return cast
+
+
+def test_an_enterprise_job_preempts_the_cheapest_free_job(free_tenant):
+    cast = free_tenant
     fresh, stale = submit(cast, "erin", gpus=2), submit(cast, "erin", gpus=2)
     dispatch_once()
     for job in (fresh, stale):
@@ -191,13 +198,8 @@ def test_an_enterprise_job_preempts_the_cheapest_free_job(cast):
     assert dispatch_once().preempted == []  # no preemption loop while the victim stops
 
 
-def test_an_enterprise_job_never_preempts_when_it_still_would_not_fit(cast):
-    Tier.objects.filter(name="free").update(min_runtime_seconds=0)
-    make_node("h1", gpus=4)
-    from apps.tenants.services import tenant_create, user_create
-
-    tenant_create(slug="hobby", tier_name="free")
-    cast["erin"] = user_create(username="erin", tenant_slug="hobby")
+def test_an_enterprise_job_never_preempts_when_it_still_would_not_fit(free_tenant):
+    cast = free_tenant
     victim = submit(cast, "erin", gpus=2)
     dispatch_once()
     huge = submit(cast, "bob", gpus=8)
