@@ -132,6 +132,7 @@ def tier_policies() -> dict[str, policy.TierPolicy]:
             can_preempt=tier.can_preempt, guaranteed_share=tier.guaranteed_share,
             borrowing_limit=tier.borrowing_limit, age_limit_s=float(tier.age_limit_seconds),
             min_runtime_s=float(tier.min_runtime_seconds), max_preemptions=tier.max_preemptions,
+            preempt_wait_s=float(tier.preempt_wait_seconds),
         )  # fmt: skip
         for tier in Tier.objects.all()
     }
@@ -140,6 +141,20 @@ def tier_policies() -> dict[str, policy.TierPolicy]:
 def policy_config(tiers) -> policy.PolicyConfig:
     grace = max((t.preemption_grace_seconds for t in Tier.objects.all()), default=30)
     return policy.PolicyConfig(ordering=settings.SCHEDULING_POLICY, grace_s=float(grace + settings.KILL_GRACE_SECONDS))
+
+
+def arriving_nodes() -> list[policy.ArrivingNode]:
+    """Nodes the autoscaler asked for that have not registered yet (preemption may wait)."""
+    from apps.scheduling.models import ProvisionRequest, ProvisionState
+
+    registered = Node.objects.values("name")
+    pending = ProvisionRequest.objects.filter(state__in=[ProvisionState.PENDING, ProvisionState.RUNNING]).exclude(
+        node_name__in=registered
+    )
+    return [
+        policy.ArrivingNode(ready_at=epoch(r.ready_at), gpu_model=r.sku.name, gpus=r.gpus)
+        for r in pending.select_related("sku")
+    ]
 
 
 def ordered_queue():
@@ -196,6 +211,7 @@ def dispatch_once() -> DispatchResult:
     decisions = policy.decide(
         epoch(now), snapshot.cluster, [queued_job(job) for job in jobs.values()], snapshot.running, tiers,
         tenant_usage(now, config.half_life_s), config=config, held_reservation=_held_reservation(jobs),
+        arriving=arriving_nodes(),
     )  # fmt: skip
     waiting_for_victims = set()
     for decision in decisions:

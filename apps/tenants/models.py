@@ -30,6 +30,9 @@ class Tier(models.Model):
         default=15 * 60, help_text="A job must run this long before it may be preempted."
     )
     max_preemptions = models.PositiveSmallIntegerField(default=3, help_text="A job is preempted at most this often.")
+    preempt_wait_seconds = models.PositiveIntegerField(
+        default=0, help_text="Wait instead of preempting when the autoscaler brings a fitting node this soon."
+    )
     description = models.CharField(max_length=200, blank=True)
 
     class Meta:

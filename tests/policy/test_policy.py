@@ -413,3 +413,34 @@ def test_decide_counts_cordoned_nodes_and_foreign_pods_as_busy():
     assert not started(decisions)
     [wait] = [d for d in decisions if isinstance(d, Wait)]
     assert "more than the cluster can offer" in wait.reason  # only n2 is usable
+
+
+def test_preemption_waits_when_a_fitting_node_arrives_within_the_tolerance():
+    """An enterprise job whose tier tolerates 10 minutes waits for a node being provisioned
+    (ready in 5 minutes) instead of preempting; one ready in 20 minutes does not hold it back."""
+    from dataclasses import replace
+
+    from apps.scheduling.core import Pod
+    from apps.scheduling.core.policy import ArrivingNode
+
+    tiers = default_tiers()
+    tiers["enterprise"] = replace(tiers["enterprise"], preempt_wait_s=600)
+    setup = cluster_of(1, gpus=2)
+    start_running(setup, 0, running("f1", tenant="f", gpus=2))
+    placement = setup.running["f1"].placement
+
+    def tick(arriving):
+        rows = [RunningJob("f1", "f", "free", 2, 0.0, 10_000.0, placement)]  # decide marks victims
+        cluster = ClusterManager()
+        cluster.add_node(Node("n0", 2, "A100"))
+        cluster.add_pod(Pod("f1", gpus=2), placement)
+        boss = job("boss", tier="enterprise", tenant="e", gpus=2, submit=3600)
+        return decide(3600, cluster, [boss], rows, tiers, arriving=arriving)
+
+    soon = [ArrivingNode(ready_at=3600 + 300, gpu_model="A100", gpus=2)]
+    assert not [d for d in tick(soon) if isinstance(d, Preempt)]
+    too_small = [ArrivingNode(ready_at=3600 + 300, gpu_model="A100", gpus=1)]
+    late = [ArrivingNode(ready_at=3600 + 1200, gpu_model="A100", gpus=2)]
+    for arriving in (too_small, late, []):
+        [p] = [d for d in tick(arriving) if isinstance(d, Preempt)]
+        assert p.victim_ids == ("f1",)

@@ -207,3 +207,21 @@ def test_an_enterprise_job_never_preempts_when_it_still_would_not_fit(free_tenan
     victim.refresh_from_db()
     huge.refresh_from_db()
     assert victim.state == "starting" and huge.state == "queued"
+
+
+def test_preemption_waits_for_a_node_the_autoscaler_is_bringing(free_tenant):
+    from apps.nodes.models import GpuSku
+    from apps.scheduling.models import ProvisionRequest
+
+    cast = free_tenant
+    Tier.objects.filter(name="enterprise").update(preempt_wait_seconds=600)
+    victim = submit(cast, "erin", gpus=4)
+    dispatch_once()
+    ProvisionRequest.objects.create(sku=GpuSku.objects.get(name="H100-80GB"), node_name="auto-1", provider="local",
+                                    gpus=4, ready_at=timezone.now() + timedelta(minutes=5))  # fmt: skip
+    urgent = submit(cast, "bob", gpus=4)
+    assert dispatch_once().preempted == []  # a fitting node arrives within 10 minutes: wait
+    Tier.objects.filter(name="enterprise").update(preempt_wait_seconds=60)
+    assert dispatch_once().preempted == [str(victim.id)]  # 5 minutes is beyond a 1-minute tolerance
+    urgent.refresh_from_db()
+    assert urgent.state == "queued"

@@ -88,6 +88,7 @@ class TierPolicy:
     age_limit_s: float = 24 * HOUR  # waiting this long puts a job ahead of its level
     min_runtime_s: float = 15 * 60  # a victim must have run this long in its current attempt
     max_preemptions: int = 3  # a job is preempted at most this many times
+    preempt_wait_s: float = 0.0  # wait instead of preempting when a fitting node arrives this soon
     qos_priority: int = 0  # Slurm rendering only: the QOS priority of this tier
 
 
@@ -173,6 +174,15 @@ class RunningJob:
 
 
 @dataclass(frozen=True, slots=True)
+class ArrivingNode:
+    """A node being provisioned: ready at `ready_at` with `gpus` GPUs of `gpu_model`."""
+
+    ready_at: float
+    gpu_model: str
+    gpus: int
+
+
+@dataclass(frozen=True, slots=True)
 class TenantUsage:
     tier: str
     gpu_seconds: float  # GPU-seconds used, each decayed by 2^(-age/half_life), as of `now`
@@ -228,8 +238,12 @@ def decide(
     held_reservation: str | Iterable[str] | None = None,
     tenant_weights: Mapping[str, float] | None = None,
     explain: bool = True,
+    arriving: Iterable[ArrivingNode] = (),
 ) -> list[Decision]:
-    """One scheduling pass over state rebuilt from plain data (see the module docstring)."""
+    """One scheduling pass over state rebuilt from plain data (see the module docstring).
+
+    `arriving`: nodes being provisioned; a job whose tier has `preempt_wait_s` waits for them
+    instead of preempting when enough fitting ones arrive within that time."""
     scheduler = Scheduler(cluster, tiers, config, tenant_weights=tenant_weights)
     for node in cluster.list_nodes():
         scheduler.add_node(node, in_cluster=True)
@@ -242,6 +256,7 @@ def decide(
     for job in queued:
         scheduler.submit(job)
     scheduler.hold(held_reservation)
+    scheduler.arriving = list(arriving)
     return scheduler.decide(now, explain=explain)
 
 
@@ -346,6 +361,7 @@ class Scheduler:
         self.wake_at = math.inf  # call `decide` again by then: a time-based change is due
         self._plan_failed: dict[str, float] = {}
         self._victims_of: dict[str, set[str]] = {}  # preemptor -> victims still stopping
+        self.arriving: list[ArrivingNode] = []  # nodes being provisioned (autoscaler)
         self._slurm = SlurmPriority(self.config.slurm_calc_period_s)
         self._draining: set[str] = set()  # nodes that take no new work (see drain_node)
         self.now = 0.0
@@ -1008,6 +1024,21 @@ class _Pass:
     def _may_preempt(self, job: QueuedJob) -> bool:
         return self.plans_left > 0 and self.could_preempt.get(job.tier, False)
 
+    def _capacity_coming(self, job: QueuedJob, tier: TierPolicy) -> float | None:
+        """When enough arriving nodes that fit the job are ready within the tier's tolerance:
+        the time the last of them is ready (then waiting beats preempting); else None."""
+        if tier.preempt_wait_s <= 0 or not self.s.arriving:
+            return None
+        horizon = self.now + tier.preempt_wait_s
+        ready = sorted(
+            node.ready_at
+            for node in self.s.arriving
+            if node.ready_at <= horizon
+            and node.gpus >= job.gpus
+            and (not job.gpu_models or node.gpu_model in job.gpu_models)
+        )
+        return ready[job.nodes - 1] if len(ready) >= job.nodes else None
+
     def _try_preempt(
         self, job: QueuedJob, tier: TierPolicy, avoid: set[str] | frozenset[str] = frozenset()
     ) -> bool:
@@ -1016,6 +1047,10 @@ class _Pass:
             return False
         if self.now < s._plan_failed.get(job.job_id, -math.inf) or job.job_id in s._victims_of:
             return False  # failed recently, or its victims are still stopping
+        coming = self._capacity_coming(job, tier)
+        if coming is not None:
+            s.wake_at = min(s.wake_at, coming)  # look again when it is there
+            return False
         self.plans_left -= 1
         victims = [
             v
