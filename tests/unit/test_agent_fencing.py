@@ -7,11 +7,9 @@ import time
 
 import pytest
 
-from apps.jobs import services
-from apps.scheduling.dispatcher import dispatch_once
 from tests.factories import make_cast, make_node
 from tests.processes import alive
-from tests.unit.test_dispatcher import submit
+from tests.unit.test_dispatcher import placed_and_started
 from tests.unit.test_runner import Recorder, Work, py, run_until_finished
 from workers.agent import Agent, DbReporter
 from workers.runner import FENCED, UNASSIGNED, Run
@@ -45,10 +43,7 @@ def cast(db):
 
 def test_a_job_killed_by_the_fence_is_retried_not_failed(cast, settings):
     make_node("h1", gpus=1)
-    job = submit(cast)
-    dispatch_once()
-    attempt = job.attempts.get()
-    services.attempt_member_started(attempt_id=attempt.pk, rank=0, token=str(attempt.token), pid=1)
+    job, attempt = placed_and_started(cast)
     from apps.jobs.selectors import assignment
 
     run = Run(assignment=assignment(attempt.pk, 0, str(attempt.token)), workdir=pathlib.Path("."),
@@ -77,10 +72,7 @@ def test_a_run_launched_while_the_agent_reads_the_database_is_not_taken_for_unas
 
 def test_a_job_the_agent_stopped_as_unassigned_while_still_assigned_is_retried_not_failed(cast):
     make_node("h1", gpus=1)
-    job = submit(cast)
-    dispatch_once()
-    attempt = job.attempts.get()
-    services.attempt_member_started(attempt_id=attempt.pk, rank=0, token=str(attempt.token), pid=1)
+    job, attempt = placed_and_started(cast)
     from apps.jobs.selectors import assignment
 
     run = Run(assignment=assignment(attempt.pk, 0, str(attempt.token)), workdir=pathlib.Path("."),

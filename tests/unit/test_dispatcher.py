@@ -36,6 +36,15 @@ def submit(cast, user="bob", *, tier=None, gpus=1, nodes=1, sku="H100-80GB", sel
     return services.job_submit(tenant=tenant, user=person, spec=spec)
 
 
+def placed_and_started(cast, user="bob", *, gpus=1) -> tuple[Job, JobAttempt]:
+    """A job placed by a dispatcher pass whose single member has reported its start."""
+    job = submit(cast, user, gpus=gpus)
+    dispatch_once()
+    attempt = job.attempts.get()
+    services.attempt_member_started(attempt_id=attempt.pk, rank=0, token=str(attempt.token), pid=1)
+    return job, attempt
+
+
 def test_it_places_the_higher_tier_first_when_only_one_fits(cast):
     make_node("h1", gpus=4)
     low = submit(cast, "dave", tier="free", gpus=4)
@@ -115,10 +124,7 @@ def test_a_silent_node_is_lost_and_its_job_requeued(cast):
 
 def test_a_cancelled_running_job_keeps_its_gpus_until_the_agent_reports(cast):
     make_node("h1", gpus=1)
-    job = submit(cast, gpus=1)
-    dispatch_once()
-    attempt = job.attempts.get()
-    services.attempt_member_started(attempt_id=attempt.pk, rank=0, token=str(attempt.token), pid=1)
+    job, attempt = placed_and_started(cast)
     services.job_cancel(job=job, actor="test")
     assert GpuAllocation.objects.filter(released_at=None).count() == 1  # the process may still run
     services.attempt_member_finished(attempt_id=attempt.pk, rank=0, token=str(attempt.token), exit_code=-15, reason="cancel")
@@ -139,11 +145,8 @@ def test_a_report_with_a_stale_token_changes_nothing(cast):
 
 def test_a_preempted_job_returns_to_the_queue_and_is_placed_again(cast):
     make_node("h1", gpus=2)
-    job = submit(cast, gpus=2)
-    dispatch_once()
-    attempt = job.attempts.get()
+    job, attempt = placed_and_started(cast, gpus=2)
     token = str(attempt.token)
-    services.attempt_member_started(attempt_id=attempt.pk, rank=0, token=token, pid=1)
     services.job_preempt(job=job, actor="test", reason="room for an enterprise job")
     job.refresh_from_db()
     assert job.state == "preempting"
