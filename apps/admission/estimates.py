@@ -8,12 +8,14 @@ preemption, no fragmentation across nodes: the estimate errs late for small jobs
 big gangs. Expected runtime: the median of the template's last 50 finished runs (at least 3)
 capped by the job's `max_runtime_seconds`, else `max_runtime_seconds`. A job naming no SKU is
 estimated against the whole cluster. None when the job can never fit (or nothing will free).
+
+The replay itself is apps/scheduling/core/estimate.py (pure), which the simulator runs too to
+measure the method's error (apps/scheduling/sim/estimate.py); this module gathers its inputs.
 """
 
 from __future__ import annotations
 
 import bisect
-import heapq
 import statistics
 import threading
 import time
@@ -26,6 +28,7 @@ from django.utils import timezone
 
 from apps.jobs.models import ATTEMPT_ACTIVE, AttemptState, GpuAllocation, Job, JobAttempt, JobState
 from apps.nodes.models import Gpu, GpuHealth, NodeState
+from apps.scheduling.core.estimate import Replay, Waiting
 
 ANY = "*"
 QUEUE_LIMIT = 1000  # queued jobs replayed; a job further back gets no estimate
@@ -55,7 +58,7 @@ class Estimator:
     def __init__(self, *, now: datetime, capacity: dict[str, int], running: list[tuple[str, datetime, int]],
                  queue: list[Queued], typical: dict[int, float]):  # fmt: skip
         self.now, self.capacity, self.running, self.queue, self.typical = now, capacity, running, queue, typical
-        self._pools: dict[str, tuple] = {}  # pool -> (starts, replay state at the queue's end)
+        self._pools: dict[str, tuple[dict, Replay]] = {}  # pool -> (starts, the replay at the queue's end)
         self._index: dict | None = None
         self._newest: datetime | None = None
 
@@ -130,31 +133,15 @@ class Estimator:
                 return index + 1
         return None
 
-    def _replay(self, pool: str, queue: list[Queued], state: tuple | None = None) -> tuple[dict, tuple]:
-        capacity = self.capacity.get(pool, 0) if pool != ANY else sum(self.capacity.values())
+    def _replay(self, pool: str, queue: list[Queued], state: Replay | None = None) -> tuple[dict, Replay]:
+        """The pool's replay (apps/scheduling/core/estimate.py), in seconds from `now`."""
         if state is None:
-            releases = [(end, n) for sku, end, n in self.running if pool in (ANY, sku)]
-            free = capacity - sum(n for _, n in releases)
-            heapq.heapify(releases)
-            t = self.now
-        else:
-            t, free, releases = state[0], state[1], list(state[2])
-        starts = {}
-        for job in queue:
-            if job.sku != pool:
-                continue
-            need = job.gpus * job.nodes
-            if need > capacity:
-                continue
-            while free < need and releases:
-                end, n = heapq.heappop(releases)
-                t, free = max(t, end), free + n
-            if free < need:
-                continue
-            starts[job.pk] = t
-            free -= need
-            heapq.heappush(releases, (t + timedelta(seconds=self.runtime(job)), need))
-        return starts, (t, free, releases)
+            capacity = self.capacity.get(pool, 0) if pool != ANY else sum(self.capacity.values())
+            held = [((end - self.now).total_seconds(), n) for sku, end, n in self.running if pool in (ANY, sku)]
+            state = Replay.start(0.0, capacity, held)
+        waiting = (Waiting(job.pk, job.gpus * job.nodes, self.runtime(job)) for job in queue if job.sku == pool)
+        starts = {pk: self.now + timedelta(seconds=offset) for pk, offset in state.starts(waiting)}
+        return starts, state
 
 
 # --- the 201 answer of a submit -------------------------------------------------------------------
