@@ -19,6 +19,9 @@ up to `--max-nodes`, default the peak, with the core's `Autoscaler` every
 `--autoscale-interval` seconds). With several, each run writes to OUT/<mode>/ and the table
 compares wait and paid GPU-hours (paid from the moment a node is requested until it is removed
 or the last job ends).
+
+`--estimate-error [EVERY]` measures the error of the API's `estimated_start_at` at every
+EVERY-th arrival (apps/scheduling/sim/estimate.py): summary.json's `estimate_error`, and a table.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Any
 
 from apps.scheduling.sim.autoscale import AutoscaleHook, AutoscaleSettings
 from apps.scheduling.sim.engine import SimSettings, Simulation
+from apps.scheduling.sim.estimate import EstimateErrorHook, error_table
 from apps.scheduling.sim.presets import POLICIES, policy_preset
 from apps.scheduling.sim.report import summarize, targets_table, write_outputs
 from apps.scheduling.sim.workload import (
@@ -79,6 +83,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--burst-share", type=float, default=0.0,
         help="predictive: keep room for this share of the recent burst (0: the smoothed rate only)",
+    )  # fmt: skip
+    p.add_argument(
+        "--estimate-error", nargs="?", const=1, type=int, metavar="EVERY",
+        help="measure estimated_start_at's error at every EVERY-th arrival (default 1: all)",
+    )  # fmt: skip
+    p.add_argument(
+        "--estimate-order", choices=("platform", "policy"), default="platform",
+        help="queue order the estimate replays (platform: queue_position's; policy: the scheduler's)",
     )  # fmt: skip
     return p
 
@@ -138,6 +150,10 @@ def run_one(args: argparse.Namespace, policy: str, out: Path, mode: str = "off")
             args.gpus_per_node, settings.gpu_model,
         )  # fmt: skip
         hook.install(sim)
+    estimate = None
+    if args.estimate_error:
+        estimate = EstimateErrorHook(args.estimate_error, args.estimate_order)
+        estimate.install(sim)
     began, cpu = time.perf_counter(), time.process_time()
     sim.run()
     elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu
@@ -158,6 +174,8 @@ def run_one(args: argparse.Namespace, policy: str, out: Path, mode: str = "off")
     )
     summary["autoscale"] = scaling
     summary["paid_gpu_hours"] = scaling["paid_gpu_hours"]
+    if estimate is not None:
+        summary["estimate_error"] = estimate.summary()
     if args.no_files:
         out.mkdir(parents=True, exist_ok=True)
         (out / "summary.json").write_text(
@@ -299,6 +317,9 @@ def main(argv: list[str] | None = None) -> int:
     if checks:
         text += "\n" + checks
     text += "\n" + autoscale_table(results)
+    for key, s in results.items():
+        if "estimate_error" in s:
+            text += f"\n{key}: " + error_table(s["estimate_error"])
     print(text)
     if len(runs) > 1:
         (args.out / "table.md").write_text(text)
