@@ -139,3 +139,44 @@ def test_burst_share_keeps_room_for_a_recent_burst():
     assert ready.provision >= plain.provision + 2
     assert "forecast" in ready.reason
     assert Forecaster(burst_half_life_s=3600).burst_decay < Forecaster().burst_decay
+
+
+def test_a_node_that_never_ran_anything_goes_without_waiting_for_the_cooldown():
+    limits = SkuLimits(gpus_per_node=8, cooldown_s=600, unused_cooldown_s=60)
+    scaler = Autoscaler({"H100": limits}, mode="reactive", provision_lag_s=300)
+    assert scaler.decide(0, "H100", [], [Demand(8)] * 2).provision == 2  # scaled up at t=0
+    # The queue was served elsewhere; the two nodes arrived at 300 and one ran a job since.
+    nodes = [
+        NodeStatus("fresh", 8, 8, idle_since=300, never_used=True),
+        NodeStatus("was-used", 8, 8, idle_since=300),
+    ]
+    early = scaler.decide(330, "H100", nodes, [])
+    assert early.terminate == ()  # not idle for unused_cooldown_s yet
+    later = scaler.decide(400, "H100", nodes, [])
+    # Inside the cooldown after the scale-up: hysteresis holds the node that ran work, but the
+    # node that never ran anything goes.
+    assert later.terminate == ("fresh",)
+    assert later.desired == 1
+    assert "never used" in later.reason
+    # A node that is never used but wanted for queued work stays.
+    wanted = scaler.decide(400, "H100", nodes, [Demand(8, est_runtime_s=3600)] * 2)
+    assert wanted.terminate == ()
+
+
+def test_momentum_plans_for_a_stream_that_a_closed_bin_does_not_show_yet():
+    def scaler(share):
+        s = Autoscaler({"H100": H100}, mode="predictive", provision_lag_s=300, momentum_share=share)
+        for i in range(10):  # a sweep: an 8-GPU job every 30 s, inside one 15-minute bin
+            s.observe_arrival("H100", 60 + 30.0 * i, Demand(8))
+        return s
+
+    now = 360.0
+    assert scaler(0.0).decide(now, "H100", [], []).provision == 0  # the bin has not closed
+    ready = scaler(1.0).decide(now, "H100", [], [])
+    # 80 GPUs, most of them in the last 5 minutes: a pace of about 10 GPUs/min -> ~7 nodes
+    assert 5 <= ready.provision <= 9, ready
+    assert "forecast" in ready.reason
+    # An hour after the sweep stopped its momentum is gone: only the smoothed forecast is left.
+    later = now + 3600
+    assert scaler(1.0).decide(later, "H100", [], []) == scaler(0.0).decide(later, "H100", [], [])
+    assert Forecaster(momentum_half_life_s=0).momentum(0, 300) == 0.0

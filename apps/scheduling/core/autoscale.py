@@ -72,6 +72,9 @@ class SkuLimits:
     cooldown_s: float = 600.0  # idle this long before removal; no scale-down this soon after an up
     gpu_hour_budget: float | None = None  # per period; None: unlimited
     budget_horizon_s: float = 3600.0  # a new node must be affordable for this long
+    # A node that has run nothing since it arrived and that the target does not want goes after
+    # this long idle, hysteresis or not (it was asked for demand that did not come).
+    unused_cooldown_s: float = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +94,7 @@ class NodeStatus:
     idle_since: float | None = None  # None: it runs something
     preemptible_only: bool = False  # everything on it may be preempted
     draining: bool = False
+    never_used: bool = False  # has run nothing since it arrived (None idle_since: not true)
     # GPUs that running jobs will free, as (expected end time, gpus)
     freeing: tuple[tuple[float, int], ...] = ()
 
@@ -126,8 +130,14 @@ class Forecaster:
         alpha: float = 0.3,
         gamma: float = 0.3,
         burst_half_life_s: float = DAY,
+        momentum_half_life_s: float = 300.0,
     ) -> None:
         self.bin_s, self.alpha, self.gamma = bin_s, alpha, gamma
+        # Arrivals of the last minutes, each weighed 2^(-age / half-life): the pace of a stream
+        # (a sweep, a gang series) that a 15-minute bin only sees once it has closed.
+        self.momentum_half_life_s = momentum_half_life_s
+        self._recent = 0.0
+        self._recent_t: float | None = None
         # The highest bin rate seen lately, decaying with this half-life: how big a burst gets.
         self.burst_decay = 0.5 ** (bin_s / burst_half_life_s) if burst_half_life_s > 0 else 0.0
         self.peak_rate = 0.0
@@ -141,6 +151,22 @@ class Forecaster:
         """Record `gpu_demand` GPUs (gpus x nodes of a job) arriving at time t."""
         self._roll(t)
         self._acc += gpu_demand
+        self._decay(t)
+        self._recent += gpu_demand
+
+    def _decay(self, t: float) -> None:
+        if self._recent_t is not None and t > self._recent_t and self.momentum_half_life_s > 0:
+            self._recent *= 0.5 ** ((t - self._recent_t) / self.momentum_half_life_s)
+        if self._recent_t is None or t > self._recent_t:
+            self._recent_t = t
+
+    def momentum(self, t: float, horizon_s: float) -> float:
+        """GPUs of new demand in [t, t + horizon) if arrivals keep their pace of the last
+        minutes: the decayed sum R of recent arrivals estimates a rate R ln2 / half-life."""
+        if self.momentum_half_life_s <= 0:
+            return 0.0
+        self._decay(t)
+        return self._recent * math.log(2) / self.momentum_half_life_s * horizon_s
 
     def _roll(self, t: float) -> None:
         index = int(t // self.bin_s)
@@ -203,6 +229,7 @@ class Autoscaler:
         provision_lag_s: float = 300.0,
         forecaster: Mapping[str, Forecaster] | None = None,
         burst_share: float = 0.0,
+        momentum_share: float = 0.0,
     ) -> None:
         if mode not in ("off", "reactive", "predictive"):
             raise ValueError(f"unknown autoscale mode {mode!r}")
@@ -211,6 +238,8 @@ class Autoscaler:
         self.lag = provision_lag_s
         # predictive: plan for this share of a recent burst on top of the smoothed forecast
         self.burst_share = burst_share
+        # predictive: plan for this share of the current stream's pace continuing over the lag
+        self.momentum_share = momentum_share
         self.forecast = dict(forecaster or {sku: Forecaster() for sku in self.limits})
         self._state = {sku: _SkuState() for sku in self.limits}
 
@@ -251,17 +280,23 @@ class Autoscaler:
                 why.append(f"{extra} node(s) for arrivals forecast over the next {self.lag:.0f}s")
             needed += extra
         target = used + coming + needed
+        wanted = max(limits.min_nodes, min(limits.max_nodes, target))
+        retire = self._unused(now, limits, active, current + coming - wanted)
+        if retire:
+            why.append(f"{len(retire)} node(s) never used since they arrived and not wanted")
         target = self._hysteresis(now, state, limits, target, current + coming, why)
         target = max(limits.min_nodes, min(limits.max_nodes, target))
+        target = max(wanted, target - len(retire))
         provision = max(0, target - current - coming)
         provision = self._afford(state, limits, provision, current + coming, why)
         if provision:
             state.last_up_at = now
         drain, terminate = (
-            self._shrink(now, limits, nodes, current + coming - target)
+            self._shrink(now, limits, nodes, current + coming - target - len(retire), retire)
             if target < current
             else ((), ())
         )
+        terminate = retire + terminate
         if target != current + coming or drain or terminate:
             why.append(f"limits {limits.min_nodes}..{limits.max_nodes}")
         return ScaleDecision(
@@ -319,6 +354,8 @@ class Autoscaler:
             expected = forecast.expected(now, self.lag)
             if self.burst_share > 0:
                 expected = max(expected, self.burst_share * forecast.burst(now, self.lag))
+            if self.momentum_share > 0:
+                expected = max(expected, self.momentum_share * forecast.momentum(now, self.lag))
         shortfall = expected - spare_gpus
         return max(0, math.ceil(shortfall / limits.gpus_per_node - 1e-9))
 
@@ -348,11 +385,33 @@ class Autoscaler:
             why.append(f"GPU-hour budget allows {affordable} of {provision} new node(s)")
         return min(provision, affordable)
 
-    def _shrink(self, now, limits, nodes, surplus) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    def _unused(self, now, limits, nodes, surplus) -> tuple[str, ...]:
+        """Idle nodes that have run nothing since they arrived, past `unused_cooldown_s`, up to
+        the surplus over the target before hysteresis (longest idle first)."""
+        if surplus <= 0:
+            return ()
+        unused = [
+            n
+            for n in nodes
+            if n.never_used
+            and n.idle_since is not None
+            and now - n.idle_since >= limits.unused_cooldown_s
+        ]
+        return tuple(n.name for n in sorted(unused, key=lambda n: n.idle_since)[:surplus])
+
+    def _shrink(
+        self, now, limits, nodes, surplus, gone=()
+    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """Choose which nodes go: idle past the cooldown, empty ones first, then nodes running only
         preemptible work (drained). Never a node with non-preemptible work."""
+        if surplus <= 0:
+            return (), ()
         idle = [
-            n for n in nodes if n.idle_since is not None and now - n.idle_since >= limits.cooldown_s
+            n
+            for n in nodes
+            if n.idle_since is not None
+            and now - n.idle_since >= limits.cooldown_s
+            and n.name not in gone
         ]
         busy_preemptible = [
             n for n in nodes if n.idle_since is None and n.preemptible_only and not n.draining

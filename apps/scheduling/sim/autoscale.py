@@ -30,6 +30,8 @@ class AutoscaleSettings:
     cooldown_s: float = 600.0
     interval_s: float = 60.0
     burst_share: float = 0.0  # predictive: share of a recent burst to keep ready
+    momentum_share: float = 0.0  # predictive: share of the current stream's pace to keep ready
+    unused_cooldown_s: float = 60.0  # a node that never ran anything goes after this long idle
 
 
 @dataclass
@@ -39,6 +41,7 @@ class AutoscaleHook:
     gpu_model: str = "GPU"
     autoscaler: Autoscaler = field(init=False)
     idle_since: dict[str, float] = field(default_factory=dict)
+    ever_used: set[str] = field(default_factory=set)  # nodes seen running something
     coming: dict[str, float] = field(default_factory=dict)  # node name -> ready at
     next_tick: float = float("-inf")
     provisioned: int = 0
@@ -55,12 +58,14 @@ class AutoscaleHook:
             min_nodes=s.min_nodes,
             max_nodes=s.max_nodes,
             cooldown_s=s.cooldown_s,
+            unused_cooldown_s=s.unused_cooldown_s,
         )
         self.autoscaler = Autoscaler(
             {self.gpu_model: limits},
             mode=s.mode,
             provision_lag_s=s.provision_lag_s,
             burst_share=s.burst_share,
+            momentum_share=s.momentum_share,
         )
 
     def install(self, sim: Any) -> None:
@@ -92,6 +97,7 @@ class AutoscaleHook:
             jobs = on_node.get(name, [])
             if jobs:
                 self.idle_since.pop(name, None)
+                self.ever_used.add(name)
                 idle = None
             else:
                 idle = self.idle_since.setdefault(name, t)
@@ -100,7 +106,7 @@ class AutoscaleHook:
                     name, capacity, view.free[name], idle_since=idle,
                     preemptible_only=bool(jobs)
                     and all(scheduler.tiers[j.tier].preemptible for j, _ in jobs),
-                    draining=name in sim.draining,
+                    draining=name in sim.draining, never_used=name not in self.ever_used,
                     freeing=tuple((j.est_end, g) for j, g in jobs),
                 )
             )  # fmt: skip
