@@ -180,3 +180,18 @@ def test_momentum_plans_for_a_stream_that_a_closed_bin_does_not_show_yet():
     later = now + 3600
     assert scaler(1.0).decide(later, "H100", [], []) == scaler(0.0).decide(later, "H100", [], [])
     assert Forecaster(momentum_half_life_s=0).momentum(0, 300) == 0.0
+
+
+def test_nodes_being_provisioned_count_against_the_forecast():
+    """The forecast's nodes are asked for once, not again at every call until they arrive."""
+    scaler = Autoscaler({"H100": H100}, mode="predictive", provision_lag_s=300, burst_share=1.0)
+    for hour in range(13):  # a quiet morning, then a burst of 64 GPUs at noon (as above)
+        scaler.observe_arrival("H100", hour * 3600.0, Demand(1))
+    scaler.observe_arrival("H100", 12 * 3600.0 + 60, Demand(8, nodes=8))
+    scaler.observe_arrival("H100", 13 * 3600.0, Demand(1))
+    now = 13 * 3600.0 + 60
+    first = scaler.decide(now, "H100", [], [])
+    assert first.provision >= 2
+    again = scaler.decide(now + 60, "H100", [], [], [Pending(first.provision, now + 300)])
+    assert again.provision == 0, again
+    assert again.desired == first.desired

@@ -344,7 +344,10 @@ class Autoscaler:
         used = [
             t for t, n in zip(timelines, nodes, strict=False) if n.idle_since is None or t.gangs
         ]
-        spare = sum(t.free_at(horizon) for t in used) + sum(slot[0] for slot in new_nodes)
+        # Nodes being provisioned count in the target whole, so what the queue leaves of them at
+        # the horizon is spare too (else every call until they arrive asks for the forecast again).
+        coming = timelines[len(nodes) :]
+        spare = sum(t.free_at(horizon) for t in used + coming) + sum(s[0] for s in new_nodes)
         return len(used), len(new_nodes), spare
 
     def _predicted(self, now, sku, limits, spare_gpus) -> int:
