@@ -9,7 +9,10 @@ per queued job, one `Pending` per node still booting) and applies the `ScaleDeci
 - `drain`: NODE_DOWN on a busy node drains it: no new work, removed when its last job ends.
 
 Every arrival is fed to `Autoscaler.observe_arrival` (GPUs x nodes of the job). `idle_since` is
-the first tick that found a node empty, so idleness is known to within one interval.
+the first tick that found a node empty, so idleness is known to within one interval; `never_used`
+is true until a tick finds the node running something. After every pass the booting nodes are
+set as the policy's `arriving` (as the dispatcher passes pending provisions), so a tier with
+`preempt_wait_s` (sim `--preempt-wait`) waits for them instead of preempting.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 
 from apps.scheduling.core import Node
 from apps.scheduling.core.autoscale import Autoscaler, Demand, NodeStatus, Pending, SkuLimits
+from apps.scheduling.core.policy import ArrivingNode
 
 
 @dataclass
@@ -77,6 +81,7 @@ class AutoscaleHook:
         self.autoscaler.observe_arrival(self.gpu_model, t, Demand(job.gpus, job.nodes))
 
     def __call__(self, sim: Any, t: float) -> None:
+        self._arriving(sim, t)
         if t < self.next_tick:
             return
         interval = self.settings.interval_s
@@ -133,8 +138,21 @@ class AutoscaleHook:
         self.provisioned += d.provision
         self.terminated += len(d.terminate)
         self.drained += len(d.drain)
+        self._arriving(sim, t)
         live = len(view.capacity) - len(d.terminate) + len(self.coming)
         self.peak_nodes = max(self.peak_nodes, live)
+
+    def _arriving(self, sim: Any, t: float) -> None:
+        """The booting nodes, as the dispatcher passes pending provisions to the policy: a tier
+        with `preempt_wait_s` waits for them instead of preempting (after every pass, so a node
+        that is up no longer counts as coming)."""
+        arriving = [
+            ArrivingNode(ready, self.gpu_model, self.gpus_per_node)
+            for ready in self.coming.values()
+            if ready > t
+        ]
+        if arriving or sim.scheduler.arriving:
+            sim.scheduler.arriving = arriving
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -145,6 +163,8 @@ class AutoscaleHook:
             "cooldown_s": self.settings.cooldown_s,
             "interval_s": self.settings.interval_s,
             "burst_share": self.settings.burst_share,
+            "momentum_share": self.settings.momentum_share,
+            "unused_cooldown_s": self.settings.unused_cooldown_s,
             "decisions": self.decisions,
             "nodes_provisioned": self.provisioned,
             "nodes_terminated": self.terminated,

@@ -18,7 +18,8 @@ at its submission, in whole nodes), `reactive` and `predictive` (start with `--m
 up to `--max-nodes`, default the peak, with the core's `Autoscaler` every
 `--autoscale-interval` seconds). With several, each run writes to OUT/<mode>/ and the table
 compares wait and paid GPU-hours (paid from the moment a node is requested until it is removed
-or the last job ends).
+or the last job ends). `--burst-share`/`--momentum-share` size predictive's forecast;
+`--preempt-wait S` lets tiers that preempt wait up to S seconds for booting nodes instead.
 
 `--estimate-error [EVERY]` measures the error of the API's `estimated_start_at` at every
 EVERY-th arrival (apps/scheduling/sim/estimate.py): summary.json's `estimate_error`, and a table.
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +87,14 @@ def parser() -> argparse.ArgumentParser:
         help="predictive: keep room for this share of the recent burst (0: the smoothed rate only)",
     )  # fmt: skip
     p.add_argument(
+        "--momentum-share", type=float, default=0.0,
+        help="predictive: keep room for this share of the last minutes' arrival pace over the lag",
+    )  # fmt: skip
+    p.add_argument(
+        "--preempt-wait", type=float, default=0.0,
+        help="tiers that preempt wait this long for booting nodes instead (TierPolicy.preempt_wait_s)",
+    )  # fmt: skip
+    p.add_argument(
         "--estimate-error", nargs="?", const=1, type=int, metavar="EVERY",
         help="measure estimated_start_at's error at every EVERY-th arrival (default 1: all)",
     )  # fmt: skip
@@ -131,6 +141,11 @@ def load_workload(args: argparse.Namespace) -> tuple[list, str]:
 def run_one(args: argparse.Namespace, policy: str, out: Path, mode: str = "off") -> dict[str, Any]:
     jobs, source = load_workload(args)
     tiers, config = policy_preset(policy, grace_s=args.grace, depth=args.backfill_depth)
+    if args.preempt_wait > 0:
+        tiers = {
+            k: replace(t, preempt_wait_s=args.preempt_wait) if t.can_preempt else t
+            for k, t in tiers.items()
+        }
     peak = peak_nodes(jobs, args.gpus_per_node)
     nodes = {"off": args.nodes, "peak": peak}.get(mode, args.min_nodes)
     settings = SimSettings(
@@ -146,6 +161,7 @@ def run_one(args: argparse.Namespace, policy: str, out: Path, mode: str = "off")
                 mode, provision_lag_s=args.provision_lag, min_nodes=args.min_nodes,
                 max_nodes=args.max_nodes or peak, cooldown_s=args.cooldown,
                 interval_s=args.autoscale_interval, burst_share=args.burst_share,
+                momentum_share=args.momentum_share,
             ),
             args.gpus_per_node, settings.gpu_model,
         )  # fmt: skip
