@@ -5,14 +5,19 @@ submissions that publishing was a fifth of a submit's time, and every request af
 few is redundant, since one dispatcher pass reads the whole queue. The rule here keeps the
 guarantee that matters: a pass is requested *after* every admitted job's commit. The first
 submission in a quiet spell requests one at once; one that comes within WINDOW of the last
-request schedules a single request for the end of that window (later ones in the window join
+request marks a single request due at the end of that window (later ones in the window join
 it). So a job waits at most WINDOW longer for its pass, and a process sends at most 1/WINDOW
-requests a second. If the process dies before a scheduled request goes out, the dispatcher's
-beat tick places the job (GPUPLATFORM_DISPATCH_TICK_SECONDS).
+requests a second. If the process dies before a due request goes out, the dispatcher's beat
+tick places the job (GPUPLATFORM_DISPATCH_TICK_SECONDS).
+
+Due requests are sent by one sender thread per process, started on first need and woken
+through a condition: a submission never starts a thread (a `threading.Timer` per window did,
+and starting a thread waits for it to run, a GIL hand-off in the middle of a request).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -20,9 +25,10 @@ from django.db import transaction
 
 WINDOW = 0.05  # seconds
 
-_lock = threading.Lock()
-_scheduled = False  # a request is due and has not been sent yet
+_cond = threading.Condition()
+_due = False  # a request must go out after the commits that asked for it
 _last = float("-inf")  # monotonic time of the last request sent
+_sender: threading.Thread | None = None
 
 
 def _send() -> None:
@@ -31,28 +37,47 @@ def _send() -> None:
     request_dispatch()
 
 
-def _fire() -> None:
-    global _scheduled, _last
-    with _lock:
-        _scheduled, _last = False, time.monotonic()
-    _send()
+def _run_sender() -> None:
+    global _due, _last
+    while True:
+        with _cond:
+            while not _due:
+                _cond.wait()
+            wait = _last + WINDOW - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        with _cond:
+            # A commit that asks from here on finds nothing due and asks again: the request
+            # below may already be on its way.
+            _due, _last = False, time.monotonic()
+        try:
+            _send()
+        except Exception:  # request_dispatch logs its own failures; the thread must live on
+            pass
+
+
+def _ensure_sender() -> None:
+    """Under _cond."""
+    global _sender
+    if _sender is None or not _sender.is_alive():
+        _sender = threading.Thread(target=_run_sender, name="dispatch-request", daemon=True)
+        _sender.start()
 
 
 def request_soon() -> None:
     """Called once a submission has committed."""
-    global _scheduled, _last
+    global _due, _last
     now = time.monotonic()
-    with _lock:
-        if _scheduled:
+    with _cond:
+        if _due:
             return  # the request due at the end of the window is sent after this commit
         if now - _last >= WINDOW:
             _last = now
             send_now = True
         else:
-            _scheduled, send_now = True, False
-            timer = threading.Timer(_last + WINDOW - now, _fire)
-            timer.daemon = True
-            timer.start()
+            _due, send_now = True, False
+            _ensure_sender()
+            _cond.notify()
     if send_now:
         _send()
 
@@ -60,3 +85,13 @@ def request_soon() -> None:
 def after_commit() -> None:
     """Inside the submission's transaction: request a pass once it commits."""
     transaction.on_commit(request_soon)
+
+
+def _after_fork() -> None:
+    # A forked child has no sender thread, and the condition may have been held by another
+    # thread of the parent at the fork.
+    global _cond, _due, _last, _sender
+    _cond, _due, _last, _sender = threading.Condition(), False, float("-inf"), None
+
+
+os.register_at_fork(after_in_child=_after_fork)

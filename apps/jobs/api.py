@@ -15,7 +15,12 @@ from apps.admission.services import Admission, submitter
 from apps.jobs import services
 from apps.jobs.access import can_cancel, visible_jobs
 from apps.jobs.models import AttemptMember, Job, JobAttempt, JobState
-from apps.jobs.serializers import ArtifactSerializer, JobSerializer, JobSubmitSerializer
+from apps.jobs.serializers import (
+    ArtifactSerializer,
+    JobSerializer,
+    JobSubmitSerializer,
+    job_representation,
+)
 
 
 class JobFilter(django_filters.FilterSet):
@@ -85,7 +90,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             job._prefetched_objects_cache = {"attempts": JobAttempt.objects.none()}
             position, start = estimates.for_new_job(job)
             context = {"queue_positions": {job.pk: position}, "estimator": estimates.Known({job.pk: start})}
-            return Response(JobSerializer(job, context=context).data, status=status.HTTP_201_CREATED)
+            return Response(job_representation(job, context), status=status.HTTP_201_CREATED)
         job = job_queryset(request.user).get(pk=admission.job.pk)
         return Response(JobSerializer(job).data, status=status.HTTP_200_OK)
 

@@ -1,5 +1,7 @@
 """Input and output shapes of the jobs API. Serializers validate and shape; they never write."""
 
+import threading
+
 from django.conf import settings
 from rest_framework import serializers
 
@@ -159,6 +161,27 @@ class JobSerializer(serializers.ModelSerializer):
             self.context["estimator"] = Estimator.load()
         estimate = self.context["estimator"].estimate(job)
         return serializers.DateTimeField().to_representation(estimate) if estimate else None
+
+
+_built = threading.local()
+
+
+def job_representation(job: Job, context: dict) -> dict:
+    """`JobSerializer(job, context=context).data` without building its fields for every answer.
+
+    A ModelSerializer builds its ~30 fields from the model's metadata each time it is made:
+    for one job that was most of the serializer's cost (a submit's 201 answer). Each thread keeps
+    one built JobSerializer and lends it this call's context; the fields hold nothing of a
+    request (they read the context through their root)."""
+    serializer = getattr(_built, "job", None)
+    if serializer is None:
+        serializer = _built.job = JobSerializer()
+        serializer.fields  # noqa: B018 (build and bind them once)
+    serializer._context = context
+    try:
+        return serializer.to_representation(job)
+    finally:
+        serializer._context = {}
 
 
 class ArtifactSerializer(serializers.ModelSerializer):

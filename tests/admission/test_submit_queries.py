@@ -70,3 +70,17 @@ def test_the_answer_counts_a_job_that_left_the_queue_since_the_last_submit(as_us
     third, _ = submit(bob)
     assert (second["queue_position"], second["estimated_start_at"]) == (1, None)
     assert third["queue_position"] == 2 and third["estimated_start_at"] is not None
+
+
+def test_the_queued_count_under_the_tenant_lock_reads_only_an_index(as_user):
+    """The count runs while the tenant's lock is held (SQLite: the one write lock), so it must
+    not read the queue's rows: a covering index on (tenant, state) answers it."""
+    bob = as_user("bob")
+    _, statements = submit(bob)
+    count = next(sql for sql in statements if "COUNT(*)" in sql and '"tenant_id" =' in sql and "queued" in sql)
+    if connection.vendor != "sqlite":
+        return  # PostgreSQL plans tiny test tables as sequential scans whatever the indexes
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN QUERY PLAN {count}")
+        plan = " ".join(str(row[-1]) for row in cursor.fetchall())
+    assert "COVERING INDEX jobs_job_tenant_state_idx" in plan, plan
