@@ -233,7 +233,7 @@ def main() -> int:
         old = SECTION.read_text()
         head, rest = old.split(AUTOSCALE_HEADING)
         tail = rest[rest.index(DEFINITIONS) :]
-        text = head + autoscale_section(args.quick) + tail
+        text = head + autoscale_section(args.quick) + "\n" + tail
     elif args.only == "estimate" and SECTION.exists():
         kept = SECTION.read_text().split(ESTIMATE_HEADING)[0].rstrip("\n")
         text = kept + "\n\n" + estimate_section(args.quick)
