@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT_ARG = Path("var/bench/sim")  # relative to the repository root, as the commands show it
 OUT = ROOT / OUT_ARG
 SECTION = ROOT / "docs" / "bench" / "30-simulator.md"
-POLICIES = "default,fifo,strict,slurm"
+POLICIES = "default,fair-reclaim,fifo,strict,slurm"
 
 
 def run(argv: list[str]) -> str:
@@ -215,6 +215,7 @@ def section(quick: bool) -> str:
         f"    {policy_cmd}\n",
         table(results),
         targets_table(results),
+        targets_table(results, "fair-reclaim"),
         autoscale_section(quick),
         "Definitions (wait, JCT, utilisation while jobs wait, Jain's fairness, the aging bound,",
         "GPU-hours lost, paid GPU-hours) are in `apps/scheduling/sim/report.py` and",

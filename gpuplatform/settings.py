@@ -204,7 +204,9 @@ PORT = env_int("PORT", 8000, minimum=1, maximum=65535)
 # level-fifo: tier level then submit time; fifo; slurm: our rendering of Slurm's multifactor.
 AUTOSCALE_TICK_SECONDS = env_float("GPUPLATFORM_AUTOSCALE_TICK_SECONDS", 10.0, minimum=0.5, maximum=3600)
 AUTOSCALE_PROVIDER = env_choice("GPUPLATFORM_AUTOSCALE_PROVIDER", "local", ["local"])
-SCHEDULING_POLICY = env_choice("GPUPLATFORM_POLICY", "fair", ["fair", "level-fifo", "fifo", "slurm"])
+SCHEDULING_POLICY = env_choice(
+    "GPUPLATFORM_POLICY", "fair", ["fair", "fair-reclaim", "level-fifo", "fifo", "slurm"]
+)
 
 LOG_FORMAT = env_choice("LOG_FORMAT", "plain", ["plain", "json"])  # json: one object per line
 LOGGING = {

@@ -140,7 +140,10 @@ def tier_policies() -> dict[str, policy.TierPolicy]:
 
 def policy_config(tiers) -> policy.PolicyConfig:
     grace = max((t.preemption_grace_seconds for t in Tier.objects.all()), default=30)
-    return policy.PolicyConfig(ordering=settings.SCHEDULING_POLICY, grace_s=float(grace + settings.KILL_GRACE_SECONDS))
+    grace_s = float(grace + settings.KILL_GRACE_SECONDS)
+    if settings.SCHEDULING_POLICY == "fair-reclaim":  # `fair` plus fair share inside each tier
+        return policy.PolicyConfig(grace_s=grace_s, **policy.FAIR_RECLAIM)
+    return policy.PolicyConfig(ordering=settings.SCHEDULING_POLICY, grace_s=grace_s)
 
 
 def arriving_nodes() -> list[policy.ArrivingNode]:

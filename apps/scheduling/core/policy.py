@@ -104,12 +104,27 @@ class PolicyConfig:
     preempt_plans_per_pass: int = 4
     preempt_retry_s: float = 60.0  # a job whose plan failed is not replanned before this
     reservations: int = 1  # blocked jobs that hold a reservation at once (1: EASY backfill)
+    # Fair share inside a tier (`fair` ordering): aging lifts only the jobs of tenants below
+    # their max-min share of the tier, and a tenant below its share may preempt (reclaim) a
+    # preemptible job of a tenant of its tier that stays at or above its share afterwards.
+    aging_within_share: bool = False
+    tenant_reclaim: bool = False
+    reclaim_min_runtime_s: float = 3600.0  # a reclaim victim has run at least this long
+    reclaim_after_s: float = 0.0  # a job reclaims only after waiting this long
     sticky_reservations: bool = True  # a reservation stays with its job until it starts
     backfill_misses: int = 48  # stop a pass after this many jobs in a row could not start
     full_pass_every_s: float = 300.0  # arrivals alone trigger a pass over the arrivals only
     slurm_weights: tuple[float, float, float] = (100000.0, 10000.0, 1000.0)  # QOS, FS, age
     slurm_max_age_s: float = 7 * 24 * HOUR
     slurm_calc_period_s: float = 300.0
+
+
+# `fair-reclaim` (opt-in; docs/scheduling.md): `fair` plus fair share inside each tier.
+FAIR_RECLAIM: dict[str, Any] = {
+    "aging_within_share": True,
+    "tenant_reclaim": True,
+    "reclaim_after_s": 1800.0,
+}
 
 
 def default_tiers() -> dict[str, TierPolicy]:
@@ -350,6 +365,8 @@ class Scheduler:
         self._end_key: dict[str, tuple[float, int, str]] = {}
         self._seq = 0
         self._tenant_usage: dict[str, _Usage] = {}
+        self._tenant_tier: dict[str, str] = {}
+        self._running_of: dict[str, dict[str, RunningJob]] = {}  # tenant -> its running jobs
         self._tier_usage: dict[str, _Usage] = {t: _Usage() for t in self.tiers}
         self._preemptible_running = 0
         self._held: list[str] = []  # jobs holding reservations, in the order they got them
@@ -360,6 +377,7 @@ class Scheduler:
         self._last_full = -math.inf
         self.wake_at = math.inf  # call `decide` again by then: a time-based change is due
         self._plan_failed: dict[str, float] = {}
+        self._reclaim_failed: dict[str, float] = {}  # tier -> no reclaim plan before this
         self._victims_of: dict[str, set[str]] = {}  # preemptor -> victims still stopping
         self.arriving: list[ArrivingNode] = []  # nodes being provisioned (autoscaler)
         self._slurm = SlurmPriority(self.config.slurm_calc_period_s)
@@ -413,6 +431,7 @@ class Scheduler:
             self._seq += 1
             job.seq = self._seq
         self.queued[job.job_id] = job
+        self._tenant_tier[job.tenant] = job.tier
         self.index.add(job.tier, job.tenant, job.submit, job.seq, job)
         self._arrived.append(job)
         if self.config.ordering == "slurm":
@@ -541,6 +560,8 @@ class Scheduler:
         for node, n in job.alloc:
             self.view.take(node, n)
         self.running[job.job_id] = job
+        self._tenant_tier[job.tenant] = job.tier
+        self._running_of.setdefault(job.tenant, {})[job.job_id] = job
         self._seq += 1
         key = (job.est_end, self._seq, job.job_id)
         insort(self._ends, key)
@@ -554,6 +575,7 @@ class Scheduler:
 
     def _remove_running(self, job_id: str, now: float) -> RunningJob:
         job = self.running.pop(job_id)
+        del self._running_of[job.tenant][job_id]
         for node, n in job.alloc:
             if node not in self._draining:
                 self.view.give(node, n)
@@ -591,12 +613,43 @@ class Scheduler:
         usage = self._tier_usage.get(tier)
         return usage.running if usage else 0
 
+    def tenant_shares(self, tier: str) -> dict[str, tuple[int, float]]:
+        """Each tenant of the tier with running or queued work: (running GPUs, its max-min fair
+        share of the GPUs the tier holds now, weighted by tenant weight, capped by its demand)."""
+        queued = self.index.by_tier.get(tier, {})
+        weights = self.tenant_weights
+        running: dict[str, int] = {}
+        demand: dict[str, float] = {}
+        for tenant, t in self._tenant_tier.items():
+            if t != tier:
+                continue
+            usage = self._tenant_usage.get(tenant)
+            run = usage.running if usage is not None else 0
+            tq = queued.get(tenant)
+            want = run + (tq.gpus if tq is not None else 0)
+            if want > 0:
+                running[tenant] = run
+                demand[tenant] = want
+        left = float(sum(running.values()))
+        shares: dict[str, tuple[int, float]] = {}
+        order = sorted(demand, key=lambda t: demand[t] / weights.get(t, 1.0))
+        weight_left = sum(weights.get(t, 1.0) for t in order)
+        for tenant in order:
+            w = weights.get(tenant, 1.0)
+            share = min(demand[tenant], left * w / weight_left) if weight_left > 0 else 0.0
+            shares[tenant] = (running[tenant], share)
+            left -= share
+            weight_left -= w
+        return shares
+
     def _tier_cap(self, tier: TierPolicy) -> float:
         if tier.borrowing_limit is None:
             return math.inf
         return (tier.guaranteed_share + tier.borrowing_limit) * self.view.total
 
-    def _order(self, now: float) -> Iterator[QueuedJob]:
+    def _order(
+        self, now: float, shares: dict[str, dict[str, tuple[int, float]]] | None = None
+    ) -> Iterator[QueuedJob]:
         ordering = self.config.ordering
         if ordering == "fifo":
             return self.index.fifo()
@@ -604,9 +657,11 @@ class Scheduler:
             return self.index.level_fifo()
         if ordering == "slurm":
             return self._slurm_order(now)
-        return self._fair_order(now)
+        return self._fair_order(now, {} if shares is None else shares)
 
-    def _fair_order(self, now: float) -> Iterator[QueuedJob]:
+    def _fair_order(
+        self, now: float, shares: dict[str, dict[str, tuple[int, float]]]
+    ) -> Iterator[QueuedJob]:
         half_life = self.config.half_life_s
         total = max(1, self.view.total)
         tiers = self.tiers
@@ -624,6 +679,15 @@ class Scheduler:
             gpus = usage.gpus(now, half_life) if usage else 0.0
             return gpus / tenant_weights.get(tenant, 1.0)
 
+        may_age = None
+        if self.config.aging_within_share:
+
+            def may_age(tier: str, tenant: str) -> bool:
+                if tier not in shares:
+                    shares[tier] = self.tenant_shares(tier)
+                running, share = shares[tier].get(tenant, (0, 0.0))
+                return running < share
+
         return self.index.fair(
             now,
             age_limit=lambda tier: tiers[tier].age_limit_s,
@@ -631,6 +695,7 @@ class Scheduler:
             tier_weight=lambda tier: tiers[tier].weight,
             tenant_key=tenant_key,
             tenant_weight=lambda tenant: tenant_weights.get(tenant, 1.0),
+            may_age=may_age,
         )
 
     def _slurm_priority(self, job: QueuedJob) -> float:
@@ -702,6 +767,10 @@ class _Pass:
         self.invalid = False  # something in this pass moved the reservations
         self.plans_left = self.cfg.preempt_plans_per_pass if self.cfg.preemption else 0
         self.could_preempt: dict[str, bool] = {}
+        self._shares: dict[str, dict[str, tuple[int, float]]] = {}  # tenant_shares per tier
+        self.reclaimers: dict[str, set[str]] = {}  # reclaim-only tier -> tenants below share
+        self.reclaims_left = 1  # reclaim plans left in this pass (reclaim is never urgent)
+        self._room: dict[str, float] = {}  # tenant -> GPUs it may still reclaim in this pass
         self.failed: dict[tuple, int] = {}  # (models, reservations) -> fewest GPUs that failed
         self.heads: list[Reservation] = []
         self.head_of: dict[str, Reservation] = {}
@@ -742,8 +811,8 @@ class _Pass:
 
     def run(self) -> list[Decision]:
         s = self.s
-        order = self.order if self.order is not None else s._order(self.now)
-        preemptors_left = self._preemptors_queued()
+        order = self.order if self.order is not None else s._order(self.now, self._shares)
+        preemptors_left, reclaimers_left = self._preemptors_queued()
         self._start_held()
         scanned = misses = 0
         early = {job.job_id for job in self.taken}
@@ -756,12 +825,17 @@ class _Pass:
                 break
             started = len(self.taken)
             preemptor = self._may_preempt(job)
-            preemptors_left -= preemptor
+            if job.tier in self.reclaimers:
+                reclaimers_left -= job.tenant in self.reclaimers[job.tier]
+            else:
+                preemptors_left -= preemptor
             if s.view.free_total == 0 and not preemptor and self.heads:
                 # Nothing starts without preemption; stop once no job left could preempt.
                 self._wait(job, self._shortage, job)
                 misses += 1
-                if preemptors_left <= 0 or self.plans_left <= 0:
+                if self.plans_left <= 0 or (
+                    preemptors_left <= 0 and (reclaimers_left <= 0 or self.reclaims_left <= 0)
+                ):
                     break
                 continue
             if not self._step(job):
@@ -796,17 +870,18 @@ class _Pass:
                 self._drop_head(job.job_id)
                 self._started(job, placement, self._start_reason(job, tier, "reserved, now free"))
 
-    def _preemptors_queued(self) -> int:
-        """How many queued jobs belong to tiers that could preempt someone right now."""
+    def _preemptors_queued(self) -> tuple[int, int]:
+        """How many queued jobs could preempt someone right now: by level or guarantee, and
+        by tenant reclaim inside their tier."""
         s = self.s
         if self.plans_left <= 0 or s._preemptible_running == 0:
-            return 0
+            return 0, 0
         total = s.view.total
         lowest = min((t.level for t in s.tiers.values() if t.preemptible), default=math.inf)
         over = {
             t.name for t in s.tiers.values() if s.tier_gpus(t.name) > t.guaranteed_share * total
         }
-        count = 0
+        count = reclaim = 0
         for name, tier in s.tiers.items():
             able = tier.can_preempt and (
                 tier.level > lowest
@@ -818,10 +893,21 @@ class _Pass:
                     )
                 )
             )
+            if not able and self.cfg.tenant_reclaim and tier.preemptible:
+                # Reclaim only: the tenants below their share, while some tenant is above.
+                shares = self._shares[name] = s.tenant_shares(name)
+                if any(run > share for run, share in shares.values()):
+                    below = {t for t, (run, share) in shares.items() if run < share}
+                    self.reclaimers[name] = below
+                    self.could_preempt[name] = bool(below)
+                    reclaim += sum(
+                        len(tq.items) for tq in s.index.queues([name]) if tq.tenant in below
+                    )
+                continue
             self.could_preempt[name] = able
             if able:
                 count += sum(len(tq.items) for tq in s.index.queues([name]))
-        return count
+        return count, reclaim
 
     def _step(self, job: QueuedJob) -> bool:
         """Handle one job; False stops the pass (FIFO without backfill: head-of-line blocking)."""
@@ -877,9 +963,13 @@ class _Pass:
             self._started(job, placement, self._start_reason(job, tier, "backfilled"))
             return
         # It may preempt too (several top-level jobs at once), but never on reserved nodes.
-        if self.could_preempt.get(job.tier) and self.plans_left > 0:
+        if self._may_preempt(job):
             top = max(r.level for r in binding)
-            if tier.level > top or (tier.level == top and self._above_victims(tier)):
+            if (
+                tier.level > top
+                or (tier.level == top and self._above_victims(tier))
+                or (self.cfg.tenant_reclaim and tier.preemptible)
+            ):
                 avoid = {node for r in binding for node in r.need}
                 if self._try_preempt(job, tier, avoid):
                     self.invalid = True
@@ -1022,7 +1112,10 @@ class _Pass:
     # --- preemption -----------------------------------------------------------------------
 
     def _may_preempt(self, job: QueuedJob) -> bool:
-        return self.plans_left > 0 and self.could_preempt.get(job.tier, False)
+        if self.plans_left <= 0 or not self.could_preempt.get(job.tier, False):
+            return False
+        reclaimers = self.reclaimers.get(job.tier)
+        return reclaimers is None or (self.reclaims_left > 0 and job.tenant in reclaimers)
 
     def _capacity_coming(self, job: QueuedJob, tier: TierPolicy) -> float | None:
         """When enough arriving nodes that fit the job are ready within the tier's tolerance:
@@ -1047,14 +1140,31 @@ class _Pass:
             return False
         if self.now < s._plan_failed.get(job.job_id, -math.inf) or job.job_id in s._victims_of:
             return False  # failed recently, or its victims are still stopping
+        reclaimers = self.reclaimers.get(job.tier)
+        if reclaimers is not None:  # its tier may only reclaim: one plan a pass, if this job may
+            if (
+                self.reclaims_left <= 0
+                or self.now < s._reclaim_failed.get(job.tier, -math.inf)
+                or not self._may_reclaim(job, reclaimers)
+            ):
+                return False
+            self.reclaims_left -= 1
         coming = self._capacity_coming(job, tier)
         if coming is not None:
             s.wake_at = min(s.wake_at, coming)  # look again when it is there
             return False
         self.plans_left -= 1
+        pool: Iterable[RunningJob] = s.running.values()
+        if reclaimers is not None:  # only the jobs of tenants above their share
+            pool = [
+                v
+                for t in self._tier_shares(job.tier)
+                if self._surplus(job.tier, t) > 0
+                for v in s._running_of.get(t, {}).values()
+            ]
         victims = [
             v
-            for v in s.running.values()
+            for v in pool
             if self._victim_ok(job, tier, v) and not (avoid and any(n in avoid for n, _ in v.alloc))
         ]
         plan = None
@@ -1066,7 +1176,17 @@ class _Pass:
             plan = plan_victims(
                 job.gpus, job.nodes, allowed, free, s.view.model, victims, self._cost
             )
+        if plan is not None:
+            taken: dict[str, int] = {}
+            for v in plan[0]:
+                if v.tier == job.tier:
+                    taken[v.tenant] = taken.get(v.tenant, 0) + v.gpus * v.nodes
+            if any(n > self._surplus(job.tier, t) for t, n in taken.items()):
+                plan = None  # together the victims would take their tenant below its share
         if plan is None or not self._evict_and_place(job, tier, *plan):
+            if reclaimers is not None:  # reclaim is never urgent: the tier waits a while
+                s._reclaim_failed[job.tier] = self.now + self.cfg.preempt_retry_s
+                return False
             soonest = self._next_eligible()  # a new victim may become eligible then
             s._plan_failed[job.job_id] = min(self.now + self.cfg.preempt_retry_s, soonest)
             s.wake_at = min(s.wake_at, soonest)
@@ -1102,7 +1222,9 @@ class _Pass:
             return False
         if tier.level > vt.level:
             return True
-        if tier.level < vt.level or vt.name == tier.name:
+        if vt.name == tier.name:
+            return self._reclaim_victim(job, victim, vt)
+        if tier.level < vt.level:
             return False
         # Same level: reclaim a guarantee from a tier that is borrowing beyond its own.
         total = s.view.total
@@ -1116,6 +1238,46 @@ class _Pass:
         mine_ok = s.tier_gpus(tier.name) + pending + job_gpus <= tier.guaranteed_share * total
         theirs_over = s.tier_gpus(vt.name) - victim_gpus >= vt.guaranteed_share * total
         return mine_ok and theirs_over
+
+    def _may_reclaim(self, job: QueuedJob, reclaimers: set[str]) -> bool:
+        """Before a reclaim plan: the job waited long enough, and with it (and whatever its
+        tenant's jobs are already preempting for) its tenant holds no more than its share."""
+        if self.now - job.submit < self.cfg.reclaim_after_s or job.tenant not in reclaimers:
+            return False
+        room = self._room.get(job.tenant)
+        if room is None:
+            s = self.s
+            pending = sum(
+                q.gpus * q.nodes
+                for q in map(s.queued.get, s._victims_of)
+                if q is not None and q.tenant == job.tenant
+            )
+            share = self._tier_shares(job.tier).get(job.tenant, (0, 0.0))[1]
+            room = self._room[job.tenant] = share - s._usage_of(job.tenant).running - pending
+        return job.gpus * job.nodes <= room
+
+    def _tier_shares(self, tier: str) -> dict[str, tuple[int, float]]:
+        shares = self._shares.get(tier)
+        if shares is None:
+            shares = self._shares[tier] = self.s.tenant_shares(tier)
+        return shares
+
+    def _surplus(self, tier: str, tenant: str) -> float:
+        """GPUs the tenant holds now beyond its share of the tier (as of the pass's start)."""
+        share = self._tier_shares(tier).get(tenant)
+        return self.s._usage_of(tenant).running - share[1] if share is not None else 0.0
+
+    def _reclaim_victim(self, job: QueuedJob, victim: RunningJob, vt: TierPolicy) -> bool:
+        """A job of another tenant of the same tier that may be reclaimed: it ran at least
+        `reclaim_min_runtime_s`, keeps one preemption for higher tiers, and its tenant stays
+        at or above its share without it, so it can never reclaim back (no loop)."""
+        return (
+            self.cfg.tenant_reclaim
+            and victim.tenant != job.tenant
+            and victim.preemptions + 1 < vt.max_preemptions
+            and self.now - victim.started_at >= self.cfg.reclaim_min_runtime_s
+            and victim.gpus * victim.nodes <= self._surplus(job.tier, victim.tenant)
+        )
 
     def _cost(self, victim: RunningJob) -> float:
         gpus = victim.gpus * victim.nodes

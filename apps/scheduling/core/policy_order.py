@@ -30,15 +30,17 @@ INF = math.inf
 class TenantQueue:
     """One tenant's queued jobs of one tier, as `(submit, seq, job)` sorted by submit."""
 
-    __slots__ = ("tenant", "tier", "items")
+    __slots__ = ("tenant", "tier", "items", "gpus")
 
     def __init__(self, tenant: str, tier: str) -> None:
         self.tenant = tenant
         self.tier = tier
         self.items: list[tuple[float, int, Any]] = []
+        self.gpus = 0  # GPUs the queued jobs ask for (all their nodes)
 
     def add(self, submit: float, seq: int, job: Any) -> None:
         """O(log n) search; append in the common case of a later submit."""
+        self.gpus += job.gpus * job.nodes
         entry = (submit, seq, job)
         if not self.items or self.items[-1][:2] < entry[:2]:
             self.items.append(entry)
@@ -50,6 +52,8 @@ class TenantQueue:
         i = bisect_right(self.items, (submit, seq), key=lambda e: (e[0], e[1])) - 1
         if i < 0 or self.items[i][1] != seq:
             raise KeyError(seq)
+        job = self.items[i][2]
+        self.gpus -= job.gpus * job.nodes
         del self.items[i]
 
 
@@ -105,24 +109,29 @@ class QueueIndex:
         tier_weight: Callable[[str], float],
         tenant_key: Callable[[str, str], float],
         tenant_weight: Callable[[str], float],
+        may_age: Callable[[str, str], bool] | None = None,
     ) -> Iterator[Any]:
         """Levels high to low; aged jobs first; then weighted fair share (see module doc).
 
         `tier_key(tier, extra_gpus)` gives `(over_guarantee, usage/weight)` with `extra_gpus`
-        already charged in this pass; `tenant_key(tier, tenant)` the tenant's usage/weight.
+        already charged in this pass; `tenant_key(tier, tenant)` the tenant's usage/weight;
+        `may_age(tier, tenant)`, when given, says whether the tenant's aged jobs are lifted.
         """
         for level in sorted(self.levels, reverse=True):
             yield from self._fair_level(
-                self.levels[level], now, age_limit, tier_key, tier_weight, tenant_key, tenant_weight
-            )
+                self.levels[level], now, age_limit, tier_key, tier_weight, tenant_key,
+                tenant_weight, may_age,
+            )  # fmt: skip
 
-    def _fair_level(self, tiers, now, age_limit, tier_key, tier_weight, tenant_key, tenant_weight):
+    def _fair_level(
+        self, tiers, now, age_limit, tier_key, tier_weight, tenant_key, tenant_weight, may_age
+    ):
         aged_streams = []
         first_young: dict[int, int] = {}
         for tier in tiers:
             cutoff = now - age_limit(tier)
             for tq in self.queues([tier]):
-                if tq.items[0][0] <= cutoff:
+                if tq.items[0][0] <= cutoff and (may_age is None or may_age(tier, tq.tenant)):
                     i = bisect_right(tq.items, cutoff, key=lambda e: e[0])
                     first_young[id(tq)] = i
                     aged_streams.append(islice(tq.items, i))

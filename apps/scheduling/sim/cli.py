@@ -330,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     text = table(results)
     checks = targets_table(results) if len(modes) == 1 else ""
+    if checks and "fair-reclaim" in results:
+        checks += "\n" + targets_table(results, "fair-reclaim")
     if checks:
         text += "\n" + checks
     text += "\n" + autoscale_table(results)

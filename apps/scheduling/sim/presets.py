@@ -4,6 +4,10 @@
   share a level 3:1 by weight with guaranteed shares 30% / 10%; aging; EASY backfill;
   checkpoint-aware preemption with a 10-minute minimum runtime (free) and at most 3 preemptions
   a job.
+- `fair-reclaim`: `default` plus fair share inside each tier (opt-in, `GPUPLATFORM_POLICY=
+  fair-reclaim` in the platform): aging lifts only tenants below their max-min share of the
+  tier, and a tenant below its share that waited 30 minutes reclaims by preempting a job of a
+  tenant above its share, which stays at or above it (no loop).
 - `fifo`: submit order, head-of-line blocking, no backfill, no preemption.
 - `strict`: three strict levels (enterprise > pro > free), submit order inside a level, EASY
   backfill, the same preemption safeguards as `default`, no fair share and no aging.
@@ -19,9 +23,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from apps.scheduling.core.policy import PolicyConfig, TierPolicy, default_tiers
+from apps.scheduling.core.policy import FAIR_RECLAIM, PolicyConfig, TierPolicy, default_tiers
 
-POLICIES = ("default", "fifo", "strict", "slurm")
+POLICIES = ("default", "fair-reclaim", "fifo", "strict", "slurm")
 DAY = 24 * 3600.0
 
 
@@ -31,6 +35,8 @@ def policy_preset(
     tiers = default_tiers()
     if name == "default":
         return tiers, PolicyConfig(grace_s=grace_s, backfill_depth=depth)
+    if name == "fair-reclaim":
+        return tiers, PolicyConfig(grace_s=grace_s, backfill_depth=depth, **FAIR_RECLAIM)
     if name == "fifo":
         config = PolicyConfig(ordering="fifo", backfill=False, preemption=False, grace_s=grace_s)
         return tiers, config
