@@ -70,11 +70,11 @@ def fleet(policy: AutoscalePolicy, now) -> list[core.NodeStatus]:
             ((m.attempt.started_at or now).timestamp() + m.attempt.job.max_runtime_seconds, len(m.gpu_indices))
             for m in running
         )
-        idle_since = None if running else _idle_since(node)
+        idle_since, ever_used = (None, True) if running else _idle_since(node)
         statuses.append(
             core.NodeStatus(
                 name=node.name, gpus=node.gpu_count, free_gpus=max(0, node.gpu_count - used),
-                idle_since=idle_since.timestamp() if idle_since else None,
+                idle_since=idle_since.timestamp() if idle_since else None, never_used=not ever_used,
                 preemptible_only=bool(running) and all(m.attempt.job.tier.preemptible for m in running),
                 draining=node.state == NodeState.DRAINING, freeing=freeing,
             )
@@ -83,8 +83,9 @@ def fleet(policy: AutoscalePolicy, now) -> list[core.NodeStatus]:
 
 
 def _idle_since(node: Node):
+    """(idle since, whether it ever ran something): an idle node's last member ended then."""
     last = AttemptMember.objects.filter(node=node).exclude(ended_at=None).order_by("-ended_at").first()
-    return max(filter(None, [node.registered_at, last.ended_at if last else None]))
+    return max(filter(None, [node.registered_at, last.ended_at if last else None])), last is not None
 
 
 def demand(policy: AutoscalePolicy) -> list[core.Demand]:
