@@ -42,6 +42,19 @@ def test_aging_lifts_only_tenants_below_their_share():
     assert started(s.decide(180_000)) == ["x-old"]
 
 
+def test_a_tenant_at_its_share_ages_after_twice_the_age_limit():
+    tiers = default_tiers()
+    s = cluster_of(1, gpus=2, tiers=tiers, config=RECLAIM)
+    start_running(s, 0, running("h-run", tenant="heavy", est_end=400_000))
+    start_running(s, 0, running("blocker", tenant="x", est_end=360_000))
+    s.submit(job("h-old", tenant="heavy", submit=1))  # heavy holds its share: ages after 96 h
+    s.submit(job("x-new", tenant="x", submit=300_000))
+    for i in range(3):
+        s.submit(job(f"pro{i}", tier="pro", tenant="p", submit=300_000 + i))
+    s.finish("blocker", 360_000)  # h-old waited 100 h, past 2 x 48 h: lifted over the pro jobs
+    assert started(s.decide(360_000)) == ["h-old"]
+
+
 def test_without_the_option_every_aged_job_is_lifted_in_submit_order():
     tiers = default_tiers()
     s = cluster_of(1, gpus=2, tiers=tiers)

@@ -104,10 +104,12 @@ class PolicyConfig:
     preempt_plans_per_pass: int = 4
     preempt_retry_s: float = 60.0  # a job whose plan failed is not replanned before this
     reservations: int = 1  # blocked jobs that hold a reservation at once (1: EASY backfill)
-    # Fair share inside a tier (`fair` ordering): aging lifts only the jobs of tenants below
-    # their max-min share of the tier, and a tenant below its share may preempt (reclaim) a
-    # preemptible job of a tenant of its tier that stays at or above its share afterwards.
+    # Fair share inside a tier (`fair` ordering): aging lifts the jobs of tenants below their
+    # max-min share of the tier after A_T, the others' after `aging_above_share` x A_T; and a
+    # tenant below its share may preempt (reclaim) a preemptible job of a tenant of its tier
+    # that stays at or above its share afterwards.
     aging_within_share: bool = False
+    aging_above_share: float = 2.0  # ...a tenant at or above its share ages after this x A_T
     tenant_reclaim: bool = False
     reclaim_min_runtime_s: float = 3600.0  # a reclaim victim has run at least this long
     reclaim_after_s: float = 0.0  # a job reclaims only after waiting this long
@@ -679,14 +681,15 @@ class Scheduler:
             gpus = usage.gpus(now, half_life) if usage else 0.0
             return gpus / tenant_weights.get(tenant, 1.0)
 
-        may_age = None
+        age_scale = None
         if self.config.aging_within_share:
+            above = self.config.aging_above_share
 
-            def may_age(tier: str, tenant: str) -> bool:
+            def age_scale(tier: str, tenant: str) -> float:
                 if tier not in shares:
                     shares[tier] = self.tenant_shares(tier)
                 running, share = shares[tier].get(tenant, (0, 0.0))
-                return running < share
+                return 1.0 if running < share else above
 
         return self.index.fair(
             now,
@@ -695,7 +698,7 @@ class Scheduler:
             tier_weight=lambda tier: tiers[tier].weight,
             tenant_key=tenant_key,
             tenant_weight=lambda tenant: tenant_weights.get(tenant, 1.0),
-            may_age=may_age,
+            age_scale=age_scale,
         )
 
     def _slurm_priority(self, job: QueuedJob) -> float:

@@ -109,29 +109,34 @@ class QueueIndex:
         tier_weight: Callable[[str], float],
         tenant_key: Callable[[str, str], float],
         tenant_weight: Callable[[str], float],
-        may_age: Callable[[str, str], bool] | None = None,
+        age_scale: Callable[[str, str], float] | None = None,
     ) -> Iterator[Any]:
         """Levels high to low; aged jobs first; then weighted fair share (see module doc).
 
         `tier_key(tier, extra_gpus)` gives `(over_guarantee, usage/weight)` with `extra_gpus`
         already charged in this pass; `tenant_key(tier, tenant)` the tenant's usage/weight;
-        `may_age(tier, tenant)`, when given, says whether the tenant's aged jobs are lifted.
+        `age_scale(tier, tenant)`, when given, multiplies the tier's age limit for the tenant.
         """
         for level in sorted(self.levels, reverse=True):
             yield from self._fair_level(
                 self.levels[level], now, age_limit, tier_key, tier_weight, tenant_key,
-                tenant_weight, may_age,
+                tenant_weight, age_scale,
             )  # fmt: skip
 
     def _fair_level(
-        self, tiers, now, age_limit, tier_key, tier_weight, tenant_key, tenant_weight, may_age
+        self, tiers, now, age_limit, tier_key, tier_weight, tenant_key, tenant_weight, age_scale
     ):
         aged_streams = []
         first_young: dict[int, int] = {}
         for tier in tiers:
-            cutoff = now - age_limit(tier)
+            limit = age_limit(tier)
             for tq in self.queues([tier]):
-                if tq.items[0][0] <= cutoff and (may_age is None or may_age(tier, tq.tenant)):
+                cutoff = now - limit
+                if tq.items[0][0] > cutoff:
+                    continue
+                if age_scale is not None:
+                    cutoff = now - limit * age_scale(tier, tq.tenant)
+                if tq.items[0][0] <= cutoff:
                     i = bisect_right(tq.items, cutoff, key=lambda e: e[0])
                     first_young[id(tq)] = i
                     aged_streams.append(islice(tq.items, i))

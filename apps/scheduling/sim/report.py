@@ -8,8 +8,9 @@
   its fair GPU-time, over the samples in which some tenant of the tier waited;
   J = (sum x)^2 / (n sum x^2). 1.0 means every tenant got its fair share.
 - the aging bound of tier T: age_limit(T) + the longest runtime estimate in the workload (see
-  docs/scheduling.md for when it holds); jobs over it are listed, with how many jobs aged and
-  the longest wait past the age limit.
+  docs/scheduling.md for when it holds; with share-gated aging, `fair-reclaim`, the age limit
+  is `aging_above_share` x age_limit(T), when tenants at or above their share age); jobs over it
+  are listed, with how many jobs aged and the longest wait past the age limit.
 - GPU-hours lost = GPUs x lost seconds (work since the last checkpoint, grace, restarts).
 - paid GPU-hours (summary["paid_gpu_hours"], with autoscaling details under "autoscale"): every
   node from the moment it is requested (booting included, as a cloud bills) until it is removed
@@ -101,7 +102,9 @@ def summarize(sim: Any, settings: dict[str, Any], elapsed_s: float) -> dict[str,
         stats["tenants"] = len({j.tenant for j in members})
         summary["tiers"][tier] = stats
         policy = tiers.get(tier)
-        bound = (policy.age_limit_s + longest) if policy else math.inf
+        config = sim.scheduler.config  # share-gated aging lifts tenants above share later
+        scale = config.aging_above_share if config.aging_within_share else 1.0
+        bound = (policy.age_limit_s * scale + longest) if policy else math.inf
         over = [j.job_id for j in members if j.start is not None and j.start - j.submit > bound]
         over += [j.job_id for j in members if j.start is None]
         limit = policy.age_limit_s if policy else math.inf
