@@ -279,6 +279,14 @@ def _placement_reason(members: list[MemberPlacement]) -> str:
 # --- agent reports ------------------------------------------------------------------------
 
 
+def _lock_job_of(attempt_id: int) -> None:
+    """Row-lock the attempt's job for the rest of the transaction (PostgreSQL; SQLite's
+    IMMEDIATE transactions already run one at a time)."""
+    job_id = JobAttempt.objects.filter(pk=attempt_id).values_list("job_id", flat=True).first()
+    if job_id is not None:
+        list(Job.objects.select_for_update().filter(pk=job_id).values_list("pk", flat=True))
+
+
 def _member(attempt_id: int, rank: int, token: str) -> AttemptMember | None:
     member = (
         AttemptMember.objects.select_related("attempt", "attempt__job", "node")
@@ -330,6 +338,10 @@ def attempt_progress(*, attempt_id: int, token: str, progress: float, checkpoint
 def attempt_member_finished(*, attempt_id: int, rank: int, token: str, exit_code: int | None,
                             reason: str = "", checkpoint: str = "") -> bool:  # fmt: skip
     """A member's process tree is gone. Release its GPUs and settle the attempt and the job."""
+    # Lock the job first, as job_preempt and job_cancel do: a preemption committed between our
+    # reads and the settling would leave the job's version stale, its guarded transition would
+    # change nothing, and the job would sit in `preempting` until its lease ran out.
+    _lock_job_of(attempt_id)
     member = _member(attempt_id, rank, token)
     if member is None or member.ended_at is not None:
         return False

@@ -1,0 +1,57 @@
+"""A member's exit report racing a preemption of its job (found by the HA chaos test in CI).
+
+The report read the job, a preemption committed, then the report's guarded transition used the
+stale version: nothing changed and the job sat in `preempting` until its lease ran out. The
+report now locks the job first, like job_preempt, so one of the two goes after the other."""
+
+import threading
+import time
+
+import pytest
+from django.db import close_old_connections, connection
+
+from apps.jobs import services
+from apps.jobs.models import Job
+from apps.scheduling.dispatcher import dispatch_once
+from tests.factories import make_cast, make_node
+from tests.unit.test_dispatcher import submit
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_exit_report_and_a_preemption_never_leave_the_job_stuck(monkeypatch):
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite runs one write transaction at a time: no interleaving to test")
+    cast = make_cast()
+    make_node("h1", gpus=1)
+    job = submit(cast)
+    dispatch_once()
+    attempt = job.attempts.get()
+    services.attempt_member_started(attempt_id=attempt.pk, rank=0, token=str(attempt.token), pid=1)
+
+    settle = services._settle_attempt
+    reading = threading.Event()
+
+    def slow_settle(*args, **kwargs):  # widen the window between the report's reads and its write
+        reading.set()
+        time.sleep(0.5)
+        return settle(*args, **kwargs)
+
+    monkeypatch.setattr(services, "_settle_attempt", slow_settle)
+    errors = []
+
+    def preempt():
+        reading.wait(5)
+        try:
+            services.job_preempt(job=Job.objects.get(pk=job.pk), actor="test", reason="race")
+        except services.ServiceError as exc:  # the job ended first: nothing to preempt
+            errors.append(exc)
+        finally:
+            close_old_connections()
+
+    other = threading.Thread(target=preempt)
+    other.start()
+    services.attempt_member_finished(attempt_id=attempt.pk, rank=0, token=str(attempt.token), exit_code=0)
+    other.join(10)
+    job.refresh_from_db()
+    assert job.state == "succeeded"  # the exit won; the preemption found it ended
+    assert len(errors) == 1
