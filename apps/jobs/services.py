@@ -431,6 +431,7 @@ def stop_rest_of_gang(attempt: JobAttempt, *, why: str) -> None:
 @transaction.atomic
 def attempt_lost(*, attempt: JobAttempt, reason: str, actor: str) -> None:
     """Infrastructure failure (node lost, agent restarted): end the attempt and retry the job."""
+    _lock_job_of(attempt.pk)
     attempt = JobAttempt.objects.select_related("job").get(pk=attempt.pk)
     if not end_attempt(attempt, state=AttemptState.LOST, reason=reason):
         return
@@ -447,6 +448,25 @@ def attempt_lost(*, attempt: JobAttempt, reason: str, actor: str) -> None:
         return
     retry_or_fail(job, attempt, actor=actor, why=reason)
     trigger_dispatch()
+
+
+@transaction.atomic
+def attempt_orphaned(*, attempt_id: int, actor: str) -> bool:
+    """Settle an attempt still active although all its members ended (a report whose write
+    lost a race): a preemption requeues the job, a cancel ends the attempt, anything else is an
+    infrastructure loss (retried). False when there was nothing to settle."""
+    _lock_job_of(attempt_id)
+    attempt = JobAttempt.objects.select_related("job").get(pk=attempt_id)
+    if attempt.state not in ATTEMPT_ACTIVE or attempt.members.filter(ended_at=None).exists():
+        return False
+    if attempt.stop_requested == "preempt":
+        _settle_preempted(attempt, actor=actor, exit_code=None)
+    elif attempt.stop_requested == "cancel":
+        end_attempt(attempt, state=AttemptState.CANCELLED, reason="cancelled")
+    else:
+        attempt_lost(attempt=attempt, reason="members ended but the attempt was not settled", actor=actor)
+    trigger_dispatch()
+    return True
 
 
 def retry_backoff(failures: int) -> float:

@@ -4,8 +4,8 @@ import logging
 
 from django.utils import timezone
 
-from apps.jobs.models import AttemptState, JobAttempt
-from apps.jobs.services import attempt_lost
+from apps.jobs.models import ATTEMPT_ACTIVE, AttemptMember, AttemptState, JobAttempt
+from apps.jobs.services import attempt_lost, attempt_orphaned
 from apps.nodes.services import mark_silent_nodes_lost, preempt_past_drain_deadline
 
 log = logging.getLogger(__name__)
@@ -14,8 +14,10 @@ log = logging.getLogger(__name__)
 def reconcile_once() -> dict:
     lost_nodes = mark_silent_nodes_lost()
     expired = expire_leases()
+    orphans = settle_orphans()
     drained = preempt_past_drain_deadline()
-    return {"lost_nodes": lost_nodes, "expired_attempts": expired, "preempted_for_drain": drained}
+    return {"lost_nodes": lost_nodes, "expired_attempts": expired, "orphaned_attempts": orphans,
+            "preempted_for_drain": drained}  # fmt: skip
 
 
 def expire_leases() -> int:
@@ -29,4 +31,16 @@ def expire_leases() -> int:
         log.warning("attempt %s lease expired in state %s", attempt, attempt.state)
         attempt_lost(attempt=attempt, reason=f"lease expired while {attempt.state}", actor="system:reconcile")
         count += 1
+    return count
+
+
+def settle_orphans() -> int:
+    """An attempt still active whose members have all ended was never settled (a report's write
+    lost to a race): its agent may keep renewing the lease, so settle it now."""
+    running = AttemptMember.objects.filter(ended_at=None).values("attempt_id")
+    orphans = JobAttempt.objects.filter(state__in=ATTEMPT_ACTIVE, members__isnull=False).exclude(pk__in=running)
+    count = 0
+    for attempt_id in orphans.values_list("pk", flat=True).distinct():
+        log.warning("attempt %s is active but all its members ended; settling it", attempt_id)
+        count += attempt_orphaned(attempt_id=attempt_id, actor="system:reconcile")
     return count

@@ -55,3 +55,26 @@ def test_an_exit_report_and_a_preemption_never_leave_the_job_stuck(monkeypatch):
     job.refresh_from_db()
     assert job.state == "succeeded"  # the exit won; the preemption found it ended
     assert len(errors) == 1
+
+
+@pytest.mark.django_db
+def test_reconcile_settles_an_attempt_whose_members_all_ended():
+    """The repair for any report that loses its write: the attempt is settled by the next
+    reconcile tick instead of waiting for a lease its agent may keep renewing."""
+    from apps.jobs.models import AttemptMember
+    from apps.scheduling.reconcile import reconcile_once
+
+    cast = make_cast()
+    make_node("h1", gpus=1)
+    job = submit(cast)
+    dispatch_once()
+    attempt = job.attempts.get()
+    services.attempt_member_started(attempt_id=attempt.pk, rank=0, token=str(attempt.token), pid=1)
+    services.job_preempt(job=Job.objects.get(pk=job.pk), actor="test", reason="make room")
+    # The member's end was written but the settling was lost.
+    AttemptMember.objects.filter(attempt=attempt).update(state="succeeded", exit_code=0, ended_at=attempt.created_at)
+    assert reconcile_once()["orphaned_attempts"] == 1
+    job.refresh_from_db()
+    attempt.refresh_from_db()
+    assert (job.state, attempt.state) == ("queued", "preempted")
+    assert reconcile_once()["orphaned_attempts"] == 0
