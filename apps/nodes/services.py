@@ -109,9 +109,11 @@ def _renew_leases(node: Node, now) -> None:
     from apps.jobs.models import AttemptState, JobAttempt
 
     lease = now + timedelta(seconds=settings.HEARTBEAT_SECONDS * settings.NODE_LOST_AFTER_HEARTBEATS)
-    JobAttempt.objects.filter(state__in=[AttemptState.RUNNING, AttemptState.PREEMPTING], members__node=node).update(
-        lease_expires_at=lease
-    )
+    # Only attempts with a member still running here: one whose members all ended must not be
+    # kept alive by the heartbeat (reconcile settles it).
+    JobAttempt.objects.filter(
+        state__in=[AttemptState.RUNNING, AttemptState.PREEMPTING], members__node=node, members__ended_at=None
+    ).update(lease_expires_at=lease)
 
 
 def lost_cutoff():

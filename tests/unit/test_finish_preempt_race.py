@@ -78,3 +78,28 @@ def test_reconcile_settles_an_attempt_whose_members_all_ended():
     attempt.refresh_from_db()
     assert (job.state, attempt.state) == ("queued", "preempted")
     assert reconcile_once()["orphaned_attempts"] == 0
+
+
+@pytest.mark.django_db
+def test_a_heartbeat_renews_only_attempts_with_a_member_still_running():
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.jobs.models import AttemptMember, JobAttempt
+    from apps.nodes.models import Node
+    from apps.nodes.services import _renew_leases
+
+    cast = make_cast()
+    make_node("h1", gpus=2)
+    jobs = [submit(cast), submit(cast)]
+    dispatch_once()
+    attempts = [job.attempts.get() for job in jobs]
+    for attempt in attempts:
+        services.attempt_member_started(attempt_id=attempt.pk, rank=0, token=str(attempt.token), pid=1)
+    AttemptMember.objects.filter(attempt=attempts[0]).update(ended_at=timezone.now())  # a lost settle
+    past = timezone.now() - timedelta(seconds=60)
+    JobAttempt.objects.filter(pk__in=[a.pk for a in attempts]).update(lease_expires_at=past)
+    _renew_leases(Node.objects.get(name="h1"), timezone.now())
+    ended, live = (JobAttempt.objects.get(pk=a.pk).lease_expires_at for a in attempts)
+    assert ended == past and live > timezone.now()
