@@ -54,17 +54,25 @@ def speed(quick: bool) -> tuple[str, dict]:
     return command, json.loads((OUT / "philly" / "summary.json").read_text())
 
 
-def policies(quick: bool) -> tuple[str, dict[str, dict]]:
-    argv = ["--format", "itp", "--trace", "cluster04", "--nodes", "69", "--gpus-per-node", "8"]
-    argv += ["--tenants", "12", "--tier-mix", "enterprise=0.1,pro=0.3,free=0.6", "--seed", "1"]
-    argv += ["--policy", POLICIES, "--no-files", "--out", str(OUT_ARG / "cluster04")]
+def cluster04(
+    argv: list[str], out: str, runs: str, quick: bool, nodes: int | None = None
+) -> tuple[str, dict[str, dict]]:
+    """One simulator command on ITP cluster04 (12 tenants, 0.1/0.3/0.6, seed 1; `nodes` x 8
+    GPUs or as the autoscaler decides) writing to OUT/`out`; the summary.json of each of its
+    comma-separated `runs` (policies or modes)."""
+    size = ["--nodes", str(nodes)] if nodes else []
+    argv = ["--format", "itp", "--trace", "cluster04", *size, "--gpus-per-node", "8", "--tenants", "12",
+            "--tier-mix", "enterprise=0.1,pro=0.3,free=0.6", "--seed", "1", *argv,
+            "--no-files", "--out", str(OUT_ARG / out)]  # fmt: skip
     argv += ["--limit", "4000"] if quick else []
     command = run(argv)
-    results = {
-        p: json.loads((OUT / "cluster04" / p / "summary.json").read_text())
-        for p in POLICIES.split(",")
+    return command, {
+        r: json.loads((OUT / out / r / "summary.json").read_text()) for r in runs.split(",")
     }
-    return command, results
+
+
+def policies(quick: bool) -> tuple[str, dict[str, dict]]:
+    return cluster04(["--policy", POLICIES], "cluster04", POLICIES, quick, nodes=69)
 
 
 AUTOSCALE = "peak,reactive,predictive"
@@ -72,17 +80,8 @@ BURST_SHARE = "3.5"  # the smallest tried that keeps predictive's p95 wait at th
 
 
 def autoscaling(quick: bool) -> tuple[str, dict[str, dict]]:
-    argv = ["--format", "itp", "--trace", "cluster04", "--gpus-per-node", "8"]
-    argv += ["--tenants", "12", "--tier-mix", "enterprise=0.1,pro=0.3,free=0.6", "--seed", "1"]
-    argv += ["--autoscale", AUTOSCALE, "--provision-lag", "300", "--cooldown", "600"]
-    argv += ["--burst-share", BURST_SHARE, "--no-files", "--out", str(OUT_ARG / "autoscale")]
-    argv += ["--limit", "4000"] if quick else []
-    command = run(argv)
-    results = {
-        m: json.loads((OUT / "autoscale" / m / "summary.json").read_text())
-        for m in AUTOSCALE.split(",")
-    }
-    return command, results
+    argv = ["--autoscale", AUTOSCALE, "--provision-lag", "300", "--cooldown", "600"]
+    return cluster04([*argv, "--burst-share", BURST_SHARE], "autoscale", AUTOSCALE, quick)
 
 
 ESTIMATE_POLICIES = "default,fifo"
@@ -93,15 +92,12 @@ ESTIMATE_ORDERS = ("platform", "policy")
 def estimates(quick: bool) -> tuple[list[str], dict[tuple[str, str], dict]]:
     commands, results = [], {}
     for order in ESTIMATE_ORDERS:
-        argv = ["--format", "itp", "--trace", "cluster04", "--nodes", "69", "--gpus-per-node", "8"]
-        argv += ["--tenants", "12", "--tier-mix", "enterprise=0.1,pro=0.3,free=0.6", "--seed", "1"]
-        argv += ["--policy", ESTIMATE_POLICIES, "--estimate-error", "--estimate-order", order]
-        argv += ["--no-files", "--out", str(OUT_ARG / f"estimate-{order}")]
-        argv += ["--limit", "4000"] if quick else []
-        commands.append(run(argv))
-        for p in ESTIMATE_POLICIES.split(","):
-            path = OUT / f"estimate-{order}" / p / "summary.json"
-            results[p, order] = json.loads(path.read_text())
+        argv = ["--policy", ESTIMATE_POLICIES, "--estimate-error", "--estimate-order", order]
+        command, by_policy = cluster04(
+            argv, f"estimate-{order}", ESTIMATE_POLICIES, quick, nodes=69
+        )
+        commands.append(command)
+        results.update({(p, order): r for p, r in by_policy.items()})
     return commands, results
 
 
