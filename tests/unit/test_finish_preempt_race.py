@@ -8,25 +8,21 @@ import threading
 import time
 
 import pytest
-from django.db import close_old_connections, connection
+from django.db import connection, connections
 
 from apps.jobs import services
 from apps.jobs.models import Job
 from apps.scheduling.dispatcher import dispatch_once
 from tests.factories import make_cast, make_node
-from tests.unit.test_dispatcher import submit
+from tests.unit.test_dispatcher import placed_and_started, submit
 
 
 @pytest.mark.django_db(transaction=True)
 def test_an_exit_report_and_a_preemption_never_leave_the_job_stuck(monkeypatch):
     if connection.vendor != "postgresql":
         pytest.skip("SQLite runs one write transaction at a time: no interleaving to test")
-    cast = make_cast()
     make_node("h1", gpus=1)
-    job = submit(cast)
-    dispatch_once()
-    attempt = job.attempts.get()
-    services.attempt_member_started(attempt_id=attempt.pk, rank=0, token=str(attempt.token), pid=1)
+    job, attempt = placed_and_started(make_cast())
 
     settle = services._settle_attempt
     reading = threading.Event()
@@ -46,7 +42,7 @@ def test_an_exit_report_and_a_preemption_never_leave_the_job_stuck(monkeypatch):
         except services.ServiceError as exc:  # the job ended first: nothing to preempt
             errors.append(exc)
         finally:
-            close_old_connections()
+            connections.close_all()  # this thread's connection, so the test database can go
 
     other = threading.Thread(target=preempt)
     other.start()
@@ -64,12 +60,8 @@ def test_reconcile_settles_an_attempt_whose_members_all_ended():
     from apps.jobs.models import AttemptMember
     from apps.scheduling.reconcile import reconcile_once
 
-    cast = make_cast()
     make_node("h1", gpus=1)
-    job = submit(cast)
-    dispatch_once()
-    attempt = job.attempts.get()
-    services.attempt_member_started(attempt_id=attempt.pk, rank=0, token=str(attempt.token), pid=1)
+    job, attempt = placed_and_started(make_cast())
     services.job_preempt(job=Job.objects.get(pk=job.pk), actor="test", reason="make room")
     # The member's end was written but the settling was lost.
     AttemptMember.objects.filter(attempt=attempt).update(state="succeeded", exit_code=0, ended_at=attempt.created_at)
