@@ -223,11 +223,16 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         ("jobs over aging bound", lambda s: str(sum(a["jobs_over_bound"] for a in s["aging"].values()))),
         ("simulation CPU time (s)", lambda s: f"{s['cpu_seconds']:.1f}"),
     ]  # fmt: skip
+    return "\n".join(_grid("figure", rows, results)) + "\n"
+
+
+def _grid(corner: str, rows: list, results: dict[str, dict[str, Any]]) -> list[str]:
+    """Markdown lines: one column per run in `results`, one row per (label, getter)."""
     names = list(results)
-    lines = ["| figure | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    lines = [f"| {corner} | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for label, get in rows:
         lines.append(f"| {label} | " + " | ".join(get(results[n]) for n in names) + " |")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _h(seconds: float | None) -> str:
@@ -256,10 +261,7 @@ def autoscale_table(results: dict[str, dict[str, Any]]) -> str:
         ("preemptions", lambda s: str(s["preemptions"])),
         ("simulation CPU time (s)", lambda s: f"{s['cpu_seconds']:.1f}"),
     ]  # fmt: skip
-    names = list(results)
-    lines = ["| autoscale | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
-    for label, get in rows:
-        lines.append(f"| {label} | " + " | ".join(get(results[n]) for n in names) + " |")
+    lines = _grid("autoscale", rows, results)
     checks = autoscale_targets(results)
     if checks:
         lines += ["", "| target (issue 7) | measured | met |", "|---|---|---|"]
