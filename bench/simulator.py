@@ -11,7 +11,7 @@
    policy: a static cluster sized for the peak vs reactive vs predictive (burst share 3.5), with
    p50/p95 wait and paid GPU-hours. `--quick` runs the first 4,000 jobs. (3.5, not 3: since
    booting nodes count against the forecast, B=3 no longer holds the static cluster's p95 of 0;
-   docs/scheduling.md, "Autoscaling in the simulator".)
+   docs/autoscaling.md, "Autoscaling in the simulator".)
 4. estimated_start_at error (issue 5): ITP cluster04 as in 2, default and fifo, with
    `--estimate-error` (apps/scheduling/sim/estimate.py) in the platform's queue order and in
    the policy's. `--only estimate` re-runs just this section and replaces it in the existing
@@ -183,7 +183,7 @@ def autoscale_section(quick: bool) -> str:
         "nothing since it arrived and is not wanted goes after 60 s idle instead of the cooldown. "
         "Paid GPU-hours count each node from its request (booting included) to its removal or "
         "the last job's end. Why the predictive-vs-reactive target is not met, and the other "
-        'settings tried: docs/scheduling.md, "Autoscaling in the simulator".\n',
+        'settings tried: docs/autoscaling.md, "Autoscaling in the simulator".\n',
         autoscale_table(scaled),
     ]
     return "\n".join(lines)
