@@ -76,6 +76,12 @@ TEMPLATES = [
 ]
 
 
+# SQLite connections outlive a request, as PostgreSQL's do (dj-database-url's 60 s below): a
+# new connection starts with an empty page cache, so each request read again every B-tree page
+# its statements touched. A submit inserts into about 15 of them: with a connection per request
+# it cost ~2x the server CPU (docs/admission.md, "Throughput"). Each thread keeps its own.
+SQLITE_CONN_MAX_AGE = 600
+
 SQLITE_OPTIONS = {
     # WAL lets the web, dispatcher and agents read while one writes; IMMEDIATE takes the write
     # lock at BEGIN so two writers queue on the busy timeout instead of failing mid-transaction.
@@ -93,6 +99,7 @@ def _database() -> dict:
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": DATA_DIR / "db.sqlite3",
             "OPTIONS": SQLITE_OPTIONS,
+            "CONN_MAX_AGE": SQLITE_CONN_MAX_AGE,
             "TEST": {"NAME": str(DATA_DIR / "test-db.sqlite3")},
         }
     try:
@@ -103,7 +110,8 @@ def _database() -> dict:
         raise ImproperlyConfigured(f"DATABASE_URL has an unknown scheme: {url.split(':', 1)[0]}")
     if config["ENGINE"].endswith("sqlite3"):
         config["OPTIONS"] = SQLITE_OPTIONS
-        config["CONN_MAX_AGE"] = 0
+        config["CONN_MAX_AGE"] = SQLITE_CONN_MAX_AGE
+        config["CONN_HEALTH_CHECKS"] = False
     return config
 
 

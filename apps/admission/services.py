@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from apps.admission import cache, dispatch, idempotency, quotas
+from apps.admission import cache, dispatch, idempotency, quotas, rows
 from apps.admission.ratelimit import RateDecision, check_submit
 from apps.admission.writer import end_turn_at_commit, write_turn
 from apps.jobs.models import Job, JobState
@@ -25,11 +25,9 @@ from apps.tenants.models import Membership, Quota, Tenant
 
 
 def submitter(user) -> Membership | None:
-    """The user's membership with its tenant, tier and quota: one query for all a submit needs
-    to know about who is asking (the lazy accessors would take four)."""
-    membership = (
-        Membership.objects.select_related("tenant__tier", "tenant__quota").filter(user_id=user.pk).first()
-    )
+    """The user's membership with its tenant, tier and quota: one statement for all a submit
+    needs to know about who is asking (the lazy accessors would take four; rows.py)."""
+    membership = rows.membership_of(user)
     if membership is not None:
         membership.user = user
     return membership
@@ -103,7 +101,7 @@ def _admit(*, tenant: Tenant, user, spec: JobSpec, key: str | None, digest: str,
     # one write lock, so nothing more is taken (or read) there. The tenant and its limits were
     # read with the membership just before; job_submit is told the lock is held.
     if connection.features.has_select_for_update:
-        Tenant.objects.select_for_update().filter(pk=tenant.pk).values_list("pk", flat=True).get()
+        rows.lock_tenant(tenant)
     earlier = idempotency.replay(tenant=tenant, key=key, digest=digest)
     if earlier is not None:
         return earlier, False  # recorded meanwhile by a request we waited for

@@ -10,10 +10,11 @@ only one submission at a time asks SQLite for its write lock. The turn ends at t
 before the commit hooks (the dispatch request) run.
 
 Each process that takes turns also keeps the database open (`_keep_open`): one idle SQLite
-connection, never in a transaction. Connections here live for one request (CONN_MAX_AGE 0), and
-when the last one to a WAL database closes, SQLite checkpoints the whole WAL into the database,
-fsyncs it and deletes the WAL, under an exclusive lock: ~20 ms of a web thread per submission
-(the next one then creates the WAL again), during which no other submission can write. With a
+connection, never in a transaction. A request's connection still closes now and then (after
+CONN_MAX_AGE, or when it becomes unusable), and when the last one to a WAL database closes,
+SQLite checkpoints the whole WAL into the database, fsyncs it and deletes the WAL, under an
+exclusive lock: ~20 ms, during which no other submission can write (when connections lived for
+one request, that was every submission). With a
 connection kept open, closing is just closing; the WAL is checkpointed as usual by the commit
 that grows it past `wal_autocheckpoint` pages.
 

@@ -20,6 +20,8 @@ from apps.jobs.serializers import (
     JobSerializer,
     JobSubmitSerializer,
     job_representation,
+    spec_from,
+    validate_submission,
 )
 
 
@@ -79,15 +81,16 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         self.headers.update(admission.headers)
         admission.raise_if_refused()
         if not admission.replayed:
-            form = JobSubmitSerializer(data=request.data)
-            form.is_valid(raise_exception=True)
-            admission.submit(form.to_spec(default_tier=membership.tenant.tier))
+            data = validate_submission(request.data)  # JobSubmitSerializer's rules, 400 per field
+            admission.submit(spec_from(data, default_tier=membership.tenant.tier))
         if admission.created:
             # The job as created, with the objects in hand (tenant, user, tier, template, SKU)
             # and no attempts yet: nothing is read back (tests/admission/test_submit_queries.py).
             # Its queue position and start estimate come from apps.admission.estimates.for_new_job.
             job = admission.job
-            job._prefetched_objects_cache = {"attempts": JobAttempt.objects.none()}
+            no_attempts = JobAttempt.objects.none()
+            no_attempts._result_cache = []  # evaluated already: iterating it compiles nothing
+            job._prefetched_objects_cache = {"attempts": no_attempts}
             position, start = estimates.for_new_job(job)
             context = {"queue_positions": {job.pk: position}, "estimator": estimates.Known({job.pk: start})}
             return Response(job_representation(job, context), status=status.HTTP_201_CREATED)

@@ -67,7 +67,8 @@ class JobTemplate(models.Model):
 class Job(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     name = models.CharField(max_length=100)
-    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="jobs")
+    # No index of its own: (tenant, -created_at) and (tenant, state) below start with it.
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="jobs", db_index=False)
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs")
     tier = models.ForeignKey("tenants.Tier", on_delete=models.PROTECT, related_name="jobs")
     template = models.ForeignKey(JobTemplate, null=True, blank=True, on_delete=models.PROTECT)
@@ -87,7 +88,9 @@ class Job(models.Model):
         default=False, help_text="Retry a user error (non-zero exit) too, not only infrastructure failures."
     )
 
-    state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.QUEUED, db_index=True)
+    # Indexed by (state, created_at) and (state, tier, created_at) below: every insert and state
+    # change updates each index of the table, so none is kept twice.
+    state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.QUEUED)
     version = models.PositiveIntegerField(default=0)
     progress = models.FloatField(default=0.0)
     reason = models.CharField(max_length=300, blank=True)
@@ -112,6 +115,9 @@ class Job(models.Model):
             # (apps/jobs/services.py job_submit): covered by this index, the count does not read
             # the job rows, so it stays short however long the queue grows.
             models.Index(fields=["tenant", "state"], name="jobs_job_tenant_state_idx"),
+            # A submit's answer counts the queued jobs and those ahead of it in queue order (tier,
+            # then submit time: apps/admission/rows.py queued_and_ahead) from this index alone.
+            models.Index(fields=["state", "tier", "created_at"], name="jobs_job_queue_order_idx"),
         ]
 
     def __str__(self) -> str:

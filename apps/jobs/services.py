@@ -152,20 +152,25 @@ def job_submit(*, tenant: Tenant, user, spec: JobSpec, limits: dict | None = Non
         raise NotAllowed(f"tenant {tenant.slug} may only run templates, not commands", field="command")
     if limits is None:
         limits = tenant_limits(tenant)
-    queued = Job.objects.filter(tenant=tenant, state=JobState.QUEUED).count()
+    from apps.admission import (
+        rows,  # the submit path's statements, without the ORM's query building
+    )
+
+    queued = rows.queued_of(tenant)
     if queued >= limits["max_queued_jobs"]:
         raise QueueFull(
             f"tenant {tenant.slug} has {queued} of {limits['max_queued_jobs']} jobs queued",
             retry_after=30,
         )
-    job = Job.objects.create(
+    job = Job(
         name=spec.name, tenant=tenant, user=user, tier=spec.tier, template=spec.template,
         params=spec.params, command=spec.command, gpus=spec.gpus, nodes=spec.nodes,
         gpu_sku=spec.gpu_sku, node_selector=spec.node_selector,
         max_runtime_seconds=spec.max_runtime_seconds, checkpointable=spec.checkpointable,
         cacheable=spec.cacheable, retry_on_failure=spec.retry_on_failure, reason="waiting for the dispatcher",
     )  # fmt: skip
-    record_event(job, actor=f"user:{user.username}", reason="submitted", to_state=JobState.QUEUED)
+    rows.insert_job(job)
+    rows.insert_event(JobEvent(job=job, actor=f"user:{user.username}", reason="submitted", to_state=JobState.QUEUED))
     if dispatch:
         trigger_dispatch()
     return job

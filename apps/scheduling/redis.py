@@ -14,6 +14,19 @@ def client() -> redis.Redis:
     return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
 
 
+_shared: dict[int, redis.Redis] = {}  # pid -> client: a forked child makes its own
+
+
+def shared_client() -> redis.Redis:
+    """This process's one client (a connection pool; thread-safe), for calls on hot paths that
+    a new connection each would cost more than the call."""
+    pid = os.getpid()
+    conn = _shared.get(pid)
+    if conn is None:
+        conn = _shared[pid] = client()
+    return conn
+
+
 # Release only if we still hold it: the value is our token.
 _RELEASE = """
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end

@@ -25,7 +25,7 @@ def test_a_connection_closing_after_a_submission_leaves_the_wal_alone(transactio
             cursor.execute("INSERT INTO writer_probe VALUES (1)")
     assert os.getpid() in writer._kept
     assert wal_of().exists()
-    connection.close()  # the end of a request (CONN_MAX_AGE 0): not the last connection any more
+    connection.close()  # a request's connection closing: not the last connection any more
     assert wal_of().exists() and wal_of().stat().st_size > 0
     with connection.cursor() as cursor:
         cursor.execute("SELECT COUNT(*) FROM writer_probe")

@@ -1,0 +1,330 @@
+"""The submit path's statements, written once instead of built by the ORM on every request.
+
+A submit runs about ten statements. Building each through the ORM (filters, joins, the
+compiler, model instances) cost 0.3-0.6 ms of CPU, more than the database took to run it, and
+made a submit cost 4-5x a minimal authenticated request (docs/admission.md, "Throughput").
+Here each statement's SQL is written once from the models' metadata (table and column names,
+quoted by the backend, so it follows the migrations and runs on SQLite and PostgreSQL alike);
+values go through the fields' own conversions both ways (`pre_save` and `get_db_prep_save`
+in, the backend's and the field's converters out), and rows become model instances through
+`Model.from_db`, as the ORM builds them. tests/admission/test_rows.py checks every field of
+what these read and write against the ORM's own reads.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from functools import cache
+
+from django.db import connection
+from django.db.models import AutoField, BigAutoField, Model
+
+from apps.jobs.models import Job, JobEvent, JobTemplate
+from apps.nodes.models import GpuSku
+from apps.tenants.models import Membership, Quota, Tenant, Tier
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _q(name: str) -> str:
+    return connection.ops.quote_name(name)
+
+
+class Reader:
+    """One model's columns in a SELECT under `alias`, and how to turn them back into a row."""
+
+    def __init__(self, model: type[Model], alias: str):
+        self.model, self.alias = model, alias
+        self.fields = list(model._meta.concrete_fields)
+        self.attnames = [field.attname for field in self.fields]
+        self.columns = ", ".join(f"{_q(alias)}.{_q(field.column)}" for field in self.fields)
+        self.converters = []  # per column: (converters, the column expression they are called with)
+        for field in self.fields:
+            column = field.get_col(alias)
+            found = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
+            self.converters.append((found, column))
+        self.width = len(self.fields)
+        self.pk_index = self.fields.index(model._meta.pk)
+
+    def build(self, values) -> Model | None:
+        """The instance from this model's slice of a row (None for the NULLs of an outer join)."""
+        if values[self.pk_index] is None:
+            return None
+        converted = []
+        for value, (converters, column) in zip(values, self.converters, strict=True):
+            for convert in converters:
+                value = convert(value, column, connection)
+            converted.append(value)
+        return self.model.from_db(connection.alias, self.attnames, converted)
+
+
+def _converters(field, alias: str) -> tuple[list, object]:
+    column = field.get_col(alias)
+    return connection.ops.get_db_converters(column) + column.get_db_converters(connection), column
+
+
+def _convert(value, converters: tuple[list, object]):
+    found, column = converters
+    for convert in found:
+        value = convert(value, column, connection)
+    return value
+
+
+class Inserter:
+    """INSERT of one instance of `model`, every column (an auto primary key left to the database)."""
+
+    def __init__(self, model: type[Model]):
+        self.fields = [
+            f for f in model._meta.concrete_fields if not isinstance(f, AutoField | BigAutoField)
+        ]
+        columns = ", ".join(_q(f.column) for f in self.fields)
+        marks = ", ".join(["%s"] * len(self.fields))
+        self.sql = f"INSERT INTO {_q(model._meta.db_table)} ({columns}) VALUES ({marks})"
+
+    def insert(self, instance: Model) -> Model:
+        params = [
+            field.get_db_prep_save(field.pre_save(instance, True), connection)
+            for field in self.fields
+        ]
+        with connection.cursor() as cursor:
+            cursor.execute(self.sql, params)
+        instance._state.adding = False
+        instance._state.db = connection.alias
+        return instance
+
+
+# One set of statements per backend (the test suite may switch between SQLite and PostgreSQL).
+
+
+@cache
+def _statements(vendor: str) -> dict:
+    m, t, r, q = (
+        Reader(Membership, "m"),
+        Reader(Tenant, "t"),
+        Reader(Tier, "r"),
+        Reader(Quota, "q"),
+    )
+    job, tier = Job._meta, Tier._meta
+
+    def col(model, name):
+        return _q(model._meta.get_field(name).column)
+
+    submitter = (
+        f"SELECT {m.columns}, {t.columns}, {r.columns}, {q.columns} "
+        f"FROM {_q(Membership._meta.db_table)} {_q('m')} "
+        f"INNER JOIN {_q(Tenant._meta.db_table)} {_q('t')} ON {_q('m')}.{col(Membership, 'tenant')} = {_q('t')}.{col(Tenant, 'id')} "
+        f"INNER JOIN {_q(tier.db_table)} {_q('r')} ON {_q('t')}.{col(Tenant, 'tier')} = {_q('r')}.{col(Tier, 'id')} "
+        f"LEFT OUTER JOIN {_q(Quota._meta.db_table)} {_q('q')} ON {_q('q')}.{col(Quota, 'tenant')} = {_q('t')}.{col(Tenant, 'id')} "
+        f"WHERE {_q('m')}.{col(Membership, 'user')} = %s"
+    )  # fmt: skip
+    template, sku = Reader(JobTemplate, "x"), Reader(GpuSku, "x")
+    ahead_tiers = (
+        f"SELECT {col(Tier, 'id')} FROM {_q(tier.db_table)} WHERE {col(Tier, 'level')} > %s "
+        f"OR ({col(Tier, 'level')} = %s AND {col(Tier, 'rank')} > %s)"
+    )
+    state, tier_id, created = col(Job, "state"), col(Job, "tier"), col(Job, "created_at")
+    queue_select = (
+        f"SELECT j.{col(Job, 'id')}, s.{col(GpuSku, 'name')}, j.{col(Job, 'gpus')}, j.{col(Job, 'nodes')}, "
+        f"j.{col(Job, 'max_runtime_seconds')}, j.{col(Job, 'template')}, r.{col(Tier, 'level')}, r.{col(Tier, 'rank')}, "
+        f"j.{created} FROM {_q(job.db_table)} j INNER JOIN {_q(tier.db_table)} r ON j.{tier_id} = r.{col(Tier, 'id')} "
+        f"LEFT OUTER JOIN {_q(GpuSku._meta.db_table)} s ON j.{col(Job, 'gpu_sku')} = s.{col(GpuSku, 'id')}"
+    )
+    return {
+        "readers": (m, t, r, q),
+        "submitter": submitter,
+        "template": (
+            template,
+            f"SELECT {template.columns} FROM {_q(JobTemplate._meta.db_table)} {_q('x')} "
+            f"WHERE {_q('x')}.{col(JobTemplate, 'name')} = %s",
+        ),  # fmt: skip
+        "sku": (
+            sku,
+            f"SELECT {sku.columns} FROM {_q(GpuSku._meta.db_table)} {_q('x')} "
+            f"WHERE {_q('x')}.{col(GpuSku, 'name')} = %s",
+        ),  # fmt: skip
+        "queued_of_tenant": f"SELECT COUNT(*) FROM {_q(job.db_table)} WHERE {col(Job, 'tenant')} = %s AND {state} = %s",
+        "lock_tenant": f"SELECT {col(Tenant, 'id')} FROM {_q(Tenant._meta.db_table)} WHERE {col(Tenant, 'id')} = %s FOR UPDATE",
+        # Every queued job, and those ahead of a new one in queue order (strict tier order, then
+        # submit time: apps/scheduling/dispatcher.queue_position): one pass over the
+        # (state, tier, created_at) index, no job row read.
+        "queued_and_ahead": (
+            f"SELECT COUNT(*), COALESCE(SUM(CASE WHEN {tier_id} IN ({ahead_tiers}) OR ({tier_id} = %s AND {created} < %s) "
+            f"THEN 1 ELSE 0 END), 0) FROM {_q(job.db_table)} WHERE {state} = %s"
+        ),  # fmt: skip
+        # A long queue's counts per tier (a web thread loads them at most once a second), and the
+        # jobs queued since (the (state, created_at) index from the newest one counted).
+        "queued_by_tier": f"SELECT {tier_id}, COUNT(*), MAX({created}) FROM {_q(job.db_table)} WHERE {state} = %s GROUP BY {tier_id}",
+        "queued_since": (
+            f"SELECT {tier_id}, CASE WHEN {created} < %s THEN 1 ELSE 0 END FROM {_q(job.db_table)} "
+            f"WHERE {state} = %s AND {created} > %s"
+        ),
+        # The queue in queue order (dispatcher.queue_order) as the start estimate's replay reads
+        # it (estimates.QUEUED_FIELDS): all of it up to a limit, or the jobs queued since a time.
+        "queue": f"{queue_select} WHERE j.{state} = %s ORDER BY r.{col(Tier, 'level')} DESC, r.{col(Tier, 'rank')} DESC, j.{created} LIMIT %s",
+        "queue_since": f"{queue_select} WHERE j.{state} = %s AND j.{created} >= %s",
+        # The same, plus (one more row, its id NULL) how many queued jobs are older: one
+        # statement, so both come from one snapshot of the queue.
+        "queue_window": (
+            f"{queue_select} WHERE j.{state} = %s AND j.{created} >= %s UNION ALL "
+            f"SELECT NULL, NULL, COUNT(*), NULL, NULL, NULL, NULL, NULL, NULL FROM {_q(job.db_table)} "
+            f"WHERE {state} = %s AND {created} < %s"
+        ),
+        "queue_converters": [
+            _converters(Job._meta.pk, "j"),
+            _converters(Job._meta.get_field("created_at"), "j"),
+        ],
+        "tiers": f"SELECT {col(Tier, 'id')}, {col(Tier, 'level')}, {col(Tier, 'rank')} FROM {_q(tier.db_table)}",
+        "job": Inserter(Job),
+        "event": Inserter(JobEvent),
+    }
+
+
+def statements() -> dict:
+    return _statements(connection.vendor)
+
+
+def _one(sql: str, params: list):
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchone()
+
+
+def membership_of(user) -> Membership | None:
+    """The user's membership with its tenant, the tenant's tier and quota (one statement), as
+    `Membership.objects.select_related("tenant__tier", "tenant__quota")` would give it."""
+    s = statements()
+    row = _one(s["submitter"], [user.pk])
+    if row is None:
+        return None
+    readers, parts, start = s["readers"], [], 0
+    for reader in readers:
+        parts.append(reader.build(row[start : start + reader.width]))
+        start += reader.width
+    membership, tenant, tier, quota = parts
+    Membership.tenant.field.set_cached_value(membership, tenant)
+    Tenant.tier.field.set_cached_value(tenant, tier)
+    if quota is not None:
+        Tenant.quota.related.set_cached_value(tenant, quota)
+        Quota.tenant.field.set_cached_value(quota, tenant)
+    return membership
+
+
+def _named(kind: str, name: str):
+    reader, sql = statements()[kind]
+    row = _one(sql, [name])
+    return None if row is None else reader.build(row)
+
+
+def template_named(name: str) -> JobTemplate | None:
+    return _named("template", name)
+
+
+def sku_named(name: str) -> GpuSku | None:
+    return _named("sku", name)
+
+
+def lock_tenant(tenant: Tenant) -> None:
+    """PostgreSQL: the tenant's row lock (SELECT ... FOR UPDATE) for the rest of the transaction."""
+    _one(statements()["lock_tenant"], [tenant.pk])
+
+
+def queued_of(tenant: Tenant) -> int:
+    return _one(statements()["queued_of_tenant"], [tenant.pk, "queued"])[0]
+
+
+def queued_and_ahead(job: Job) -> tuple[int, int]:
+    """(jobs queued, jobs queued ahead of `job` in queue order)."""
+    tier = job.tier
+    created = Job._meta.get_field("created_at").get_db_prep_value(job.created_at, connection)
+    total, ahead = _one(
+        statements()["queued_and_ahead"],
+        [tier.level, tier.level, tier.rank, tier.pk, created, "queued"],
+    )
+    return total, int(ahead)
+
+
+def _all(sql: str, params: list) -> list[tuple]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
+def queued_by_tier() -> list[tuple]:
+    """[(tier id, jobs queued, the newest one's created_at as the database gives it back)]."""
+    return _all(statements()["queued_by_tier"], ["queued"])
+
+
+def queued_since(newest, before) -> dict:
+    """{tier id: (jobs queued after `newest`, of which created before `before`)}; `newest` as
+    `queued_by_tier` gave it (None: since the start)."""
+    prep = Job._meta.get_field("created_at").get_db_prep_value
+    if newest is None:
+        newest = prep(EPOCH, connection)
+    since: dict = {}
+    for tier, earlier in _all(
+        statements()["queued_since"], [prep(before, connection), "queued", newest]
+    ):
+        n, n_before = since.get(tier, (0, 0))
+        since[tier] = (n + 1, n_before + earlier)
+    return since
+
+
+def queue(limit: int) -> list[tuple]:
+    """The first `limit` queued jobs in queue order, as rows of estimates.QUEUED_FIELDS."""
+    s = statements()
+    return _queue_rows(_all(s["queue"], ["queued", limit]), s)
+
+
+def queue_since(moment) -> list[tuple]:
+    """The queued jobs created at `moment` or later (in no order), as rows of QUEUED_FIELDS."""
+    s = statements()
+    since = Job._meta.get_field("created_at").get_db_prep_value(moment, connection)
+    return _queue_rows(_all(s["queue_since"], ["queued", since]), s)
+
+
+def queue_window(moment) -> tuple[list[tuple], int]:
+    """(the queued jobs created at `moment` or later, as rows of QUEUED_FIELDS; how many queued
+    jobs are older), from one snapshot of the queue."""
+    s = statements()
+    since = Job._meta.get_field("created_at").get_db_prep_value(moment, connection)
+    found = _all(s["queue_window"], ["queued", since, "queued", since])
+    older = next(row[2] for row in found if row[0] is None)
+    return _queue_rows([row for row in found if row[0] is not None], s), older
+
+
+def _queue_rows(found: list[tuple], s: dict) -> list[tuple]:
+    """The id as a UUID and created_at aware, as the ORM gives them back. The fields' converters
+    (`_convert`) cost ~8 us a row (a settings lookup and `make_aware` each), most of loading a
+    1,000-job queue, so the two conversions are done here directly; test_rows.py compares."""
+    if not found:
+        return []
+    zone = connection.timezone
+    pk, created = found[0][0], found[0][8]
+    to_uuid = isinstance(pk, str)
+    naive = isinstance(created, datetime) and created.tzinfo is None
+    if not to_uuid and not naive and isinstance(created, datetime):
+        return found  # PostgreSQL: already a UUID and an aware datetime
+    pk_conv, created_conv = s["queue_converters"]
+    out = []
+    for row in found:
+        when = row[8]
+        if naive:
+            when = when.replace(tzinfo=zone)
+        elif not isinstance(when, datetime):
+            when = _convert(when, created_conv)
+        out.append((uuid.UUID(row[0]) if to_uuid else _convert(row[0], pk_conv), *row[1:8], when))
+    return out
+
+
+def tiers() -> dict:
+    """{tier id: (level, rank)}."""
+    return {pk: (level, rank) for pk, level, rank in _all(statements()["tiers"], [])}
+
+
+def insert_job(job: Job) -> Job:
+    return statements()["job"].insert(job)
+
+
+def insert_event(event: JobEvent) -> JobEvent:
+    return statements()["event"].insert(event)

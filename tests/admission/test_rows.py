@@ -1,0 +1,109 @@
+"""apps/admission/rows.py writes the submit path's statements by hand: what they read and write
+must be exactly what the ORM reads and writes, field by field, on SQLite and on PostgreSQL."""
+
+import pytest
+from django.contrib.auth.models import User
+from django.utils import timezone
+
+from apps.admission import estimates, rows
+from apps.jobs.models import Job, JobEvent, JobTemplate
+from apps.nodes.models import GpuSku
+from apps.scheduling.dispatcher import queue_position
+from apps.tenants.models import Membership, Quota, Tenant, Tier
+from apps.tenants.services import tenant_create, user_create
+from tests.admission.conftest import TRAIN
+
+
+def values(instance) -> dict:
+    return {field.attname: getattr(instance, field.attname) for field in type(instance)._meta.concrete_fields}
+
+
+def test_the_membership_comes_with_its_tenant_tier_and_quota_as_the_orm_reads_them(cast):
+    bob = cast["bob"][0]
+    Quota.objects.filter(tenant__slug="acme").update(max_queued_jobs=7, gpu_hours_per_period=12, max_gpus={"H100-80GB": 4})
+    ours = rows.membership_of(bob)
+    theirs = Membership.objects.select_related("tenant__tier", "tenant__quota").get(user=bob)
+    assert values(ours) == values(theirs)
+    assert values(ours.tenant) == values(theirs.tenant)
+    assert values(ours.tenant.tier) == values(theirs.tenant.tier)
+    assert values(ours.tenant.quota) == values(theirs.tenant.quota)
+    assert ours.tenant.quota.effective() == theirs.tenant.quota.effective()
+    with pytest.raises(AssertionError):  # the comparison can fail: a field read wrongly shows
+        assert values(ours.tenant) == {**values(theirs.tenant), "slug": "other"}
+
+
+def test_a_tenant_without_a_quota_row_and_a_user_without_a_tenant(cast):
+    tenant_create(slug="initech", tier_name="free")
+    Quota.objects.filter(tenant__slug="initech").delete()
+    user, _ = user_create(username="peter", tenant_slug="initech", role="member")
+    membership = rows.membership_of(user)
+    assert membership.tenant.slug == "initech" and membership.tenant.tier.name == "free"
+    assert not Tenant.quota.is_cached(membership.tenant)  # left for limits_of to create
+    assert rows.membership_of(cast["staff"][0]) is None
+
+
+def test_templates_and_skus_read_as_the_orm_reads_them(cast):
+    for name in JobTemplate.objects.values_list("name", flat=True):
+        assert values(rows.template_named(name)) == values(JobTemplate.objects.get(name=name))
+    assert values(rows.sku_named("H100-80GB")) == values(GpuSku.objects.get(name="H100-80GB"))
+    assert rows.template_named("no-such") is None and rows.sku_named("no-such") is None
+
+
+def test_an_inserted_job_and_event_read_back_as_written(cast):
+    bob = cast["bob"][0]
+    tenant = Tenant.objects.select_related("tier").get(slug="acme")
+    job = Job(name="raw", tenant=tenant, user=bob, tier=tenant.tier, template=JobTemplate.objects.get(name="demo-train"),
+              params={"steps": 3, "nested": {"a": [1, "é"]}}, command=None, gpus=2, nodes=3,
+              gpu_sku=GpuSku.objects.get(name="H100-80GB"), node_selector={"zone": "b"}, max_runtime_seconds=77,
+              checkpointable=True, cacheable=False, retry_on_failure=True, reason="waiting")  # fmt: skip
+    rows.insert_job(job)
+    assert not job._state.adding and job.created_at is not None
+    assert values(Job.objects.get(pk=job.pk)) == values(job)
+    event = rows.insert_event(JobEvent(job=job, actor="user:bob", reason="submitted", to_state="queued"))
+    stored = JobEvent.objects.get(job=job)
+    assert {k: v for k, v in values(stored).items() if k != "id"} == {k: v for k, v in values(event).items() if k != "id"}
+    command = Job(name="cmd", tenant=tenant, user=bob, tier=tenant.tier, command=["python", "-c", "print(1)"])
+    rows.insert_job(command)
+    assert Job.objects.get(pk=command.pk).command == ["python", "-c", "print(1)"]
+
+
+def queued(tenant: Tenant, tier: Tier, user: User, n: int) -> list[Job]:
+    return [Job.objects.create(name=f"j{i}", tenant=tenant, user=user, tier=tier) for i in range(n)]
+
+
+def test_the_count_of_jobs_ahead_is_the_queue_position(cast):
+    bob, dave = cast["bob"][0], cast["dave"][0]
+    acme, globex = Tenant.objects.get(slug="acme"), Tenant.objects.get(slug="globex")
+    enterprise, pro = Tier.objects.get(name="enterprise"), Tier.objects.get(name="pro")
+    jobs = queued(globex, pro, dave, 3) + queued(acme, enterprise, bob, 2) + queued(globex, pro, dave, 1)
+    Job.objects.filter(pk=jobs[1].pk).update(state="running")
+    for job in Job.objects.filter(state="queued"):
+        total, ahead = rows.queued_and_ahead(job)
+        assert (total, ahead + 1) == (5, queue_position(job))
+    assert rows.queued_of(acme) == 2 and rows.queued_of(globex) == 3
+
+
+def test_a_long_queue_answers_positions_from_counts_and_the_jobs_queued_since(cast, as_user, monkeypatch):
+    """Past QUEUE_LIMIT the 201's position comes from per-tier counts taken at most once a
+    second plus the jobs queued since: exact, but for jobs that left the queue meanwhile."""
+    monkeypatch.setattr(estimates, "QUEUE_LIMIT", 3)
+    estimates.forget()
+    dave = cast["dave"][0]
+    globex, pro = Tenant.objects.get(slug="globex"), Tier.objects.get(name="pro")
+    queued(globex, pro, dave, 4)
+    bob, dave_client = as_user("bob"), as_user("dave")
+    first = bob.post("/api/v1/jobs/", TRAIN, format="json").json()  # enterprise: ahead of every pro job
+    assert first["queue_position"] == 1 and first["estimated_start_at"] is not None
+    assert estimates._long.counts is not None  # the queue is long: counts loaded
+    answers = [dave_client.post("/api/v1/jobs/", TRAIN, format="json").json() for _ in range(3)]
+    assert [a["queue_position"] for a in answers] == [6, 7, 8]
+    assert all(a["estimated_start_at"] is None for a in answers)
+    for answer in answers:
+        assert dave_client.get(f"/api/v1/jobs/{answer['id']}/").json()["queue_position"] == answer["queue_position"]
+    second = bob.post("/api/v1/jobs/", TRAIN, format="json").json()  # behind the first enterprise job only
+    assert second["queue_position"] == 2
+    # Within the counts' second, a job that left the queue still counts as ahead; a GET is exact.
+    Job.objects.filter(pk=first["id"]).update(state="cancelled", finished_at=timezone.now())
+    late = dave_client.post("/api/v1/jobs/", TRAIN, format="json").json()
+    assert late["queue_position"] in (9, 10)  # 10 when the counts are still those of before
+    assert dave_client.get(f"/api/v1/jobs/{late['id']}/").json()["queue_position"] == 9
