@@ -124,7 +124,8 @@ class Estimator:
             return
         for pool, (starts, state) in list(self._pools.items()):
             more, state = self._replay(pool, rows, state)
-            self._pools[pool] = ({**starts, **more}, state)
+            starts.update(more)  # in place: a copy of every start was O(queue) per submit
+            self._pools[pool] = (starts, state)
 
     def position(self, job: Job) -> int | None:
         """1-based place in queue order (`queue_position`), if the job is in the loaded queue."""
@@ -147,7 +148,7 @@ class Estimator:
 # --- the 201 answer of a submit -------------------------------------------------------------------
 
 REUSE_SECONDS = 1.0  # how old a web process's loaded replay may be when it answers a submit
-ARRIVAL_SLACK = timedelta(seconds=0.5)  # created_at is taken just before the commit; a later one is caught by the count
+ARRIVAL_SLACK = timedelta(seconds=0.1)  # created_at is taken just before the commit; a later one is caught by the count (and reloads)
 
 
 class QueueCounts:
@@ -182,16 +183,18 @@ class QueueCounts:
         return total, ahead
 
 
-class _Reused(threading.local):
-    """A web thread's last replay. Not shared between threads: the check that no job of the
-    replay left the queue compares it with this thread's own later reads, never with another
-    thread's (possibly newer) ones."""
+class _Shared:
+    """The process's last replay, shared by its web threads. Everything about it happens under
+    `lock`, the read of the queue since it included: the snapshots it is extended with are then
+    taken one after another, so a job of the replay missing from a later snapshot has left the
+    queue (a thread with a snapshot older than the replay's newest rows could not tell)."""
 
     estimator: Estimator | None = None
     loaded_at: float = 0.0
+    lock = threading.Lock()
 
 
-_reused = _Reused()
+_shared = _Shared
 FAR_FUTURE = datetime(9999, 1, 1, tzinfo=UTC)
 
 
@@ -220,10 +223,10 @@ def for_new_job(job: Job) -> tuple[int | None, datetime | None]:
     """`queue_position` and `estimated_start_at` of a job this request just admitted.
 
     A full `Estimator.load` reads the whole queue (up to QUEUE_LIMIT rows) and the running
-    attempts, which made it most of a submit's cost. Here each web thread keeps its last load
-    for up to REUSE_SECONDS and extends it with the jobs queued since (one indexed query on
-    state and created_at), after one count of the queued jobs checks that no job has left the
-    queue meanwhile (placed or cancelled: then it loads again). Within those seconds, GPUs
+    attempts, which made it most of a submit's cost. Here each web process keeps its last load
+    for up to REUSE_SECONDS and extends it with the jobs queued since (one statement gives
+    them and the count of the older queued jobs, from one snapshot), which also checks that no
+    job has left the queue meanwhile (placed or cancelled: then it loads again). Within those seconds, GPUs
     freed by jobs ending and capacity changes are not seen by this answer; a GET of the job
     computes everything afresh.
 
@@ -248,31 +251,34 @@ def for_new_job(job: Job) -> tuple[int | None, datetime | None]:
 def _exactly(job: Job) -> tuple[int | None, datetime | None]:
     from apps.admission import rows
 
-    cached = _reused.estimator
-    if cached is None or not cached.queue or time.monotonic() - _reused.loaded_at > REUSE_SECONDS:
-        cached = None
-    since = cached.newest() - ARRIVAL_SLACK if cached is not None else FAR_FUTURE
-    found, older = rows.queue_window(since)  # one statement: one snapshot of the queue
-    if older + len(found) > QUEUE_LIMIT:  # a truncated replay cannot be extended; usually the job is past it
-        if _long.counts is None:
-            _long.counts = QueueCounts()
-        _, ahead = rows.queued_and_ahead(job)  # one pass over an index, no job row read
-        position = ahead + 1
-        if position > QUEUE_LIMIT:
-            return position, None
-        return position, Estimator.load().estimate(job)
-    if cached is not None:
-        known = cached.index()
-        arrived = [queued_row(*row) for row in found if row[0] not in known]
-        # No job of the replay left the queue: every one is still queued in this snapshot.
-        if len(known) + len(arrived) == older + len(found):
-            cached.extend(arrived)
-            position = cached.position(job)
-            if position is not None:
-                return position, _not_past(cached.estimate(job))
-    estimator = Estimator.load()
-    _reused.estimator, _reused.loaded_at = estimator, time.monotonic()
-    return estimator.position(job), estimator.estimate(job)
+    with _shared.lock:
+        cached = _shared.estimator
+        if cached is None or not cached.queue or time.monotonic() - _shared.loaded_at > REUSE_SECONDS:
+            cached = None
+        since = cached.newest() - ARRIVAL_SLACK if cached is not None else FAR_FUTURE
+        found, older = rows.queue_window(since)  # one statement: one snapshot of the queue
+        short = older + len(found) <= QUEUE_LIMIT
+        if short and cached is not None:
+            known = cached.index()
+            arrived = [queued_row(*row) for row in found if row[0] not in known]
+            # No job of the replay left the queue: every one is still queued in this snapshot.
+            if len(known) + len(arrived) == older + len(found):
+                cached.extend(arrived)
+                position = cached.position(job)
+                if position is not None:
+                    return position, _not_past(cached.estimate(job))
+        if short:
+            estimator = Estimator.load()
+            _shared.estimator, _shared.loaded_at = estimator, time.monotonic()
+            return estimator.position(job), estimator.estimate(job)
+    # A truncated replay cannot be extended; usually the job is past it.
+    if _long.counts is None:
+        _long.counts = QueueCounts()
+    _, ahead = rows.queued_and_ahead(job)  # one pass over an index, no job row read
+    position = ahead + 1
+    if position > QUEUE_LIMIT:
+        return position, None
+    return position, Estimator.load().estimate(job)
 
 
 def _not_past(moment: datetime | None) -> datetime | None:
@@ -280,19 +286,9 @@ def _not_past(moment: datetime | None) -> datetime | None:
     return max(moment, timezone.now()) if moment is not None else None
 
 
-class Known:
-    """Estimates already computed, in the shape JobSerializer's context wants ("estimator")."""
-
-    def __init__(self, starts: dict):
-        self.starts = starts
-
-    def estimate(self, job: Job) -> datetime | None:
-        return self.starts.get(job.pk)
-
-
 def forget() -> None:
-    """Drop this thread's reused replay and the process's queue counts (tests)."""
-    _reused.estimator = None
+    """Drop the process's reused replay and queue counts (tests)."""
+    _shared.estimator = None
     _long.counts = None
 
 

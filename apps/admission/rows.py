@@ -71,6 +71,20 @@ def _convert(value, converters: tuple[list, object]):
     return value
 
 
+_PLAIN = {"CharField", "SlugField", "TextField", "BooleanField", "FloatField", "IntegerField",
+          "SmallIntegerField", "BigIntegerField", "PositiveIntegerField", "PositiveSmallIntegerField",
+          "PositiveBigIntegerField", "AutoField", "BigAutoField"}  # fmt: skip
+
+
+def _plain(field) -> bool:
+    """True when the field's value goes to the database as the model holds it."""
+    if field.is_relation:  # a foreign key holds its target's value
+        return field.target_field.get_internal_type() in _PLAIN
+    if getattr(field, "auto_now", False) or getattr(field, "auto_now_add", False):
+        return False
+    return field.get_internal_type() in _PLAIN
+
+
 class Inserter:
     """INSERT of one instance of `model`, every column (an auto primary key left to the database)."""
 
@@ -81,11 +95,15 @@ class Inserter:
         columns = ", ".join(_q(f.column) for f in self.fields)
         marks = ", ".join(["%s"] * len(self.fields))
         self.sql = f"INSERT INTO {_q(model._meta.db_table)} ({columns}) VALUES ({marks})"
+        # Each field's own conversion (`get_db_prep_save`), except where it would change nothing:
+        # integers, strings, booleans, floats and foreign keys to integer keys are already what
+        # the database takes (~0.1 ms of a submit's two inserts otherwise).
+        self.preps = [(f, None if _plain(f) else f.get_db_prep_save) for f in self.fields]
 
     def insert(self, instance: Model) -> Model:
         params = [
-            field.get_db_prep_save(field.pre_save(instance, True), connection)
-            for field in self.fields
+            prep(field.pre_save(instance, True), connection) if prep else getattr(instance, field.attname)
+            for field, prep in self.preps
         ]
         with connection.cursor() as cursor:
             cursor.execute(self.sql, params)

@@ -61,8 +61,9 @@ class Admission:
     def start(cls, *, tenant: Tenant, user, body, idempotency_key: str | None) -> Admission:
         """Steps 1 and 2. Never raises for the rate limit: the caller first takes `headers`
         (they go on every answer), then calls `raise_if_refused`."""
-        admission = cls(tenant=tenant, user=user, key=idempotency.clean_key(idempotency_key),
-                        digest=idempotency.body_digest(body), limits=limits_of(tenant))  # fmt: skip
+        key = idempotency.clean_key(idempotency_key)
+        digest = idempotency.body_digest(body) if key is not None else ""  # only a key is compared with it
+        admission = cls(tenant=tenant, user=user, key=key, digest=digest, limits=limits_of(tenant))
         admission.job = idempotency.replay(tenant=tenant, key=admission.key, digest=admission.digest)
         if admission.job is None:
             admission.rate = check_submit(tenant=tenant, user=user, limits=admission.limits)

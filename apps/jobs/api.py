@@ -19,7 +19,7 @@ from apps.jobs.serializers import (
     ArtifactSerializer,
     JobSerializer,
     JobSubmitSerializer,
-    job_representation,
+    created_representation,
     spec_from,
     validate_submission,
 )
@@ -88,12 +88,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             # and no attempts yet: nothing is read back (tests/admission/test_submit_queries.py).
             # Its queue position and start estimate come from apps.admission.estimates.for_new_job.
             job = admission.job
-            no_attempts = JobAttempt.objects.none()
-            no_attempts._result_cache = []  # evaluated already: iterating it compiles nothing
-            job._prefetched_objects_cache = {"attempts": no_attempts}
             position, start = estimates.for_new_job(job)
-            context = {"queue_positions": {job.pk: position}, "estimator": estimates.Known({job.pk: start})}
-            return Response(job_representation(job, context), status=status.HTTP_201_CREATED)
+            return Response(created_representation(job, position=position, start=start), status=status.HTTP_201_CREATED)
         job = job_queryset(request.user).get(pk=admission.job.pk)
         return Response(JobSerializer(job).data, status=status.HTTP_200_OK)
 

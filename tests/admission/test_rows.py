@@ -107,3 +107,37 @@ def test_a_long_queue_answers_positions_from_counts_and_the_jobs_queued_since(ca
     late = dave_client.post("/api/v1/jobs/", TRAIN, format="json").json()
     assert late["queue_position"] in (9, 10)  # 10 when the counts are still those of before
     assert dave_client.get(f"/api/v1/jobs/{late['id']}/").json()["queue_position"] == 9
+
+
+def test_the_201_is_what_the_job_serializer_says_of_the_created_job(cast, as_user, tmp_path):
+    """The 201 is written out field by field (serializers.created_representation): for a queued
+    job, a command job, a job naming no SKU and a cache hit it equals JobSerializer's."""
+    from apps.jobs.serializers import JobSerializer
+    from tests.admission.conftest import INFER, placed_ids, run_to_end
+
+    def same(answer):
+        assert answer.status_code == 201, answer.content
+        created = answer.json()
+        job = Job.objects.get(pk=created["id"])
+        context = {"queue_positions": {job.pk: created["queue_position"]}, "estimator": _Fixed(created)}
+        assert created == JobSerializer(job, context=context).data
+        assert list(created) == list(JobSerializer(job, context=context).data)  # the same order too
+        return created
+
+    bob = as_user("bob")
+    for body in [TRAIN, {"command": ["python", "-c", "print(1)"], "gpus": 0}, {**TRAIN, "gpu_sku": None, "name": "any"}]:
+        same(bob.post("/api/v1/jobs/", body, format="json"))
+    origin = same(bob.post("/api/v1/jobs/", INFER, format="json"))
+    placed_ids()
+    run_to_end(origin["id"], tmp=tmp_path)
+    assert same(bob.post("/api/v1/jobs/", INFER, format="json"))["cache_hit"] is True
+
+
+class _Fixed:
+    def __init__(self, created):
+        from django.utils.dateparse import parse_datetime
+
+        self.start = parse_datetime(created["estimated_start_at"]) if created["estimated_start_at"] else None
+
+    def estimate(self, job):
+        return self.start
