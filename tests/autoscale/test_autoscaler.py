@@ -195,3 +195,84 @@ def test_nodes_being_provisioned_count_against_the_forecast():
     again = scaler.decide(now + 60, "H100", [], [], [Pending(first.provision, now + 300)])
     assert again.provision == 0, again
     assert again.desired == first.desired
+
+
+def test_booting_nodes_nothing_wants_any_more_are_cancelled():
+    """cancel_booting: a node asked for a queued job that then started elsewhere is given back
+    before it arrives (the latest due first), so billing stops at the cancel."""
+    for cancel in (False, True):
+        scaler = Autoscaler({"H100": H100}, mode="reactive", provision_lag_s=300, cancel_booting=cancel)
+        assert scaler.decide(0, "H100", [], [Demand(8)] * 2).provision == 2
+        # The queue ran on a node that freed up; the two requests are still booting.
+        nodes = [busy("a", ends_at=3600)]
+        later = scaler.decide(60, "H100", nodes, [], [Pending(2, 300)])
+        assert later.provision == 0
+        assert later.cancel == (2 if cancel else 0), later
+        if cancel:
+            assert "cancelled" in later.reason
+            assert later.desired == 1
+    # A booting node the queue still needs is kept.
+    scaler = Autoscaler({"H100": H100}, mode="reactive", provision_lag_s=300, cancel_booting=True)
+    kept = scaler.decide(60, "H100", [], [Demand(8, est_runtime_s=600)], [Pending(2, 300)])
+    assert kept.cancel == 1 and kept.provision == 0
+
+
+def test_predictive_cancels_only_what_the_forecast_no_longer_wants():
+    scaler = Autoscaler(
+        {"H100": H100}, mode="predictive", provision_lag_s=300, momentum_share=1.0,
+        cancel_booting=True,
+    )  # fmt: skip
+    for i in range(10):
+        scaler.observe_arrival("H100", 30.0 * i, Demand(8))
+    # about 7 nodes of pace: of 10 booting nodes, the 3 beyond it go, not more
+    d = scaler.decide(300, "H100", [], [], [Pending(10, 500)])
+    assert 1 <= d.cancel <= 5, d
+    # an hour later the momentum is gone: what the smoothed forecast (which has seen the
+    # sweep's bin close) does not want goes
+    later = scaler.decide(3900, "H100", [], [], [Pending(4, 4000)])
+    assert later.cancel >= 3 and later.cancel + later.desired == 4, later
+
+
+def test_series_share_plans_for_the_rest_of_a_same_shape_series():
+    scaler = Autoscaler({"H100": H100}, mode="predictive", provision_lag_s=300, series_share=1.0)
+    for k in range(5):  # five past sweeps of four 8-GPU jobs each, an hour apart
+        for i in range(4):
+            scaler.observe_arrival("H100", 3600.0 * k + 20 * i, Demand(8))
+    now = 5 * 3600.0
+    scaler.observe_arrival("H100", now, Demand(8))  # a new sweep's first job
+    d = scaler.decide(now + 1, "H100", [], [Demand(8)])
+    assert d.provision == 1 + 3, d  # its own node and the three the sweep is expected to bring
+    # After the third job only one more is expected (and two idle whole nodes cover it).
+    scaler.observe_arrival("H100", now + 20, Demand(8))
+    scaler.observe_arrival("H100", now + 40, Demand(8))
+    idle = [NodeStatus(f"i{k}", 8, 8) for k in range(2)]  # up, empty, counted as spare
+    assert scaler.decide(now + 41, "H100", idle, []).provision == 0
+    # Small shapes may use scattered GPUs: 1-GPU series fit in the free GPUs of busy nodes.
+    small = Autoscaler({"H100": H100}, mode="predictive", provision_lag_s=300, series_share=1.0)
+    for k in range(5):
+        for i in range(6):
+            small.observe_arrival("H100", 3600.0 * k + 10 * i, Demand(1))
+    small.observe_arrival("H100", now, Demand(1))
+    half = [NodeStatus(f"h{k}", 8, 4, freeing=((9999.0, 4),)) for k in range(2)]  # 8 GPUs scattered
+    assert small.decide(now + 1, "H100", half, []).provision == 0
+    assert small.decide(now + 1, "H100", [], []).provision == 1
+
+
+def test_spare_nodes_keep_whole_nodes_free():
+    scaler = Autoscaler({"H100": H100}, mode="predictive", provision_lag_s=300, spare_nodes=2)
+    assert scaler.decide(0, "H100", [], []).provision == 2
+    # Two idle whole nodes are the spare; a busy node is not.
+    nodes = [busy("a", ends_at=3600), NodeStatus("b", 8, 8, idle_since=0)]
+    assert scaler.decide(60, "H100", nodes, [], [Pending(1, 300)]).provision == 0
+    assert scaler.decide(60, "H100", nodes, []).provision == 1
+
+
+def test_unwanted_idle_nodes_go_after_their_own_cooldown():
+    limits = SkuLimits(gpus_per_node=8, cooldown_s=600, unwanted_cooldown_s=120)
+    scaler = Autoscaler({"H100": limits}, mode="reactive", provision_lag_s=300)
+    nodes = [NodeStatus("was-used", 8, 8, idle_since=0), busy("b", ends_at=9999)]
+    assert scaler.decide(60, "H100", nodes, []).terminate == ()
+    assert scaler.decide(130, "H100", nodes, []).terminate == ("was-used",)
+    # without the option it waits for the cooldown
+    plain = Autoscaler({"H100": H100}, mode="reactive", provision_lag_s=300)
+    assert plain.decide(130, "H100", nodes, []).terminate == ()

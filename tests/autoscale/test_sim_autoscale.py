@@ -73,3 +73,45 @@ def test_preemption_waits_for_the_node_the_autoscaler_is_booting():
     patient = preemption_run(600.0)  # the booting node is due within the tolerance: wait
     assert patient.by_id["free"].preemptions == 0
     assert patient.by_id["ent"].start == 900
+
+
+def sweep_run(**options):
+    tiers, config = policy_preset("default")
+    sim = Simulation(stream(), SimSettings(nodes=0, gpus_per_node=8), tiers, config)
+    settings = AutoscaleSettings(
+        "predictive", provision_lag_s=300, cooldown_s=600, momentum_share=2, **options
+    )
+    hook = AutoscaleHook(settings, 8)
+    hook.install(sim)
+    sim.run()
+    return sim, hook
+
+
+def test_cancelled_booting_nodes_never_arrive_and_are_paid_until_the_cancel():
+    plain, _ = sweep_run()
+    sim, hook = sweep_run(cancel_booting=True)
+    assert all(j.end is not None for j in sim.jobs)
+    assert hook.cancelled > 0 and hook.summary()["nodes_cancelled"] == hook.cancelled
+    cancelled = {n: b for n, b in sim.billing.items() if b[1] is None}
+    assert len(cancelled) == hook.cancelled
+    for requested, _up, down, _gpus in cancelled.values():
+        assert requested <= down < requested + 300  # given back while still booting
+    used = {name for job in sim.jobs for _, _, names, _ in job.segments for name in names.split(";")}
+    assert not used & set(cancelled)
+    assert sim.paid_gpu_hours() < plain.paid_gpu_hours()
+
+
+def test_deciding_on_arrival_asks_for_the_node_at_the_submission():
+    def start(on_arrival):
+        tiers, config = policy_preset("default")
+        job = SimJob("j", submit=10.0, duration=600.0, gpus_total=8, tenant="t", tier="pro",
+                     gpus=8, nodes=1)  # fmt: skip
+        sim = Simulation([SimJob("first", 0.0, 60.0, 1, "t", "pro", gpus=1, nodes=1), job],
+                         SimSettings(nodes=0, gpus_per_node=8), tiers, config)  # fmt: skip
+        settings = AutoscaleSettings("reactive", provision_lag_s=300, decide_on_arrival=on_arrival)
+        AutoscaleHook(settings, 8).install(sim)
+        sim.run()
+        return sim.by_id["j"].start
+
+    assert start(False) == 360.0  # asked at the next 60 s tick
+    assert start(True) == 310.0  # asked when it arrived

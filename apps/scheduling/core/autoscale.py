@@ -75,6 +75,9 @@ class SkuLimits:
     # A node that has run nothing since it arrived and that the target does not want goes after
     # this long idle, hysteresis or not (it was asked for demand that did not come).
     unused_cooldown_s: float = 60.0
+    # If set: any idle node the target does not want (used or not) goes after this long idle,
+    # hysteresis or not (None: only never-used nodes go early).
+    unwanted_cooldown_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +120,7 @@ class ScaleDecision:
     drain: tuple[str, ...] = ()  # stop placing work here (then terminate when empty)
     terminate: tuple[str, ...] = ()  # empty and idle: give back now
     reason: str = ""
+    cancel: int = 0  # booting nodes to give back before they arrive (latest due first)
 
 
 class Forecaster:
@@ -211,6 +215,53 @@ class Forecaster:
         return total
 
 
+class SeriesTracker:
+    """Series of same-shape arrivals (a sweep: one shape, arrivals less than `gap_s` apart) and
+    how long such series grow, per shape: after the n-th job of a series, the rest expected is
+    the mean of (L - n) over the last `history` series of that shape with length L >= n."""
+
+    def __init__(self, gap_s: float = 300.0, history: int = 200) -> None:
+        self.gap_s, self.history = gap_s, history
+        self.active: dict[tuple[int, int], list[float]] = {}  # shape -> [start, last, n]
+        self.lengths: dict[tuple[int, int], deque] = {}
+
+    def observe(self, t: float, gpus: int, nodes: int) -> None:
+        shape = (gpus, nodes)
+        series = self.active.get(shape)
+        if series is not None and t - series[1] > self.gap_s:
+            self._close(shape)
+            series = None
+        if series is None:
+            self.active[shape] = [t, t, 1]
+        else:
+            series[1], series[2] = t, series[2] + 1
+
+    def _close(self, shape: tuple[int, int]) -> None:
+        series = self.active.pop(shape)
+        done = self.lengths.setdefault(shape, deque(maxlen=self.history))
+        done.append(int(series[2]))
+
+    def expected_rest(self, now: float) -> dict[tuple[int, int], float]:
+        """Jobs per shape the open series are expected to bring still."""
+        for shape in [k for k, v in self.active.items() if now - v[1] > self.gap_s]:
+            self._close(shape)
+        out = {}
+        for shape, (_, _, n) in self.active.items():
+            longer = [length - n for length in self.lengths.get(shape, ()) if length >= n]
+            if longer:
+                out[shape] = sum(longer) / len(longer)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Spare:
+    """What is free at the horizon once the queue is served."""
+
+    gpus: int  # all free GPUs on nodes that are up, booting or asked for by the queue
+    whole: int  # nodes with every GPU free
+    idle_coming: int  # booting nodes the queue does not use
+
+
 @dataclass
 class _SkuState:
     recent_desired: deque = field(default_factory=deque)  # (t, desired)
@@ -230,6 +281,9 @@ class Autoscaler:
         forecaster: Mapping[str, Forecaster] | None = None,
         burst_share: float = 0.0,
         momentum_share: float = 0.0,
+        series_share: float = 0.0,
+        spare_nodes: int = 0,
+        cancel_booting: bool = False,
     ) -> None:
         if mode not in ("off", "reactive", "predictive"):
             raise ValueError(f"unknown autoscale mode {mode!r}")
@@ -240,12 +294,21 @@ class Autoscaler:
         self.burst_share = burst_share
         # predictive: plan for this share of the current stream's pace continuing over the lag
         self.momentum_share = momentum_share
+        # predictive: plan for this share of the jobs open same-shape series are expected to bring
+        self.series_share = series_share
+        self.series = {sku: SeriesTracker() for sku in self.limits}
+        # predictive: keep at least this many whole nodes free at the horizon (up or booting)
+        self.spare_nodes = spare_nodes
+        # give back booting nodes that nothing wants any more (billing stops at the cancel)
+        self.cancel_booting = cancel_booting
         self.forecast = dict(forecaster or {sku: Forecaster() for sku in self.limits})
         self._state = {sku: _SkuState() for sku in self.limits}
 
     def observe_arrival(self, sku: str, t: float, demand: Demand) -> None:
         if sku in self.forecast:
             self.forecast[sku].observe(t, demand.gpus * demand.nodes)
+        if sku in self.series:
+            self.series[sku].observe(t, demand.gpus, demand.nodes)
 
     def charge(self, sku: str, gpu_hours: float) -> None:
         """Add paid GPU-hours to this period's budget account."""
@@ -268,17 +331,25 @@ class Autoscaler:
         current, coming = len(active), sum(p.count for p in pending)
         if self.mode == "off":
             return ScaleDecision(sku, current, coming, current, reason="autoscaling off")
-        used, needed, spare_gpus = self._reactive(now, limits, active, queued, pending)
+        used, needed, spare = self._reactive(now, limits, active, queued, pending)
         why = [
             f"{needed} node(s) for queued work"
             if needed
             else "queue fits in capacity freeing within the lag"
         ]
+        extra, slack = 0, spare.idle_coming
         if self.mode == "predictive":
-            extra = self._predicted(now, sku, limits, spare_gpus)
+            extra, slack = self._predicted(now, sku, limits, spare)
             if extra:
                 why.append(f"{extra} node(s) for arrivals forecast over the next {self.lag:.0f}s")
-            needed += extra
+        cancel = 0
+        if self.cancel_booting and not needed:
+            # idle nodes that are up serve the forecast first: they are there now
+            cancel = min(spare.idle_coming, max(0, slack + current - used - extra))
+        needed += extra
+        if cancel:
+            why.append(f"{cancel} booting node(s) no longer wanted: cancelled")
+            coming -= cancel
         target = used + coming + needed
         wanted = max(limits.min_nodes, min(limits.max_nodes, target))
         retire = self._unused(now, limits, active, current + coming - wanted)
@@ -300,7 +371,7 @@ class Autoscaler:
         if target != current + coming or drain or terminate:
             why.append(f"limits {limits.min_nodes}..{limits.max_nodes}")
         return ScaleDecision(
-            sku, current, coming, target, provision, drain, terminate, "; ".join(why)
+            sku, current, coming, target, provision, drain, terminate, "; ".join(why), cancel
         )
 
     # --- the parts ------------------------------------------------------------------------
@@ -347,10 +418,18 @@ class Autoscaler:
         # Nodes being provisioned count in the target whole, so what the queue leaves of them at
         # the horizon is spare too (else every call until they arrive asks for the forecast again).
         coming = timelines[len(nodes) :]
-        spare = sum(t.free_at(horizon) for t in used + coming) + sum(s[0] for s in new_nodes)
+        free = [t.free_at(horizon) for t in used + coming] + [s[0] for s in new_nodes]
+        whole = sum(f >= limits.gpus_per_node for f in free)
+        spare = _Spare(
+            gpus=sum(free),
+            whole=whole,
+            idle_coming=sum(not t.gangs for t in coming),
+        )
         return len(used), len(new_nodes), spare
 
-    def _predicted(self, now, sku, limits, spare_gpus) -> int:
+    def _predicted(self, now, sku, limits, spare) -> tuple[int, int]:
+        """New nodes for the forecast, and how many whole nodes are spare beyond it."""
+        gpn = limits.gpus_per_node
         forecast = self.forecast.get(sku)
         expected = 0.0
         if forecast is not None:
@@ -359,8 +438,27 @@ class Autoscaler:
                 expected = max(expected, self.burst_share * forecast.burst(now, self.lag))
             if self.momentum_share > 0:
                 expected = max(expected, self.momentum_share * forecast.momentum(now, self.lag))
-        shortfall = expected - spare_gpus
-        return max(0, math.ceil(shortfall / limits.gpus_per_node - 1e-9))
+        extra = max(0, math.ceil((expected - spare.gpus) / gpn - 1e-9))
+        slack = max(0, math.floor((spare.gpus - expected) / gpn + 1e-9))
+        if self.series_share > 0 and sku in self.series:
+            # Whole-node shapes need whole free nodes; smaller ones can use scattered GPUs.
+            whole_nodes, small_gpus = 0.0, 0.0
+            for (gpus, nodes), rest in self.series[sku].expected_rest(now).items():
+                if gpus * 2 > gpn:
+                    whole_nodes += self.series_share * rest * nodes
+                else:
+                    small_gpus += self.series_share * rest * gpus * nodes
+            whole_nodes = math.ceil(whole_nodes - 1e-9)
+            short_whole = max(0, whole_nodes - spare.whole)
+            scattered = spare.gpus - gpn * spare.whole + gpn * max(0, spare.whole - whole_nodes)
+            short_small = max(0, math.ceil((small_gpus - scattered) / gpn - 1e-9))
+            extra = max(extra, short_whole + short_small)
+            left = spare.whole - whole_nodes - math.ceil(max(0.0, small_gpus - scattered) / gpn)
+            slack = min(slack, max(0, left))
+        if self.spare_nodes > 0:
+            extra = max(extra, self.spare_nodes - spare.whole)
+            slack = min(slack, max(0, spare.whole - self.spare_nodes))
+        return extra, slack
 
     def _hysteresis(self, now, state, limits, target, have, why) -> int:
         window = state.recent_desired
@@ -393,12 +491,15 @@ class Autoscaler:
         the surplus over the target before hysteresis (longest idle first)."""
         if surplus <= 0:
             return ()
+        unwanted = limits.unwanted_cooldown_s
         unused = [
             n
             for n in nodes
-            if n.never_used
-            and n.idle_since is not None
-            and now - n.idle_since >= limits.unused_cooldown_s
+            if n.idle_since is not None
+            and (
+                (n.never_used and now - n.idle_since >= limits.unused_cooldown_s)
+                or (unwanted is not None and now - n.idle_since >= unwanted)
+            )
         ]
         return tuple(n.name for n in sorted(unused, key=lambda n: n.idle_since)[:surplus])
 

@@ -17,12 +17,14 @@ set as the policy's `arriving` (as the dispatcher passes pending provisions), so
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from typing import Any
 
 from apps.scheduling.core import Node
 from apps.scheduling.core.autoscale import Autoscaler, Demand, NodeStatus, Pending, SkuLimits
 from apps.scheduling.core.policy import ArrivingNode
+from apps.scheduling.sim.engine import NODE_UP, WAKE
 
 
 @dataclass
@@ -36,6 +38,11 @@ class AutoscaleSettings:
     burst_share: float = 0.0  # predictive: share of a recent burst to keep ready
     momentum_share: float = 0.0  # predictive: share of the current stream's pace to keep ready
     unused_cooldown_s: float = 60.0  # a node that never ran anything goes after this long idle
+    series_share: float = 0.0  # predictive: share of what open same-shape series still bring
+    spare_nodes: int = 0  # predictive: whole nodes kept free beyond the demand
+    cancel_booting: bool = False  # give back booting nodes nothing wants (billed to the cancel)
+    decide_on_arrival: bool = False  # also decide after every pass that saw an arrival
+    unwanted_cooldown_s: float | None = None  # idle nodes the target does not want go after this
 
 
 @dataclass
@@ -53,7 +60,9 @@ class AutoscaleHook:
     drained: int = 0
     peak_nodes: int = 0  # up + coming, at its highest
     decisions: int = 0
+    cancelled: int = 0
     _seq: int = 0
+    _arrived_at: float = float("-inf")
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -63,6 +72,7 @@ class AutoscaleHook:
             max_nodes=s.max_nodes,
             cooldown_s=s.cooldown_s,
             unused_cooldown_s=s.unused_cooldown_s,
+            unwanted_cooldown_s=s.unwanted_cooldown_s,
         )
         self.autoscaler = Autoscaler(
             {self.gpu_model: limits},
@@ -70,6 +80,9 @@ class AutoscaleHook:
             provision_lag_s=s.provision_lag_s,
             burst_share=s.burst_share,
             momentum_share=s.momentum_share,
+            series_share=s.series_share,
+            spare_nodes=s.spare_nodes,
+            cancel_booting=s.cancel_booting,
         )
 
     def install(self, sim: Any) -> None:
@@ -79,9 +92,13 @@ class AutoscaleHook:
 
     def arrived(self, sim: Any, job: Any, t: float) -> None:
         self.autoscaler.observe_arrival(self.gpu_model, t, Demand(job.gpus, job.nodes))
+        self._arrived_at = t
 
     def __call__(self, sim: Any, t: float) -> None:
         self._arriving(sim, t)
+        if self.settings.decide_on_arrival and self._arrived_at == t and t < self.next_tick:
+            self._decide(sim, t)  # at once, as a submission could kick the beat task
+            return
         if t < self.next_tick:
             return
         interval = self.settings.interval_s
@@ -124,6 +141,8 @@ class AutoscaleHook:
         ]
         d = self.autoscaler.decide(t, self.gpu_model, nodes, queued, pending)
         self.decisions += 1
+        if d.cancel:
+            self._cancel(sim, t, d.cancel)
         for _ in range(d.provision):
             self._seq += 1
             node = Node(f"auto{self._seq:05d}", self.gpus_per_node, self.gpu_model)
@@ -141,6 +160,21 @@ class AutoscaleHook:
         self._arriving(sim, t)
         live = len(view.capacity) - len(d.terminate) + len(self.coming)
         self.peak_nodes = max(self.peak_nodes, live)
+
+    def _cancel(self, sim: Any, t: float, count: int) -> None:
+        """Give back the `count` booting nodes due last: their NODE_UP events go (turned into
+        no-op WAKEs) and billing stops now (a provider can cancel a pending request)."""
+        names = sorted(self.coming, key=lambda n: self.coming[n], reverse=True)[:count]
+        gone = set(names)
+        events = sim.events
+        for i, (when, kind, seq, payload) in enumerate(events):
+            if kind == NODE_UP and getattr(payload, "name", None) in gone:
+                events[i] = (when, WAKE, seq, None)
+        heapq.heapify(events)
+        for name in names:
+            del self.coming[name]
+            sim.billing[name][2] = t
+        self.cancelled += len(names)
 
     def _arriving(self, sim: Any, t: float) -> None:
         """The booting nodes, as the dispatcher passes pending provisions to the policy: a tier
@@ -165,6 +199,12 @@ class AutoscaleHook:
             "burst_share": self.settings.burst_share,
             "momentum_share": self.settings.momentum_share,
             "unused_cooldown_s": self.settings.unused_cooldown_s,
+            "series_share": self.settings.series_share,
+            "spare_nodes": self.settings.spare_nodes,
+            "cancel_booting": self.settings.cancel_booting,
+            "decide_on_arrival": self.settings.decide_on_arrival,
+            "nodes_cancelled": self.cancelled,
+            "unwanted_cooldown_s": self.settings.unwanted_cooldown_s,
             "decisions": self.decisions,
             "nodes_provisioned": self.provisioned,
             "nodes_terminated": self.terminated,

@@ -91,6 +91,23 @@ def parser() -> argparse.ArgumentParser:
         help="predictive: keep room for this share of the last minutes' arrival pace over the lag",
     )  # fmt: skip
     p.add_argument(
+        "--series-share", type=float, default=0.0,
+        help="predictive: plan for this share of the jobs open same-shape series still bring",
+    )  # fmt: skip
+    p.add_argument("--spare-nodes", type=int, default=0, help="predictive: whole nodes kept free")
+    p.add_argument(
+        "--cancel-booting", action="store_true",
+        help="give back booting nodes nothing wants any more (billed until the cancel)",
+    )  # fmt: skip
+    p.add_argument(
+        "--unwanted-cooldown", type=float, default=None,
+        help="autoscaled: idle nodes the target does not want go after this long (default: cooldown)",
+    )  # fmt: skip
+    p.add_argument(
+        "--decide-on-arrival", action="store_true",
+        help="autoscaled: also decide right after a pass that saw arrivals",
+    )  # fmt: skip
+    p.add_argument(
         "--preempt-wait", type=float, default=0.0,
         help="tiers that preempt wait this long for booting nodes instead (TierPolicy.preempt_wait_s)",
     )  # fmt: skip
@@ -161,7 +178,10 @@ def run_one(args: argparse.Namespace, policy: str, out: Path, mode: str = "off")
                 mode, provision_lag_s=args.provision_lag, min_nodes=args.min_nodes,
                 max_nodes=args.max_nodes or peak, cooldown_s=args.cooldown,
                 interval_s=args.autoscale_interval, burst_share=args.burst_share,
-                momentum_share=args.momentum_share,
+                momentum_share=args.momentum_share, series_share=args.series_share,
+                spare_nodes=args.spare_nodes, cancel_booting=args.cancel_booting,
+                decide_on_arrival=args.decide_on_arrival,
+                unwanted_cooldown_s=args.unwanted_cooldown,
             ),
             args.gpus_per_node, settings.gpu_model,
         )  # fmt: skip
