@@ -24,10 +24,11 @@ from apps.jobs.services import JobSpec, job_submit, tenant_limits, transition_jo
 from apps.tenants.models import Membership, Quota, Tenant
 
 
-def submitter(user) -> Membership | None:
+def submitter(user, *, template: str | None = None, sku: str | None = None) -> Membership | None:
     """The user's membership with its tenant, tier and quota: one statement for all a submit
-    needs to know about who is asking (the lazy accessors would take four; rows.py)."""
-    membership = rows.membership_of(user)
+    needs to know about who is asking (the lazy accessors would take four), which also reads
+    the template and SKU of these names for the validation (rows.membership_of)."""
+    membership = rows.membership_of(user, template=template, sku=sku)
     if membership is not None:
         membership.user = user
     return membership

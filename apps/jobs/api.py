@@ -67,7 +67,10 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
 
     @extend_schema(request=JobSubmitSerializer, responses={201: JobSerializer})
     def create(self, request):
-        membership = submitter(request.user)  # with its tenant, tier and quota, in one query
+        body = request.data if isinstance(request.data, dict) else {}
+        named = {k: v for k in ("template", "gpu_sku") if isinstance(v := body.get(k), str)}
+        # With its tenant, tier and quota, and the template and SKU named, in one statement.
+        membership = submitter(request.user, template=named.get("template"), sku=named.get("gpu_sku"))
         if membership is None:
             raise PermissionDenied("you belong to no tenant")
         if not membership.can_submit:
@@ -81,7 +84,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         self.headers.update(admission.headers)
         admission.raise_if_refused()
         if not admission.replayed:
-            data = validate_submission(request.data)  # JobSubmitSerializer's rules, 400 per field
+            data = validate_submission(request.data, named=membership.named)  # JobSubmitSerializer's rules
             admission.submit(spec_from(data, default_tier=membership.tenant.tier))
         if admission.created:
             # The job as created, with the objects in hand (tenant, user, tier, template, SKU)

@@ -47,7 +47,7 @@ class JobSubmitSerializer(serializers.Serializer):
         return super().to_internal_value(data)
 
     def validate_template(self, value: str) -> JobTemplate:
-        template = rows.template_named(value)
+        template = self._named("template", value, rows.template_named)
         if template is None:
             known = ", ".join(JobTemplate.objects.values_list("name", flat=True))
             raise serializers.ValidationError(f"unknown template {value!r} (known: {known})")
@@ -56,11 +56,17 @@ class JobSubmitSerializer(serializers.Serializer):
     def validate_gpu_sku(self, value: str | None) -> GpuSku | None:
         if value is None:
             return None
-        sku = rows.sku_named(value)
+        sku = self._named("sku", value, rows.sku_named)
         if sku is None:
             known = ", ".join(GpuSku.objects.values_list("name", flat=True)) or "none registered"
             raise serializers.ValidationError(f"unknown GPU SKU {value!r} (known: {known})")
         return sku
+
+    def _named(self, kind: str, name: str, read):
+        """The row of that name, read with the submitter's membership when it was (context
+        "named": rows.membership_of), else now."""
+        named = self.context.get("named") or {}
+        return named[kind, name] if (kind, name) in named else read(name)
 
     def validate_tier(self, value: str) -> Tier:
         tier = Tier.objects.filter(name=value).first()
@@ -117,7 +123,7 @@ def spec_from(data: dict, *, default_tier: Tier) -> JobSpec:
 _built = threading.local()  # per thread: one built serializer of each kind
 
 
-def validate_submission(data) -> dict:
+def validate_submission(data, *, named: dict | None = None) -> dict:
     """`JobSubmitSerializer(data=data)`'s validated data, raising the same ValidationError as
     `is_valid(raise_exception=True)`, without building the serializer's fields for every submit
     (deep copies of its 13 declared fields, ~0.5 ms): each thread keeps one built serializer,
@@ -126,10 +132,13 @@ def validate_submission(data) -> dict:
     if serializer is None:
         serializer = _built.submit = JobSubmitSerializer()
         serializer.fields  # noqa: B018 (build and bind them once)
+    serializer._context = {"named": named or {}}  # the template and SKU read already, if any
     try:
         return serializer.run_validation(data)
     except serializers.ValidationError as error:
         raise serializers.ValidationError(error.detail) from None
+    finally:
+        serializer._context = {}
 
 
 class AttemptSerializer(serializers.ModelSerializer):

@@ -169,8 +169,8 @@ def job_submit(*, tenant: Tenant, user, spec: JobSpec, limits: dict | None = Non
         max_runtime_seconds=spec.max_runtime_seconds, checkpointable=spec.checkpointable,
         cacheable=spec.cacheable, retry_on_failure=spec.retry_on_failure, reason="waiting for the dispatcher",
     )  # fmt: skip
-    rows.insert_job(job)
-    rows.insert_event(JobEvent(job=job, actor=f"user:{user.username}", reason="submitted", to_state=JobState.QUEUED))
+    rows.insert_job_and_event(job, JobEvent(job=job, actor=f"user:{user.username}", reason="submitted",
+                                            to_state=JobState.QUEUED))  # fmt: skip
     if dispatch:
         trigger_dispatch()
     return job

@@ -42,6 +42,15 @@ def test_a_tenant_without_a_quota_row_and_a_user_without_a_tenant(cast):
     assert rows.membership_of(cast["staff"][0]) is None
 
 
+def test_the_membership_statement_also_reads_the_template_and_sku_named(cast):
+    bob = cast["bob"][0]
+    membership = rows.membership_of(bob, template="demo-train", sku="no-such-sku")
+    assert values(membership.named["template", "demo-train"]) == values(JobTemplate.objects.get(name="demo-train"))
+    assert membership.named["sku", "no-such-sku"] is None
+    assert values(membership.tenant) == values(Tenant.objects.get(slug="acme"))
+    assert rows.membership_of(bob).named == {}
+
+
 def test_templates_and_skus_read_as_the_orm_reads_them(cast):
     for name in JobTemplate.objects.values_list("name", flat=True):
         assert values(rows.template_named(name)) == values(JobTemplate.objects.get(name=name))
@@ -127,6 +136,8 @@ def test_the_201_is_what_the_job_serializer_says_of_the_created_job(cast, as_use
     bob = as_user("bob")
     for body in [TRAIN, {"command": ["python", "-c", "print(1)"], "gpus": 0}, {**TRAIN, "gpu_sku": None, "name": "any"}]:
         same(bob.post("/api/v1/jobs/", body, format="json"))
+    unknown = bob.post("/api/v1/jobs/", {**TRAIN, "template": "no-such", "gpu_sku": "no-such"}, format="json")
+    assert unknown.status_code == 400 and set(unknown.json()) >= {"template", "gpu_sku"}, unknown.json()
     origin = same(bob.post("/api/v1/jobs/", INFER, format="json"))
     placed_ids()
     run_to_end(origin["id"], tmp=tmp_path)

@@ -3,11 +3,13 @@ queue, and the 201 answer is built from the objects in hand, not read back.
 
 Counted: statements that read or write tables. Transaction control (BEGIN, SAVEPOINT, RELEASE,
 COMMIT) is left out: the test runs inside a transaction, so its shape differs from production.
-A submit today: token auth, membership (+tenant, tier, quota), template, SKU; in the
-transaction the queued-job count, the job and its audit event; then, for the answer's queue
-position and start estimate, a count of the queued jobs and the jobs queued since this web
-thread's last replay (apps/admission/estimates.py: for_new_job). Before this was cut, a submit
-ran 24 statements and read the whole queue for every answer.
+A submit today: token auth; the membership with its tenant, tier and quota and the template and
+SKU the body names (one statement, apps/admission/rows.py); in the transaction the queued-job
+count, the job and its audit event (PostgreSQL: the tenant's row lock first, and the two rows in
+one statement); then, for the answer's queue position and start estimate, the jobs queued since
+this process's last replay with the count of the older ones (apps/admission/estimates.py:
+for_new_job). Before this was cut, a submit ran 24 statements and read the whole queue for every
+answer; then 9 built by the ORM.
 """
 
 from django.db import connection
@@ -18,10 +20,9 @@ from apps.jobs.models import JobEvent
 from tests.admission.conftest import TRAIN, placed_ids
 
 # PostgreSQL takes the tenant's row lock with one more statement (SQLite's BEGIN IMMEDIATE
-# already holds its single write lock).
-LOCK = 1 if connection.features.has_select_for_update else 0
-MOST = 9 + LOCK  # statements of a submit that finds its web thread's replay fresh
-MOST_COLD = 13 + LOCK  # one that loads the replay (first submit, or the queue lost a job meanwhile)
+# already holds its single write lock) and writes the job and its event in one.
+MOST = 6  # statements of a submit that finds its process's replay fresh
+MOST_COLD = 10  # one that loads the replay (first submit, or the queue lost a job meanwhile)
 
 
 def table_statements(ctx) -> list[str]:
