@@ -233,31 +233,6 @@ def test_predictive_cancels_only_what_the_forecast_no_longer_wants():
     assert later.cancel >= 3 and later.cancel + later.desired == 4, later
 
 
-def test_series_share_plans_for_the_rest_of_a_same_shape_series():
-    scaler = Autoscaler({"H100": H100}, mode="predictive", provision_lag_s=300, series_share=1.0)
-    for k in range(5):  # five past sweeps of four 8-GPU jobs each, an hour apart
-        for i in range(4):
-            scaler.observe_arrival("H100", 3600.0 * k + 20 * i, Demand(8))
-    now = 5 * 3600.0
-    scaler.observe_arrival("H100", now, Demand(8))  # a new sweep's first job
-    d = scaler.decide(now + 1, "H100", [], [Demand(8)])
-    assert d.provision == 1 + 3, d  # its own node and the three the sweep is expected to bring
-    # After the third job only one more is expected (and two idle whole nodes cover it).
-    scaler.observe_arrival("H100", now + 20, Demand(8))
-    scaler.observe_arrival("H100", now + 40, Demand(8))
-    idle = [NodeStatus(f"i{k}", 8, 8) for k in range(2)]  # up, empty, counted as spare
-    assert scaler.decide(now + 41, "H100", idle, []).provision == 0
-    # Small shapes may use scattered GPUs: 1-GPU series fit in the free GPUs of busy nodes.
-    small = Autoscaler({"H100": H100}, mode="predictive", provision_lag_s=300, series_share=1.0)
-    for k in range(5):
-        for i in range(6):
-            small.observe_arrival("H100", 3600.0 * k + 10 * i, Demand(1))
-    small.observe_arrival("H100", now, Demand(1))
-    half = [NodeStatus(f"h{k}", 8, 4, freeing=((9999.0, 4),)) for k in range(2)]  # 8 GPUs scattered
-    assert small.decide(now + 1, "H100", half, []).provision == 0
-    assert small.decide(now + 1, "H100", [], []).provision == 1
-
-
 def test_spare_nodes_keep_whole_nodes_free():
     scaler = Autoscaler({"H100": H100}, mode="predictive", provision_lag_s=300, spare_nodes=2)
     assert scaler.decide(0, "H100", [], []).provision == 2

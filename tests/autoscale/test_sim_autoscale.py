@@ -115,3 +115,18 @@ def test_deciding_on_arrival_asks_for_the_node_at_the_submission():
 
     assert start(False) == 360.0  # asked at the next 60 s tick
     assert start(True) == 310.0  # asked when it arrived
+
+
+def test_the_clairvoyant_reference_has_the_node_ready_at_the_submission():
+    """oracle_lookahead_s (analysis only): jobs due within the lookahead count as queued, so the
+    node asked for them arrives with them."""
+    tiers, config = policy_preset("default")
+    jobs = [SimJob("j", submit=600.0, duration=600.0, gpus_total=8, tenant="t", tier="pro",
+                   gpus=8, nodes=1)]  # fmt: skip
+    sim = Simulation(jobs, SimSettings(nodes=0, gpus_per_node=8), tiers, config)
+    settings = AutoscaleSettings("reactive", provision_lag_s=300, oracle_lookahead_s=300)
+    AutoscaleHook(settings, 8).install(sim)
+    sim.run()
+    assert sim.by_id["j"].start == 600.0
+    (requested, up, _down, _gpus), = sim.billing.values()
+    assert (requested, up) == (300.0, 600.0)

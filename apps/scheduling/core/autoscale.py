@@ -21,6 +21,10 @@ provider run this same code. Per SKU, one `decide` call:
 5. **Limits.** `min_nodes`..`max_nodes` per SKU and a GPU-hour budget per period (no scale-up
    that the remaining budget cannot pay for over `budget_horizon_s`).
 
+Options, default off: `cancel_booting` (give back booting nodes nothing wants any more,
+`ScaleDecision.cancel`), `spare_nodes` (predictive: keep whole nodes free at the horizon) and
+`SkuLimits.unwanted_cooldown_s` (any idle node the target does not want goes after that long).
+
 Every decision carries its reason. Complexity per call: O(Q log Q + N) for Q queued members and N
 nodes of the SKU.
 """
@@ -215,44 +219,6 @@ class Forecaster:
         return total
 
 
-class SeriesTracker:
-    """Series of same-shape arrivals (a sweep: one shape, arrivals less than `gap_s` apart) and
-    how long such series grow, per shape: after the n-th job of a series, the rest expected is
-    the mean of (L - n) over the last `history` series of that shape with length L >= n."""
-
-    def __init__(self, gap_s: float = 300.0, history: int = 200) -> None:
-        self.gap_s, self.history = gap_s, history
-        self.active: dict[tuple[int, int], list[float]] = {}  # shape -> [start, last, n]
-        self.lengths: dict[tuple[int, int], deque] = {}
-
-    def observe(self, t: float, gpus: int, nodes: int) -> None:
-        shape = (gpus, nodes)
-        series = self.active.get(shape)
-        if series is not None and t - series[1] > self.gap_s:
-            self._close(shape)
-            series = None
-        if series is None:
-            self.active[shape] = [t, t, 1]
-        else:
-            series[1], series[2] = t, series[2] + 1
-
-    def _close(self, shape: tuple[int, int]) -> None:
-        series = self.active.pop(shape)
-        done = self.lengths.setdefault(shape, deque(maxlen=self.history))
-        done.append(int(series[2]))
-
-    def expected_rest(self, now: float) -> dict[tuple[int, int], float]:
-        """Jobs per shape the open series are expected to bring still."""
-        for shape in [k for k, v in self.active.items() if now - v[1] > self.gap_s]:
-            self._close(shape)
-        out = {}
-        for shape, (_, _, n) in self.active.items():
-            longer = [length - n for length in self.lengths.get(shape, ()) if length >= n]
-            if longer:
-                out[shape] = sum(longer) / len(longer)
-        return out
-
-
 @dataclass(frozen=True, slots=True)
 class _Spare:
     """What is free at the horizon once the queue is served."""
@@ -281,7 +247,6 @@ class Autoscaler:
         forecaster: Mapping[str, Forecaster] | None = None,
         burst_share: float = 0.0,
         momentum_share: float = 0.0,
-        series_share: float = 0.0,
         spare_nodes: int = 0,
         cancel_booting: bool = False,
     ) -> None:
@@ -294,9 +259,6 @@ class Autoscaler:
         self.burst_share = burst_share
         # predictive: plan for this share of the current stream's pace continuing over the lag
         self.momentum_share = momentum_share
-        # predictive: plan for this share of the jobs open same-shape series are expected to bring
-        self.series_share = series_share
-        self.series = {sku: SeriesTracker() for sku in self.limits}
         # predictive: keep at least this many whole nodes free at the horizon (up or booting)
         self.spare_nodes = spare_nodes
         # give back booting nodes that nothing wants any more (billing stops at the cancel)
@@ -307,8 +269,6 @@ class Autoscaler:
     def observe_arrival(self, sku: str, t: float, demand: Demand) -> None:
         if sku in self.forecast:
             self.forecast[sku].observe(t, demand.gpus * demand.nodes)
-        if sku in self.series:
-            self.series[sku].observe(t, demand.gpus, demand.nodes)
 
     def charge(self, sku: str, gpu_hours: float) -> None:
         """Add paid GPU-hours to this period's budget account."""
@@ -440,21 +400,6 @@ class Autoscaler:
                 expected = max(expected, self.momentum_share * forecast.momentum(now, self.lag))
         extra = max(0, math.ceil((expected - spare.gpus) / gpn - 1e-9))
         slack = max(0, math.floor((spare.gpus - expected) / gpn + 1e-9))
-        if self.series_share > 0 and sku in self.series:
-            # Whole-node shapes need whole free nodes; smaller ones can use scattered GPUs.
-            whole_nodes, small_gpus = 0.0, 0.0
-            for (gpus, nodes), rest in self.series[sku].expected_rest(now).items():
-                if gpus * 2 > gpn:
-                    whole_nodes += self.series_share * rest * nodes
-                else:
-                    small_gpus += self.series_share * rest * gpus * nodes
-            whole_nodes = math.ceil(whole_nodes - 1e-9)
-            short_whole = max(0, whole_nodes - spare.whole)
-            scattered = spare.gpus - gpn * spare.whole + gpn * max(0, spare.whole - whole_nodes)
-            short_small = max(0, math.ceil((small_gpus - scattered) / gpn - 1e-9))
-            extra = max(extra, short_whole + short_small)
-            left = spare.whole - whole_nodes - math.ceil(max(0.0, small_gpus - scattered) / gpn)
-            slack = min(slack, max(0, left))
         if self.spare_nodes > 0:
             extra = max(extra, self.spare_nodes - spare.whole)
             slack = min(slack, max(0, spare.whole - self.spare_nodes))

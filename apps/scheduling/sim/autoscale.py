@@ -13,10 +13,16 @@ the first tick that found a node empty, so idleness is known to within one inter
 is true until a tick finds the node running something. After every pass the booting nodes are
 set as the policy's `arriving` (as the dispatcher passes pending provisions), so a tier with
 `preempt_wait_s` (sim `--preempt-wait`) waits for them instead of preempting.
+
+`decide_on_arrival` also decides right after a pass that saw arrivals. `ScaleDecision.cancel`
+removes the booting nodes due last: their NODE_UP events become no-op WAKEs and billing stops at
+the cancel. `oracle_lookahead_s` is analysis only (a clairvoyant reference): jobs due within it
+count as queued and a pass runs that long before every submission.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,11 +44,13 @@ class AutoscaleSettings:
     burst_share: float = 0.0  # predictive: share of a recent burst to keep ready
     momentum_share: float = 0.0  # predictive: share of the current stream's pace to keep ready
     unused_cooldown_s: float = 60.0  # a node that never ran anything goes after this long idle
-    series_share: float = 0.0  # predictive: share of what open same-shape series still bring
     spare_nodes: int = 0  # predictive: whole nodes kept free beyond the demand
     cancel_booting: bool = False  # give back booting nodes nothing wants (billed to the cancel)
     decide_on_arrival: bool = False  # also decide after every pass that saw an arrival
     unwanted_cooldown_s: float | None = None  # idle nodes the target does not want go after this
+    # Analysis only (a clairvoyant reference, not a policy): jobs due within this many seconds
+    # count as queued, and a pass runs this long before every arrival.
+    oracle_lookahead_s: float = 0.0
 
 
 @dataclass
@@ -63,6 +71,8 @@ class AutoscaleHook:
     cancelled: int = 0
     _seq: int = 0
     _arrived_at: float = float("-inf")
+    _oracle_ticks: set = field(default_factory=set)
+    _submits: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -80,7 +90,6 @@ class AutoscaleHook:
             provision_lag_s=s.provision_lag_s,
             burst_share=s.burst_share,
             momentum_share=s.momentum_share,
-            series_share=s.series_share,
             spare_nodes=s.spare_nodes,
             cancel_booting=s.cancel_booting,
         )
@@ -89,6 +98,12 @@ class AutoscaleHook:
         sim.hooks.append(self)
         sim.arrival_hooks.append(self.arrived)
         self.peak_nodes = len(sim.scheduler.view.capacity)
+        ahead = self.settings.oracle_lookahead_s
+        if ahead > 0:
+            self._submits = [j.submit for j in sim.jobs]
+            self._oracle_ticks = {j.submit - ahead for j in sim.jobs}
+            for when in sorted(self._oracle_ticks):
+                sim.tick_at(when)
 
     def arrived(self, sim: Any, job: Any, t: float) -> None:
         self.autoscaler.observe_arrival(self.gpu_model, t, Demand(job.gpus, job.nodes))
@@ -98,6 +113,9 @@ class AutoscaleHook:
         self._arriving(sim, t)
         if self.settings.decide_on_arrival and self._arrived_at == t and t < self.next_tick:
             self._decide(sim, t)  # at once, as a submission could kick the beat task
+            return
+        if t in self._oracle_ticks and t < self.next_tick:
+            self._decide(sim, t)
             return
         if t < self.next_tick:
             return
@@ -139,6 +157,15 @@ class AutoscaleHook:
             for j in scheduler.queued.values()
             if j.gpus <= self.gpus_per_node
         ]
+        ahead = self.settings.oracle_lookahead_s
+        if ahead > 0:  # jobs due within the lookahead, holding GPUs from now until their end
+            lo = bisect.bisect_right(self._submits, t)
+            hi = bisect.bisect_right(self._submits, t + ahead)
+            queued += [
+                Demand(j.gpus, j.nodes, j.submit - t + j.duration)
+                for j in sim.jobs[lo:hi]
+                if j.gpus <= self.gpus_per_node
+            ]
         d = self.autoscaler.decide(t, self.gpu_model, nodes, queued, pending)
         self.decisions += 1
         if d.cancel:
@@ -199,11 +226,11 @@ class AutoscaleHook:
             "burst_share": self.settings.burst_share,
             "momentum_share": self.settings.momentum_share,
             "unused_cooldown_s": self.settings.unused_cooldown_s,
-            "series_share": self.settings.series_share,
             "spare_nodes": self.settings.spare_nodes,
             "cancel_booting": self.settings.cancel_booting,
             "decide_on_arrival": self.settings.decide_on_arrival,
             "nodes_cancelled": self.cancelled,
+            "oracle_lookahead_s": self.settings.oracle_lookahead_s,
             "unwanted_cooldown_s": self.settings.unwanted_cooldown_s,
             "decisions": self.decisions,
             "nodes_provisioned": self.provisioned,

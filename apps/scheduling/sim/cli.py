@@ -90,10 +90,6 @@ def parser() -> argparse.ArgumentParser:
         "--momentum-share", type=float, default=0.0,
         help="predictive: keep room for this share of the last minutes' arrival pace over the lag",
     )  # fmt: skip
-    p.add_argument(
-        "--series-share", type=float, default=0.0,
-        help="predictive: plan for this share of the jobs open same-shape series still bring",
-    )  # fmt: skip
     p.add_argument("--spare-nodes", type=int, default=0, help="predictive: whole nodes kept free")
     p.add_argument(
         "--cancel-booting", action="store_true",
@@ -102,6 +98,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--unwanted-cooldown", type=float, default=None,
         help="autoscaled: idle nodes the target does not want go after this long (default: cooldown)",
+    )  # fmt: skip
+    p.add_argument(
+        "--oracle-lookahead", type=float, default=0.0,
+        help="analysis only: the autoscaler sees jobs due within this many seconds (clairvoyant)",
     )  # fmt: skip
     p.add_argument(
         "--decide-on-arrival", action="store_true",
@@ -178,10 +178,11 @@ def run_one(args: argparse.Namespace, policy: str, out: Path, mode: str = "off")
                 mode, provision_lag_s=args.provision_lag, min_nodes=args.min_nodes,
                 max_nodes=args.max_nodes or peak, cooldown_s=args.cooldown,
                 interval_s=args.autoscale_interval, burst_share=args.burst_share,
-                momentum_share=args.momentum_share, series_share=args.series_share,
+                momentum_share=args.momentum_share,
                 spare_nodes=args.spare_nodes, cancel_booting=args.cancel_booting,
                 decide_on_arrival=args.decide_on_arrival,
                 unwanted_cooldown_s=args.unwanted_cooldown,
+                oracle_lookahead_s=args.oracle_lookahead,
             ),
             args.gpus_per_node, settings.gpu_model,
         )  # fmt: skip
