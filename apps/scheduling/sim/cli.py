@@ -20,6 +20,8 @@ up to `--max-nodes`, default the peak, with the core's `Autoscaler` every
 compares wait and paid GPU-hours (paid from the moment a node is requested until it is removed
 or the last job ends). `--burst-share`/`--momentum-share` size predictive's forecast;
 `--preempt-wait S` lets tiers that preempt wait up to S seconds for booting nodes instead.
+`--spare-nodes`, `--cancel-booting`, `--unwanted-cooldown`, `--decide-on-arrival` and
+`--oracle-lookahead` (analysis only) are described in docs/autoscaling.md.
 
 `--estimate-error [EVERY]` measures the error of the API's `estimated_start_at` at every
 EVERY-th arrival (apps/scheduling/sim/estimate.py): summary.json's `estimate_error`, and a table.
