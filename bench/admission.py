@@ -33,48 +33,39 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "bench" / "40-admission.md"
 FIGURES = ROOT / "docs" / "bench" / "40-admission.json"  # the latest run on each backend
-BELOW_TARGET = """Below the target. The rates follow the server's CPU per request (third column): both endpoints
-keep busy the cores the machine leaves them, and a submit costs the server 4-5x what the minimal
-endpoint does, whether its clients are one tenant or several (the lock is not the limit any
-more: CPU per submit is the same in both runs). Reaching 0.5 means a submit costing at most twice
-a minimal authenticated request, about 4-5 ms of server CPU here. The full run costs more per
-submit than `--quick` (~13.5 against ~9.5 ms on SQLite) because its queue grows to 6,000 jobs:
-past QUEUE_LIMIT (1,000) the answer's queue position is a count of the jobs ahead, joined with
-their tiers (`for_new_job` -> `queue_position`), which grows with the queue (~2.5 ms at 6,000
-queued, ~5 ms at 12,000).
+BELOW_TARGET = """Below the target. Both endpoints keep busy the cores the machine leaves them, so the rates
+follow the server's CPU per request (third column) and the machine's other load, which moves
+both runs of the minimal endpoint by up to 1.8x within one bench (the two ping rows).
 
-Where a submit's time goes (cProfile and timers around each step, one process, Django test
-client, SQLite, quiet machine): ~6 ms of CPU against ~0.7 ms for the minimal endpoint. The
-answer's queue position and start estimate (apps/admission/estimates.py `for_new_job`: two
-queries and the replay; each web thread reloads the whole queue at most once a second) ~1.4 ms;
-the transaction (queued count, job, audit event, commit) ~1.1 ms; validation (template and SKU
-queries) ~0.9 ms; the membership with tenant, tier and quota ~0.7 ms; the rate-limit script
-~0.2 ms; token auth and DRF ~1.1 ms, as for the minimal endpoint. Under gunicorn every request
-also opens its own database connection (SQLite runs with CONN_MAX_AGE 0), whose page cache
-starts cold, so the submit's counts and inserts read pages the test client had cached: that
-and gunicorn's own per-request work are most of the gap between ~6 ms here and the table's.
-Nine ORM statements at 0.3-0.5 ms of Django CPU each already come to ~4 ms, so the target is not
-reachable with this stack without taking the submit path out of the ORM.
+Where a submit's CPU goes now (timers around each step, one process, Django test client,
+SQLite, a loaded machine; `ping` = the minimal endpoint): ping 1.8 ms, submit 6.0 ms, of which
+token auth 1.2 (0.9 in ping: the same statement), the transaction 1.3 (write turn, queued count,
+job and audit-event inserts into 10 and 4 B-trees, commit), validation 0.6, the 201's queue
+position and estimate 0.5, the rate-limit script 0.4, the membership statement 0.35, the 201
+0.3; the rest is DRF's POST handling. On PostgreSQL the submit costs the web process more (6.9-7.4
+ms against 1.7-1.8 for ping): each of its 7 round trips (membership; BEGIN, lock, count, insert,
+COMMIT; the 201's window) costs psycopg 0.15-0.3 ms of CPU, and the database server's own CPU
+shares the two cores. Reaching 0.5 there would take fewer round trips than the row lock and
+the count allow: the count must come after the lock, in its own statement, or it could miss a
+job committed by the submit it waited for.
 
-Changed this round (A/B runs interleaved, same harness, `--quick`): SQLite 0.15-0.16 -> 0.21-0.22
-(server CPU per submit 12.0-13.8 ms -> 9.4-10.2 ms); PostgreSQL 0.09-0.10 -> 0.14 (15.9-16.7 ms
--> 11.0-13.4 ms). (1) SQLite: closing a request's connection, when it was the last one open,
-checkpointed and fsynced the whole WAL under an exclusive lock (~20 ms of wall time per
-submission, every other writer waiting); a web process now keeps one idle connection open
-(apps/admission/writer.py). (2) The queued-job count held under the tenant's lock read every
-queued row of the tenant (~0.9 ms at 2,700 queued, growing with the queue); a covering index on
-(tenant, state) answers it from the index (~0.15 ms). (3) The 201 answer built the
-ModelSerializer's ~30 fields for every submit (~0.6 ms); each thread now keeps one built
-JobSerializer. (4) Dispatch requests due at the end of a window came from a new Timer thread per
-window; one sender thread per process now sends them.
+Changed this round (docs/admission.md, "What a submit costs"): the submit path's statements are
+written once from the models' metadata instead of built by the ORM (apps/admission/rows.py; 6
+statements, was 9: the membership's statement also reads the template and SKU, PostgreSQL writes
+the job and its event in one); SQLite connections persist across requests (a new one re-read
+every page a submit touched: about half of a submit's CPU under gunicorn); the 201's position
+past 1,000 queued jobs comes from per-tier counts taken once a second plus the jobs queued since
+(was a count that grew with the queue); the replay behind the 201's estimate is shared by a
+process's threads and checked in one snapshot (the count and the read of new jobs were two
+snapshots, and a job committed between them reloaded the replay: 71 of 119 loads in one run);
+at most one dispatch request waits at a time (a Celery message per request was ~2 ms); the 201
+is written field by field; one built submit serializer per thread. Before: SQLite 0.19,
+PostgreSQL 0.14 (server CPU per submit 13.7 and 12.3 ms).
 
-Tried or weighed and left: templates, SKUs and tiers cached per process for a few seconds (~0.5
-ms saved, but a template's version bump must miss the result cache at once, and `update()`
-sends no signal to invalidate on); persistent SQLite connections (gpuplatform/settings.py; it
-would take ~1 ms from both endpoints, so it would not move the ratio); a per-tenant queued
-counter (every state change would maintain it; the indexed count is now ~0.15 ms); other
-gunicorn worker/thread mixes (no difference outside the noise, as expected when both endpoints
-are CPU-bound)."""
+Tried and left: PostgreSQL's server-side parameter binding (no change in the web process's CPU
+outside the noise); other gunicorn worker/thread mixes (4x2 against 2x4: no change); caching
+templates, SKUs and tiers per process (a template's version bump must miss the result cache at
+once)."""
 SUBMIT = {"template": "demo-train", "params": {"steps": 1}, "gpus": 1, "gpu_sku": "H100-80GB"}
 
 
@@ -193,10 +184,16 @@ def bucket_check_latency(redis_url: str, count: int) -> dict:
         started = time.perf_counter()
         buckets.take(pair, conn=conn)
         samples.append(time.perf_counter() - started)
+    pings = []  # a bare round trip to the same server, for scale (the machine's loopback)
+    for _ in range(min(count, 5000)):
+        started = time.perf_counter()
+        conn.ping()
+        pings.append(time.perf_counter() - started)
     return {
         "n": count,
         "p50_us": statistics.median(samples) * 1e6,
         "p99_us": percentile(samples, 0.99) * 1e6,
+        "ping_p50_us": statistics.median(pings) * 1e6,
     }
 
 
@@ -266,6 +263,12 @@ def _answers(url: str) -> bool:
         return False
 
 
+def _bare(check: dict) -> str:
+    if "ping_p50_us" not in check:
+        return ""
+    return f"; a bare `PING` to the same server took p50 {check['ping_p50_us']:.0f} us in the same run"
+
+
 def render(runs: dict) -> str:
     """The section from the latest run on each backend (docs/bench/40-admission.json)."""
     parts = ["## Admission: submits per second and the bucket check\n"]
@@ -299,7 +302,7 @@ every admitted job stays queued).
 Status codes: submits {submit["codes"]} and {spread["codes"]}, minimal endpoint {ping["codes"]}. One
 bucket check (Lua script over the tenant and user buckets, one round trip), {check["n"]} checks:
 p50 {check["p50_us"]:.0f} us, p99 {check["p99_us"]:.0f} us (timed from Python: redis-py `EVALSHA`
-over loopback TCP, so it includes the client's own cost).
+over loopback TCP, so it includes the client's own cost{_bare(check)}).
 """)
     parts.append(f"""Target: submits at least 0.5 of the minimal endpoint's rate. Server CPU per request: user +
 system time of the gunicorn master and workers over the run, divided by its requests (it moves
