@@ -46,10 +46,6 @@ class Queued(NamedTuple):
     order: tuple = ()  # its place in queue order: (-tier level, -tier rank, created_at)
 
 
-QUEUED_FIELDS = ("pk", "gpu_sku__name", "gpus", "nodes", "max_runtime_seconds", "template_id",
-                 "tier__level", "tier__rank", "created_at")  # fmt: skip
-
-
 def queued_row(pk, sku, gpus, nodes, max_runtime_seconds, template_id, level, rank, created_at) -> Queued:
     return Queued(pk, sku or ANY, gpus, nodes, max_runtime_seconds, template_id, (-level, -rank, created_at))
 

@@ -185,9 +185,8 @@ def _statements(vendor: str) -> dict:
             f"WHERE {state} = %s AND {created} > %s"
         ),
         # The queue in queue order (dispatcher.queue_order) as the start estimate's replay reads
-        # it (estimates.QUEUED_FIELDS): all of it up to a limit, or the jobs queued since a time.
+        # it (estimates.queued_row's arguments): the first jobs up to a limit, or those queued since a time.
         "queue": f"{queue_select} WHERE j.{state} = %s ORDER BY r.{col(Tier, 'level')} DESC, r.{col(Tier, 'rank')} DESC, j.{created} LIMIT %s",
-        "queue_since": f"{queue_select} WHERE j.{state} = %s AND j.{created} >= %s",
         # The same, plus (one more row, its id NULL) how many queued jobs are older: one
         # statement, so both come from one snapshot of the queue.
         "queue_window": (
@@ -303,20 +302,13 @@ def queued_since(newest, before) -> dict:
 
 
 def queue(limit: int) -> list[tuple]:
-    """The first `limit` queued jobs in queue order, as rows of estimates.QUEUED_FIELDS."""
+    """The first `limit` queued jobs in queue order, as estimates.queued_row's arguments."""
     s = statements()
     return _queue_rows(_all(s["queue"], ["queued", limit]), s)
 
 
-def queue_since(moment) -> list[tuple]:
-    """The queued jobs created at `moment` or later (in no order), as rows of QUEUED_FIELDS."""
-    s = statements()
-    since = Job._meta.get_field("created_at").get_db_prep_value(moment, connection)
-    return _queue_rows(_all(s["queue_since"], ["queued", since]), s)
-
-
 def queue_window(moment) -> tuple[list[tuple], int]:
-    """(the queued jobs created at `moment` or later, as rows of QUEUED_FIELDS; how many queued
+    """(the queued jobs created at `moment` or later, as estimates.queued_row's arguments; how many queued
     jobs are older), from one snapshot of the queue."""
     s = statements()
     since = Job._meta.get_field("created_at").get_db_prep_value(moment, connection)
@@ -367,11 +359,3 @@ def insert_job_and_event(job: Job, event: JobEvent) -> None:
         cursor.execute(f"WITH new_job AS ({jobs.sql}) {events.sql}", params)
     for row in (job, event):
         row._state.adding, row._state.db = False, connection.alias
-
-
-def insert_job(job: Job) -> Job:
-    return statements()["job"].insert(job)
-
-
-def insert_event(event: JobEvent) -> JobEvent:
-    return statements()["event"].insert(event)

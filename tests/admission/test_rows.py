@@ -65,14 +65,14 @@ def test_an_inserted_job_and_event_read_back_as_written(cast):
               params={"steps": 3, "nested": {"a": [1, "é"]}}, command=None, gpus=2, nodes=3,
               gpu_sku=GpuSku.objects.get(name="H100-80GB"), node_selector={"zone": "b"}, max_runtime_seconds=77,
               checkpointable=True, cacheable=False, retry_on_failure=True, reason="waiting")  # fmt: skip
-    rows.insert_job(job)
+    event = JobEvent(job=job, actor="user:bob", reason="submitted", to_state="queued")
+    rows.insert_job_and_event(job, event)
     assert not job._state.adding and job.created_at is not None
     assert values(Job.objects.get(pk=job.pk)) == values(job)
-    event = rows.insert_event(JobEvent(job=job, actor="user:bob", reason="submitted", to_state="queued"))
     stored = JobEvent.objects.get(job=job)
     assert {k: v for k, v in values(stored).items() if k != "id"} == {k: v for k, v in values(event).items() if k != "id"}
     command = Job(name="cmd", tenant=tenant, user=bob, tier=tenant.tier, command=["python", "-c", "print(1)"])
-    rows.insert_job(command)
+    rows.insert_job_and_event(command, JobEvent(job=command, actor="user:bob", to_state="queued"))
     assert Job.objects.get(pk=command.pk).command == ["python", "-c", "print(1)"]
 
 
