@@ -39,11 +39,7 @@ class Reader:
         self.fields = list(model._meta.concrete_fields)
         self.attnames = [field.attname for field in self.fields]
         self.columns = ", ".join(f"{_q(alias)}.{_q(field.column)}" for field in self.fields)
-        self.converters = []  # per column: (converters, the column expression they are called with)
-        for field in self.fields:
-            column = field.get_col(alias)
-            found = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
-            self.converters.append((found, column))
+        self.converters = [_converters(field, alias) for field in self.fields]
         self.width = len(self.fields)
         self.pk_index = self.fields.index(model._meta.pk)
 
@@ -51,15 +47,12 @@ class Reader:
         """The instance from this model's slice of a row (None for the NULLs of an outer join)."""
         if values[self.pk_index] is None:
             return None
-        converted = []
-        for value, (converters, column) in zip(values, self.converters, strict=True):
-            for convert in converters:
-                value = convert(value, column, connection)
-            converted.append(value)
+        converted = [_convert(value, c) for value, c in zip(values, self.converters, strict=True)]
         return self.model.from_db(connection.alias, self.attnames, converted)
 
 
 def _converters(field, alias: str) -> tuple[list, object]:
+    """A column's converters (the backend's, then the field's), with the expression they take."""
     column = field.get_col(alias)
     return connection.ops.get_db_converters(column) + column.get_db_converters(connection), column
 
@@ -109,9 +102,13 @@ class Inserter:
     def insert(self, instance: Model) -> Model:
         with connection.cursor() as cursor:
             cursor.execute(self.sql, self.params(instance))
-        instance._state.adding = False
-        instance._state.db = connection.alias
-        return instance
+        return _saved(instance)
+
+
+def _saved(instance: Model) -> Model:
+    """Mark a row just inserted as the ORM's save() would."""
+    instance._state.adding, instance._state.db = False, connection.alias
+    return instance
 
 
 # One set of statements per backend (the test suite may switch between SQLite and PostgreSQL).
@@ -143,7 +140,6 @@ def _statements(vendor: str) -> dict:
         f"LEFT OUTER JOIN {_q(GpuSku._meta.db_table)} {_q('k')} ON {_q('k')}.{col(GpuSku, 'name')} = %s "
         f"WHERE {_q('m')}.{col(Membership, 'user')} = %s"
     )  # fmt: skip
-    template, sku = Reader(JobTemplate, "x"), Reader(GpuSku, "x")
     ahead_tiers = (
         f"SELECT {col(Tier, 'id')} FROM {_q(tier.db_table)} WHERE {col(Tier, 'level')} > %s "
         f"OR ({col(Tier, 'level')} = %s AND {col(Tier, 'rank')} > %s)"
@@ -158,15 +154,17 @@ def _statements(vendor: str) -> dict:
     return {
         "readers": (m, t, r, q, named_template, named_sku),
         "submitter": submitter,
+        # The same template and SKU on their own (a submit that did not name them with the
+        # membership: the web form), with the same readers.
         "template": (
-            template,
-            f"SELECT {template.columns} FROM {_q(JobTemplate._meta.db_table)} {_q('x')} "
+            named_template,
+            f"SELECT {named_template.columns} FROM {_q(JobTemplate._meta.db_table)} {_q('x')} "
             f"WHERE {_q('x')}.{col(JobTemplate, 'name')} = %s",
         ),  # fmt: skip
         "sku": (
-            sku,
-            f"SELECT {sku.columns} FROM {_q(GpuSku._meta.db_table)} {_q('x')} "
-            f"WHERE {_q('x')}.{col(GpuSku, 'name')} = %s",
+            named_sku,
+            f"SELECT {named_sku.columns} FROM {_q(GpuSku._meta.db_table)} {_q('k')} "
+            f"WHERE {_q('k')}.{col(GpuSku, 'name')} = %s",
         ),  # fmt: skip
         "queued_of_tenant": f"SELECT COUNT(*) FROM {_q(job.db_table)} WHERE {col(Job, 'tenant')} = %s AND {state} = %s",
         "lock_tenant": f"SELECT {col(Tenant, 'id')} FROM {_q(Tenant._meta.db_table)} WHERE {col(Tenant, 'id')} = %s FOR UPDATE",
@@ -264,13 +262,17 @@ def queued_of(tenant: Tenant) -> int:
     return _one(statements()["queued_of_tenant"], [tenant.pk, "queued"])[0]
 
 
+def _moment(value: datetime):
+    """A time as the database compares it with created_at."""
+    return Job._meta.get_field("created_at").get_db_prep_value(value, connection)
+
+
 def queued_and_ahead(job: Job) -> tuple[int, int]:
     """(jobs queued, jobs queued ahead of `job` in queue order)."""
     tier = job.tier
-    created = Job._meta.get_field("created_at").get_db_prep_value(job.created_at, connection)
     total, ahead = _one(
         statements()["queued_and_ahead"],
-        [tier.level, tier.level, tier.rank, tier.pk, created, "queued"],
+        [tier.level, tier.level, tier.rank, tier.pk, _moment(job.created_at), "queued"],
     )
     return total, int(ahead)
 
@@ -289,13 +291,10 @@ def queued_by_tier() -> list[tuple]:
 def queued_since(newest, before) -> dict:
     """{tier id: (jobs queued after `newest`, of which created before `before`)}; `newest` as
     `queued_by_tier` gave it (None: since the start)."""
-    prep = Job._meta.get_field("created_at").get_db_prep_value
     if newest is None:
-        newest = prep(EPOCH, connection)
+        newest = _moment(EPOCH)
     since: dict = {}
-    for tier, earlier in _all(
-        statements()["queued_since"], [prep(before, connection), "queued", newest]
-    ):
+    for tier, earlier in _all(statements()["queued_since"], [_moment(before), "queued", newest]):
         n, n_before = since.get(tier, (0, 0))
         since[tier] = (n + 1, n_before + earlier)
     return since
@@ -311,7 +310,7 @@ def queue_window(moment) -> tuple[list[tuple], int]:
     """(the queued jobs created at `moment` or later, as estimates.queued_row's arguments; how many queued
     jobs are older), from one snapshot of the queue."""
     s = statements()
-    since = Job._meta.get_field("created_at").get_db_prep_value(moment, connection)
+    since = _moment(moment)
     found = _all(s["queue_window"], ["queued", since, "queued", since])
     older = next(row[2] for row in found if row[0] is None)
     return _queue_rows([row for row in found if row[0] is not None], s), older
@@ -357,5 +356,4 @@ def insert_job_and_event(job: Job, event: JobEvent) -> None:
     params = jobs.params(job) + events.params(event)
     with connection.cursor() as cursor:
         cursor.execute(f"WITH new_job AS ({jobs.sql}) {events.sql}", params)
-    for row in (job, event):
-        row._state.adding, row._state.db = False, connection.alias
+    _saved(job), _saved(event)

@@ -17,6 +17,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from apps.admission import rows
 from apps.jobs.models import (
     ATTEMPT_ACTIVE,
     JOB_ACTIVE,
@@ -152,11 +153,7 @@ def job_submit(*, tenant: Tenant, user, spec: JobSpec, limits: dict | None = Non
         raise NotAllowed(f"tenant {tenant.slug} may only run templates, not commands", field="command")
     if limits is None:
         limits = tenant_limits(tenant)
-    from apps.admission import (
-        rows,  # the submit path's statements, without the ORM's query building
-    )
-
-    queued = rows.queued_of(tenant)
+    queued = rows.queued_of(tenant)  # the submit path's statements, without the ORM's query building
     if queued >= limits["max_queued_jobs"]:
         raise QueueFull(
             f"tenant {tenant.slug} has {queued} of {limits['max_queued_jobs']} jobs queued",
