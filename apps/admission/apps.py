@@ -1,7 +1,30 @@
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate
 
 
 class AdmissionConfig(AppConfig):
     name = "apps.admission"
     label = "admission"
     verbose_name = "Admission: rate limits, quotas, idempotency, result cache"
+
+    def ready(self):
+        post_migrate.connect(_install_queued_count_triggers, sender=self)
+
+
+def _install_queued_count_triggers(sender, using="default", plan=None, **kwargs):
+    """After every migrate: the triggers that keep QueuedCount (apps/admission/queued.py),
+    once both tables exist (a migrate back to before them leaves nothing to install on)."""
+    from django.db import connections
+
+    from apps.admission import queued
+
+    connection = connections[using]
+    tables = set(connection.introspection.table_names())
+    from apps.admission.models import QueuedCount
+    from apps.jobs.models import Job
+
+    if Job._meta.db_table not in tables or QueuedCount._meta.db_table not in tables:
+        return
+    if using != "default" or not queued.supported():
+        return
+    queued.install()

@@ -221,7 +221,7 @@ def for_new_job(job: Job) -> tuple[int | None, datetime | None]:
     A full `Estimator.load` reads the whole queue (up to QUEUE_LIMIT rows) and the running
     attempts, which made it most of a submit's cost. Here each web process keeps its last load
     for up to REUSE_SECONDS and extends it with the jobs queued since (one statement gives
-    them and the count of the older queued jobs, from one snapshot), which also checks that no
+    them and the length of the queue from the tenants' kept counts, in one snapshot), which also checks that no
     job has left the queue meanwhile (placed or cancelled: then it loads again). Within those seconds, GPUs
     freed by jobs ending and capacity changes are not seen by this answer; a GET of the job
     computes everything afresh.
@@ -252,13 +252,13 @@ def _exactly(job: Job) -> tuple[int | None, datetime | None]:
         if cached is None or not cached.queue or time.monotonic() - _shared.loaded_at > REUSE_SECONDS:
             cached = None
         since = cached.newest() - ARRIVAL_SLACK if cached is not None else FAR_FUTURE
-        found, older = rows.queue_window(since)  # one statement: one snapshot of the queue
-        short = older + len(found) <= QUEUE_LIMIT
+        found, total = rows.queue_window(since)  # one statement: one snapshot of the queue
+        short = total <= QUEUE_LIMIT
         if short and cached is not None:
             known = cached.index()
             arrived = [queued_row(*row) for row in found if row[0] not in known]
-            # No job of the replay left the queue: every one is still queued in this snapshot.
-            if len(known) + len(arrived) == older + len(found):
+            # No job of the replay left the queue: the replay and the arrivals are all of it.
+            if len(known) + len(arrived) == total:
                 cached.extend(arrived)
                 position = cached.position(job)
                 if position is not None:

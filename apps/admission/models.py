@@ -69,3 +69,20 @@ class AdmissionCounter(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}={self.value}"
+
+
+class QueuedCount(models.Model):
+    """How many jobs a tenant has queued. Kept by triggers on the jobs table, in the same
+    transaction as every change that puts a job in the queue or takes it out (whatever makes
+    it: a submit, the dispatcher, a cancel, the admin, raw SQL), so it is exact whenever the
+    table is; apps/admission/queued.py installs them and documents why. The queued-job cap
+    reads it instead of counting the queue (which grew with it), and a submit on PostgreSQL
+    takes this row's lock to check the cap and insert its job in one statement. A tenant with
+    no row has no job queued (the first one creates it)."""
+
+    tenant = models.OneToOneField("tenants.Tenant", on_delete=models.CASCADE, primary_key=True,
+                                  related_name="queued_count")  # fmt: skip
+    queued = models.IntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}: {self.queued} queued"

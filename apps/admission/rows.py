@@ -20,6 +20,7 @@ from functools import cache
 from django.db import connection
 from django.db.models import AutoField, BigAutoField, Model
 
+from apps.admission.models import QueuedCount
 from apps.jobs.models import Job, JobEvent, JobTemplate
 from apps.nodes.models import GpuSku
 from apps.tenants.models import Membership, Quota, Tenant, Tier
@@ -93,6 +94,12 @@ class Inserter:
         # the database takes (~0.1 ms of a submit's two inserts otherwise).
         self.preps = [(f, None if _plain(f) else f.get_db_prep_save) for f in self.fields]
 
+    def gated(self, source: str) -> str:
+        """The same INSERT of one row for each row of `source` (one or none), as
+        `INSERT ... SELECT <values> FROM source`."""
+        columns, marks = self.sql.split(" VALUES (")
+        return f"{columns} SELECT {marks[:-1]} FROM {source}"
+
     def params(self, instance: Model) -> list:
         return [
             prep(field.pre_save(instance, True), connection) if prep else getattr(instance, field.attname)
@@ -100,7 +107,7 @@ class Inserter:
         ]
 
     def insert(self, instance: Model) -> Model:
-        with connection.cursor() as cursor:
+        with _cursor() as cursor:
             cursor.execute(self.sql, self.params(instance))
         return _saved(instance)
 
@@ -140,6 +147,9 @@ def _statements(vendor: str) -> dict:
         f"LEFT OUTER JOIN {_q(GpuSku._meta.db_table)} {_q('k')} ON {_q('k')}.{col(GpuSku, 'name')} = %s "
         f"WHERE {_q('m')}.{col(Membership, 'user')} = %s"
     )  # fmt: skip
+    counts, counted = _q(QueuedCount._meta.db_table), col(QueuedCount, "queued")
+    counts_tenant = col(QueuedCount, "tenant")
+    jobs, events = Inserter(Job), Inserter(JobEvent)
     ahead_tiers = (
         f"SELECT {col(Tier, 'id')} FROM {_q(tier.db_table)} WHERE {col(Tier, 'level')} > %s "
         f"OR ({col(Tier, 'level')} = %s AND {col(Tier, 'rank')} > %s)"
@@ -166,8 +176,14 @@ def _statements(vendor: str) -> dict:
             f"SELECT {named_sku.columns} FROM {_q(GpuSku._meta.db_table)} {_q('k')} "
             f"WHERE {_q('k')}.{col(GpuSku, 'name')} = %s",
         ),  # fmt: skip
-        "queued_of_tenant": f"SELECT COUNT(*) FROM {_q(job.db_table)} WHERE {col(Job, 'tenant')} = %s AND {state} = %s",
-        "lock_tenant": f"SELECT {col(Tenant, 'id')} FROM {_q(Tenant._meta.db_table)} WHERE {col(Tenant, 'id')} = %s FOR UPDATE",
+        # The tenant's queued jobs as the jobs table's triggers keep them (apps/admission/queued.py).
+        "queued_kept": f"SELECT {counted} FROM {counts} WHERE {counts_tenant} = %s",
+        "queued_total": f"SELECT COALESCE(SUM({counted}), 0) FROM {counts}",
+        # NO KEY UPDATE: it orders the tenant's submits, but lets the foreign-key checks of
+        # other transactions' inserts (FOR KEY SHARE of the tenant) through. FOR UPDATE would
+        # block them, and a one-statement submit holding the tenant's count row while its check
+        # waited on a locked submit waiting for that row would deadlock.
+        "lock_tenant": f"SELECT {col(Tenant, 'id')} FROM {_q(Tenant._meta.db_table)} WHERE {col(Tenant, 'id')} = %s FOR NO KEY UPDATE",
         # Every queued job, and those ahead of a new one in queue order (strict tier order, then
         # submit time: apps/scheduling/dispatcher.queue_position): one pass over the
         # (state, tier, created_at) index, no job row read.
@@ -179,26 +195,36 @@ def _statements(vendor: str) -> dict:
         # jobs queued since (the (state, created_at) index from the newest one counted).
         "queued_by_tier": f"SELECT {tier_id}, COUNT(*), MAX({created}) FROM {_q(job.db_table)} WHERE {state} = %s GROUP BY {tier_id}",
         "queued_since": (
-            f"SELECT {tier_id}, CASE WHEN {created} < %s THEN 1 ELSE 0 END FROM {_q(job.db_table)} "
-            f"WHERE {state} = %s AND {created} > %s"
+            f"SELECT {tier_id}, COUNT(*), SUM(CASE WHEN {created} < %s THEN 1 ELSE 0 END) FROM {_q(job.db_table)} "
+            f"WHERE {state} = %s AND {created} > %s GROUP BY {tier_id}"
         ),
         # The queue in queue order (dispatcher.queue_order) as the start estimate's replay reads
         # it (estimates.queued_row's arguments): the first jobs up to a limit, or those queued since a time.
         "queue": f"{queue_select} WHERE j.{state} = %s ORDER BY r.{col(Tier, 'level')} DESC, r.{col(Tier, 'rank')} DESC, j.{created} LIMIT %s",
-        # The same, plus (one more row, its id NULL) how many queued jobs are older: one
-        # statement, so both come from one snapshot of the queue.
+        # The same, plus (one more row, its id NULL) how many jobs are queued in all, from
+        # the tenants' kept counts: one statement, so both come from one snapshot of the queue,
+        # and neither grows with it (the total was a count of the queue).
         "queue_window": (
             f"{queue_select} WHERE j.{state} = %s AND j.{created} >= %s UNION ALL "
-            f"SELECT NULL, NULL, COUNT(*), NULL, NULL, NULL, NULL, NULL, NULL FROM {_q(job.db_table)} "
-            f"WHERE {state} = %s AND {created} < %s"
+            f"SELECT NULL, NULL, COALESCE(SUM({counted}), 0), NULL, NULL, NULL, NULL, NULL, NULL FROM {counts}"
         ),
         "queue_converters": [
             _converters(Job._meta.pk, "j"),
             _converters(Job._meta.get_field("created_at"), "j"),
         ],
         "tiers": f"SELECT {col(Tier, 'id')}, {col(Tier, 'level')}, {col(Tier, 'rank')} FROM {_q(tier.db_table)}",
-        "job": Inserter(Job),
-        "event": Inserter(JobEvent),
+        "job": jobs,
+        "event": events,
+        # PostgreSQL: a submit in one statement, committed on its own. The UPDATE takes the
+        # tenant's count row lock; after waiting for it, PostgreSQL checks `queued < cap`
+        # again on the row as the submit it waited for left it, so the cap holds exactly. Only
+        # then are the job and its event inserted (the job's insert trigger adds it to the count
+        # at the statement's end). No row back: the cap is reached, or the tenant has no row yet.
+        "admit": (
+            f"WITH c AS (UPDATE {counts} SET {counted} = {counted} WHERE {counts_tenant} = %s AND {counted} < %s "
+            f"RETURNING {counted}), new_job AS ({jobs.gated('c')} RETURNING 1), "
+            f"new_event AS ({events.gated('new_job')} RETURNING 1) SELECT {counted} FROM c"
+        ),
     }
 
 
@@ -206,8 +232,38 @@ def statements() -> dict:
     return _statements(connection.vendor)
 
 
+def _cursor():
+    """A cursor for these statements. On PostgreSQL one that binds parameters on the server and
+    prepares each statement once per connection (connections live CONN_MAX_AGE): Django's own
+    cursors bind on the client, which costs the web process about 0.1-0.2 ms of CPU a statement
+    to quote values into the SQL text, and PostgreSQL a parse and plan of it every time.
+    GPUPLATFORM_PG_PREPARE=0 turns preparing off, for a pooler that cannot keep prepared
+    statements (PgBouncer in transaction mode before 1.21). Wrapped as Django wraps its own
+    (errors translated, statements captured in tests and DEBUG)."""
+    if connection.vendor != "postgresql":
+        return connection.cursor()
+    connection.ensure_connection()
+    with connection.wrap_database_errors:
+        return connection._prepare_cursor(_prepared_cursor_class()(connection.connection))
+
+
+@cache
+def _prepared_cursor_class():
+    from django.conf import settings
+    from django.db.backends.postgresql.base import ServerBindingCursor
+
+    prepare = bool(getattr(settings, "PG_PREPARE_STATEMENTS", True))
+
+    class Prepared(ServerBindingCursor):
+        def execute(self, query, params=None, *, prepare_=prepare, **kwargs):
+            kwargs.setdefault("prepare", prepare_)
+            return super().execute(query, params, **kwargs)
+
+    return Prepared
+
+
 def _one(sql: str, params: list):
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchone()
 
@@ -254,12 +310,32 @@ def sku_named(name: str) -> GpuSku | None:
 
 
 def lock_tenant(tenant: Tenant) -> None:
-    """PostgreSQL: the tenant's row lock (SELECT ... FOR UPDATE) for the rest of the transaction."""
+    """PostgreSQL: the tenant's row lock (SELECT ... FOR NO KEY UPDATE) for the rest of the transaction."""
     _one(statements()["lock_tenant"], [tenant.pk])
 
 
-def queued_of(tenant: Tenant) -> int:
-    return _one(statements()["queued_of_tenant"], [tenant.pk, "queued"])[0]
+def queued_kept(tenant: Tenant, *, lock: bool = False) -> int | None:
+    """The tenant's queued jobs as kept by the triggers; None where it has no row (none ever
+    queued). `lock`: on PostgreSQL, take the row's lock for the rest of the transaction (and so
+    read the row as the last writer committed it)."""
+    sql = statements()["queued_kept"]
+    if lock and connection.features.has_select_for_update:
+        sql += " FOR UPDATE"
+    row = _one(sql, [tenant.pk])
+    return None if row is None else row[0]
+
+
+def admit(job: Job, event: JobEvent, *, cap: int) -> int | None:
+    """PostgreSQL, outside a transaction: insert the job and its event if the tenant has fewer
+    than `cap` jobs queued, in one statement. Returns the count before this job, or None
+    (nothing inserted: the cap is reached, or the tenant has no count row yet)."""
+    s = statements()
+    params = [job.tenant_id, cap, *s["job"].params(job), *s["event"].params(event)]
+    row = _one(s["admit"], params)
+    if row is None:
+        return None
+    _saved(job), _saved(event)
+    return row[0]
 
 
 def _moment(value: datetime):
@@ -278,7 +354,7 @@ def queued_and_ahead(job: Job) -> tuple[int, int]:
 
 
 def _all(sql: str, params: list) -> list[tuple]:
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchall()
 
@@ -293,11 +369,8 @@ def queued_since(newest, before) -> dict:
     `queued_by_tier` gave it (None: since the start)."""
     if newest is None:
         newest = _moment(EPOCH)
-    since: dict = {}
-    for tier, earlier in _all(statements()["queued_since"], [_moment(before), "queued", newest]):
-        n, n_before = since.get(tier, (0, 0))
-        since[tier] = (n + 1, n_before + earlier)
-    return since
+    found = _all(statements()["queued_since"], [_moment(before), "queued", newest])  # one row a tier
+    return {tier: (n, int(n_before)) for tier, n, n_before in found}
 
 
 def queue(limit: int) -> list[tuple]:
@@ -307,13 +380,12 @@ def queue(limit: int) -> list[tuple]:
 
 
 def queue_window(moment) -> tuple[list[tuple], int]:
-    """(the queued jobs created at `moment` or later, as estimates.queued_row's arguments; how many queued
-    jobs are older), from one snapshot of the queue."""
+    """(the queued jobs created at `moment` or later, as estimates.queued_row's arguments; how many jobs
+    are queued in all), from one snapshot of the queue."""
     s = statements()
-    since = _moment(moment)
-    found = _all(s["queue_window"], ["queued", since, "queued", since])
-    older = next(row[2] for row in found if row[0] is None)
-    return _queue_rows([row for row in found if row[0] is not None], s), older
+    found = _all(s["queue_window"], ["queued", _moment(moment)])
+    total = next(row[2] for row in found if row[0] is None)
+    return _queue_rows([row for row in found if row[0] is not None], s), int(total)
 
 
 def _queue_rows(found: list[tuple], s: dict) -> list[tuple]:
@@ -354,6 +426,6 @@ def insert_job_and_event(job: Job, event: JobEvent) -> None:
         return
     jobs, events = s["job"], s["event"]
     params = jobs.params(job) + events.params(event)
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         cursor.execute(f"WITH new_job AS ({jobs.sql}) {events.sql}", params)
     _saved(job), _saved(event)

@@ -6,7 +6,9 @@
 3. (the caller validates the body into a JobSpec)
 4. under the tenant's row lock: the key again, the GPU-hour quota (403), then the job, through
    `job_submit` (tier, commands, queued-job cap), and its place in the result cache: a hit ends
-   at once, a follower waits on its identical origin.
+   at once, a follower waits on its identical origin. On PostgreSQL a submit with no key and no
+   cached template (the usual one) does all of step 4 in one statement instead
+   (`_admit_in_one_statement`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from django.utils import timezone
 from apps.admission import cache, dispatch, idempotency, quotas, rows
 from apps.admission.ratelimit import RateDecision, check_submit
 from apps.admission.writer import end_turn_at_commit, write_turn
+from apps.jobs import services as jobs
 from apps.jobs.models import Job, JobState
 from apps.jobs.services import JobSpec, job_submit, tenant_limits, transition_job
 from apps.tenants.models import Membership, Quota, Tenant
@@ -82,6 +85,11 @@ class Admission:
     def submit(self, spec: JobSpec) -> Job:
         """Step 4. A concurrent request that recorded the same key first wins; this one then
         answers as its replay."""
+        if self.key is None and _in_one_statement() and not cache.cache_key(spec, self.tenant):
+            job = _admit_in_one_statement(tenant=self.tenant, user=self.user, spec=spec, limits=self.limits)
+            if job is not None:
+                self.job, self.created = job, True
+                return job
         try:
             with write_turn() as turn:  # SQLite: submissions queue for its one write lock (writer.py)
                 self.job, self.created = _admit(tenant=self.tenant, user=self.user, spec=spec, key=self.key,
@@ -93,12 +101,37 @@ class Admission:
         return self.job
 
 
+def _in_one_statement() -> bool:
+    return connection.vendor == "postgresql" and not connection.in_atomic_block
+
+
+def _admit_in_one_statement(*, tenant: Tenant, user, spec: JobSpec, limits: dict) -> Job | None:
+    """The usual submit on PostgreSQL (no Idempotency-Key, a template that is not cached) in
+    one statement, committed on its own (rows.admit): the cap's check on the tenant's kept
+    count, under that row's lock, and the job and its event. The transaction of `_admit` took
+    five round trips (BEGIN, the tenant's lock, the count, the insert, COMMIT), all while
+    holding the lock, and the count grew with the queue. None: the tenant has no count row
+    yet (its first job), and `_admit` takes it from here."""
+    quotas.check_gpu_hours(tenant=tenant, limits=limits, gpus_wanted=spec.gpus * spec.nodes)
+    jobs.check_allowed(tenant, spec)
+    job, event = jobs.new_job(tenant=tenant, user=user, spec=spec)
+    cap = limits["max_queued_jobs"]
+    while rows.admit(job, event, cap=cap) is None:
+        queued = rows.queued_kept(tenant)  # why not: a job may have left the queue since
+        if queued is None:
+            return None
+        if queued >= cap:
+            raise jobs.queue_full(tenant, queued, limits)
+    dispatch.request_soon()
+    return job
+
+
 @transaction.atomic
 def _admit(*, tenant: Tenant, user, spec: JobSpec, key: str | None, digest: str,
            limits: dict, turn=None) -> tuple[Job, bool]:  # fmt: skip
     end_turn_at_commit(turn)  # first of the commit hooks: before the dispatch request
     # The tenant's row lock serializes this tenant's submissions, so the key, the cache lookups
-    # and the queued-job count all see each other's writes. PostgreSQL: SELECT ... FOR UPDATE.
+    # and the queued-job count all see each other's writes. PostgreSQL: SELECT ... FOR NO KEY UPDATE.
     # SQLite has no row locks: the transaction's BEGIN IMMEDIATE already holds the database's
     # one write lock, so nothing more is taken (or read) there. The tenant and its limits were
     # read with the membership just before; job_submit is told the lock is held.

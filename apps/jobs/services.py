@@ -146,19 +146,36 @@ def job_submit(*, tenant: Tenant, user, spec: JobSpec, limits: dict | None = Non
     # the tenant with its tier loaded and its `limits`, so none of it is read twice, and asks
     # for the dispatch pass itself (`dispatch=False`: apps/admission/dispatch.py coalesces them).
     if not locked:
-        tenant = Tenant.objects.select_for_update().select_related("tier").get(pk=tenant.pk)
+        tenant = Tenant.objects.select_for_update(no_key=True).select_related("tier").get(pk=tenant.pk)
+    check_allowed(tenant, spec)
+    if limits is None:
+        limits = tenant_limits(tenant)
+    # The count the jobs table's triggers keep (apps/admission/queued.py); on PostgreSQL its
+    # row is locked too, so a submit that checks the cap without the tenant's lock waits for this one.
+    queued = rows.queued_kept(tenant, lock=True) or 0
+    if queued >= limits["max_queued_jobs"]:
+        raise queue_full(tenant, queued, limits)
+    job, event = new_job(tenant=tenant, user=user, spec=spec)
+    rows.insert_job_and_event(job, event)
+    if dispatch:
+        trigger_dispatch()
+    return job
+
+
+def check_allowed(tenant: Tenant, spec: JobSpec) -> None:
+    """What the tenant may submit at all: its tier or below, commands only where allowed."""
     if spec.tier.rank > tenant.tier.rank:
         raise NotAllowed(f"tenant {tenant.slug} may not submit at tier {spec.tier.name}", field="tier")
     if spec.command is not None and not tenant.allow_commands:
         raise NotAllowed(f"tenant {tenant.slug} may only run templates, not commands", field="command")
-    if limits is None:
-        limits = tenant_limits(tenant)
-    queued = rows.queued_of(tenant)  # the submit path's statements, without the ORM's query building
-    if queued >= limits["max_queued_jobs"]:
-        raise QueueFull(
-            f"tenant {tenant.slug} has {queued} of {limits['max_queued_jobs']} jobs queued",
-            retry_after=30,
-        )
+
+
+def queue_full(tenant: Tenant, queued: int, limits: dict) -> QueueFull:
+    return QueueFull(f"tenant {tenant.slug} has {queued} of {limits['max_queued_jobs']} jobs queued", retry_after=30)
+
+
+def new_job(*, tenant: Tenant, user, spec: JobSpec) -> tuple[Job, JobEvent]:
+    """The queued job of a submission and its audit event, not yet saved."""
     job = Job(
         name=spec.name, tenant=tenant, user=user, tier=spec.tier, template=spec.template,
         params=spec.params, command=spec.command, gpus=spec.gpus, nodes=spec.nodes,
@@ -166,11 +183,8 @@ def job_submit(*, tenant: Tenant, user, spec: JobSpec, limits: dict | None = Non
         max_runtime_seconds=spec.max_runtime_seconds, checkpointable=spec.checkpointable,
         cacheable=spec.cacheable, retry_on_failure=spec.retry_on_failure, reason="waiting for the dispatcher",
     )  # fmt: skip
-    rows.insert_job_and_event(job, JobEvent(job=job, actor=f"user:{user.username}", reason="submitted",
-                                            to_state=JobState.QUEUED))  # fmt: skip
-    if dispatch:
-        trigger_dispatch()
-    return job
+    event = JobEvent(job=job, actor=f"user:{user.username}", reason="submitted", to_state=JobState.QUEUED)
+    return job, event
 
 
 PROGRESS_SAMPLES = 20

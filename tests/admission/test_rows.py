@@ -89,7 +89,7 @@ def test_the_count_of_jobs_ahead_is_the_queue_position(cast):
     for job in Job.objects.filter(state="queued"):
         total, ahead = rows.queued_and_ahead(job)
         assert (total, ahead + 1) == (5, queue_position(job))
-    assert rows.queued_of(acme) == 2 and rows.queued_of(globex) == 3
+    assert rows.queued_kept(acme) == 2 and rows.queued_kept(globex) == 3  # kept by the triggers
 
 
 def test_a_long_queue_answers_positions_from_counts_and_the_jobs_queued_since(cast, as_user, monkeypatch):
