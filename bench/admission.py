@@ -33,39 +33,33 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "bench" / "40-admission.md"
 FIGURES = ROOT / "docs" / "bench" / "40-admission.json"  # the latest run on each backend
-BELOW_TARGET = """Below the target. Both endpoints keep busy the cores the machine leaves them, so the rates
-follow the server's CPU per request (third column) and the machine's other load, which moves
-both runs of the minimal endpoint by up to 1.8x within one bench (the two ping rows).
+BELOW_TARGET = """Below the target. Both endpoints keep busy the cores the machine leaves them (the client's 8
+threads take about 0.9 ms of CPU a request, the database server 0.3 ms a ping and 2 ms a submit
+on PostgreSQL), so the rates follow the CPU per request and the machine's other load, which moves
+the two runs of the minimal endpoint by up to 10% within one bench (the ping rows).
 
-Where a submit's CPU goes now (timers around each step, one process, Django test client,
-SQLite, a loaded machine; `ping` = the minimal endpoint): ping 1.8 ms, submit 6.0 ms, of which
-token auth 1.2 (0.9 in ping: the same statement), the transaction 1.3 (write turn, queued count,
-job and audit-event inserts into 10 and 4 B-trees, commit), validation 0.6, the 201's queue
-position and estimate 0.5, the rate-limit script 0.4, the membership statement 0.35, the 201
-0.3; the rest is DRF's POST handling. On PostgreSQL the submit costs the web process more (6.9-7.4
-ms against 1.7-1.8 for ping): each of its 7 round trips (membership; BEGIN, lock, count, insert,
-COMMIT; the 201's window) costs psycopg 0.15-0.3 ms of CPU, and the database server's own CPU
-shares the two cores. Reaching 0.5 there would take fewer round trips than the row lock and
-the count allow: the count must come after the lock, in its own statement, or it could miss a
-job committed by the submit it waited for.
+Where a submit's web CPU goes now (py-spy, GIL-holding samples, under this load, SQLite): token
+auth 21% (the same statement as ping's), the write 19% (write turn, Django's transaction, the
+kept count, the two inserts), the rate-limit script 8%, the 201's position and estimate 8%, the
+membership statement 8%, validation 4%, the 201 2%; the rest is gunicorn, Django's middleware
+and DRF's POST handling. On PostgreSQL the database server spends about 2 ms a submit (0.3 a
+ping): the membership's six-table join 0.4, the one-statement write 0.6 (two inserts, 14 index
+entries, the trigger, five foreign-key checks, the commit), the 201's window, auth.
 
-Changed this round (docs/admission.md, "What a submit costs"): the submit path's statements are
-written once from the models' metadata instead of built by the ORM (apps/admission/rows.py; 6
-statements, was 9: the membership's statement also reads the template and SKU, PostgreSQL writes
-the job and its event in one); SQLite connections persist across requests (a new one re-read
-every page a submit touched: about half of a submit's CPU under gunicorn); the 201's position
-past 1,000 queued jobs comes from per-tier counts taken once a second plus the jobs queued since
-(was a count that grew with the queue); the replay behind the 201's estimate is shared by a
-process's threads and checked in one snapshot (the count and the read of new jobs were two
-snapshots, and a job committed between them reloaded the replay: 71 of 119 loads in one run);
-at most one dispatch request waits at a time (a Celery message per request was ~2 ms); the 201
-is written field by field; one built submit serializer per thread. Before: SQLite 0.19,
-PostgreSQL 0.14 (server CPU per submit 13.7 and 12.3 ms).
+Changed this round (docs/admission.md, "What a submit costs", and Quotas): the queued-job cap
+reads each tenant's count kept by triggers on the jobs table instead of counting the tenant's
+queue (which grew with it); on PostgreSQL the usual submit checks the cap and inserts the job
+and its event in one statement committed on its own (was BEGIN, the tenant's lock, the count,
+the insert, COMMIT, with the lock held throughout); the statements of the submit path are bound
+and prepared on the server; the 201's window takes the queue's length from the kept counts (was
+a count of the older queued jobs) and the jobs queued since come back one row a tier. Before
+this round (full runs on this machine's slower day): SQLite 0.40 / 0.43, PostgreSQL 0.33 /
+0.43. Before the round before: 0.19 and 0.14.
 
-Tried and left: PostgreSQL's server-side parameter binding (no change in the web process's CPU
-outside the noise); other gunicorn worker/thread mixes (4x2 against 2x4: no change); caching
-templates, SKUs and tiers per process (a template's version bump must miss the result cache at
-once)."""
+Tried and left: other gunicorn worker/thread mixes (4x2, no change), a shorter GIL switch
+interval (0.5 and 1 ms: no change outside the noise), caching templates, SKUs and tiers per
+process (a template's version bump must miss the result cache at once), dropping the jobs
+table's foreign keys to tier, user, SKU and template (no change in the write's server CPU)."""
 SUBMIT = {"template": "demo-train", "params": {"steps": 1}, "gpus": 1, "gpu_sku": "H100-80GB"}
 
 
@@ -296,7 +290,7 @@ every admitted job stays queued).
 | figure | rate | server CPU per request | / minimal endpoint |
 |---|---|---|---|
 | minimal authenticated DRF endpoint (`GET /bench/ping/`, token auth), mean of the runs before and after | {ping_rate:.0f} req/s | {ping_cpu:.1f} ms | 1 |
-{row("submits through the whole stack (`POST /api/v1/jobs/`: auth, rate-limit script, validation, tenant lock, queued count, insert + audit event, dispatch trigger), all clients one tenant (the worst case)", submit)}
+{row("submits through the whole stack (`POST /api/v1/jobs/`: auth, rate-limit script, validation, queued-job cap on the kept count, insert + audit event, dispatch trigger), all clients one tenant (the worst case)", submit)}
 {row(f"the same submits, clients spread over {TENANTS} tenants", spread)}
 
 Status codes: submits {submit["codes"]} and {spread["codes"]}, minimal endpoint {ping["codes"]}. One
