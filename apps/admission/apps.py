@@ -17,14 +17,11 @@ def _install_queued_count_triggers(sender, using="default", plan=None, **kwargs)
     from django.db import connections
 
     from apps.admission import queued
-
-    connection = connections[using]
-    tables = set(connection.introspection.table_names())
     from apps.admission.models import QueuedCount
     from apps.jobs.models import Job
 
-    if Job._meta.db_table not in tables or QueuedCount._meta.db_table not in tables:
-        return
     if using != "default" or not queued.supported():
         return
-    queued.install()
+    tables = set(connections[using].introspection.table_names())
+    if Job._meta.db_table in tables and QueuedCount._meta.db_table in tables:
+        queued.install()

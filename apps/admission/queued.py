@@ -19,6 +19,7 @@ repairs them).
 from __future__ import annotations
 
 from django.db import connection, transaction
+from django.db.models import Count
 
 from apps.jobs.models import Job, JobState
 
@@ -141,9 +142,8 @@ def differences() -> dict[int, tuple[int, int]]:
     from apps.admission.models import QueuedCount
 
     kept = dict(QueuedCount.objects.values_list("tenant_id", "queued"))
-    counted: dict[int, int] = {}
-    for tenant_id in Job.objects.filter(state=JobState.QUEUED).values_list("tenant_id", flat=True).iterator():
-        counted[tenant_id] = counted.get(tenant_id, 0) + 1
+    queue = Job.objects.filter(state=JobState.QUEUED).values("tenant_id").annotate(n=Count("pk"))
+    counted = {row["tenant_id"]: row["n"] for row in queue}
     return {
         tenant: (kept.get(tenant, 0), counted.get(tenant, 0))
         for tenant in set(kept) | set(counted)

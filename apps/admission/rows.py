@@ -178,7 +178,6 @@ def _statements(vendor: str) -> dict:
         ),  # fmt: skip
         # The tenant's queued jobs as the jobs table's triggers keep them (apps/admission/queued.py).
         "queued_kept": f"SELECT {counted} FROM {counts} WHERE {counts_tenant} = %s",
-        "queued_total": f"SELECT COALESCE(SUM({counted}), 0) FROM {counts}",
         # NO KEY UPDATE: it orders the tenant's submits, but lets the foreign-key checks of
         # other transactions' inserts (FOR KEY SHARE of the tenant) through. FOR UPDATE would
         # block them, and a one-statement submit holding the tenant's count row while its check
@@ -255,8 +254,8 @@ def _prepared_cursor_class():
     prepare = bool(getattr(settings, "PG_PREPARE_STATEMENTS", True))
 
     class Prepared(ServerBindingCursor):
-        def execute(self, query, params=None, *, prepare_=prepare, **kwargs):
-            kwargs.setdefault("prepare", prepare_)
+        def execute(self, query, params=None, **kwargs):
+            kwargs.setdefault("prepare", prepare)
             return super().execute(query, params, **kwargs)
 
     return Prepared
