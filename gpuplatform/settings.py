@@ -85,7 +85,7 @@ SQLITE_CONN_MAX_AGE = 600
 SQLITE_OPTIONS = {
     # WAL lets the web, dispatcher and agents read while one writes; IMMEDIATE takes the write
     # lock at BEGIN so two writers queue on the busy timeout instead of failing mid-transaction.
-    "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA wal_autocheckpoint=10000;",
     "transaction_mode": "IMMEDIATE",
     "timeout": 30,
 }

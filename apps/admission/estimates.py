@@ -57,6 +57,7 @@ class Estimator:
         self._pools: dict[str, tuple[dict, Replay]] = {}  # pool -> (starts, the replay at the queue's end)
         self._index: dict | None = None
         self._newest: datetime | None = None
+        self.window_ids: set | frozenset = frozenset()  # the ids the last queue window read, all in the replay
 
     @classmethod
     def load(cls) -> Estimator:
@@ -252,14 +253,17 @@ def _exactly(job: Job) -> tuple[int | None, datetime | None]:
         if cached is None or not cached.queue or time.monotonic() - _shared.loaded_at > REUSE_SECONDS:
             cached = None
         since = cached.newest() - ARRIVAL_SLACK if cached is not None else FAR_FUTURE
-        found, total = rows.queue_window(since)  # one statement: one snapshot of the queue
+        seen = cached.window_ids if cached is not None else frozenset()
+        found, total, window_ids = rows.queue_window(since, seen)  # one statement: one snapshot of the queue
         short = total <= QUEUE_LIMIT
         if short and cached is not None:
             known = cached.index()
+            # (The jobs of the last window are in the replay already: rows.queue_window leaves them out.)
             arrived = [queued_row(*row) for row in found if row[0] not in known]
             # No job of the replay left the queue: the replay and the arrivals are all of it.
             if len(known) + len(arrived) == total:
                 cached.extend(arrived)
+                cached.window_ids = window_ids
                 position = cached.position(job)
                 if position is not None:
                     return position, _not_past(cached.estimate(job))

@@ -67,17 +67,21 @@ class JobTemplate(models.Model):
 class Job(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     name = models.CharField(max_length=100)
-    # No index of its own: (tenant, -created_at) and (tenant, state) below start with it.
+    # No index of its own: (tenant, -created_at) below starts with it.
     tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="jobs", db_index=False)
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs")
-    tier = models.ForeignKey("tenants.Tier", on_delete=models.PROTECT, related_name="jobs")
+    # No index of its own: every job's insert and state change paid for one, and jobs are never
+    # looked up by tier alone (the queue's order index starts with state); only deleting a tier
+    # or a SKU (both protected) scans the jobs table for one.
+    tier = models.ForeignKey("tenants.Tier", on_delete=models.PROTECT, related_name="jobs", db_index=False)
     template = models.ForeignKey(JobTemplate, null=True, blank=True, on_delete=models.PROTECT)
     params = models.JSONField(default=dict, blank=True)
     command = models.JSONField(null=True, blank=True)
     gpus = models.PositiveSmallIntegerField(default=1, help_text="GPUs per node.")
     nodes = models.PositiveSmallIntegerField(default=1, help_text="Gang size; 1 is a single-node job.")
     gpu_sku = models.ForeignKey(
-        "nodes.GpuSku", null=True, blank=True, on_delete=models.PROTECT, related_name="jobs", help_text="Empty: any SKU."
+        "nodes.GpuSku", null=True, blank=True, on_delete=models.PROTECT, related_name="jobs", db_index=False,
+        help_text="Empty: any SKU."
     )
     node_selector = models.JSONField(default=dict, blank=True)
     max_runtime_seconds = models.PositiveIntegerField(default=3600)
@@ -111,10 +115,6 @@ class Job(models.Model):
         indexes = [
             models.Index(fields=["tenant", "-created_at"]),
             models.Index(fields=["state", "created_at"]),
-            # A submit counts its tenant's queued jobs while it holds the tenant's lock
-            # (apps/jobs/services.py job_submit): covered by this index, the count does not read
-            # the job rows, so it stays short however long the queue grows.
-            models.Index(fields=["tenant", "state"], name="jobs_job_tenant_state_idx"),
             # A submit's answer counts the queued jobs and those ahead of it in queue order (tier,
             # then submit time: apps/admission/rows.py queued_and_ahead) from this index alone.
             models.Index(fields=["state", "tier", "created_at"], name="jobs_job_queue_order_idx"),
