@@ -106,9 +106,9 @@ class Inserter:
             for field, prep in self.preps
         ]
 
-    def insert(self, instance: Model) -> Model:
+    def insert(self, instance: Model, params: list | None = None) -> Model:
         with _cursor() as cursor:
-            cursor.execute(self.sql, self.params(instance))
+            cursor.execute(self.sql, self.params(instance) if params is None else params)
         return _saved(instance)
 
 
@@ -439,15 +439,23 @@ def tiers() -> dict:
     return {pk: (level, rank) for pk, level, rank in _all(statements()["tiers"], [])}
 
 
-def insert_job_and_event(job: Job, event: JobEvent) -> None:
-    """Both rows; on PostgreSQL in one statement (a data-modifying WITH: one round trip)."""
+def insert_params(job: Job, event: JobEvent) -> tuple[list, list]:
+    """The INSERT parameters of a new job and its event. A submit works them out before it
+    takes its lock (SQLite: the one write turn of every web process), which it then holds for
+    the statements alone."""
     s = statements()
+    return s["job"].params(job), s["event"].params(event)
+
+
+def insert_job_and_event(job: Job, event: JobEvent, params: tuple[list, list] | None = None) -> None:
+    """Both rows (`params`: insert_params' for them); on PostgreSQL in one statement (a
+    data-modifying WITH: one round trip)."""
+    s = statements()
+    job_params, event_params = params or insert_params(job, event)
     if connection.vendor != "postgresql":
-        s["job"].insert(job)
-        s["event"].insert(event)
+        s["job"].insert(job, job_params)
+        s["event"].insert(event, event_params)
         return
-    jobs, events = s["job"], s["event"]
-    params = jobs.params(job) + events.params(event)
     with _cursor() as cursor:
-        cursor.execute(f"WITH new_job AS ({jobs.sql}) {events.sql}", params)
+        cursor.execute(f"WITH new_job AS ({s['job'].sql}) {s['event'].sql}", job_params + event_params)
     _saved(job), _saved(event)

@@ -90,10 +90,12 @@ class Admission:
             if job is not None:
                 self.job, self.created = job, True
                 return job
+        job, event = jobs.new_job(tenant=self.tenant, user=self.user, spec=spec)
+        built = (job, event, rows.insert_params(job, event))  # before the lock, which then covers the statements alone
         try:
             with write_turn() as turn:  # SQLite: submissions queue for its one write lock (writer.py)
                 self.job, self.created = _admit(tenant=self.tenant, user=self.user, spec=spec, key=self.key,
-                                                digest=self.digest, limits=self.limits, turn=turn)  # fmt: skip
+                                                digest=self.digest, limits=self.limits, turn=turn, built=built)  # fmt: skip
         except IntegrityError:
             self.job = idempotency.replay(tenant=self.tenant, key=self.key, digest=self.digest)
             if self.job is None:
@@ -128,7 +130,7 @@ def _admit_in_one_statement(*, tenant: Tenant, user, spec: JobSpec, limits: dict
 
 @transaction.atomic
 def _admit(*, tenant: Tenant, user, spec: JobSpec, key: str | None, digest: str,
-           limits: dict, turn=None) -> tuple[Job, bool]:  # fmt: skip
+           limits: dict, turn=None, built: tuple | None = None) -> tuple[Job, bool]:  # fmt: skip
     end_turn_at_commit(turn)  # first of the commit hooks: before the dispatch request
     # The tenant's row lock serializes this tenant's submissions, so the key, the cache lookups
     # and the queued-job count all see each other's writes. PostgreSQL: SELECT ... FOR NO KEY UPDATE.
@@ -146,7 +148,8 @@ def _admit(*, tenant: Tenant, user, spec: JobSpec, key: str | None, digest: str,
         quotas.check_gpu_hours(tenant=tenant, limits=limits, gpus_wanted=spec.gpus * spec.nodes)
     # job_submit's own body (`__wrapped__`, without its @transaction.atomic): this transaction
     # is the one it needs, and a savepoint would be two more statements while the lock is held.
-    job = job_submit.__wrapped__(tenant=tenant, user=user, spec=spec, limits=limits, locked=True, dispatch=False)
+    job = job_submit.__wrapped__(tenant=tenant, user=user, spec=spec, limits=limits, locked=True, dispatch=False,
+                                 built=built)  # fmt: skip
     dispatch.after_commit()  # after the turn's hook: the turn ends before the request is sent
     if origin is not None:
         _serve_from_cache(job, origin)

@@ -140,11 +140,13 @@ def tenant_limits(tenant: Tenant) -> dict:
 
 @transaction.atomic
 def job_submit(*, tenant: Tenant, user, spec: JobSpec, limits: dict | None = None, locked: bool = False,
-               dispatch: bool = True) -> Job:  # fmt: skip
+               dispatch: bool = True, built: tuple[Job, JobEvent, tuple] | None = None) -> Job:  # fmt: skip
     # Lock the tenant row so concurrent submits of one tenant count queued jobs one at a time.
     # `locked`: the caller (admission) holds that lock already in this transaction and passes
     # the tenant with its tier loaded and its `limits`, so none of it is read twice, and asks
     # for the dispatch pass itself (`dispatch=False`: apps/admission/dispatch.py coalesces them).
+    # `built`: the job, its event and their insert parameters, made before the lock (new_job,
+    # rows.insert_params), so that the lock is held for the statements alone.
     if not locked:
         tenant = Tenant.objects.select_for_update(no_key=True).select_related("tier").get(pk=tenant.pk)
     check_allowed(tenant, spec)
@@ -155,8 +157,8 @@ def job_submit(*, tenant: Tenant, user, spec: JobSpec, limits: dict | None = Non
     queued = rows.queued_kept(tenant, lock=True) or 0
     if queued >= limits["max_queued_jobs"]:
         raise queue_full(tenant, queued, limits)
-    job, event = new_job(tenant=tenant, user=user, spec=spec)
-    rows.insert_job_and_event(job, event)
+    job, event, params = built or (*new_job(tenant=tenant, user=user, spec=spec), None)
+    rows.insert_job_and_event(job, event, params)
     if dispatch:
         trigger_dispatch()
     return job
