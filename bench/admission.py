@@ -33,33 +33,41 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "bench" / "40-admission.md"
 FIGURES = ROOT / "docs" / "bench" / "40-admission.json"  # the latest run on each backend
-BELOW_TARGET = """Below the target. Both endpoints keep busy the cores the machine leaves them (the client's 8
-threads take about 0.9 ms of CPU a request, the database server 0.3 ms a ping and 2 ms a submit
-on PostgreSQL), so the rates follow the CPU per request and the machine's other load, which moves
-the two runs of the minimal endpoint by up to 10% within one bench (the ping rows).
+BELOW_TARGET = """Below the target, close to it, and inside this machine's noise: on one day and one commit
+(ba1f10f) the same harness gave SQLite's one-tenant row between 0.45 and 0.55 and its
+four-tenant row between 0.44 and 0.52 (eight runs; the server's CPU per submit moved between
+3.4 and 3.7 ms, a ping's between 1.4 and 1.5), PostgreSQL's rows 0.42-0.49. Both endpoints keep
+busy what the machine leaves them (the client's 8 threads take ~0.9 ms of CPU a request;
+PostgreSQL's server 1.2 ms a submit and 0.3 a ping), so the rates follow CPU per request.
 
-Where a submit's web CPU goes now (py-spy, GIL-holding samples, under this load, SQLite): token
-auth 21% (the same statement as ping's), the write 19% (write turn, Django's transaction, the
-kept count, the two inserts), the rate-limit script 8%, the 201's position and estimate 8%, the
-membership statement 8%, validation 4%, the 201 2%; the rest is gunicorn, Django's middleware
-and DRF's POST handling. On PostgreSQL the database server spends about 2 ms a submit (0.3 a
-ping): the membership's six-table join 0.4, the one-statement write 0.6 (two inserts, 14 index
-entries, the trigger, five foreign-key checks, the commit), the 201's window, auth.
+Where a submit's web CPU goes (one thread, in-process, thread CPU time; a ping is 0.7 ms of
+which auth 0.42): 2.4-2.6 ms, of which token auth 0.54 (the same statement as ping's), the
+write 0.58 (SQLite: BEGIN IMMEDIATE, the kept count, two inserts, commit), the membership
+statement 0.21, the rate-limit script 0.21, validation 0.12, the 201's position and estimate
+0.10 (0.24 while the queue is under 1,000 and the answer replays it), the 201 0.05; the rest is
+Django's middleware and DRF's POST handling. Under gunicorn's threads a submit costs ~1 ms more
+than that, a ping ~0.75: on SQLite a submit holds the write turn ~1.5 ms for ~0.4 ms of work,
+mostly waiting to take the GIL back between its four SQLite calls, and the other submits wait
+for the turn (a 1 ms GIL switch interval shortened the hold to ~1.5 from ~1.7 ms and moved the
+rates by ~3%, inside the noise; not adopted).
 
-Changed this round (docs/admission.md, "What a submit costs", and Quotas): the queued-job cap
-reads each tenant's count kept by triggers on the jobs table instead of counting the tenant's
-queue (which grew with it); on PostgreSQL the usual submit checks the cap and inserts the job
-and its event in one statement committed on its own (was BEGIN, the tenant's lock, the count,
-the insert, COMMIT, with the lock held throughout); the statements of the submit path are bound
-and prepared on the server; the 201's window takes the queue's length from the kept counts (was
-a count of the older queued jobs) and the jobs queued since come back one row a tier. Before
-this round (full runs on this machine's slower day): SQLite 0.40 / 0.43, PostgreSQL 0.33 /
-0.43. Before the round before: 0.19 and 0.14.
+Changed this session (docs/admission.md "What a submit costs" and "Quotas"): the queued-job cap
+reads a per-tenant count kept by triggers on the jobs table (was a count of the tenant's queue);
+PostgreSQL writes the usual submit in one statement (was BEGIN, lock, count, insert, COMMIT);
+the submit's PostgreSQL statements are bound on the server and prepared (the membership join's
+server CPU 0.43 -> 0.08 ms; PostgreSQL's CPU per submit 2.1 -> 1.2 ms); the jobs-since counts
+of a long queue are index ranges per tier (a GROUP BY made SQLite walk the whole queue); the
+201's window no longer counts the queue nor converts the jobs its last window read; the jobs
+table lost three indexes; SQLite checkpoints its WAL every 10,000 pages (the commit crossing
+1,000 did it under the write lock); the rows are built before the write lock; hiredis parses
+Redis replies. Full runs after the first of these changes (e8fa2d5, same day): SQLite 0.48 /
+0.40, PostgreSQL 0.43 / 0.40; the session before ended at SQLite 0.40 / 0.43, PostgreSQL
+0.33 / 0.43 (a slower day), and began at 0.19 and 0.14.
 
 Tried and left: other gunicorn worker/thread mixes (4x2, no change), a shorter GIL switch
-interval (0.5 and 1 ms: no change outside the noise), caching templates, SKUs and tiers per
-process (a template's version bump must miss the result cache at once), dropping the jobs
-table's foreign keys to tier, user, SKU and template (no change in the write's server CPU)."""
+interval (above), caching templates, SKUs and tiers per process (a template's version bump must
+miss the result cache at once), dropping the jobs table's foreign keys to tier, user, SKU and
+template (no change in the write's server CPU)."""
 SUBMIT = {"template": "demo-train", "params": {"steps": 1}, "gpus": 1, "gpu_sku": "H100-80GB"}
 
 
