@@ -33,12 +33,10 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "bench" / "40-admission.md"
 FIGURES = ROOT / "docs" / "bench" / "40-admission.json"  # the latest run on each backend
-BELOW_TARGET = """Below the target, close to it, and inside this machine's noise: on one day and one commit
-(ba1f10f) the same harness gave SQLite's one-tenant row between 0.45 and 0.55 and its
-four-tenant row between 0.44 and 0.52 (eight runs; the server's CPU per submit moved between
-3.4 and 3.7 ms, a ping's between 1.4 and 1.5), PostgreSQL's rows 0.42-0.49. Both endpoints keep
-busy what the machine leaves them (the client's 8 threads take ~0.9 ms of CPU a request;
-PostgreSQL's server 1.2 ms a submit and 0.3 a ping), so the rates follow CPU per request.
+BELOW_TARGET = """Below the target and close to it: the rounds above differ by up to 0.15 within one run,
+more than what is missing. Both endpoints keep busy what the machine leaves them (the client's
+8 threads take ~0.9 ms of CPU a request; PostgreSQL's server 1.2 ms a submit and 0.3 a ping),
+so the rates follow CPU per request: 3.4-3.8 ms a submit against 1.4-1.7 a ping.
 
 Where a submit's web CPU goes (one thread, in-process, thread CPU time; a ping is 0.7 ms of
 which auth 0.42): 2.4-2.6 ms, of which token auth 0.54 (the same statement as ping's), the
@@ -60,14 +58,16 @@ of a long queue are index ranges per tier (a GROUP BY made SQLite walk the whole
 201's window no longer counts the queue nor converts the jobs its last window read; the jobs
 table lost three indexes; SQLite checkpoints its WAL every 10,000 pages (the commit crossing
 1,000 did it under the write lock); the rows are built before the write lock; hiredis parses
-Redis replies. Full runs after the first of these changes (e8fa2d5, same day): SQLite 0.48 /
+Redis replies; and the bench runs interleaved rounds with a median (one ping before and one
+after a single submit run each, until now). Full runs after the first of these changes (e8fa2d5, same day): SQLite 0.48 /
 0.40, PostgreSQL 0.43 / 0.40; the session before ended at SQLite 0.40 / 0.43, PostgreSQL
 0.33 / 0.43 (a slower day), and began at 0.19 and 0.14.
 
 Tried and left: other gunicorn worker/thread mixes (4x2, no change), a shorter GIL switch
 interval (above), caching templates, SKUs and tiers per process (a template's version bump must
 miss the result cache at once), dropping the jobs table's foreign keys to tier, user, SKU and
-template (no change in the write's server CPU)."""
+template (no change in the write's server CPU), checking the cap inside the job's INSERT on
+SQLite (one statement fewer under the write turn: no change outside the noise)."""
 SUBMIT = {"template": "demo-train", "params": {"steps": 1}, "gpus": 1, "gpu_sku": "H100-80GB"}
 
 
@@ -167,7 +167,22 @@ def hammer(
         codes[code] = codes.get(code, 0) + 1
     return {"n": count, "per_second": count / seconds, "p50_ms": statistics.median(latencies) * 1000,
             "p99_ms": percentile(latencies, 0.99) * 1000, "codes": codes, "cpu_ms": cpu / count * 1000,
-            "busy": cpu / seconds}  # fmt: skip
+            "busy": cpu / seconds, "seconds": seconds, "latencies": latencies}  # fmt: skip
+
+
+def merged(parts: list[dict]) -> dict:
+    """Several `hammer` runs of one kind as one: rates over their summed time, latency
+    percentiles over all their requests, CPU per request over all of them."""
+    n, seconds = sum(p["n"] for p in parts), sum(p["seconds"] for p in parts)
+    latencies = [x for p in parts for x in p["latencies"]]
+    codes: dict = {}
+    for part in parts:
+        for code, k in part["codes"].items():
+            codes[code] = codes.get(code, 0) + k
+    cpu = sum(p["cpu_ms"] * p["n"] for p in parts) / n
+    return {"n": n, "per_second": n / seconds, "p50_ms": statistics.median(latencies) * 1000,
+            "p99_ms": percentile(latencies, 0.99) * 1000, "codes": codes, "cpu_ms": cpu,
+            "busy": cpu * n / 1000 / seconds, "seconds": seconds}  # fmt: skip
 
 
 def bucket_check_latency(redis_url: str, count: int) -> dict:
@@ -200,6 +215,7 @@ def bucket_check_latency(redis_url: str, count: int) -> dict:
 
 
 TENANTS = 4  # the several-tenant case: one member each, the client threads spread over them
+ROUNDS = 3  # interleaved rounds of ping, one-tenant submits, spread submits (then a last ping)
 
 
 def web_options() -> list[str]:
@@ -279,14 +295,20 @@ def render(runs: dict) -> str:
         if backend not in runs:
             continue
         run = runs[backend]
-        ping, ping_after, submit, spread, check = (run[k] for k in ("ping", "ping_after", "submit", "spread", "check"))
-        ping_rate = (ping["per_second"] + ping_after["per_second"]) / 2
-        ping_cpu = (ping["cpu_ms"] + ping_after["cpu_ms"]) / 2
-        ratios += [submit["per_second"] / ping_rate, spread["per_second"] / ping_rate]
+        ping, submit, spread, check = (run[k] for k in ("ping", "submit", "spread", "check"))
+        ping_rate, ping_cpu = ping["per_second"], ping["cpu_ms"]
+        # Each round's submits against the minimal endpoint's runs just before and after them;
+        # the median over the rounds.
+        rounds = run.get("ratios") or {  # a figure saved before the rounds: one ping before, one after
+            kind: [run[kind]["per_second"] / ((ping_rate + run["ping_after"]["per_second"]) / 2)] for kind in ("submit", "spread")
+        }  # fmt: skip
+        ratio = {kind: statistics.median(rounds[kind]) for kind in ("submit", "spread")}
+        ratios += list(ratio.values())
 
-        def row(what: str, r: dict, ping_rate=ping_rate) -> str:
+        def row(what: str, r: dict, kind: str, rounds=rounds, ratio=ratio) -> str:
+            each = ", ".join(f"{x:.2f}" for x in rounds[kind])
             return (f"| {what}, {r['n']} requests | {r['per_second']:.0f} /s (p50 {r['p50_ms']:.0f} ms, p99 "
-                    f"{r['p99_ms']:.0f} ms) | {r['cpu_ms']:.1f} ms | {r['per_second'] / ping_rate:.2f} |")  # fmt: skip
+                    f"{r['p99_ms']:.0f} ms) | {r['cpu_ms']:.1f} ms | {ratio[kind]:.2f} ({each}) |")  # fmt: skip
 
         parts.append(f"""### {backend}
 
@@ -295,11 +317,16 @@ Command: `{run["command"]}` ({backend}, Redis; gunicorn with the Procfile's opti
 shared with other work: load average {run["load"]:.1f} at the start; no dispatcher or agents run, so
 every admitted job stays queued).
 
+{len(rounds["submit"])} rounds, each: the minimal endpoint, the submits of one tenant, the submits spread over
+{TENANTS} tenants; the minimal endpoint once more at the end. The last column is the median over the
+rounds of each round's rate against the mean of the minimal endpoint's runs just before and
+after it (each round's ratio in brackets), so drift in the machine's other load cancels.
+
 | figure | rate | server CPU per request | / minimal endpoint |
 |---|---|---|---|
-| minimal authenticated DRF endpoint (`GET /bench/ping/`, token auth), mean of the runs before and after | {ping_rate:.0f} req/s | {ping_cpu:.1f} ms | 1 |
-{row("submits through the whole stack (`POST /api/v1/jobs/`: auth, rate-limit script, validation, queued-job cap on the kept count, insert + audit event, dispatch trigger), all clients one tenant (the worst case)", submit)}
-{row(f"the same submits, clients spread over {TENANTS} tenants", spread)}
+| minimal authenticated DRF endpoint (`GET /bench/ping/`, token auth), all its runs, {ping["n"]} requests | {ping_rate:.0f} req/s | {ping_cpu:.1f} ms | 1 |
+{row("submits through the whole stack (`POST /api/v1/jobs/`: auth, rate-limit script, validation, queued-job cap on the kept count, insert + audit event, dispatch trigger), all clients one tenant (the worst case)", submit, "submit")}
+{row(f"the same submits, clients spread over {TENANTS} tenants", spread, "spread")}
 
 Status codes: submits {submit["codes"]} and {spread["codes"]}, minimal endpoint {ping["codes"]}. One
 bucket check (Lua script over the tenant and user buckets, one round trip), {check["n"]} checks:
@@ -318,10 +345,11 @@ much less than the rates with the machine's other load).
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument(
-        "--quick", action="store_true", help="600 requests per run, 2,000 bucket checks"
+        "--quick", action="store_true", help="600 requests per row, 2,000 bucket checks"
     )
     args = parser.parse_args()
     requests_n, checks_n, threads = (600, 2000, 8) if args.quick else (3000, 20000, 8)
+    per_round = requests_n // ROUNDS
     os.environ.setdefault("SECRET_KEY", "bench-only")
     backend = (
         "PostgreSQL"
@@ -343,10 +371,11 @@ def main() -> int:
             pid = platform.processes["web"].pid
             ping_url, submit_url = platform.url + "/bench/ping/", platform.url + "/api/v1/jobs/"
             hammer(ping_url, one, 50, threads, None)  # warm both workers
-            ping = hammer(ping_url, one, requests_n, threads, None, pid)
-            submit = hammer(submit_url, one, requests_n, threads, SUBMIT, pid)
-            spread = hammer(submit_url, several, requests_n, threads, SUBMIT, pid)
-            ping_after = hammer(ping_url, one, requests_n, threads, None, pid)
+            pings, submits, spreads = [hammer(ping_url, one, per_round, threads, None, pid)], [], []
+            for _ in range(ROUNDS):
+                submits.append(hammer(submit_url, one, per_round, threads, SUBMIT, pid))
+                spreads.append(hammer(submit_url, several, per_round, threads, SUBMIT, pid))
+                pings.append(hammer(ping_url, one, per_round, threads, None, pid))
             os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuplatform.settings")
             import django
 
@@ -357,14 +386,17 @@ def main() -> int:
                 platform.stop()
             if redis_server:
                 redis_server.stop()
-    print(f"ping {ping}\nsubmit one tenant {submit}\nsubmit {TENANTS} tenants {spread}\nping after {ping_after}\n"
+    ratios = {kind: [run["per_second"] / ((pings[i]["per_second"] + pings[i + 1]["per_second"]) / 2)
+                     for i, run in enumerate(runs_of)] for kind, runs_of in (("submit", submits), ("spread", spreads))}  # fmt: skip
+    ping, submit, spread = merged(pings), merged(submits), merged(spreads)
+    print(f"ping {ping}\nsubmit one tenant {submit}\nsubmit {TENANTS} tenants {spread}\nratios {ratios}\n"
           f"bucket check {check}", flush=True)  # fmt: skip
     command = "python -m bench.admission" + (" --quick" if args.quick else "")
     if backend == "PostgreSQL":
         command = "DATABASE_URL=postgres://... " + command
     runs = json.loads(FIGURES.read_text()) if FIGURES.exists() else {}
-    runs[backend] = {"command": command, "load": load, "threads": threads, "ping": ping, "ping_after": ping_after,
-                     "submit": submit, "spread": spread, "check": check}  # fmt: skip
+    runs[backend] = {"command": command, "load": load, "threads": threads, "ping": ping, "submit": submit,
+                     "spread": spread, "ratios": ratios, "check": check}  # fmt: skip
     FIGURES.parent.mkdir(parents=True, exist_ok=True)
     FIGURES.write_text(json.dumps(runs, indent=1, sort_keys=True) + "\n")
     OUT.write_text(render(runs))
