@@ -85,13 +85,12 @@ class Admission:
     def submit(self, spec: JobSpec) -> Job:
         """Step 4. A concurrent request that recorded the same key first wins; this one then
         answers as its replay."""
+        job, event = jobs.new_job(tenant=self.tenant, user=self.user, spec=spec)  # made before any lock
         if self.key is None and _in_one_statement() and not cache.cache_key(spec, self.tenant):
-            job = _admit_in_one_statement(tenant=self.tenant, user=self.user, spec=spec, limits=self.limits)
-            if job is not None:
+            if _admit_in_one_statement(tenant=self.tenant, spec=spec, limits=self.limits, job=job, event=event):
                 self.job, self.created = job, True
                 return job
-        job, event = jobs.new_job(tenant=self.tenant, user=self.user, spec=spec)
-        built = (job, event, rows.insert_params(job, event))  # before the lock, which then covers the statements alone
+        built = (job, event, rows.insert_params(job, event))  # so that the lock covers the statements alone
         try:
             with write_turn() as turn:  # SQLite: submissions queue for its one write lock (writer.py)
                 self.job, self.created = _admit(tenant=self.tenant, user=self.user, spec=spec, key=self.key,
@@ -107,25 +106,24 @@ def _in_one_statement() -> bool:
     return connection.vendor == "postgresql" and not connection.in_atomic_block
 
 
-def _admit_in_one_statement(*, tenant: Tenant, user, spec: JobSpec, limits: dict) -> Job | None:
+def _admit_in_one_statement(*, tenant: Tenant, spec: JobSpec, limits: dict, job: Job, event) -> bool:
     """The usual submit on PostgreSQL (no Idempotency-Key, a template that is not cached) in
     one statement, committed on its own (rows.admit): the cap's check on the tenant's kept
     count, under that row's lock, and the job and its event. The transaction of `_admit` took
     five round trips (BEGIN, the tenant's lock, the count, the insert, COMMIT), all while
-    holding the lock, and the count grew with the queue. None: the tenant has no count row
-    yet (its first job), and `_admit` takes it from here."""
+    holding the lock, and the count grew with the queue. False: nothing written, the tenant
+    has no count row yet (its first job), and `_admit` takes it from here."""
     quotas.check_gpu_hours(tenant=tenant, limits=limits, gpus_wanted=spec.gpus * spec.nodes)
     jobs.check_allowed(tenant, spec)
-    job, event = jobs.new_job(tenant=tenant, user=user, spec=spec)
     cap = limits["max_queued_jobs"]
     while rows.admit(job, event, cap=cap) is None:
         queued = rows.queued_kept(tenant)  # why not: a job may have left the queue since
         if queued is None:
-            return None
+            return False
         if queued >= cap:
             raise jobs.queue_full(tenant, queued, limits)
     dispatch.request_soon()
-    return job
+    return True
 
 
 @transaction.atomic
