@@ -68,6 +68,12 @@ interval (above), caching templates, SKUs and tiers per process (a template's ve
 miss the result cache at once), dropping the jobs table's foreign keys to tier, user, SKU and
 template (no change in the write's server CPU), checking the cap inside the job's INSERT on
 SQLite (one statement fewer under the write turn: no change outside the noise)."""
+YARDSTICK = """
+The yardstick is the minimal endpoint as DRF ships it, the same as in every run before. The
+platform's API authentication (apps/tenants/auth.py: DRF's token check with its lookup one
+prepared statement instead of an ORM query compiled per request, and for a submit the same
+statement reading the submitter) makes the platform's own minimal endpoint about twice as fast
+in CPU; the last column puts the submits beside that one too."""
 SUBMIT = {"template": "demo-train", "params": {"steps": 1}, "gpus": 1, "gpu_sku": "H100-80GB"}
 
 
@@ -94,14 +100,27 @@ def __getattr__(name: str):
     # Lazy so that importing this module (bench.run_all does) needs no Django settings.
     if name == "urlpatterns":
         from django.urls import include, path
+        from rest_framework.authentication import TokenAuthentication
+        from rest_framework.permissions import IsAuthenticated
         from rest_framework.response import Response
         from rest_framework.views import APIView
 
         class Ping(APIView):
+            """The yardstick: DRF's own token authentication (its ORM lookup), as in every run so far."""
+
+            authentication_classes = [TokenAuthentication]
+            permission_classes = [IsAuthenticated]
+
             def get(self, request):
                 return Response({"ok": True})
 
-        return [path("bench/ping/", Ping.as_view()), path("", include("gpuplatform.urls"))]
+        class PlatformPing(Ping):
+            """The same with the platform's API authentication (apps.tenants.auth)."""
+
+            authentication_classes = APIView.authentication_classes
+
+        return [path("bench/ping/", Ping.as_view()), path("bench/ping-platform/", PlatformPing.as_view()),
+                path("", include("gpuplatform.urls"))]  # fmt: skip
     raise AttributeError(name)
 
 
@@ -215,7 +234,7 @@ def bucket_check_latency(redis_url: str, count: int) -> dict:
 
 
 TENANTS = 4  # the several-tenant case: one member each, the client threads spread over them
-ROUNDS = 3  # interleaved rounds of ping, one-tenant submits, spread submits (then a last ping)
+ROUNDS = 5  # interleaved rounds: the minimal endpoints, one-tenant submits, spread submits (then the minimal endpoints again)
 
 
 def web_options() -> list[str]:
@@ -305,10 +324,22 @@ def render(runs: dict) -> str:
         ratio = {kind: statistics.median(rounds[kind]) for kind in ("submit", "spread")}
         ratios += list(ratio.values())
 
-        def row(what: str, r: dict, kind: str, rounds=rounds, ratio=ratio) -> str:
+        own, own_rounds = run.get("own_ping"), run.get("own_ratios")
+
+        def row(what: str, r: dict, kind: str, rounds=rounds, ratio=ratio, own_rounds=own_rounds) -> str:
             each = ", ".join(f"{x:.2f}" for x in rounds[kind])
+            mine = f" {statistics.median(own_rounds[kind]):.2f} |" if own_rounds else ""
             return (f"| {what}, {r['n']} requests | {r['per_second']:.0f} /s (p50 {r['p50_ms']:.0f} ms, p99 "
-                    f"{r['p99_ms']:.0f} ms) | {r['cpu_ms']:.1f} ms | {ratio[kind]:.2f} ({each}) |")  # fmt: skip
+                    f"{r['p99_ms']:.0f} ms) | {r['cpu_ms']:.1f} ms | {ratio[kind]:.2f} ({each}) |{mine}")  # fmt: skip
+
+        if own:
+            head = "| figure | rate | server CPU per request | / minimal DRF endpoint | / same with the platform's auth |\n|---|---|---|---|---|"
+            own_row = (f"| the same endpoint with the platform's API authentication (`GET /bench/ping-platform/`: "
+                       f"apps.tenants.auth, one prepared statement), {own['n']} requests | {own['per_second']:.0f} req/s | "
+                       f"{own['cpu_ms']:.1f} ms | {own['per_second'] / ping_rate:.2f} | 1 |\n")  # fmt: skip
+            ping_tail = " |"
+        else:  # a figure saved before the platform's own authentication
+            head, own_row, ping_tail = "| figure | rate | server CPU per request | / minimal endpoint |\n|---|---|---|---|", "", ""
 
         parts.append(f"""### {backend}
 
@@ -317,15 +348,14 @@ Command: `{run["command"]}` ({backend}, Redis; gunicorn with the Procfile's opti
 shared with other work: load average {run["load"]:.1f} at the start; no dispatcher or agents run, so
 every admitted job stays queued).
 
-{len(rounds["submit"])} rounds, each: the minimal endpoint, the submits of one tenant, the submits spread over
-{TENANTS} tenants; the minimal endpoint once more at the end. The last column is the median over the
+{len(rounds["submit"])} rounds, each: the minimal endpoint{"s" if own else ""}, the submits of one tenant, the submits spread over
+{TENANTS} tenants; the minimal endpoint{"s" if own else ""} once more at the end. A ratio is the median over the
 rounds of each round's rate against the mean of the minimal endpoint's runs just before and
-after it (each round's ratio in brackets), so drift in the machine's other load cancels.
+after it (each round's ratio in brackets), so drift in the machine's other load cancels.{YARDSTICK if own else ""}
 
-| figure | rate | server CPU per request | / minimal endpoint |
-|---|---|---|---|
-| minimal authenticated DRF endpoint (`GET /bench/ping/`, token auth), all its runs, {ping["n"]} requests | {ping_rate:.0f} req/s | {ping_cpu:.1f} ms | 1 |
-{row("submits through the whole stack (`POST /api/v1/jobs/`: auth, rate-limit script, validation, queued-job cap on the kept count, insert + audit event, dispatch trigger), all clients one tenant (the worst case)", submit, "submit")}
+{head}
+| minimal authenticated DRF endpoint (`GET /bench/ping/`: DRF's own TokenAuthentication and IsAuthenticated), all its runs, {ping["n"]} requests | {ping_rate:.0f} req/s | {ping_cpu:.1f} ms | 1 |{ping_tail}
+{own_row}{row("submits through the whole stack (`POST /api/v1/jobs/`: auth, rate-limit script, validation, queued-job cap on the kept count, insert + audit event, dispatch trigger), all clients one tenant (the worst case)", submit, "submit")}
 {row(f"the same submits, clients spread over {TENANTS} tenants", spread, "spread")}
 
 Status codes: submits {submit["codes"]} and {spread["codes"]}, minimal endpoint {ping["codes"]}. One
@@ -370,12 +400,20 @@ def main() -> int:
             one, several = [platform.tokens["bob"]], platform.tenant_tokens
             pid = platform.processes["web"].pid
             ping_url, submit_url = platform.url + "/bench/ping/", platform.url + "/api/v1/jobs/"
+            own_url = platform.url + "/bench/ping-platform/"
             hammer(ping_url, one, 50, threads, None)  # warm both workers
-            pings, submits, spreads = [hammer(ping_url, one, per_round, threads, None, pid)], [], []
+            hammer(own_url, one, 50, threads, None)
+            pings, owns, submits, spreads = [], [], [], []
+
+            def minimal() -> None:
+                pings.append(hammer(ping_url, one, per_round, threads, None, pid))
+                owns.append(hammer(own_url, one, per_round, threads, None, pid))
+
+            minimal()
             for _ in range(ROUNDS):
                 submits.append(hammer(submit_url, one, per_round, threads, SUBMIT, pid))
                 spreads.append(hammer(submit_url, several, per_round, threads, SUBMIT, pid))
-                pings.append(hammer(ping_url, one, per_round, threads, None, pid))
+                minimal()
             os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuplatform.settings")
             import django
 
@@ -386,17 +424,21 @@ def main() -> int:
                 platform.stop()
             if redis_server:
                 redis_server.stop()
-    ratios = {kind: [run["per_second"] / ((pings[i]["per_second"] + pings[i + 1]["per_second"]) / 2)
-                     for i, run in enumerate(runs_of)] for kind, runs_of in (("submit", submits), ("spread", spreads))}  # fmt: skip
-    ping, submit, spread = merged(pings), merged(submits), merged(spreads)
-    print(f"ping {ping}\nsubmit one tenant {submit}\nsubmit {TENANTS} tenants {spread}\nratios {ratios}\n"
-          f"bucket check {check}", flush=True)  # fmt: skip
+    def against(minimal_runs: list[dict]) -> dict:
+        return {kind: [run["per_second"] / ((minimal_runs[i]["per_second"] + minimal_runs[i + 1]["per_second"]) / 2)
+                       for i, run in enumerate(runs_of)] for kind, runs_of in (("submit", submits), ("spread", spreads))}  # fmt: skip
+
+    ratios, own_ratios = against(pings), against(owns)
+    ping, own, submit, spread = merged(pings), merged(owns), merged(submits), merged(spreads)
+    print(f"ping {ping}\nping, platform auth {own}\nsubmit one tenant {submit}\nsubmit {TENANTS} tenants {spread}\n"
+          f"ratios {ratios}\nagainst the platform-auth ping {own_ratios}\nbucket check {check}", flush=True)  # fmt: skip
     command = "python -m bench.admission" + (" --quick" if args.quick else "")
     if backend == "PostgreSQL":
         command = "DATABASE_URL=postgres://... " + command
     runs = json.loads(FIGURES.read_text()) if FIGURES.exists() else {}
     runs[backend] = {"command": command, "load": load, "threads": threads, "ping": ping, "submit": submit,
-                     "spread": spread, "ratios": ratios, "check": check}  # fmt: skip
+                     "spread": spread, "ratios": ratios, "check": check, "own_ping": own,
+                     "own_ratios": own_ratios}  # fmt: skip
     FIGURES.parent.mkdir(parents=True, exist_ok=True)
     FIGURES.write_text(json.dumps(runs, indent=1, sort_keys=True) + "\n")
     OUT.write_text(render(runs))

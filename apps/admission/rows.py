@@ -17,8 +17,10 @@ import uuid
 from datetime import UTC, datetime
 from functools import cache
 
+from django.contrib.auth import get_user_model
 from django.db import connection
 from django.db.models import AutoField, BigAutoField, Model
+from rest_framework.authtoken.models import Token
 
 from apps.admission.models import QueuedCount
 from apps.jobs.models import Job, JobEvent, JobTemplate
@@ -147,6 +149,27 @@ def _statements(vendor: str) -> dict:
         f"LEFT OUTER JOIN {_q(GpuSku._meta.db_table)} {_q('k')} ON {_q('k')}.{col(GpuSku, 'name')} = %s "
         f"WHERE {_q('m')}.{col(Membership, 'user')} = %s"
     )  # fmt: skip
+    # An API token with its user (DRF's TokenAuthentication reads the same through the ORM),
+    # and for a submit, in the same statement, all that `submitter` reads: the membership
+    # (none: the user belongs to no tenant, and every column of the rest is NULL too).
+    User = get_user_model()
+    token, user, user_pk = Reader(Token, "tk"), Reader(User, "u"), _q(User._meta.pk.column)
+    token_user = (
+        f"SELECT {token.columns}, {user.columns} FROM {_q(Token._meta.db_table)} {_q('tk')} "
+        f"INNER JOIN {_q(User._meta.db_table)} {_q('u')} ON {_q('tk')}.{col(Token, 'user')} = {_q('u')}.{user_pk}"
+    )
+    token_submitter = (
+        f"SELECT {token.columns}, {user.columns}, {m.columns}, {t.columns}, {r.columns}, {q.columns}, "
+        f"{named_template.columns}, {named_sku.columns} FROM {_q(Token._meta.db_table)} {_q('tk')} "
+        f"INNER JOIN {_q(User._meta.db_table)} {_q('u')} ON {_q('tk')}.{col(Token, 'user')} = {_q('u')}.{user_pk} "
+        f"LEFT OUTER JOIN {_q(Membership._meta.db_table)} {_q('m')} ON {_q('m')}.{col(Membership, 'user')} = {_q('u')}.{user_pk} "
+        f"LEFT OUTER JOIN {_q(Tenant._meta.db_table)} {_q('t')} ON {_q('m')}.{col(Membership, 'tenant')} = {_q('t')}.{col(Tenant, 'id')} "
+        f"LEFT OUTER JOIN {_q(tier.db_table)} {_q('r')} ON {_q('t')}.{col(Tenant, 'tier')} = {_q('r')}.{col(Tier, 'id')} "
+        f"LEFT OUTER JOIN {_q(Quota._meta.db_table)} {_q('q')} ON {_q('q')}.{col(Quota, 'tenant')} = {_q('t')}.{col(Tenant, 'id')} "
+        f"LEFT OUTER JOIN {_q(JobTemplate._meta.db_table)} {_q('x')} ON {_q('x')}.{col(JobTemplate, 'name')} = %s "
+        f"LEFT OUTER JOIN {_q(GpuSku._meta.db_table)} {_q('k')} ON {_q('k')}.{col(GpuSku, 'name')} = %s "
+        f"WHERE {_q('tk')}.{col(Token, 'key')} = %s"
+    )  # fmt: skip
     counts, counted = _q(QueuedCount._meta.db_table), col(QueuedCount, "queued")
     counts_tenant = col(QueuedCount, "tenant")
     jobs, events = Inserter(Job), Inserter(JobEvent)
@@ -168,6 +191,9 @@ def _statements(vendor: str) -> dict:
     return {
         "readers": (m, t, r, q, named_template, named_sku),
         "submitter": submitter,
+        "token_readers": (token, user),
+        "token_user": f"{token_user} WHERE {_q('tk')}.{col(Token, 'key')} = %s",
+        "token_submitter": token_submitter,
         # The same template and SKU on their own (a submit that did not name them with the
         # membership: the web form), with the same readers.
         "template": (
@@ -295,11 +321,22 @@ def membership_of(user, *, template: str | None = None, sku: str | None = None) 
     row = _one(s["submitter"], [template, sku, user.pk])
     if row is None:
         return None
+    return _membership(_built(s["readers"], row), template=template, sku=sku)
+
+
+def _built(readers, row) -> list:
+    """Each reader's instance from its slice of `row`, in order."""
     parts, start = [], 0
-    for reader in s["readers"]:
+    for reader in readers:
         parts.append(reader.build(row[start : start + reader.width]))
         start += reader.width
+    return parts
+
+
+def _membership(parts: list, *, template: str | None, sku: str | None) -> Membership | None:
     membership, tenant, tier, quota, named_template, named_sku = parts
+    if membership is None:
+        return None
     Membership.tenant.field.set_cached_value(membership, tenant)
     Tenant.tier.field.set_cached_value(tenant, tier)
     if quota is not None:
@@ -311,6 +348,34 @@ def membership_of(user, *, template: str | None = None, sku: str | None = None) 
     if sku is not None:
         membership.named["sku", sku] = named_sku
     return membership
+
+
+def token_user(key: str) -> tuple[Token, object] | None:
+    """The token of this key and its user, as `Token.objects.select_related("user")` gives them."""
+    s = statements()
+    row = _one(s["token_user"], [key])
+    return None if row is None else _token_and_user(_built(s["token_readers"], row))
+
+
+def token_submitter(key: str, *, template: str | None = None, sku: str | None = None):
+    """(token, user, membership as `membership_of` gives it, or None) for this key, in one
+    statement; None where no token has the key."""
+    s = statements()
+    row = _one(s["token_submitter"], [template, sku, key])
+    if row is None:
+        return None
+    readers = s["token_readers"]
+    token, user = _token_and_user(_built(readers, row))
+    membership = _membership(_built(s["readers"], row[sum(r.width for r in readers) :]), template=template, sku=sku)
+    if membership is not None:
+        Membership.user.field.set_cached_value(membership, user)
+    return token, user, membership
+
+
+def _token_and_user(parts: list) -> tuple[Token, object]:
+    token, user = parts
+    Token.user.field.set_cached_value(token, user)
+    return token, user
 
 
 def _named(kind: str, name: str):

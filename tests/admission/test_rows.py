@@ -4,6 +4,7 @@ must be exactly what the ORM reads and writes, field by field, on SQLite and on 
 import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
+from rest_framework.authtoken.models import Token
 
 from apps.admission import estimates, rows
 from apps.jobs.models import Job, JobEvent, JobTemplate
@@ -49,6 +50,31 @@ def test_the_membership_statement_also_reads_the_template_and_sku_named(cast):
     assert membership.named["sku", "no-such-sku"] is None
     assert values(membership.tenant) == values(Tenant.objects.get(slug="acme"))
     assert rows.membership_of(bob).named == {}
+
+
+def test_the_token_and_its_user_read_as_drfs_lookup_reads_them(cast):
+    bob, key = cast["bob"]
+    token, user = rows.token_user(key)
+    theirs = Token.objects.select_related("user").get(key=key)
+    assert values(token) == values(theirs) and values(user) == values(theirs.user)
+    assert token.user is user and user == bob
+    assert rows.token_user("no-such-token") is None and rows.token_submitter("no-such-token") is None
+
+
+def test_a_submits_token_lookup_reads_the_membership_as_membership_of_does(cast):
+    bob, key = cast["bob"]
+    Quota.objects.filter(tenant__slug="acme").update(max_queued_jobs=7, max_gpus={"H100-80GB": 4})
+    token, user, ours = rows.token_submitter(key, template="demo-train", sku="no-such-sku")
+    theirs = rows.membership_of(bob, template="demo-train", sku="no-such-sku")
+    assert values(user) == values(bob) and ours.user is user
+    for mine, other in ((ours, theirs), (ours.tenant, theirs.tenant), (ours.tenant.tier, theirs.tenant.tier),
+                        (ours.tenant.quota, theirs.tenant.quota)):  # fmt: skip
+        assert values(mine) == values(other)
+    assert values(ours.named["template", "demo-train"]) == values(JobTemplate.objects.get(name="demo-train"))
+    assert ours.named == {("template", "demo-train"): ours.named["template", "demo-train"], ("sku", "no-such-sku"): None}
+    staff, staff_key = cast["staff"]
+    token, user, membership = rows.token_submitter(staff_key, template="demo-train")
+    assert user == staff and membership is None  # in no tenant: the rest of the row is NULL
 
 
 def test_templates_and_skus_read_as_the_orm_reads_them(cast):

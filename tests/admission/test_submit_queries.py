@@ -3,8 +3,9 @@ queue, and the 201 answer is built from the objects in hand, not read back.
 
 Counted: statements that read or write tables. Transaction control (BEGIN, SAVEPOINT, RELEASE,
 COMMIT) is left out: the test runs inside a transaction, so its shape differs from production.
-A submit today: token auth; the membership with its tenant, tier and quota and the template and
-SKU the body names (one statement, apps/admission/rows.py); in the transaction the tenant's
+A submit today: the token with its user, the membership with its tenant, tier and quota and the
+template and SKU the body names (one statement, apps/tenants/auth.py and apps/admission/rows.py;
+two until the token's lookup read the membership too); in the transaction the tenant's
 kept count of queued jobs, the job and its audit event (PostgreSQL: the tenant's row lock first,
 and the two rows in one statement; outside a test's transaction all of it is one statement,
 tests/admission/test_queued_counts.py); then, for the answer's queue position and start estimate,
@@ -22,8 +23,8 @@ from tests.admission.conftest import TRAIN, placed_ids
 
 # PostgreSQL takes the tenant's row lock with one more statement (SQLite's BEGIN IMMEDIATE
 # already holds its single write lock) and writes the job and its event in one.
-MOST = 6  # statements of a submit that finds its process's replay fresh
-MOST_COLD = 10  # one that loads the replay (first submit, or the queue lost a job meanwhile)
+MOST = 5  # statements of a submit that finds its process's replay fresh
+MOST_COLD = 9  # one that loads the replay (first submit, or the queue lost a job meanwhile)
 
 
 def table_statements(ctx) -> list[str]:
