@@ -33,47 +33,37 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "bench" / "40-admission.md"
 FIGURES = ROOT / "docs" / "bench" / "40-admission.json"  # the latest run on each backend
-BELOW_TARGET = """Below the target and close to it: the rounds above differ by up to 0.15 within one run,
-more than what is missing. Both endpoints keep busy what the machine leaves them (the client's
-8 threads take ~0.9 ms of CPU a request; PostgreSQL's server 1.2 ms a submit and 0.3 a ping),
-so the rates follow CPU per request: 3.4-3.8 ms a submit against 1.4-1.7 a ping.
+BELOW_TARGET = """Below the target in this run. The rounds of one run differ by up to 0.15 on this shared
+2-core machine; the notes below say where a submit's CPU goes."""
+NOTES = """Where a submit's CPU goes (web process, in-process timings on the machine of the last full runs,
+2026-11-30, which ran a minimal request ~1.5x slower than on earlier days): the token, user,
+membership, tenant, tier, quota, template and SKU in one statement ~0.22 ms (the token and user
+alone, as every API request reads them, ~0.06-0.09); the rate-limit script ~0.28 ms of wall
+time with its round trip; validation ~0.08; the job and its event built and their insert
+parameters ~0.14; on SQLite BEGIN IMMEDIATE, the kept count, two inserts and the commit
+~0.3, most of it the commit writing the WAL's pages; the 201's position and estimate ~0.06-0.12;
+the 201 itself ~0.03; the rest is Django's and DRF's request handling, the same as a minimal
+request's. Under gunicorn every figure grows with the threads' contention for the GIL and the
+two cores (the client's 8 threads share them).
 
-Where a submit's web CPU goes (one thread, in-process, thread CPU time; a ping is 0.7 ms of
-which auth 0.42): 2.4-2.6 ms, of which token auth 0.54 (the same statement as ping's), the
-write 0.58 (SQLite: BEGIN IMMEDIATE, the kept count, two inserts, commit), the membership
-statement 0.21, the rate-limit script 0.21, validation 0.12, the 201's position and estimate
-0.10 (0.24 while the queue is under 1,000 and the answer replays it), the 201 0.05; the rest is
-Django's middleware and DRF's POST handling. Under gunicorn's threads a submit costs ~1 ms more
-than that, a ping ~0.75: on SQLite a submit holds the write turn ~1.5 ms for ~0.4 ms of work,
-mostly waiting to take the GIL back between its four SQLite calls, and the other submits wait
-for the turn (a 1 ms GIL switch interval shortened the hold to ~1.5 from ~1.7 ms and moved the
-rates by ~3%, inside the noise; not adopted).
-
-Changed this session (docs/admission.md "What a submit costs" and "Quotas"): the queued-job cap
-reads a per-tenant count kept by triggers on the jobs table (was a count of the tenant's queue);
-PostgreSQL writes the usual submit in one statement (was BEGIN, lock, count, insert, COMMIT);
-the submit's PostgreSQL statements are bound on the server and prepared (the membership join's
-server CPU 0.43 -> 0.08 ms; PostgreSQL's CPU per submit 2.1 -> 1.2 ms); the jobs-since counts
-of a long queue are index ranges per tier (a GROUP BY made SQLite walk the whole queue); the
-201's window no longer counts the queue nor converts the jobs its last window read; the jobs
-table lost three indexes; SQLite checkpoints its WAL every 10,000 pages (the commit crossing
-1,000 did it under the write lock); the rows are built before the write lock; hiredis parses
-Redis replies; and the bench runs interleaved rounds with a median (one ping before and one
-after a single submit run each, until now). Full runs after the first of these changes (e8fa2d5, same day): SQLite 0.48 /
-0.40, PostgreSQL 0.43 / 0.40; the session before ended at SQLite 0.40 / 0.43, PostgreSQL
-0.33 / 0.43 (a slower day), and began at 0.19 and 0.14.
-
-Tried and left: other gunicorn worker/thread mixes (4x2, no change), a shorter GIL switch
-interval (above), caching templates, SKUs and tiers per process (a template's version bump must
-miss the result cache at once), dropping the jobs table's foreign keys to tier, user, SKU and
-template (no change in the write's server CPU), checking the cap inside the job's INSERT on
-SQLite (one statement fewer under the write turn: no change outside the noise)."""
+The last changes (docs/admission.md, "What a submit costs"): the API's token check reads token
+and user with one prepared statement instead of DRF's ORM query, which was compiled for every
+request (about half a minimal request's CPU), and a submit's check reads the submitter with
+them (one statement fewer a submit); on SQLite the submit's statements run on sqlite3's own
+cursor, Django's wrapper having cost ~18 us a statement; rows.py resolves the thread's
+connection once instead of through Django's proxy for every attribute. Before them, full runs
+the same day gave 0.44 (0.34-0.51) and 0.46 (0.41-0.52) on SQLite; the session before ended at
+SQLite 0.48 / 0.49, PostgreSQL 0.47 / 0.46 (three rounds), and the first runs gave 0.19 and 0.14.
+Tried and left over the sessions: other gunicorn worker/thread mixes, a shorter GIL switch
+interval, caching templates, SKUs and tiers per process (a template's version bump must miss
+the result cache at once), dropping the jobs table's foreign keys, checking the cap inside the
+job's INSERT on SQLite, converting only the columns that have converters when building rows."""
 YARDSTICK = """
 The yardstick is the minimal endpoint as DRF ships it, the same as in every run before. The
 platform's API authentication (apps/tenants/auth.py: DRF's token check with its lookup one
 prepared statement instead of an ORM query compiled per request, and for a submit the same
-statement reading the submitter) makes the platform's own minimal endpoint about twice as fast
-in CPU; the last column puts the submits beside that one too."""
+statement reading the submitter) gives the platform's own minimal endpoint ~1.4 times the
+yardstick's rate for about a third less CPU; the last column puts the submits beside that one too."""
 SUBMIT = {"template": "demo-train", "params": {"steps": 1}, "gpus": 1, "gpu_sku": "H100-80GB"}
 
 
@@ -367,7 +357,9 @@ over loopback TCP, so it includes the client's own cost{_bare(check)}).
 system time of the gunicorn master and workers over the run, divided by its requests (it moves
 much less than the rates with the machine's other load).
 
-{"Target met." if ratios and min(ratios) >= 0.5 else BELOW_TARGET}
+{"Target met: every ratio against the yardstick is at least 0.5." if ratios and min(ratios) >= 0.5 else BELOW_TARGET}
+
+{NOTES}
 """)
     return "\n".join(parts)
 
