@@ -117,11 +117,6 @@ class Inserter:
             for field, prep in self.preps
         ]
 
-    def insert(self, instance: Model, params: list | None = None) -> Model:
-        with _cursor() as cursor:
-            cursor.execute(self.sql, self.params(instance) if params is None else params)
-        return _saved(instance)
-
 
 def _saved(instance: Model) -> Model:
     """Mark a row just inserted as the ORM's save() would."""
