@@ -76,13 +76,12 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
 
     @extend_schema(request=JobSubmitSerializer, responses={201: JobSerializer})
     def create(self, request):
-        body = request.data if isinstance(request.data, dict) else {}
-        named = {k: v for k in ("template", "gpu_sku") if isinstance(v := body.get(k), str)}
-        # With its tenant, tier and quota, and the template and SKU named, in one statement.
-        # (Read with the token already where it came with one: get_authenticators.)
-        if hasattr(request.auth, "submitter"):
+        if hasattr(request.auth, "submitter"):  # read with the token (get_authenticators)
             membership = request.auth.submitter
         else:
+            body = request.data if isinstance(request.data, dict) else {}
+            named = {k: v for k in ("template", "gpu_sku") if isinstance(v := body.get(k), str)}
+            # With its tenant, tier and quota, and the template and SKU named, in one statement.
             membership = submitter(request.user, template=named.get("template"), sku=named.get("gpu_sku"))
         if membership is None:
             raise PermissionDenied("you belong to no tenant")

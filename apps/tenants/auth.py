@@ -25,7 +25,7 @@ class TokenAuthentication(authentication.TokenAuthentication):
         found = self.lookup(key)
         if found is None:
             raise exceptions.AuthenticationFailed(_("Invalid token."))
-        token, user = found[0], found[1]
+        token, user = found
         if not user.is_active:
             raise exceptions.AuthenticationFailed(_("User inactive or deleted."))
         return user, token
