@@ -68,10 +68,10 @@ def _converters(field, alias: str) -> tuple[list, object]:
     return connection.ops.get_db_converters(column) + column.get_db_converters(connection), column
 
 
-def _convert(value, converters: tuple[list, object], db=None):
+def _convert(value, converters: tuple[list, object], db):
     found, column = converters
     for convert in found:
-        value = convert(value, column, db or _db())
+        value = convert(value, column, db)
     return value
 
 
@@ -531,7 +531,8 @@ def _queue_rows(found: list[tuple], s: dict) -> list[tuple]:
     1,000-job queue, so the two conversions are done here directly; test_rows.py compares."""
     if not found:
         return []
-    zone = _db().timezone
+    db = _db()
+    zone = db.timezone
     pk, created = found[0][0], found[0][8]
     to_uuid = isinstance(pk, str)
     naive = isinstance(created, datetime) and created.tzinfo is None
@@ -544,8 +545,8 @@ def _queue_rows(found: list[tuple], s: dict) -> list[tuple]:
         if naive:
             when = when.replace(tzinfo=zone)
         elif not isinstance(when, datetime):
-            when = _convert(when, created_conv)
-        out.append((uuid.UUID(row[0]) if to_uuid else _convert(row[0], pk_conv), *row[1:8], when))
+            when = _convert(when, created_conv, db)
+        out.append((uuid.UUID(row[0]) if to_uuid else _convert(row[0], pk_conv, db), *row[1:8], when))
     return out
 
 
