@@ -8,7 +8,6 @@ grow; gauges are what is true now.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -23,46 +22,29 @@ from prometheus_client.core import (
     Metric,
 )
 
+from apps.admission.counters import counters
 from apps.jobs.models import AttemptState, GpuAllocation, Job, JobAttempt, JobState
 from apps.nodes.models import Gpu, GpuHealth, Node, NodeState
+from apps.scheduling.dispatcher import load_cluster
+from apps.scheduling.figures import (  # noqa: F401 (record_*: callers import them from here too)
+    DISPATCH_KEY,
+    REJECTIONS_KEY,
+    record_admission_rejection,
+    record_dispatch_pass,
+)
+from apps.scheduling.models import AutoscalePolicy, ProvisionRequest, ProvisionState, ScaleEvent
+from apps.scheduling.redis import client
 from apps.tenants.models import Tier
 
 log = logging.getLogger(__name__)
 
 # created_at -> started_at, in seconds.
 WAIT_BUCKETS = (1, 5, 15, 30, 60, 300, 900, 3600, 4 * 3600, 24 * 3600)
-DISPATCH_KEY = "gpuplatform:metrics:dispatch"
-REJECTIONS_KEY = "gpuplatform:metrics:admission_rejections"
-
-
-# --- figures other processes leave in Redis ------------------------------------------------
+# --- figures other processes leave in Redis (recorded by apps/scheduling/figures.py) ---------
 
 
 def _redis():
-    from apps.scheduling.redis import client
-
     return client()
-
-
-def record_dispatch_pass(seconds: float) -> None:
-    """Called by the dispatcher after each pass; never fails the pass."""
-    try:
-        pipe = _redis().pipeline()
-        pipe.hset(DISPATCH_KEY, mapping={"last_seconds": seconds, "last_at": time.time()})
-        pipe.hincrbyfloat(DISPATCH_KEY, "seconds_total", seconds)
-        pipe.hincrby(DISPATCH_KEY, "passes_total", 1)
-        pipe.execute()
-    except Exception:
-        log.debug("could not record the dispatch pass duration", exc_info=True)
-
-
-def record_admission_rejection(reason: str) -> None:
-    """For admission control: count a refused submission under a short reason
-    ("queue_full", "rate_limited", "gpu_cap", ...)."""
-    try:
-        _redis().hincrby(REJECTIONS_KEY, reason[:64], 1)
-    except Exception:
-        log.debug("could not count an admission rejection", exc_info=True)
 
 
 def _redis_hash(key: str) -> dict[str, str]:
@@ -160,8 +142,6 @@ def fleet_metrics() -> Iterator[Metric]:
 
 def _fragmentation() -> float | None:
     try:
-        from apps.scheduling.dispatcher import load_cluster
-
         return float(load_cluster().cluster.utilization()["fragmentation"])
     except Exception:
         log.warning("fragmentation not available for /metrics", exc_info=True)
@@ -192,8 +172,6 @@ def control_metrics() -> Iterator[Metric]:
 def admission_counters() -> Metric:
     """Admission's own shared counters (apps/admission/counters.py), e.g. submissions admitted
     or refused while Redis was down, `<what>:<tier>`."""
-    from apps.admission.counters import counters
-
     family = CounterMetricFamily(
         "gpuplatform_admission_events", "Admission control events by name and tier", labels=["event", "tier"]
     )
@@ -206,9 +184,6 @@ def admission_counters() -> Metric:
 def autoscale_metrics() -> Iterator[Metric]:
     """Per autoscaled SKU: nodes now, desired by the last decision, provisions pending, and the
     last decision's reason (docs/autoscaling.md)."""
-    from apps.nodes.models import Node, NodeState
-    from apps.scheduling.models import AutoscalePolicy, ProvisionRequest, ProvisionState, ScaleEvent
-
     current = GaugeMetricFamily("gpuplatform_autoscale_nodes", "Nodes of an autoscaled SKU now", labels=["sku"])
     desired = GaugeMetricFamily("gpuplatform_autoscale_desired_nodes", "Desired nodes (last decision)", labels=["sku"])
     pending = GaugeMetricFamily("gpuplatform_autoscale_pending_nodes", "Nodes asked for, not yet there", labels=["sku"])

@@ -8,7 +8,12 @@ class AdmissionConfig(AppConfig):
     verbose_name = "Admission: rate limits, quotas, idempotency, result cache"
 
     def ready(self):
+        from apps.admission import cache
+        from apps.platform import events
+
         post_migrate.connect(_install_queued_count_triggers, sender=self)
+        # A cached job's followers end with their origin, in the origin's transaction.
+        events.subscribe(events.JobEnded, cache.on_job_ended, in_transaction=True)
 
 
 def _install_queued_count_triggers(sender, using="default", plan=None, **kwargs):

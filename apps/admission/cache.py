@@ -7,8 +7,8 @@ tenant: a version bump or another tenant never matches. A request whose params s
 - hit: a succeeded origin within the template's TTL -> a new job, already `succeeded`, with
   `cache_hit: true` and Artifact rows pointing at the origin's stored files; no attempt, no GPU.
 - follower: an identical origin is queued or running -> a queued job the dispatcher holds back
-  (reason names the origin); it ends when the origin ends (`job_ended`, called by
-  `transition_job` on every terminal state).
+  (reason names the origin); it ends when the origin ends (`job_ended`, on the JobEnded
+  event that `transition_job` emits for every terminal state).
 - origin: anything else; it runs like any job.
 
 Cancelling a follower leaves the origin alone. Cancelling an origin with followers hands over:
@@ -28,6 +28,7 @@ from django.utils import timezone
 from apps.admission.models import CachedJob, CacheRole, TemplateCachePolicy
 from apps.jobs.models import JOB_ACTIVE, Artifact, Job, JobState
 from apps.jobs.services import JobSpec, record_event, transition_job, trigger_dispatch
+from apps.platform import events
 from apps.tenants.models import Tenant
 
 ACTOR = "system:result-cache"
@@ -121,8 +122,14 @@ def queued_followers() -> dict:
 # --- the origin ends: settle its followers --------------------------------------------------------
 
 
+def on_job_ended(event: events.JobEnded) -> None:
+    """In-transaction handler of JobEnded (subscribed in apps/admission/apps.py): followers end
+    with their origin in the same transaction, or not at all."""
+    job_ended(event.job)
+
+
 def job_ended(job: Job) -> None:
-    """Called by apps.jobs.services.transition_job when any job reaches a terminal state."""
+    """Any job reached a terminal state (transition_job emits JobEnded): settle its followers."""
     if not job.cacheable:
         return
     followers = list(

@@ -23,6 +23,8 @@ import time
 
 from django.db import transaction
 
+from apps.platform import events
+
 WINDOW = 0.05  # seconds
 
 _cond = threading.Condition()
@@ -32,9 +34,9 @@ _sender: threading.Thread | None = None
 
 
 def _send() -> None:
-    from apps.scheduling.tasks import request_dispatch
-
-    request_dispatch()
+    # After the commits that asked (or in the sender thread, outside any transaction), so the
+    # scheduler's DispatchWanted handler (request_dispatch) runs at once.
+    events.emit(events.DispatchWanted())
 
 
 def _run_sender() -> None:
@@ -52,7 +54,7 @@ def _run_sender() -> None:
             _due, _last = False, time.monotonic()
         try:
             _send()
-        except Exception:  # request_dispatch logs its own failures; the thread must live on
+        except Exception:  # the handlers log their own failures; the thread must live on
             pass
 
 

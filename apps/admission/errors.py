@@ -1,22 +1,20 @@
-"""Refusals of admission. They are ServiceErrors, so the API's exception handler shapes them
-(`{"<field>": ["message"]}`, the status, `Retry-After`) like every other refusal."""
+"""Refusals of admission. They live on the ground floor (apps/platform/errors.py) with every
+other ServiceError; this module keeps the names admission's callers import."""
 
-from apps.jobs.services import NotAllowed, ServiceError
+from apps.platform.errors import (  # noqa: F401 (re-exported)
+    AdmissionUnavailable,
+    GpuHoursExhausted,
+    IdempotencyConflict,
+    NotAllowed,
+    RateLimited,
+    ServiceError,
+)
 
-
-class RateLimited(ServiceError):
-    status = 429
-
-
-class AdmissionUnavailable(ServiceError):
-    """Redis is down and the tenant's tier fails closed."""
-
-    status = 503
-
-
-class IdempotencyConflict(ServiceError):
-    status = 409
-
-
-class GpuHoursExhausted(NotAllowed):
-    status = 403
+__all__ = [
+    "AdmissionUnavailable",
+    "GpuHoursExhausted",
+    "IdempotencyConflict",
+    "NotAllowed",
+    "RateLimited",
+    "ServiceError",
+]

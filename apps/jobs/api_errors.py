@@ -6,7 +6,8 @@ from rest_framework.exceptions import ParseError
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from apps.jobs.services import ServiceError
+from apps.platform.errors import ServiceError
+from apps.scheduling.figures import record_admission_rejection
 
 
 def exception_handler(exc, context):
@@ -28,7 +29,5 @@ def _count_refused_submit(exc: ServiceError, context) -> None:
     view = context.get("view")
     if getattr(view, "action", None) != "create" or exc.status not in (403, 409, 429, 503):
         return
-    from gpuplatform.metrics import record_admission_rejection
-
     name = type(exc).__name__
     record_admission_rejection("".join(f"_{c.lower()}" if c.isupper() else c for c in name).lstrip("_"))

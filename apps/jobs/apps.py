@@ -5,3 +5,15 @@ class JobsConfig(AppConfig):
     name = "apps.jobs"
     label = "jobs"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self):
+        # Imported here, not at the top: models are not loaded yet when this module is.
+        from apps.jobs import handlers
+        from apps.platform import events
+
+        # A node's change and what it means for its attempts commit together.
+        events.subscribe(events.NodeAlive, handlers.renew_leases, in_transaction=True)
+        events.subscribe(events.NodeLost, handlers.lose_attempts_on_node, in_transaction=True)
+        events.subscribe(
+            events.DrainOverdue, handlers.preempt_on_drained_nodes, in_transaction=True
+        )

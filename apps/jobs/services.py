@@ -7,12 +7,15 @@ fencing token; a report for a superseded attempt changes nothing.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
+from django.core.files import File
+from django.core.files.storage import default_storage
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
@@ -22,6 +25,8 @@ from apps.jobs.models import (
     ATTEMPT_ACTIVE,
     JOB_ACTIVE,
     JOB_PLACED,
+    JOB_TERMINAL,
+    Artifact,
     AttemptMember,
     AttemptState,
     GpuAllocation,
@@ -31,30 +36,18 @@ from apps.jobs.models import (
     JobState,
     JobTemplate,
 )
+from apps.jobs.states import attempt_sources, check_attempt_move, check_job_move, job_sources
+from apps.nodes.models import Node
+from apps.platform import events
+from apps.platform.errors import (  # callers import them from here too
+    NotAllowed,
+    QueueFull,
+    ServiceError,
+)
+from apps.platform.names import EndReason, StopReason
 from apps.tenants.models import Quota, Tenant, Tier
 
 log = logging.getLogger(__name__)
-
-
-class ServiceError(Exception):
-    """A request the platform understood and refused; `status` is the HTTP answer."""
-
-    status = 400
-
-    def __init__(self, message: str, *, field: str | None = None, retry_after: int | None = None):
-        super().__init__(message)
-        self.message = message
-        self.field = field
-        self.retry_after = retry_after
-
-
-class NotAllowed(ServiceError):
-    status = 403
-
-
-class QueueFull(ServiceError):
-    status = 429
-
 
 @dataclass(frozen=True)
 class JobSpec:
@@ -86,10 +79,15 @@ def record_event(job: Job, *, actor: str, reason: str = "", from_state: str = ""
     )  # fmt: skip
 
 
-def transition_job(job: Job, *, to: str, expect: Iterable[str], actor: str, reason: str = "",
+def transition_job(job: Job, *, to: str, expect: Iterable[str] | None = None, actor: str, reason: str = "",
                    attempt: JobAttempt | None = None, **fields) -> bool:  # fmt: skip
-    """Move `job` to state `to` if it is still in one of `expect` at the version we read."""
-    expect = tuple(expect)
+    """Move `job` to state `to` if it is still in one of `expect` at the version we read.
+
+    `expect` defaults to every state the table in apps/jobs/states.py allows to reach `to`; a
+    move the table does not have raises IllegalMove. A terminal state emits JobEnded (the
+    result cache settles the job's followers in this transaction)."""
+    expect = job_sources(to) if expect is None else tuple(expect)
+    check_job_move(expect, to)
     if reason:
         fields.setdefault("reason", reason[:300])
     updated = Job.objects.filter(pk=job.pk, state__in=expect, version=job.version).update(
@@ -104,15 +102,16 @@ def transition_job(job: Job, *, to: str, expect: Iterable[str], actor: str, reas
     record_event(job, actor=actor, reason=reason, from_state=from_state, to_state=to, attempt=attempt)
     log.info("job %s %s -> %s by %s: %s", job.pk, from_state, to, actor, reason,
              extra={"job_id": job.pk, "attempt_id": attempt.pk if attempt else None})  # fmt: skip
-    if to in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED):
-        from apps.admission.cache import job_ended  # settles coalesced followers of this job
-
-        job_ended(job)
+    if to in JOB_TERMINAL:
+        events.emit(events.JobEnded(job=job))
     return True
 
 
-def transition_attempt(attempt: JobAttempt, *, to: str, expect: Iterable[str], **fields) -> bool:
-    updated = JobAttempt.objects.filter(pk=attempt.pk, state__in=tuple(expect), version=attempt.version).update(
+def transition_attempt(attempt: JobAttempt, *, to: str, expect: Iterable[str] | None = None, **fields) -> bool:
+    """The attempt's guarded update; `expect` as for transition_job, from the attempt table."""
+    expect = attempt_sources(to) if expect is None else tuple(expect)
+    check_attempt_move(expect, to)
+    updated = JobAttempt.objects.filter(pk=attempt.pk, state__in=expect, version=attempt.version).update(
         state=to, version=F("version") + 1, **fields
     )
     if updated:
@@ -123,10 +122,9 @@ def transition_attempt(attempt: JobAttempt, *, to: str, expect: Iterable[str], *
 
 
 def trigger_dispatch() -> None:
-    """Ask the dispatcher for a pass once the current transaction commits."""
-    from apps.scheduling.tasks import request_dispatch
-
-    transaction.on_commit(request_dispatch)
+    """Ask the dispatcher for a pass once the current transaction commits (DispatchWanted:
+    apps/scheduling/apps.py requests the pass)."""
+    events.emit(events.DispatchWanted())
 
 
 # --- submit, cancel, requeue ----------------------------------------------------------------
@@ -205,23 +203,22 @@ def job_cancel(*, job: Job, actor: str, reason: str = "cancelled by user") -> Jo
         raise ServiceError(f"job is already {job.state}", field="state")
     attempt = active_attempt(job)
     now = timezone.now()
-    if not transition_job(job, to=JobState.CANCELLED, expect=JOB_ACTIVE, actor=actor, reason=reason,
-                          finished_at=now, attempt=attempt):  # fmt: skip
+    if not transition_job(job, to=JobState.CANCELLED, actor=actor, reason=reason, finished_at=now,
+                          attempt=attempt):  # fmt: skip
         raise ServiceError("job changed while cancelling; try again", field="state")
     if attempt is not None:
-        request_stop(attempt, why="cancel")
+        request_stop(attempt, why=StopReason.CANCEL)
     trigger_dispatch()
     return job
 
 
 def request_stop(attempt: JobAttempt, *, why: str) -> None:
-    """Ask the agents running `attempt` to stop it (message now, heartbeat poll as a backstop)."""
+    """Ask the agents running `attempt` to stop it (a StopRequested per member: a message on
+    commit, the agents' heartbeat poll as a backstop)."""
     JobAttempt.objects.filter(pk=attempt.pk).update(stop_requested=why)
     attempt.stop_requested = why
-    from apps.scheduling.publish import publish_stop
-
     for member in attempt.members.select_related("node"):
-        transaction.on_commit(lambda m=member: publish_stop(attempt, m))
+        events.emit(events.StopRequested(attempt=attempt, member=member))
 
 
 @transaction.atomic
@@ -230,10 +227,10 @@ def job_requeue(*, job: Job, actor: str, reason: str) -> Job:
     job = Job.objects.select_for_update().get(pk=job.pk)
     attempt = active_attempt(job)
     if attempt is not None:
-        request_stop(attempt, why="requeue")
+        request_stop(attempt, why=StopReason.REQUEUE)
         end_attempt(attempt, state=AttemptState.CANCELLED, reason=reason)
-    if not transition_job(job, to=JobState.QUEUED, expect=list(JobState), actor=actor, reason=reason,
-                          finished_at=None, exit_code=None, progress=0.0, not_before=None):  # fmt: skip
+    if not transition_job(job, to=JobState.QUEUED, actor=actor, reason=reason, finished_at=None, exit_code=None,
+                          progress=0.0, not_before=None):  # fmt: skip
         raise ServiceError("job changed while requeueing; try again", field="state")
     trigger_dispatch()
     return job
@@ -269,7 +266,7 @@ def job_place(*, job: Job, members: list[MemberPlacement], actor: str = "system:
     two dispatchers racing for one GPU or one job cannot both win.
     """
     number = job.attempts_count + 1
-    if not transition_job(job, to=JobState.STARTING, expect=[JobState.QUEUED], actor=actor,
+    if not transition_job(job, to=JobState.STARTING, actor=actor,
                           reason=_placement_reason(members) + (f" ({why})" if why else ""),
                           attempts_count=number):  # fmt: skip
         return None
@@ -281,15 +278,11 @@ def job_place(*, job: Job, members: list[MemberPlacement], actor: str = "system:
         AttemptMember.objects.create(attempt=attempt, rank=rank, node_id=member.node_id, gpu_indices=member.gpu_indices)
         GpuAllocation.objects.bulk_create([GpuAllocation(attempt=attempt, gpu_id=g) for g in member.gpu_ids])
     JobEvent.objects.filter(job=job, to_state=JobState.STARTING, attempt=None).update(attempt=attempt)
-    from apps.scheduling.publish import publish_start
-
-    transaction.on_commit(lambda: publish_start(attempt))
+    events.emit(events.AttemptPlaced(attempt=attempt))
     return attempt
 
 
 def _placement_reason(members: list[MemberPlacement]) -> str:
-    from apps.nodes.models import Node
-
     names = dict(Node.objects.filter(pk__in=[m.node_id for m in members]).values_list("pk", "name"))
     return "placed on " + ", ".join(f"{names[m.node_id]}:{m.gpu_indices}" for m in members)
 
@@ -327,11 +320,10 @@ def attempt_member_started(*, attempt_id: int, rank: int, token: str, pid: int) 
     if attempt.members.exclude(state=AttemptState.RUNNING).exists():
         return True  # a gang starts when its last member is up
     lease = now + timedelta(seconds=settings.HEARTBEAT_SECONDS * settings.NODE_LOST_AFTER_HEARTBEATS)
-    if transition_attempt(attempt, to=AttemptState.RUNNING, expect=[AttemptState.STARTING],
-                          started_at=now, lease_expires_at=lease):  # fmt: skip
+    if transition_attempt(attempt, to=AttemptState.RUNNING, started_at=now, lease_expires_at=lease):
         job = attempt.job
-        transition_job(job, to=JobState.RUNNING, expect=[JobState.STARTING], actor=f"agent:{member.node.name}",
-                       reason="all members started", attempt=attempt, started_at=job.started_at or now)  # fmt: skip
+        transition_job(job, to=JobState.RUNNING, actor=f"agent:{member.node.name}", reason="all members started",
+                       attempt=attempt, started_at=job.started_at or now)  # fmt: skip
     return True
 
 
@@ -367,7 +359,7 @@ def attempt_member_finished(*, attempt_id: int, rank: int, token: str, exit_code
     ok = exit_code == 0 and not reason
     member_state = AttemptState.SUCCEEDED if ok else AttemptState.FAILED
     attempt = JobAttempt.objects.select_related("job").get(pk=member.attempt_id)
-    if attempt.stop_requested == "cancel":
+    if attempt.stop_requested == StopReason.CANCEL:
         member_state = AttemptState.CANCELLED
     AttemptMember.objects.filter(pk=member.pk).update(state=member_state, exit_code=exit_code, ended_at=now)
     GpuAllocation.objects.filter(attempt=attempt, gpu__node_id=member.node_id, released_at=None).update(released_at=now)
@@ -383,10 +375,10 @@ def attempt_member_finished(*, attempt_id: int, rank: int, token: str, exit_code
 def _settle_attempt(attempt: JobAttempt, member: AttemptMember, *, ok: bool, exit_code, reason: str) -> None:
     actor = f"agent:{member.node.name}"
     job = attempt.job
-    if attempt.stop_requested == "cancel":
-        end_attempt(attempt, state=AttemptState.CANCELLED, reason="cancelled", exit_code=exit_code)
+    if attempt.stop_requested == StopReason.CANCEL:
+        end_attempt(attempt, state=AttemptState.CANCELLED, reason=EndReason.CANCELLED, exit_code=exit_code)
         return
-    if attempt.stop_requested == "preempt":
+    if attempt.stop_requested == StopReason.PREEMPT:
         _settle_preempted(attempt, actor=actor, exit_code=exit_code)
         return
     if ok:
@@ -398,8 +390,8 @@ def _settle_attempt(attempt: JobAttempt, member: AttemptMember, *, ok: bool, exi
         return
     why = reason or f"exit code {exit_code}"
     end_attempt(attempt, state=AttemptState.FAILED, reason=why, exit_code=exit_code)
-    stop_rest_of_gang(attempt, why="gang member failed")
-    if job.retry_on_failure and reason != "timeout":
+    stop_rest_of_gang(attempt, why=StopReason.GANG_MEMBER_FAILED)
+    if job.retry_on_failure and reason != EndReason.TIMEOUT:
         retry_or_fail(job, attempt, actor=actor, why=why, exit_code=exit_code)
         return
     transition_job(job, to=JobState.FAILED, expect=JOB_PLACED, actor=actor, reason=why, attempt=attempt,
@@ -412,7 +404,7 @@ def _settle_preempted(attempt: JobAttempt, *, actor: str, exit_code) -> None:
     if attempt.members.filter(ended_at=None).exists():
         return
     job = attempt.job
-    end_attempt(attempt, state=AttemptState.PREEMPTED, reason="preempted", exit_code=exit_code)
+    end_attempt(attempt, state=AttemptState.PREEMPTED, reason=EndReason.PREEMPTED, exit_code=exit_code)
     checkpoint = attempt.checkpoint or "none"
     transition_job(job, to=JobState.QUEUED, expect=JOB_PLACED, actor=actor, attempt=attempt,
                    reason=f"preempted; requeued, resumes from checkpoint {checkpoint}",
@@ -427,18 +419,15 @@ def job_preempt(*, job: Job, actor: str, reason: str, for_job_id: str = "") -> J
     attempt = active_attempt(job)
     if job.state not in (JobState.STARTING, JobState.RUNNING) or attempt is None:
         raise ServiceError(f"only a starting or running job can be preempted, this one is {job.state}", field="state")
-    transition_attempt(attempt, to=AttemptState.PREEMPTING, expect=[AttemptState.STARTING, AttemptState.RUNNING],
-                       preempted_for=for_job_id)  # fmt: skip
-    if not transition_job(job, to=JobState.PREEMPTING, expect=[JobState.STARTING, JobState.RUNNING], actor=actor,
-                          reason=f"preempting: {reason}", attempt=attempt):  # fmt: skip
+    transition_attempt(attempt, to=AttemptState.PREEMPTING, preempted_for=for_job_id)
+    if not transition_job(job, to=JobState.PREEMPTING, actor=actor, reason=f"preempting: {reason}", attempt=attempt):
         raise ServiceError("job changed while preempting; try again", field="state")
-    request_stop(attempt, why="preempt")
+    request_stop(attempt, why=StopReason.PREEMPT)
     return job
 
 
 def end_attempt(attempt: JobAttempt, *, state: str, reason: str = "", exit_code: int | None = None) -> bool:
-    return transition_attempt(attempt, to=state, expect=ATTEMPT_ACTIVE, ended_at=timezone.now(),
-                              reason=reason[:300], exit_code=exit_code)  # fmt: skip
+    return transition_attempt(attempt, to=state, ended_at=timezone.now(), reason=reason[:300], exit_code=exit_code)
 
 
 def stop_rest_of_gang(attempt: JobAttempt, *, why: str) -> None:
@@ -460,7 +449,7 @@ def attempt_lost(*, attempt: JobAttempt, reason: str, actor: str) -> None:
     nodes = list(never_started.values_list("node_id", flat=True))
     never_started.update(state=AttemptState.LOST, ended_at=now)
     GpuAllocation.objects.filter(attempt=attempt, gpu__node_id__in=nodes, released_at=None).update(released_at=now)
-    stop_rest_of_gang(attempt, why="lost")
+    stop_rest_of_gang(attempt, why=StopReason.LOST)
     job = attempt.job
     if job.state not in JOB_PLACED:
         return
@@ -477,12 +466,12 @@ def attempt_orphaned(*, attempt_id: int, actor: str) -> bool:
     attempt = JobAttempt.objects.select_related("job").get(pk=attempt_id)
     if attempt.state not in ATTEMPT_ACTIVE or attempt.members.filter(ended_at=None).exists():
         return False
-    if attempt.stop_requested == "preempt":
+    if attempt.stop_requested == StopReason.PREEMPT:
         _settle_preempted(attempt, actor=actor, exit_code=None)
-    elif attempt.stop_requested == "cancel":
-        end_attempt(attempt, state=AttemptState.CANCELLED, reason="cancelled")
+    elif attempt.stop_requested == StopReason.CANCEL:
+        end_attempt(attempt, state=AttemptState.CANCELLED, reason=EndReason.CANCELLED)
     else:
-        attempt_lost(attempt=attempt, reason="members ended but the attempt was not settled", actor=actor)
+        attempt_lost(attempt=attempt, reason=EndReason.NOT_SETTLED, actor=actor)
     trigger_dispatch()
     return True
 
@@ -529,13 +518,6 @@ def attempt_member_lost(*, attempt_id: int, rank: int, token: str, reason: str) 
 
 def artifact_store(*, attempt_id: int, token: str, name: str, path) -> bool:
     """Save a file the job wrote as one of its artifacts (through the storage API)."""
-    import hashlib
-
-    from django.core.files import File
-    from django.core.files.storage import default_storage
-
-    from apps.jobs.models import Artifact
-
     attempt = JobAttempt.objects.filter(pk=attempt_id, token=token).first()
     if attempt is None:
         return False

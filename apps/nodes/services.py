@@ -1,5 +1,8 @@
 """What node agents do to the fleet records: register, heartbeat; and what the reconcile tick
-does when they go quiet."""
+does when they go quiet.
+
+Nodes sit below jobs: what a node's change means for the attempts on it (lost, preempted) is
+said as an event (NodeLost, DrainOverdue) that apps/jobs handles in the same transaction."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps.nodes.models import Gpu, GpuSku, Node, NodeState
+from apps.platform import events
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +58,7 @@ def node_register(*, info: NodeInfo, agent_instance: str) -> Node:
     _sync_gpus(node, info.gpus)
     if not created and previous_instance and previous_instance != agent_instance:
         _lose_attempts_on(node, reason=f"agent on {node.name} restarted")
-    from apps.jobs.services import trigger_dispatch
-
-    trigger_dispatch()
+    events.emit(events.DispatchWanted())
     return node
 
 
@@ -97,23 +99,16 @@ def node_heartbeat(*, name: str, agent_instance: str, gpus: list[GpuInfo]) -> No
             )  # fmt: skip
         _renew_leases(node, now)
     if came_back:
-        from apps.jobs.services import trigger_dispatch
-
         log.info("node %s is back", name)
         with transaction.atomic():
-            trigger_dispatch()
+            events.emit(events.DispatchWanted())
     return node
 
 
 def _renew_leases(node: Node, now) -> None:
-    from apps.jobs.models import AttemptState, JobAttempt
-
+    """The attempts running here keep their leases (apps/jobs/handlers.py, in this transaction)."""
     lease = now + timedelta(seconds=settings.HEARTBEAT_SECONDS * settings.NODE_LOST_AFTER_HEARTBEATS)
-    # Only attempts with a member still running here: one whose members all ended must not be
-    # kept alive by the heartbeat (reconcile settles it).
-    JobAttempt.objects.filter(
-        state__in=[AttemptState.RUNNING, AttemptState.PREEMPTING], members__node=node, members__ended_at=None
-    ).update(lease_expires_at=lease)
+    events.emit(events.NodeAlive(node_id=node.pk, lease_until=lease))
 
 
 def lost_cutoff():
@@ -141,17 +136,8 @@ def mark_silent_nodes_lost() -> list[str]:
 
 
 def _lose_attempts_on(node: Node, *, reason: str) -> None:
-    from apps.jobs.models import ATTEMPT_ACTIVE, AttemptMember, GpuAllocation, JobAttempt
-    from apps.jobs.services import attempt_lost
-
-    now = timezone.now()
-    attempts = JobAttempt.objects.filter(members__node=node, members__ended_at=None).distinct()
-    for attempt in attempts:
-        # This node's members are gone with their agent: end them and free their GPUs here.
-        AttemptMember.objects.filter(attempt=attempt, node=node, ended_at=None).update(state="lost", ended_at=now)
-        GpuAllocation.objects.filter(attempt=attempt, gpu__node=node, released_at=None).update(released_at=now)
-        if attempt.state in ATTEMPT_ACTIVE:
-            attempt_lost(attempt=attempt, reason=reason, actor="system:reconcile")
+    """What ran on the node is lost with its agent (apps/jobs/handlers.py, in this transaction)."""
+    events.emit(events.NodeLost(node_id=node.pk, reason=reason))
 
 
 def node_set_state(*, node: Node, state: str, drain_seconds: float | None = None) -> Node:
@@ -167,21 +153,11 @@ def node_set_state(*, node: Node, state: str, drain_seconds: float | None = None
 
 
 def preempt_past_drain_deadline() -> list[str]:
-    """Jobs still on a draining node after its deadline are preempted (checkpoint, requeue)."""
-    from apps.jobs.models import AttemptState, Job
-    from apps.jobs.services import ServiceError, job_preempt
-
-    preempted = []
+    """Jobs still on a draining node after its deadline are preempted (checkpoint, requeue):
+    the ids of those preempted (apps/jobs/handlers.py answers DrainOverdue)."""
     overdue = Node.objects.filter(state=NodeState.DRAINING, drain_deadline__lt=timezone.now())
-    jobs = Job.objects.filter(
-        attempts__state__in=[AttemptState.STARTING, AttemptState.RUNNING],
-        attempts__members__node__in=overdue,
-        attempts__members__ended_at=None,
-    ).distinct()
-    for job in jobs:
-        try:
-            job_preempt(job=job, actor="system:reconcile", reason="its node is drained")
-            preempted.append(str(job.pk))
-        except ServiceError:
-            continue  # it ended or moved meanwhile
-    return preempted
+    node_ids = tuple(overdue.values_list("pk", flat=True))
+    if not node_ids:
+        return []
+    answers = events.emit(events.DrainOverdue(node_ids=node_ids))
+    return [job_id for preempted in answers for job_id in preempted]

@@ -18,10 +18,10 @@ from django.utils import timezone
 from apps.jobs.models import ATTEMPT_ACTIVE, AttemptMember, Job, JobState
 from apps.nodes.models import Node, NodeState
 from apps.nodes.services import node_set_state
+from apps.platform.names import Task
 from apps.scheduling.core import autoscale as core
 from apps.scheduling.models import AutoscaleMode, AutoscalePolicy, ScaleEvent
 from apps.scheduling.providers import get_provider
-from apps.scheduling.queues import AUTOSCALE_TASK
 
 log = logging.getLogger(__name__)
 _scalers: dict[tuple, core.Autoscaler] = {}
@@ -128,7 +128,7 @@ def _apply(policy: AutoscalePolicy, provider, decision: core.ScaleDecision) -> S
     return last
 
 
-@shared_task(name=AUTOSCALE_TASK, ignore_result=True)
+@shared_task(name=Task.AUTOSCALE, ignore_result=True)
 def autoscale_tick() -> None:
     from apps.scheduling.redis import LeaderLock
 

@@ -1,15 +1,17 @@
-"""Every Celery queue and task name in one place."""
+"""Every Celery queue and task name, kept importable here; they live on the ground floor
+(apps/platform/names.py), where the node agent can import them without Django."""
 
-CONTROL = "control"  # the dispatcher: dispatch and reconcile passes
+from apps.platform.names import Queue, Task, node_queue
 
+CONTROL = Queue.CONTROL  # the dispatcher: dispatch and reconcile passes
 
-def node_queue(node_name: str) -> str:
-    """Each node agent consumes its own queue, so a placement reaches exactly its node."""
-    return f"node.{node_name}"
+DISPATCH_TASK = Task.DISPATCH
+RECONCILE_TASK = Task.RECONCILE
+AUTOSCALE_TASK = Task.AUTOSCALE
+START_ATTEMPT_TASK = Task.START_ATTEMPT
+STOP_ATTEMPT_TASK = Task.STOP_ATTEMPT
 
-
-DISPATCH_TASK = "scheduling.dispatch"
-RECONCILE_TASK = "scheduling.reconcile"
-AUTOSCALE_TASK = "scheduling.autoscale"
-START_ATTEMPT_TASK = "workers.start_attempt"
-STOP_ATTEMPT_TASK = "workers.stop_attempt"
+__all__ = [
+    "AUTOSCALE_TASK", "CONTROL", "DISPATCH_TASK", "RECONCILE_TASK", "START_ATTEMPT_TASK", "STOP_ATTEMPT_TASK",
+    "Queue", "Task", "node_queue",
+]  # fmt: skip

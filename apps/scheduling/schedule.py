@@ -2,33 +2,33 @@
 
 from django.conf import settings
 
-from .queues import AUTOSCALE_TASK, CONTROL, DISPATCH_TASK, RECONCILE_TASK
+from apps.platform.names import Queue, Task
 
 
 def beat_schedule() -> dict:
     return {
         # Safety net: submits, finishes and node changes already trigger a pass.
         "dispatch": {
-            "task": DISPATCH_TASK,
+            "task": Task.DISPATCH,
             "schedule": settings.DISPATCH_TICK_SECONDS,
-            "options": {"queue": CONTROL, "expires": settings.DISPATCH_TICK_SECONDS * 2},
+            "options": {"queue": Queue.CONTROL, "expires": settings.DISPATCH_TICK_SECONDS * 2},
         },
         # Lost nodes, expired leases, attempts whose start message was lost.
         "reconcile": {
-            "task": RECONCILE_TASK,
+            "task": Task.RECONCILE,
             "schedule": settings.RECONCILE_TICK_SECONDS,
-            "options": {"queue": CONTROL, "expires": settings.RECONCILE_TICK_SECONDS * 2},
+            "options": {"queue": Queue.CONTROL, "expires": settings.RECONCILE_TICK_SECONDS * 2},
         },
         # Webhook outbox: one signed POST per job state change, retried with backoff (apps/webhooks).
         "webhooks": {
-            "task": "webhooks.pump",
+            "task": Task.WEBHOOKS_PUMP,
             "schedule": 2.0,
-            "options": {"queue": CONTROL, "expires": 4.0},
+            "options": {"queue": Queue.CONTROL, "expires": 4.0},
         },
         # Per-SKU autoscaling (apps/scheduling/autoscaling.py); a no-op while every policy is off.
         "autoscale": {
-            "task": AUTOSCALE_TASK,
+            "task": Task.AUTOSCALE,
             "schedule": settings.AUTOSCALE_TICK_SECONDS,
-            "options": {"queue": CONTROL, "expires": settings.AUTOSCALE_TICK_SECONDS * 2},
+            "options": {"queue": Queue.CONTROL, "expires": settings.AUTOSCALE_TICK_SECONDS * 2},
         },
     }

@@ -6,10 +6,10 @@ import time
 import redis
 from celery import shared_task
 
-from gpuplatform.metrics import record_dispatch_pass
+from apps.platform.names import Queue, Task
 
 from . import dispatcher, reconcile
-from .queues import CONTROL, DISPATCH_TASK, RECONCILE_TASK
+from .figures import record_dispatch_pass
 from .redis import LeaderLock, client, shared_client
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ def request_dispatch() -> None:
     except redis.RedisError:
         pass  # send anyway: the broker may still be there
     try:
-        dispatch.apply_async(queue=CONTROL, expires=30, retry=False)
+        dispatch.apply_async(queue=Queue.CONTROL, expires=30, retry=False)
     except Exception:
         log.warning("could not request a dispatch; the beat tick will run one", exc_info=True)
         try:
@@ -50,7 +50,7 @@ def request_dispatch() -> None:
             pass
 
 
-@shared_task(name=DISPATCH_TASK, ignore_result=True)
+@shared_task(name=Task.DISPATCH, ignore_result=True)
 def dispatch() -> None:
     """One dispatcher pass at a time; requests arriving meanwhile make the holder go again."""
     lock = LeaderLock("dispatch", ttl_ms=LEADER_TTL_MS)
@@ -79,6 +79,6 @@ def _timed_pass() -> None:
     record_dispatch_pass(time.monotonic() - started)  # for /metrics
 
 
-@shared_task(name=RECONCILE_TASK, ignore_result=True)
+@shared_task(name=Task.RECONCILE, ignore_result=True)
 def reconcile_tick() -> None:
     reconcile.reconcile_once()

@@ -7,7 +7,7 @@ from rest_framework.views import APIView
 from apps.admission.usage import admission_usage
 from apps.jobs.access import membership_of
 from apps.jobs.services import tenant_limits
-from apps.tenants.selectors import current_use
+from apps.jobs.usage import current_use
 
 
 class UsageView(APIView):

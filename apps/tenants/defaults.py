@@ -1,6 +1,8 @@
 """The records every installation starts with: the default tiers and the built-in templates.
 Used by the data migrations (with historical models) and by `bootstrap_demo`."""
 
+from django.apps import apps as django_apps
+
 TIERS = [
     # name, rank, level, weight, preemptible, can_preempt, max_queued, rate/min, burst, grace s
     ("enterprise", 3, 1, 1, False, True, 1000, 600, 100, 60),
@@ -76,8 +78,7 @@ def ensure_templates(JobTemplate) -> None:
 
 
 def ensure_defaults() -> None:
-    from apps.jobs.models import JobTemplate
-    from apps.tenants.models import Tier
-
-    ensure_tiers(Tier)
-    ensure_templates(JobTemplate)
+    # The models through the app registry, as the migrations get them: the templates are jobs'
+    # rows, and tenants sit below jobs (they import nothing of them).
+    ensure_tiers(django_apps.get_model("tenants", "Tier"))
+    ensure_templates(django_apps.get_model("jobs", "JobTemplate"))

@@ -12,9 +12,9 @@ from django.utils import timezone
 
 from apps.jobs.models import GpuAllocation, Job
 from apps.jobs.services import tenant_limits
+from apps.jobs.usage import current_use
 from apps.nodes.models import Gpu, GpuHealth, GpuSku, NodeState
 from apps.tenants.models import Tenant
-from apps.tenants.selectors import current_use
 
 LOG_TAIL_BYTES = 8_000
 

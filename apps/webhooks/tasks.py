@@ -3,9 +3,10 @@ alternative to running `manage.py deliver_webhooks`."""
 
 from celery import shared_task
 
+from apps.platform.names import Task
 from apps.webhooks.services import pump
 
-PUMP_TASK = "webhooks.pump"
+PUMP_TASK = Task.WEBHOOKS_PUMP
 
 
 @shared_task(name=PUMP_TASK, ignore_result=True)

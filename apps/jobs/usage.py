@@ -1,4 +1,5 @@
-"""Read-only figures about a tenant, shared by the usage API and the usage page."""
+"""Read-only figures about a tenant's jobs now, shared by the usage API and the usage page
+(here, not in apps/tenants: tenants sit below jobs)."""
 
 from dataclasses import dataclass
 

@@ -1,0 +1,58 @@
+"""The names processes agree on: Celery queues and task names, why an attempt is stopped, and
+the end reasons recorded for it. StrEnums equal to their strings, so a name stored in a row or
+sent in a message compares equal to the member. No Django here: the node agent imports it."""
+
+from enum import StrEnum
+
+
+class Queue(StrEnum):
+    CONTROL = "control"  # the dispatcher: dispatch and reconcile passes
+
+
+def node_queue(node_name: str) -> str:
+    """Each node agent consumes its own queue, so a placement reaches exactly its node."""
+    return f"node.{node_name}"
+
+
+class Task(StrEnum):
+    DISPATCH = "scheduling.dispatch"
+    RECONCILE = "scheduling.reconcile"
+    AUTOSCALE = "scheduling.autoscale"
+    START_ATTEMPT = "workers.start_attempt"
+    STOP_ATTEMPT = "workers.stop_attempt"
+    WEBHOOKS_PUMP = "webhooks.pump"
+
+
+class StopReason(StrEnum):
+    """Why an attempt's processes are told to stop (`JobAttempt.stop_requested`, the stop
+    message's `why`, the runner's `stop_reason`)."""
+
+    CANCEL = "cancel"  # the job was cancelled: the attempt ends cancelled
+    REQUEUE = "requeue"  # support staff put the job back in the queue
+    PREEMPT = "preempt"  # checkpoint and stop; the job is queued again
+    GANG_MEMBER_FAILED = "gang member failed"  # another member of the gang failed
+    LOST = "lost"  # the attempt was lost (node gone, lease expired): stop what is left of it
+    TIMEOUT = "timeout"  # the runner: the job passed its max runtime
+    AGENT_STOPPING = "agent stopping"  # the agent shuts down: retried elsewhere
+    FENCED = "cut off from the platform"  # the agent missed its heartbeats: its jobs die at once
+    UNASSIGNED = "not assigned here any more"  # the database no longer has it on this node
+
+
+class EndReason(StrEnum):
+    """Reasons recorded when an attempt or one of its members ends."""
+
+    TIMEOUT = "timeout"  # reported by the runner: the job passed its max runtime
+    CANCELLED = "cancelled"
+    PREEMPTED = "preempted"
+    AGENT_STOPPED = "agent stopped"
+    AGENT_FENCED = f"agent {StopReason.FENCED}"
+    AGENT_UNASSIGNED = f"agent: {StopReason.UNASSIGNED}"
+    NOT_SETTLED = "members ended but the attempt was not settled"
+
+
+# What the agent reports as an infrastructure loss (retried), by the stop that caused it.
+LOST_BY_AGENT_STOP = {
+    StopReason.AGENT_STOPPING: EndReason.AGENT_STOPPED,
+    StopReason.FENCED: EndReason.AGENT_FENCED,
+    StopReason.UNASSIGNED: EndReason.AGENT_UNASSIGNED,
+}
