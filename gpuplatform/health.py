@@ -3,6 +3,8 @@
 from django.db import connection
 from django.http import JsonResponse
 
+from apps.scheduling.redis import client
+
 
 def healthz(request):
     checks = {"database": _database_ok(), "redis": _redis_ok()}
@@ -20,8 +22,6 @@ def _database_ok() -> bool:
 
 
 def _redis_ok() -> bool:
-    from apps.scheduling.redis import client
-
     try:
         return bool(client().ping())
     except Exception:

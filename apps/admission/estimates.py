@@ -26,6 +26,7 @@ from typing import NamedTuple
 from django.db.models import Count
 from django.utils import timezone
 
+from apps.admission import rows
 from apps.jobs.models import ATTEMPT_ACTIVE, AttemptState, GpuAllocation, Job, JobAttempt, JobState
 from apps.nodes.models import Gpu, GpuHealth, NodeState
 from apps.scheduling.core.estimate import Replay, Waiting
@@ -61,8 +62,6 @@ class Estimator:
 
     @classmethod
     def load(cls) -> Estimator:
-        from apps.admission import rows
-
         now = timezone.now()
         queue = [queued_row(*row) for row in rows.queue(QUEUE_LIMIT)]  # queue_order()'s first, without the ORM
         held = _held()
@@ -152,8 +151,6 @@ class QueueCounts:
     """A long queue's jobs per tier, as a web process counted them (at most once a second)."""
 
     def __init__(self):
-        from apps.admission import rows
-
         self.loaded_at = time.monotonic()
         self.tiers = rows.tiers()  # {id: (level, rank)}
         found = rows.queued_by_tier()
@@ -163,8 +160,6 @@ class QueueCounts:
     def around(self, job: Job) -> tuple[int, int]:
         """(jobs queued, jobs ahead of `job`): the counts plus the jobs queued since; jobs that
         left the queue since the counts were taken still count."""
-        from apps.admission import rows
-
         since = rows.queued_since(self.newest, job.created_at)
         if any(tier not in self.tiers for tier in since):
             self.tiers = rows.tiers()
@@ -246,8 +241,6 @@ def for_new_job(job: Job) -> tuple[int | None, datetime | None]:
 
 
 def _exactly(job: Job) -> tuple[int | None, datetime | None]:
-    from apps.admission import rows
-
     with _shared.lock:
         cached = _shared.estimator
         if cached is None or not cached.queue or time.monotonic() - _shared.loaded_at > REUSE_SECONDS:

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from django.db.models import Count, Q
 from django.utils import timezone
 
+from apps.admission.cache import follower_reason, queued_followers
 from apps.admission.errors import GpuHoursExhausted
 from apps.jobs.models import GpuAllocation, Job, JobState
 from apps.nodes.models import Node
@@ -66,8 +67,6 @@ class DispatchGate:
 
     @classmethod
     def load(cls) -> DispatchGate:
-        from apps.admission.cache import queued_followers
-
         capped = Quota.objects.exclude(max_gpus={}).exclude(max_gpus__isnull=True).select_related("tenant")
         caps = {q.tenant_id: {k: int(v) for k, v in (q.max_gpus or {}).items()} for q in capped if q.max_gpus}
         return cls(
@@ -93,8 +92,6 @@ class DispatchGate:
 
     def hold_reason(self, job: Job, placement=None) -> str | None:
         if job.pk in self.followers:
-            from apps.admission.cache import follower_reason
-
             return follower_reason(job, origin_id=self.followers[job.pk])
         caps = self.caps.get(job.tenant_id)
         if not caps:

@@ -6,6 +6,7 @@ from django.conf import settings
 from rest_framework import serializers
 
 from apps.admission import rows
+from apps.admission.estimates import Estimator
 from apps.jobs.fields import (
     ArgvField,
     LabelMapField,
@@ -17,6 +18,7 @@ from apps.jobs.models import Artifact, Job, JobAttempt, JobTemplate
 from apps.jobs.params import ParamsError, validate_params
 from apps.jobs.services import JobSpec
 from apps.nodes.models import GpuSku
+from apps.scheduling.dispatcher import queue_position
 from apps.tenants.models import Tier
 
 MAX_GPUS_PER_NODE = 64
@@ -178,8 +180,6 @@ class JobSerializer(serializers.ModelSerializer):
         positions = self.context.get("queue_positions")
         if positions is not None:
             return positions.get(job.pk)
-        from apps.scheduling.dispatcher import queue_position
-
         return queue_position(job)
 
     def get_estimated_start_at(self, job: Job):
@@ -187,8 +187,6 @@ class JobSerializer(serializers.ModelSerializer):
         One estimator per response: a list shares it across its jobs."""
         if job.state != "queued":
             return None
-        from apps.admission.estimates import Estimator
-
         if "estimator" not in self.context:
             self.context["estimator"] = Estimator.load()
         estimate = self.context["estimator"].estimate(job)

@@ -132,6 +132,14 @@ def unsubscribe(event_type: type, handler: Handler) -> None:
             table[event_type].remove(handler)
 
 
+def handlers_of(event_type: type) -> dict[str, list[Handler]]:
+    """Who reacts to `event_type`, by kind (for tests and for reading)."""
+    return {
+        "in_transaction": list(_in_transaction[event_type]),
+        "after_commit": list(_after_commit[event_type]),
+    }
+
+
 def emit(event: object) -> list:
     """Run the in-transaction handlers of `event` now and return their results; deliver it to
     the after-commit handlers once the current transaction commits."""

@@ -22,6 +22,7 @@ from apps.platform.names import Task
 from apps.scheduling.core import autoscale as core
 from apps.scheduling.models import AutoscaleMode, AutoscalePolicy, ScaleEvent
 from apps.scheduling.providers import get_provider
+from apps.scheduling.redis import LeaderLock
 
 log = logging.getLogger(__name__)
 _scalers: dict[tuple, core.Autoscaler] = {}
@@ -130,8 +131,6 @@ def _apply(policy: AutoscalePolicy, provider, decision: core.ScaleDecision) -> S
 
 @shared_task(name=Task.AUTOSCALE, ignore_result=True)
 def autoscale_tick() -> None:
-    from apps.scheduling.redis import LeaderLock
-
     lock = LeaderLock("autoscale", ttl_ms=60_000)
     try:
         if not lock.acquire():

@@ -13,7 +13,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError
@@ -26,6 +26,8 @@ from apps.jobs.services import MemberPlacement, ServiceError, job_place, job_pre
 from apps.nodes.models import GpuHealth, Node, NodeState
 from apps.scheduling import core
 from apps.scheduling.core import policy
+from apps.scheduling.models import ProvisionRequest, ProvisionState
+from apps.scheduling.redis import client
 from apps.tenants.models import Tier
 
 log = logging.getLogger(__name__)
@@ -148,8 +150,6 @@ def policy_config(tiers) -> policy.PolicyConfig:
 
 def arriving_nodes() -> list[policy.ArrivingNode]:
     """Nodes the autoscaler asked for that have not registered yet (preemption may wait)."""
-    from apps.scheduling.models import ProvisionRequest, ProvisionState
-
     registered = Node.objects.values("name")
     pending = ProvisionRequest.objects.filter(state__in=[ProvisionState.PENDING, ProvisionState.RUNNING]).exclude(
         node_name__in=registered
@@ -280,8 +280,6 @@ def _apply_preempt(decision: policy.Preempt, for_job: Job | None) -> list[str]:
 
 def _reservation_reason(decision: policy.Reserve) -> str:
     """The policy's words, with its clock (epoch seconds, "t=...") shown as a UTC time."""
-    from datetime import UTC, datetime
-
     def clock(match: re.Match) -> str:
         return datetime.fromtimestamp(float(match.group(1)), tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
@@ -297,8 +295,6 @@ def _set_reason(job: Job, reason: str) -> None:
 
 
 def _held_reservation(jobs: dict) -> str | None:
-    from .redis import client
-
     try:
         held = client().get(RESERVATION_KEY)
     except Exception:
@@ -308,8 +304,6 @@ def _held_reservation(jobs: dict) -> str | None:
 
 
 def _store_reservation(job_id: str) -> None:
-    from .redis import client
-
     try:
         client().set(RESERVATION_KEY, job_id, ex=3600)
     except Exception:

@@ -1,5 +1,7 @@
 from django.core.management.base import BaseCommand
 
+from apps.nodes.models import GpuSku
+from apps.scheduling.models import AutoscalePolicy
 from apps.tenants.defaults import ensure_defaults
 from apps.tenants.services import tenant_create, user_create
 
@@ -15,9 +17,6 @@ DEMO_PASSWORD = "demo-password"  # noqa: S105 (demo accounts, printed on purpose
 def ensure_demo_autoscaling() -> None:
     """An L4 pool with no static nodes: submitting L4 jobs makes fake nodes appear after the lag
     (30 s) and go away two minutes after they fall idle."""
-    from apps.nodes.models import GpuSku
-    from apps.scheduling.models import AutoscalePolicy
-
     sku, _ = GpuSku.objects.get_or_create(name="L4-24GB", defaults={"memory_mib": 24576})
     AutoscalePolicy.objects.get_or_create(
         sku=sku,
