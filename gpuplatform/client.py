@@ -15,6 +15,7 @@ The config file (`$GPUPLATFORM_CONFIG`, else `~/.config/gpuplatform/config.ini`)
 
 from __future__ import annotations
 
+import builtins
 import configparser
 import json
 import os
@@ -129,7 +130,7 @@ class Client:
         with self._request("GET", f"/api/v1/jobs/{job_id}/logs/") as response:
             return response.read().decode("utf-8", errors="replace")
 
-    def artifacts(self, job_id: str) -> list[dict]:
+    def artifacts(self, job_id: str) -> builtins.list[dict]:  # `list` here is Client.list
         return self._json("GET", f"/api/v1/jobs/{job_id}/artifacts/")
 
     def download(self, job_id: str, name: str, directory: str | os.PathLike = ".") -> pathlib.Path:

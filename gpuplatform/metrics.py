@@ -128,7 +128,8 @@ def fleet_metrics() -> Iterator[Metric]:
     )
     now = timezone.now()
     for name, last in Node.objects.exclude(last_heartbeat_at=None).values_list("name", "last_heartbeat_at"):
-        age.add_metric([name], max(0.0, (now - last).total_seconds()))
+        if last is not None:
+            age.add_metric([name], max(0.0, (now - last).total_seconds()))
     yield age
     fragmentation = _fragmentation()
     if fragmentation is not None:

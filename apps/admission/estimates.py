@@ -297,7 +297,7 @@ def _runtime(job: Queued | Job, typical: dict[int, float]) -> float:
 
 def _held() -> list[tuple[JobAttempt, dict[str, int]]]:
     """Every attempt holding GPUs, with how many per SKU."""
-    held = defaultdict(lambda: defaultdict(int))
+    held: defaultdict[int, defaultdict[str, int]] = defaultdict(lambda: defaultdict(int))
     for attempt_id, sku in GpuAllocation.objects.filter(released_at=None).values_list("attempt_id", "gpu__node__sku__name"):
         held[attempt_id][sku] += 1
     attempts = JobAttempt.objects.filter(pk__in=list(held)).select_related("job")
@@ -313,7 +313,7 @@ def _typical_runtimes(template_ids: set[int]) -> dict[int, float]:
             .order_by("-ended_at")
             .values_list("started_at", "ended_at")[:50]
         )
-        durations = [(end - start).total_seconds() for start, end in rows]
+        durations = [(end - start).total_seconds() for start, end in rows if start and end]
         if len(durations) >= 3:
             typical[template_id] = statistics.median(durations)
     return typical

@@ -10,10 +10,9 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from apps.admission.errors import IdempotencyConflict
 from apps.admission.models import IdempotencyKey
 from apps.jobs.models import Job
-from apps.jobs.services import ServiceError
+from apps.platform.errors import IdempotencyConflict, ServiceError
 from apps.tenants.models import Tenant
 
 TTL = timedelta(hours=24)

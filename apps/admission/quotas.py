@@ -15,9 +15,9 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from apps.admission.cache import follower_reason, queued_followers
-from apps.admission.errors import GpuHoursExhausted
 from apps.jobs.models import GpuAllocation, Job, JobState
 from apps.nodes.models import Node
+from apps.platform.errors import GpuHoursExhausted
 from apps.tenants.models import Quota, Tenant
 
 # --- GPUs in use at once, per tenant and SKU ----------------------------------------------------
@@ -29,7 +29,7 @@ def gpu_cap_blocks(job: Job, in_use: dict[str, int], caps: dict[str, int], tenan
     per SKU now; `caps`: its `Quota.max_gpus`; `need`: GPUs per SKU the job would take (by
     default its own SKU; a job naming none is checked once placed, against where it landed)."""
     if need is None:
-        need = {job.gpu_sku.name: job.gpus * job.nodes} if job.gpu_sku_id else {}
+        need = {job.gpu_sku.name: job.gpus * job.nodes} if job.gpu_sku_id and job.gpu_sku else {}
     for sku, wanted in sorted(need.items()):
         cap = caps.get(sku)
         if cap is None or wanted == 0:
@@ -110,7 +110,7 @@ class DispatchGate:
     def _need(self, job: Job, placement) -> dict[str, int]:
         need: dict[str, int] = {}
         for assignment in placement.assignments:
-            sku = self.node_skus.get(assignment.node) or (job.gpu_sku.name if job.gpu_sku_id else "")
+            sku = self.node_skus.get(assignment.node) or (job.gpu_sku.name if job.gpu_sku_id and job.gpu_sku else "")
             need[sku] = need.get(sku, 0) + len(assignment.gpu_indices)
         return need
 
@@ -165,7 +165,7 @@ def check_gpu_hours(*, tenant: Tenant, limits: dict, gpus_wanted: int) -> None:
     if gpus_wanted == 0 or limits.get("gpu_hours_per_period") is None:
         return
     hours = gpu_hours(tenant, limits)
-    if hours.used >= hours.limit:
+    if hours.limit is not None and hours.used >= hours.limit:
         raise GpuHoursExhausted(
             f"tenant {tenant.slug} has used {hours.used:.2f} of its {hours.limit} GPU-hours this period "
             f"(calendar month, UTC); the quota resets at {hours.resets_at.isoformat()}",

@@ -17,7 +17,7 @@ from django.conf import settings
 
 from apps.admission import buckets
 from apps.admission.counters import bump
-from apps.admission.errors import AdmissionUnavailable, RateLimited
+from apps.platform.errors import AdmissionUnavailable, RateLimited
 from apps.tenants.models import Tenant
 
 log = logging.getLogger(__name__)

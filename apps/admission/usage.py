@@ -25,7 +25,7 @@ def bucket_state(tenant: Tenant, user, limits: dict) -> dict:
         states = buckets.peek(wanted).states
     except redis.RedisError:
         return {"available": False}
-    out = {"available": True}
+    out: dict[str, object] = {"available": True}
     for name, state in zip(("tenant", "user"), states, strict=True):
         out[name] = {
             "rate_per_minute": round(state.bucket.rate_per_minute, 3), "burst": state.bucket.burst,

@@ -42,20 +42,22 @@ class JobTemplateAdmin(admin.ModelAdmin):
     search_fields = ["name"]
 
 
+ATTEMPT_FIELDS = ("number", "state", "started_at", "ended_at", "exit_code", "reason", "checkpoint")
+EVENT_FIELDS = ("created_at", "from_state", "to_state", "actor", "reason")
+
+
 class AttemptInline(admin.TabularInline):
     model = JobAttempt
     extra = 0
     can_delete = False
-    fields = ["number", "state", "started_at", "ended_at", "exit_code", "reason", "checkpoint"]
-    readonly_fields = fields
+    fields = readonly_fields = ATTEMPT_FIELDS
 
 
 class EventInline(admin.TabularInline):
     model = JobEvent
     extra = 0
     can_delete = False
-    fields = ["created_at", "from_state", "to_state", "actor", "reason"]
-    readonly_fields = fields
+    fields = readonly_fields = EVENT_FIELDS
 
 
 @admin.action(description="Cancel selected jobs")

@@ -37,7 +37,7 @@ from apps.jobs.models import (
     JobTemplate,
 )
 from apps.jobs.states import attempt_sources, check_attempt_move, check_job_move, job_sources
-from apps.nodes.models import Node
+from apps.nodes.models import GpuSku, Node
 from apps.platform import events
 from apps.platform.errors import (  # callers import them from here too
     NotAllowed,
@@ -60,7 +60,7 @@ class JobSpec:
     command: list[str] | None
     gpus: int
     nodes: int
-    gpu_sku: object | None
+    gpu_sku: GpuSku | None
     node_selector: dict
     max_runtime_seconds: int
     checkpointable: bool

@@ -16,7 +16,7 @@ class GpuSerializer(serializers.ModelSerializer):
         fields = ["index", "uuid", "memory_mib", "health", "utilization_percent", "memory_used_mib", "allocated_to"]
 
     def get_allocated_to(self, gpu: Gpu) -> int | None:
-        held = gpu.live_allocations
+        held = gpu.live_allocations  # type: ignore[attr-defined]  # prefetched (to_attr) by the view
         return held[0].attempt_id if held else None
 
 

@@ -14,6 +14,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import cast
 
 from django.conf import settings
 from django.db import IntegrityError
@@ -21,9 +22,18 @@ from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from apps.admission.quotas import DispatchGate
-from apps.jobs.models import ATTEMPT_ACTIVE, AttemptMember, GpuAllocation, Job, JobAttempt, JobState
-from apps.jobs.services import MemberPlacement, ServiceError, job_place, job_preempt
+from apps.jobs.models import (
+    ATTEMPT_ACTIVE,
+    AttemptMember,
+    AttemptState,
+    GpuAllocation,
+    Job,
+    JobAttempt,
+    JobState,
+)
+from apps.jobs.services import MemberPlacement, job_place, job_preempt
 from apps.nodes.models import GpuHealth, Node, NodeState
+from apps.platform.errors import ServiceError
 from apps.scheduling import core
 from apps.scheduling.core import policy
 from apps.scheduling.models import ProvisionRequest, ProvisionState
@@ -110,7 +120,7 @@ def _restore_allocations(snapshot: ClusterSnapshot) -> None:
         per_node = max(len(ix) for ix in by_node.values())
         snapshot.cluster.add_pod(core.Pod(name=name, gpus=per_node, nodes=len(by_node)), placement)
         started = attempt.started_at or attempt.created_at
-        stopping = not live or attempt.state == "preempting"
+        stopping = not live or attempt.state == AttemptState.PREEMPTING
         grace = timedelta(seconds=job.tier.preemption_grace_seconds + settings.KILL_GRACE_SECONDS)
         snapshot.running.append(
             policy.RunningJob(
@@ -120,7 +130,7 @@ def _restore_allocations(snapshot: ClusterSnapshot) -> None:
                 placement=placement,
                 last_checkpoint_at=epoch(attempt.checkpoint_at) if attempt.checkpoint_at else None,
                 preemptions=job.preemption_count,
-                gpu_models=(job.gpu_sku.name,) if job.gpu_sku_id else (),
+                gpu_models=(job.gpu_sku.name,) if job.gpu_sku_id and job.gpu_sku else (),
                 node_selector=job.node_selector or {},
                 preempted_for=(attempt.preempted_for or STOPPING) if stopping else None,
             )
@@ -179,7 +189,7 @@ def queued_job(job: Job) -> policy.QueuedJob:
         job_id=str(job.pk), tenant=job.tenant.slug, tier=job.tier.name, gpus=job.gpus, nodes=job.nodes,
         submit=epoch(job.created_at) - job.priority_boost * settings.PRIORITY_BOOST_SECONDS,
         est_runtime_s=float(job.max_runtime_seconds),
-        gpu_models=(job.gpu_sku.name,) if job.gpu_sku_id else (), node_selector=job.node_selector or {},
+        gpu_models=(job.gpu_sku.name,) if job.gpu_sku_id and job.gpu_sku else (), node_selector=job.node_selector or {},
         preemptions=job.preemption_count,
     )  # fmt: skip
 
@@ -218,7 +228,7 @@ def dispatch_once() -> DispatchResult:
     )  # fmt: skip
     waiting_for_victims = set()
     for decision in decisions:
-        job = jobs.get(getattr(decision, "job_id", None) or getattr(decision, "for_job_id", ""))
+        job = jobs.get(getattr(decision, "job_id", "") or getattr(decision, "for_job_id", ""))
         if isinstance(decision, policy.Start) and job is not None:
             if not gate.hold(job, decision.placement) and _apply_start(job, decision, snapshot):
                 gate.placed(job, decision.placement)
@@ -296,10 +306,10 @@ def _set_reason(job: Job, reason: str) -> None:
 
 def _held_reservation(jobs: dict) -> str | None:
     try:
-        held = client().get(RESERVATION_KEY)
+        raw = cast(bytes | None, client().get(RESERVATION_KEY))  # a sync client: never an Awaitable
     except Exception:
         return None
-    held = held.decode() if held else None
+    held = raw.decode() if raw else None
     return held if held in jobs else None
 
 

@@ -95,7 +95,7 @@ class LocalProvider(Provider):
     def terminate(self, node: Node) -> None:
         request = ProvisionRequest.objects.filter(node_name=node.name, state=ProvisionState.RUNNING).first()
         Node.objects.filter(pk=node.pk).update(state=NodeState.TERMINATED, version=node.version + 1)
-        if request is None:
+        if request is None or request.pid is None:
             return
         try:
             os.kill(request.pid, signal.SIGTERM)
