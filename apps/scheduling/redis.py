@@ -1,32 +1,12 @@
-"""The shared Redis client, and the dispatcher's leader lock with a fencing token."""
+"""The dispatcher's leader lock with a fencing token. The shared Redis client lives on the ground
+floor (apps/platform/redis.py), where every layer may use it; it is importable here too."""
 
-import functools
 import os
 import socket
 import uuid
 from typing import cast
 
-import redis
-from django.conf import settings
-
-
-@functools.cache
-def client() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
-
-
-_shared: dict[int, redis.Redis] = {}  # pid -> client: a forked child makes its own
-
-
-def shared_client() -> redis.Redis:
-    """This process's one client (a connection pool; thread-safe), for calls on hot paths that
-    a new connection each would cost more than the call."""
-    pid = os.getpid()
-    conn = _shared.get(pid)
-    if conn is None:
-        conn = _shared[pid] = client()
-    return conn
-
+from apps.platform.redis import client, shared_client  # noqa: F401 (importable from here too)
 
 # Release only if we still hold it: the value is our token.
 _RELEASE = """
