@@ -34,9 +34,10 @@ _sender: threading.Thread | None = None
 
 
 def _send() -> None:
-    # After the commits that asked (or in the sender thread, outside any transaction), so the
-    # scheduler's DispatchWanted handler (request_dispatch) runs at once.
-    events.emit(events.DispatchWanted())
+    # Already after the commits that asked: delivered now (the scheduler's handler sends the
+    # request), not through on_commit, which would open a database connection in the sender
+    # thread only to find no transaction there.
+    events.deliver(events.DispatchWanted())
 
 
 def _run_sender() -> None:

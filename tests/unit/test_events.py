@@ -132,3 +132,57 @@ def test_names_and_errors_import_without_django():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "False"
+
+
+def test_a_dispatch_wanted_reaches_the_scheduler_after_commit(
+    db, monkeypatch, django_capture_on_commit_callbacks
+):
+    from apps.jobs.services import trigger_dispatch
+    from apps.scheduling import tasks
+
+    requests = []
+    monkeypatch.setattr(tasks, "request_dispatch", lambda: requests.append("pass"))
+    with django_capture_on_commit_callbacks(execute=True):
+        with transaction.atomic():
+            trigger_dispatch()
+            assert requests == []
+    assert requests == ["pass"]
+
+
+def test_admissions_coalesced_request_is_delivered_at_once(monkeypatch):
+    from apps.admission import dispatch
+    from apps.scheduling import tasks
+
+    requests = []
+    monkeypatch.setattr(tasks, "request_dispatch", lambda: requests.append("pass"))
+    dispatch._send()  # runs after the commits (or in the sender thread): no transaction to wait for
+    assert requests == ["pass"]
+
+
+def test_a_placement_and_a_cancel_reach_the_node_queue_after_commit(
+    db, monkeypatch, django_capture_on_commit_callbacks
+):
+    from apps.jobs import services
+    from apps.scheduling import publish, tasks
+    from apps.scheduling.dispatcher import dispatch_once
+    from tests.factories import make_cast, make_node
+    from tests.unit.test_dispatcher import submit
+
+    sent = []
+    monkeypatch.setattr(
+        publish,
+        "_send",
+        lambda task, queue, **kwargs: sent.append((task, queue, kwargs.get("why"))),
+    )
+    monkeypatch.setattr(tasks, "request_dispatch", lambda: None)
+    cast = make_cast()
+    make_node("h1", gpus=1)
+    job = submit(cast, gpus=1)
+    with django_capture_on_commit_callbacks(execute=True):
+        with transaction.atomic():
+            assert dispatch_once().placed == [str(job.pk)]
+            assert sent == []  # nothing leaves before the placement commits
+    assert sent == [("workers.start_attempt", "node.h1", None)]
+    with django_capture_on_commit_callbacks(execute=True):
+        services.job_cancel(job=job, actor="test")
+    assert sent[1:] == [("workers.stop_attempt", "node.h1", "cancel")]
