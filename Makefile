@@ -26,6 +26,7 @@ lint: install
 	$(BIN)/python manage.py check
 	$(BIN)/python manage.py makemigrations --check --dry-run
 	$(BIN)/python -m scripts.check_core_imports
+	$(BIN)/python -m scripts.check_private_names
 
 # The browser tests drive Debian's Chromium through Playwright (never a browser download).
 browser:
