@@ -15,7 +15,7 @@ from apps.jobs.fields import (
 )
 from apps.jobs.models import Artifact, Job, JobAttempt, JobTemplate
 from apps.jobs.params import ParamsError, validate_params
-from apps.jobs.services import JobSpec
+from apps.jobs.services import SPEC_FIELDS, JobSpec
 from apps.nodes.models import GpuSku
 from apps.tenants.models import Tier
 
@@ -101,25 +101,26 @@ class JobSubmitSerializer(serializers.Serializer):
 
 
 def spec_from(data: dict, *, default_tier: Tier) -> JobSpec:
-    """The JobSpec of validated submit data."""
+    """The JobSpec of validated submit data. The fields whose defaults come from the template,
+    the command or the tenant are worked out here; every other field of the spec is the body's
+    field of that name (default: the serializer field's, else the spec's), so a new plain field
+    needs no line here."""
     template = data.get("template")
     command = data.get("command")
-    return JobSpec(
-        name=data.get("name") or (template.name if template else command[0].rsplit("/", 1)[-1])[:100],
-        tier=data.get("tier") or default_tier,
-        template=template,
-        params=data.get("params", {}),
-        command=command,
-        gpus=data["gpus"],
-        nodes=data["nodes"],
-        gpu_sku=data.get("gpu_sku"),
-        node_selector=data.get("node_selector", {}),
-        max_runtime_seconds=data.get("max_runtime_seconds")
+    derived = {
+        "name": data.get("name") or (template.name if template else command[0].rsplit("/", 1)[-1])[:100],
+        "tier": data.get("tier") or default_tier,
+        "template": template,
+        "params": data.get("params", {}),
+        "command": command,
+        "gpu_sku": data.get("gpu_sku"),
+        "max_runtime_seconds": data.get("max_runtime_seconds")
         or (template.default_max_runtime_seconds if template else 3600),
-        checkpointable=data.get("checkpointable", template.checkpointable if template else False),
-        cacheable=data.get("cacheable", template.cacheable if template else False),
-        retry_on_failure=data.get("retry_on_failure", False),
-    )
+        "checkpointable": data.get("checkpointable", template.checkpointable if template else False),
+        "cacheable": data.get("cacheable", template.cacheable if template else False),
+    }
+    plain = {name: data[name] for name in SPEC_FIELDS if name not in derived and name in data}
+    return JobSpec(**derived, **plain)
 
 
 _built = threading.local()  # per thread: one built serializer of each kind

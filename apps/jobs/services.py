@@ -59,7 +59,9 @@ class QueueFull(ServiceError):
 
 @dataclass(frozen=True)
 class JobSpec:
-    """A validated submission (the API's input serializer builds it)."""
+    """A validated submission (the API's input serializer builds it). Each field is the Job
+    field of that name (`new_job` copies them all): a new one with a default needs a line here,
+    on the model and in apps/jobs/serializers.py, nowhere else (docs/architecture.md)."""
 
     name: str
     tier: Tier
@@ -76,7 +78,7 @@ class JobSpec:
     retry_on_failure: bool = False  # retry a user error too (infrastructure failures always are)
 
 
-_SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(JobSpec))
+SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(JobSpec))  # each a field of Job of that name
 
 
 # --- helpers -------------------------------------------------------------------------------
@@ -200,7 +202,7 @@ def new_job(*, tenant: Tenant, user, spec: JobSpec) -> tuple[Job, JobEvent]:
 
 
 def spec_fields(spec: JobSpec) -> dict:
-    return {name: getattr(spec, name) for name in _SPEC_FIELDS}
+    return {name: getattr(spec, name) for name in SPEC_FIELDS}
 
 
 PROGRESS_SAMPLES = 20
