@@ -14,8 +14,8 @@ from apps.jobs import queue_order
 from apps.jobs.models import Job
 from apps.jobs.serializers import JobSerializer, JobSubmitSerializer
 from apps.jobs.services import SPEC_FIELDS, JobSpec
-from apps.scheduling.dispatcher import queue_position
 from apps.scheduling.dispatcher import queue_order as dispatcher_queue_order
+from apps.scheduling.dispatcher import queue_position
 from apps.tenants.models import Tenant, Tier
 from apps.tenants.services import quota_set
 from tests.admission.conftest import TRAIN
