@@ -8,6 +8,7 @@ API's exception handler already answers: DRF's PermissionDenied (403) and Valida
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -18,19 +19,25 @@ from apps.jobs.models import Job
 from apps.jobs.serializers import spec_from, validate_submission
 from apps.tenants.models import Membership
 
-UNREAD = object()  # `membership` not given: read here
+
+class Unread(enum.Enum):
+    """`membership` not given: `submit_job` reads it."""
+
+    UNREAD = "unread"
+
+
+UNREAD = Unread.UNREAD
 
 
 @dataclass
 class Submitted:
     job: Job
     created: bool  # False: an idempotent replay answered with the job an earlier request created
-    headers: dict[str, str] = field(
-        default_factory=dict
-    )  # X-RateLimit-* (on refusals too: see `headers`)
+    # X-RateLimit-* (a refusal carries them too: submit_job's `headers`)
+    headers: dict[str, str] = field(default_factory=dict)
 
 
-def submit_job(*, user, body, idempotency_key: str | None, membership: Membership | None | object = UNREAD,
+def submit_job(*, user, body, idempotency_key: str | None, membership: Membership | None | Unread = UNREAD,
                headers: dict | None = None) -> Submitted:  # fmt: skip
     """Submit `body` (a dict, or a function that returns it: the API's body is parsed on first
     read, and a parse error comes after the permission checks of a submitter read with the
@@ -40,7 +47,7 @@ def submit_job(*, user, body, idempotency_key: str | None, membership: Membershi
     and SKU the body names), where the caller read it already (the token's lookup); else it is
     read here, with the names the body gives. `headers`: filled with the rate limit's headers as
     soon as the check has run, so that a refusal raised after it carries them too."""
-    if membership is UNREAD:
+    if isinstance(membership, Unread):
         body = _read(body)
         membership = submitter(user, **names_in(body))
     if membership is None:

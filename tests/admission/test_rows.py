@@ -147,8 +147,9 @@ def test_a_long_queue_answers_positions_from_counts_and_the_jobs_queued_since(ca
 
 
 def test_the_201_is_what_the_job_serializer_says_of_the_created_job(cast, as_user, tmp_path):
-    """The 201 is written out field by field (serializers.created_representation): for a queued
-    job, a command job, a job naming no SKU and a cache hit it equals JobSerializer's."""
+    """The 201 comes from serializers.created_representation (JobSerializer's fields, with no
+    attempts read and the position and estimate given): for a queued job, a command job, a job
+    naming no SKU and a cache hit it equals JobSerializer's."""
     from apps.jobs.serializers import JobSerializer
     from tests.admission.conftest import INFER, placed_ids, run_to_end
 

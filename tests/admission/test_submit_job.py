@@ -36,7 +36,13 @@ def test_the_api_and_the_web_form_both_submit_through_submit_job(cast, as_user, 
 
     web = Client()
     web.force_login(cast["bob"][0])
-    form = {"template": "demo-train", "param_steps": "2", "gpus": "1", "gpu_sku": "H100-80GB", "idempotency_key": "web-1"}
+    form = {
+        "template": "demo-train",
+        "param_steps": "2",
+        "gpus": "1",
+        "gpu_sku": "H100-80GB",
+        "idempotency_key": "web-1",
+    }
     assert web.post("/jobs/new/", form).status_code == 302
     assert [body["template"] for body in calls] == ["demo-train", "demo-train"]
     assert Job.objects.filter(user__username="bob").count() == 2
@@ -69,7 +75,11 @@ def test_the_rate_limits_headers_come_with_a_refusal_too(cast):
         submit_job(user=bob, body=TRAIN, idempotency_key=None, headers=headers)
     assert headers["X-RateLimit-Remaining"] == "0"
     response = client_for(cast["bob"][1]).post("/api/v1/jobs/", TRAIN, format="json")
-    assert response.status_code == 429 and response["X-RateLimit-Remaining"] == "0" and response["Retry-After"]
+    assert (
+        response.status_code == 429
+        and response["X-RateLimit-Remaining"] == "0"
+        and response["Retry-After"]
+    )
 
 
 def test_every_field_of_the_submit_body_is_a_spec_field_and_comes_back_in_the_job_object():
@@ -92,7 +102,9 @@ def test_queue_order_is_one_order_for_the_dispatcher_queue_position_and_the_201(
     for tenant, user, tier in [(globex, dave, "free"), (globex, dave, "pro"), (acme, bob, "enterprise"),
                                (globex, dave, "pro"), (acme, bob, "free"), (acme, bob, "enterprise")]:  # fmt: skip
         made.append(Job.objects.create(name="j", tenant=tenant, user=user, tier=tiers[tier]))
-    by_key = sorted(made, key=lambda j: queue_order.sort_key(j.tier.level, j.tier.rank, j.created_at))
+    by_key = sorted(
+        made, key=lambda j: queue_order.sort_key(j.tier.level, j.tier.rank, j.created_at)
+    )
     ordered = [j.pk for j in by_key]
     assert list(dispatcher_queue_order().values_list("pk", flat=True)) == ordered  # the ORM's order
     assert [row[0] for row in rows.queue(100)] == ordered  # the submit path's SQL
@@ -102,7 +114,10 @@ def test_queue_order_is_one_order_for_the_dispatcher_queue_position_and_the_201(
         assert queue_position(job) == position
         assert rows.queued_and_ahead(job) == (len(made), position - 1)
         assert estimator.position(job) == position
-    assert [t for t in ordered if t in {made[2].pk, made[5].pk}] == [made[2].pk, made[5].pk]  # enterprise first
+    assert [t for t in ordered if t in {made[2].pk, made[5].pk}] == [
+        made[2].pk,
+        made[5].pk,
+    ]  # enterprise first
     assert ordered[:2] == [made[2].pk, made[5].pk]
     Job.objects.filter(pk=made[2].pk).update(state="running", started_at=timezone.now())
     assert queue_position(Job.objects.get(pk=made[5].pk)) == 1

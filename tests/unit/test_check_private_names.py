@@ -5,7 +5,7 @@ import textwrap
 
 from scripts import check_private_names
 
-PLANTED = '''
+PLANTED = """
 from django.db.backends.postgresql.base import ServerBindingCursor
 from django.db.models.base import _private_helper
 from apps.tenants.models import Tenant
@@ -27,7 +27,7 @@ def saved(instance, db, request, other: Mine):
     raw = db.connection.cursor()
     body = request._request.body
     return instance._meta.concrete_fields, other._pools, raw, body
-'''
+"""
 
 
 def test_apps_uses_no_private_names_of_django_or_a_driver():
