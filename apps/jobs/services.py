@@ -7,10 +7,10 @@ fencing token; a report for a superseded attempt changes nothing.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
+from dataclasses import fields as dataclass_fields
 from datetime import timedelta
 
 from django.conf import settings
@@ -78,7 +78,7 @@ class JobSpec:
     retry_on_failure: bool = False  # retry a user error too (infrastructure failures always are)
 
 
-SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(JobSpec))  # each a field of Job of that name
+SPEC_FIELDS = tuple(f.name for f in dataclass_fields(JobSpec))  # each a field of Job of that name
 
 
 # --- helpers -------------------------------------------------------------------------------
