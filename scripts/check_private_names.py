@@ -68,7 +68,7 @@ def _library_module(module: str) -> bool:
 def problems_in(path: pathlib.Path, tree: ast.AST, ours: set[str]) -> list[str]:
     found = []
 
-    def flag(node: ast.AST, what: str) -> None:
+    def flag(node: ast.stmt | ast.expr, what: str) -> None:
         found.append(f"{path}:{node.lineno}: {what}")
 
     for node in ast.walk(tree):

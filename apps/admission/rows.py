@@ -21,10 +21,11 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 from functools import cache
+from typing import TypeVar
 
 from django.contrib.auth import get_user_model
 from django.db import DEFAULT_DB_ALIAS, connection, connections
-from django.db.models import AutoField, BigAutoField, Model
+from django.db.models import AutoField, BigAutoField, ForeignKey, Model
 from rest_framework.authtoken.models import Token
 
 from apps.admission.models import QueuedCount
@@ -34,6 +35,7 @@ from apps.nodes.models import GpuSku
 from apps.tenants.models import Membership, Quota, Tenant, Tier
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+M = TypeVar("M", bound=Model)
 
 
 def _q(name: str) -> str:
@@ -123,14 +125,14 @@ class Inserter:
         ]
 
 
-def _saved(instance: Model) -> Model:
+def _saved(instance: M) -> M:
     """The row just inserted, as the ORM's save() leaves it: built again through the documented
     `Model.from_db` (so no longer "adding"), with the related objects the original had in hand."""
     model = type(instance)
     fields = model._meta.concrete_fields
     saved = model.from_db(DEFAULT_DB_ALIAS, [f.attname for f in fields], [getattr(instance, f.attname) for f in fields])
     for field in fields:
-        if field.is_relation and field.is_cached(instance):
+        if isinstance(field, ForeignKey) and field.is_cached(instance):
             setattr(saved, field.name, getattr(instance, field.name))
     return saved
 

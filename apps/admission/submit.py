@@ -68,6 +68,7 @@ def submit_job(*, user, body, idempotency_key: str | None, membership: Membershi
             body, named=getattr(membership, "named", None)
         )  # JobSubmitSerializer's rules
         admission.submit(spec_from(data, default_tier=membership.tenant.tier))
+    assert admission.job is not None  # a replay's, or the one submit() made (else it raised)
     return Submitted(job=admission.job, created=admission.created, headers=admission.headers)
 
 
