@@ -27,6 +27,7 @@ lint: install
 	$(BIN)/python manage.py makemigrations --check --dry-run
 	$(BIN)/python -m scripts.check_core_imports
 	$(BIN)/lint-imports --no-cache  # the app layers and no cycles (pyproject.toml, docs/architecture.md)
+	$(BIN)/python -m scripts.check_private_names
 
 # The browser tests drive Debian's Chromium through Playwright (never a browser download).
 browser:

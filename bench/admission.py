@@ -47,11 +47,13 @@ request's. Under gunicorn every figure grows with the threads' contention for th
 two cores (the client's 8 threads share them).
 
 The last changes (docs/admission.md, "What a submit costs"): the API's token check reads token
-and user with one prepared statement instead of DRF's ORM query, which was compiled for every
+and user with one statement instead of DRF's ORM query, which was compiled for every
 request (about half a minimal request's CPU), and a submit's check reads the submitter with
-them (one statement fewer a submit); on SQLite the submit's statements run on sqlite3's own
-cursor, Django's wrapper having cost ~18 us a statement; rows.py resolves the thread's
-connection once instead of through Django's proxy for every attribute. Before them, full runs
+them (one statement fewer a submit); rows.py resolves the thread's connection once instead of
+through Django's proxy for every attribute. Since issue 15 rows.py uses public APIs only: its
+statements run on Django's own cursor (on SQLite they had run on sqlite3's own, ~10 us a
+statement less; on PostgreSQL they were prepared on the server), and the submit is one use
+case (apps/admission/submit.py) for the API and the web form. Before them, full runs
 the same day gave 0.44 (0.34-0.51) and 0.46 (0.41-0.52) on SQLite; the session before ended at
 SQLite 0.48 / 0.49, PostgreSQL 0.47 / 0.46 (three rounds), and the first runs gave 0.19 and 0.14.
 Tried and left over the sessions: other gunicorn worker/thread mixes, a shorter GIL switch

@@ -120,9 +120,6 @@ def _database() -> dict:
 
 
 DATABASES = {"default": _database()}
-# The submit path's statements (apps/admission/rows.py) are prepared once per PostgreSQL
-# connection; off for a pooler that cannot keep prepared statements across transactions.
-PG_PREPARE_STATEMENTS = env_bool("GPUPLATFORM_PG_PREPARE", True)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 

@@ -28,6 +28,7 @@ from django.utils import timezone
 
 from apps.admission import rows
 from apps.jobs.models import ATTEMPT_ACTIVE, AttemptState, GpuAllocation, Job, JobAttempt, JobState
+from apps.jobs.queue_order import sort_key, tier_key
 from apps.nodes.models import Gpu, GpuHealth, NodeState
 from apps.scheduling.core.estimate import Replay, Waiting
 
@@ -44,11 +45,11 @@ class Queued(NamedTuple):
     nodes: int
     max_runtime_seconds: int
     template_id: int | None
-    order: tuple = ()  # its place in queue order: (-tier level, -tier rank, created_at)
+    order: tuple = ()  # its place in queue order (apps/jobs/queue_order.py sort_key)
 
 
 def queued_row(pk, sku, gpus, nodes, max_runtime_seconds, template_id, level, rank, created_at) -> Queued:
-    return Queued(pk, sku or ANY, gpus, nodes, max_runtime_seconds, template_id, (-level, -rank, created_at))
+    return Queued(pk, sku or ANY, gpus, nodes, max_runtime_seconds, template_id, sort_key(level, rank, created_at))
 
 
 class Estimator:
@@ -163,14 +164,17 @@ class QueueCounts:
         since = rows.queued_since(self.newest, job.created_at)
         if any(tier not in self.tiers for tier in since):
             self.tiers = rows.tiers()
-        mine = self.tiers.get(job.tier_id, (job.tier.level, job.tier.rank))
+        mine = tier_key(*self.tiers.get(job.tier_id, (job.tier.level, job.tier.rank)))
         total = ahead = 0
         for tier in set(self.counts) | set(since):
             counted, (new, new_before) = self.counts.get(tier, 0), since.get(tier, (0, 0))
             total += counted + new
-            if self.tiers.get(tier, mine) > mine:
+            theirs = tier_key(*self.tiers[tier]) if tier in self.tiers else mine if tier == job.tier_id else None
+            if theirs is None:
+                continue
+            if theirs < mine:
                 ahead += counted + new
-            elif tier == job.tier_id:
+            elif theirs == mine:  # the same place in the order: those submitted earlier
                 ahead += counted + new_before
         return total, ahead
 

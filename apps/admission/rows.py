@@ -9,26 +9,33 @@ values go through the fields' own conversions both ways (`pre_save` and `get_db_
 in, the backend's and the field's converters out), and rows become model instances through
 `Model.from_db`, as the ORM builds them. tests/admission/test_rows.py checks every field of
 what these read and write against the ORM's own reads.
+
+Public APIs only (scripts/check_private_names.py, in `make lint`, keeps it so): the statements
+run on Django's own cursor (`connection.cursor()`), related objects are attached through the
+relations' descriptors, and an inserted row is rebuilt through `Model.from_db` rather than
+marked saved by hand. Queue order comes from apps/jobs/queue_order.py.
 """
 
 from __future__ import annotations
 
-import re
 import uuid
 from datetime import UTC, datetime
 from functools import cache
+from typing import TypeVar
 
 from django.contrib.auth import get_user_model
 from django.db import DEFAULT_DB_ALIAS, connection, connections
-from django.db.models import AutoField, BigAutoField, Model
+from django.db.models import AutoField, BigAutoField, ForeignKey, Model
 from rest_framework.authtoken.models import Token
 
 from apps.admission.models import QueuedCount
+from apps.jobs import queue_order
 from apps.jobs.models import Job, JobEvent, JobTemplate
 from apps.nodes.models import GpuSku
 from apps.tenants.models import Membership, Quota, Tenant, Tier
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+M = TypeVar("M", bound=Model)
 
 
 def _q(name: str) -> str:
@@ -118,10 +125,16 @@ class Inserter:
         ]
 
 
-def _saved(instance: Model) -> Model:
-    """Mark a row just inserted as the ORM's save() would."""
-    instance._state.adding, instance._state.db = False, DEFAULT_DB_ALIAS
-    return instance
+def _saved(instance: M) -> M:
+    """The row just inserted, as the ORM's save() leaves it: built again through the documented
+    `Model.from_db` (so no longer "adding"), with the related objects the original had in hand."""
+    model = type(instance)
+    fields = model._meta.concrete_fields
+    saved = model.from_db(DEFAULT_DB_ALIAS, [f.attname for f in fields], [getattr(instance, f.attname) for f in fields])
+    for field in fields:
+        if isinstance(field, ForeignKey) and field.is_cached(instance):
+            setattr(saved, field.name, getattr(instance, field.name))
+    return saved
 
 
 # One set of statements per backend (the test suite may switch between SQLite and PostgreSQL).
@@ -177,11 +190,10 @@ def _statements(vendor: str) -> dict:
     counts, counted = _q(QueuedCount._meta.db_table), col(QueuedCount, "queued")
     counts_tenant = col(QueuedCount, "tenant")
     jobs, events = Inserter(Job), Inserter(JobEvent)
-    ahead_tiers = (
-        f"SELECT {col(Tier, 'id')} FROM {_q(tier.db_table)} WHERE {col(Tier, 'level')} > %s "
-        f"OR ({col(Tier, 'level')} = %s AND {col(Tier, 'rank')} > %s)"
-    )
     state, tier_id, created = col(Job, "state"), col(Job, "tier"), col(Job, "created_at")
+    in_queue_order = queue_order.order_sql(
+        {"tier__level": f"r.{col(Tier, 'level')}", "tier__rank": f"r.{col(Tier, 'rank')}", "created_at": f"j.{created}"}
+    )
     since_count = (
         f"(SELECT COUNT(*) FROM {_q(job.db_table)} j WHERE j.{state} = %s AND j.{tier_id} = r.{col(Tier, 'id')} "
         f"AND j.{created} > %s"
@@ -217,12 +229,13 @@ def _statements(vendor: str) -> dict:
         # block them, and a one-statement submit holding the tenant's count row while its check
         # waited on a locked submit waiting for that row would deadlock.
         "lock_tenant": f"SELECT {col(Tenant, 'id')} FROM {_q(Tenant._meta.db_table)} WHERE {col(Tenant, 'id')} = %s FOR NO KEY UPDATE",
-        # Every queued job, and those ahead of a new one in queue order (strict tier order, then
-        # submit time: apps/scheduling/dispatcher.queue_position): one pass over the
-        # (state, tier, created_at) index, no job row read.
-        "queued_and_ahead": (
-            f"SELECT COUNT(*), COALESCE(SUM(CASE WHEN {tier_id} IN ({ahead_tiers}) OR ({tier_id} = %s AND {created} < %s) "
-            f"THEN 1 ELSE 0 END), 0) FROM {_q(job.db_table)} WHERE {state} = %s"
+        # Per tier (with its level and rank), the queued jobs and those submitted before a
+        # time: one pass over the (state, tier, created_at) index, no job row read; which tiers
+        # are ahead is queue order's to say (apps/jobs/queue_order.py, `queued_and_ahead`).
+        "queued_per_tier": (
+            f"SELECT r.{col(Tier, 'level')}, r.{col(Tier, 'rank')}, c.n, c.n_before FROM (SELECT {tier_id} AS tier, "
+            f"COUNT(*) AS n, SUM(CASE WHEN {created} < %s THEN 1 ELSE 0 END) AS n_before FROM {_q(job.db_table)} "
+            f"WHERE {state} = %s GROUP BY {tier_id}) c INNER JOIN {_q(tier.db_table)} r ON r.{col(Tier, 'id')} = c.tier"
         ),  # fmt: skip
         # A long queue's counts per tier (a web thread loads them at most once a second), and the
         # jobs queued since (the (state, created_at) index from the newest one counted).
@@ -234,9 +247,9 @@ def _statements(vendor: str) -> dict:
             f"SELECT r.{col(Tier, 'id')}, {since_count}), {since_count} AND j.{created} < %s) "
             f"FROM {_q(tier.db_table)} r"
         ),
-        # The queue in queue order (dispatcher.queue_order) as the start estimate's replay reads
+        # The queue in queue order (apps/jobs/queue_order.py) as the start estimate's replay reads
         # it (estimates.queued_row's arguments): the first jobs up to a limit, or those queued since a time.
-        "queue": f"{queue_select} WHERE j.{state} = %s ORDER BY r.{col(Tier, 'level')} DESC, r.{col(Tier, 'rank')} DESC, j.{created} LIMIT %s",
+        "queue": f"{queue_select} WHERE j.{state} = %s ORDER BY {in_queue_order} LIMIT %s",
         # The same, plus (one more row, its id NULL) how many jobs are queued in all, from
         # the tenants' kept counts: one statement, so both come from one snapshot of the queue,
         # and neither grows with it (the total was a count of the queue).
@@ -269,91 +282,9 @@ def statements() -> dict:
 
 
 def _cursor():
-    """A cursor for these statements, which are all this module's own SQL.
-
-    SQLite: the sqlite3 cursor itself, these statements' placeholders written as its `?` once
-    (`_Direct`). Django's cursor wrapper converts every statement's `%s` with a regular
-    expression and goes through three more layers: ~18 us of CPU a statement, against ~8 us
-    for all the rest. Where Django records or wraps statements (DEBUG, tests capturing them,
-    `execute_wrapper`) its own cursor is used.
-
-    PostgreSQL: a cursor that binds parameters on the server and prepares each statement once
-    per connection (connections live CONN_MAX_AGE): Django's own cursors bind on the client,
-    which costs the web process about 0.1-0.2 ms of CPU a statement to quote values into the
-    SQL text, and PostgreSQL a parse and plan of it every time (the membership's six-table
-    join: 0.43 ms of the server's CPU planned each time, 0.08 prepared).
-    GPUPLATFORM_PG_PREPARE=0 turns preparing off, for a pooler that cannot keep prepared
-    statements (PgBouncer in transaction mode before 1.21). Wrapped as Django wraps its own
-    (errors translated, statements captured in tests and DEBUG)."""
-    db = _db()
-    if db.vendor != "postgresql":
-        if db.vendor == "sqlite" and not db.queries_logged and not db.execute_wrappers:
-            db.ensure_connection()
-            return _Direct(db)
-        return db.cursor()
-    db.ensure_connection()
-    raw = db.connection
-    if raw.prepare_threshold is None and _prepared_cursor_class().prepare:
-        # Django opens connections with preparing off (for poolers), and psycopg then ignores
-        # `prepare=True`. Only server-binding cursors ever prepare, and Django's own bind on
-        # the client, so turning it on here concerns these statements alone.
-        raw.prepare_threshold = 0
-    cursor = _prepared_cursor_class()(raw)
-    # Where Django records statements (DEBUG, tests capturing them) it reads each one's text
-    # back from the cursor, which psycopg does not keep for a prepared statement: bound on the
-    # server there, but not prepared.
-    cursor.prepare = cursor.prepare and not db.queries_logged
-    with db.wrap_database_errors:
-        return db._prepare_cursor(cursor)
-
-
-_QMARK: dict[str, str] = {}  # SQL with %s -> the same with ?, as Django's SQLite cursor writes it
-_FORMAT = re.compile(r"(?<!%)%s")  # django.db.backends.sqlite3.base.FORMAT_QMARK_REGEX
-
-
-class _Direct:
-    """The sqlite3 cursor of the thread's connection, doing what Django's wrappers do for these
-    statements: no statement on a transaction that must roll back, errors as Django's."""
-
-    def __init__(self, db):
-        self.db, self.cursor = db, db.connection.cursor()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.cursor.close()
-
-    def execute(self, sql: str, params) -> None:
-        qmark = _QMARK.get(sql)
-        if qmark is None:
-            qmark = _QMARK[sql] = _FORMAT.sub("?", sql).replace("%%", "%")
-        self.db.validate_no_broken_transaction()
-        with self.db.wrap_database_errors:
-            self.cursor.execute(qmark, params)
-
-    def fetchone(self):
-        with self.db.wrap_database_errors:
-            return self.cursor.fetchone()
-
-    def fetchall(self):
-        with self.db.wrap_database_errors:
-            return self.cursor.fetchall()
-
-
-@cache
-def _prepared_cursor_class():
-    from django.conf import settings
-    from django.db.backends.postgresql.base import ServerBindingCursor
-
-    class Prepared(ServerBindingCursor):
-        prepare = bool(getattr(settings, "PG_PREPARE_STATEMENTS", True))
-
-        def execute(self, query, params=None, **kwargs):
-            kwargs.setdefault("prepare", self.prepare)
-            return super().execute(query, params, **kwargs)
-
-    return Prepared
+    """Django's own cursor (`connection.cursor()`): its placeholders, error translation,
+    broken-transaction guard and statement recording, on every backend."""
+    return _db().cursor()
 
 
 def _one(sql: str, params: list):
@@ -387,11 +318,11 @@ def _membership(parts: list, *, template: str | None, sku: str | None) -> Member
     membership, tenant, tier, quota, named_template, named_sku = parts
     if membership is None:
         return None
-    Membership.tenant.field.set_cached_value(membership, tenant)
-    Tenant.tier.field.set_cached_value(tenant, tier)
+    # The relations' own descriptors: they remember the related object on both sides, as
+    # select_related leaves them.
+    membership.tenant, tenant.tier = tenant, tier
     if quota is not None:
-        Tenant.quota.related.set_cached_value(tenant, quota)
-        Quota.tenant.field.set_cached_value(quota, tenant)
+        tenant.quota = quota
     membership.named = {}
     if template is not None:
         membership.named["template", template] = named_template
@@ -418,13 +349,13 @@ def token_submitter(key: str, *, template: str | None = None, sku: str | None = 
     token, user = _token_and_user(_built(readers, row))
     membership = _membership(_built(s["readers"], row[sum(r.width for r in readers) :]), template=template, sku=sku)
     if membership is not None:
-        Membership.user.field.set_cached_value(membership, user)
+        membership.user = user
     return token, user, membership
 
 
 def _token_and_user(parts: list) -> tuple[Token, object]:
     token, user = parts
-    Token.user.field.set_cached_value(token, user)
+    token.user = user
     return token, user
 
 
@@ -458,17 +389,25 @@ def queued_kept(tenant: Tenant, *, lock: bool = False) -> int | None:
     return None if row is None else row[0]
 
 
-def admit(job: Job, event: JobEvent, *, cap: int) -> int | None:
+def admit(job: Job, event: JobEvent, *, cap: int) -> tuple[int, Job, JobEvent] | None:
     """PostgreSQL, outside a transaction: insert the job and its event if the tenant has fewer
-    than `cap` jobs queued, in one statement. Returns the count before this job, or None
-    (nothing inserted: the cap is reached, or the tenant has no count row yet)."""
+    than `cap` jobs queued, in one statement. Returns the count before this job with the two
+    rows as saved (`_saved`), or None (nothing inserted: the cap is reached, or the tenant has
+    no count row yet)."""
     s = statements()
     params = [job.tenant_id, cap, *s["job"].params(job), *s["event"].params(event)]
     row = _one(s["admit"], params)
     if row is None:
         return None
-    _saved(job), _saved(event)
-    return row[0]
+    job, event = _saved_pair(job, event)
+    return row[0], job, event
+
+
+def _saved_pair(job: Job, event: JobEvent) -> tuple[Job, JobEvent]:
+    job = _saved(job)
+    event = _saved(event)
+    event.job = job
+    return job, event
 
 
 def _moment(value: datetime):
@@ -478,12 +417,16 @@ def _moment(value: datetime):
 
 def queued_and_ahead(job: Job) -> tuple[int, int]:
     """(jobs queued, jobs queued ahead of `job` in queue order)."""
-    tier = job.tier
-    total, ahead = _one(
-        statements()["queued_and_ahead"],
-        [tier.level, tier.level, tier.rank, tier.pk, _moment(job.created_at), "queued"],
-    )
-    return total, int(ahead)
+    mine = queue_order.tier_key(job.tier.level, job.tier.rank)
+    total = ahead = 0
+    for level, rank, n, n_before in _all(statements()["queued_per_tier"], [_moment(job.created_at), "queued"]):
+        theirs = queue_order.tier_key(level, rank)
+        total += n
+        if theirs < mine:
+            ahead += n
+        elif theirs == mine:  # the same place in the order: those submitted earlier
+            ahead += int(n_before or 0)
+    return total, ahead
 
 
 def _all(sql: str, params: list) -> list[tuple]:
@@ -563,9 +506,9 @@ def insert_params(job: Job, event: JobEvent) -> tuple[list, list]:
     return s["job"].params(job), s["event"].params(event)
 
 
-def insert_job_and_event(job: Job, event: JobEvent, params: tuple[list, list] | None = None) -> None:
+def insert_job_and_event(job: Job, event: JobEvent, params: tuple[list, list] | None = None) -> tuple[Job, JobEvent]:
     """Both rows (`params`: insert_params' for them); on PostgreSQL in one statement (a
-    data-modifying WITH: one round trip)."""
+    data-modifying WITH: one round trip). Returns them as saved (`_saved`)."""
     s = statements()
     job_params, event_params = params or insert_params(job, event)
     with _cursor() as cursor:
@@ -574,4 +517,4 @@ def insert_job_and_event(job: Job, event: JobEvent, params: tuple[list, list] | 
         else:
             cursor.execute(s["job"].sql, job_params)
             cursor.execute(s["event"].sql, event_params)
-    _saved(job), _saved(event)
+    return _saved_pair(job, event)

@@ -1,11 +1,11 @@
-"""Admission of one submission, in order:
+"""Admission of one submission (the steps behind apps/admission/submit.py's `submit_job`), in order:
 
 1. an idempotent replay (same tenant, key and body within 24 h) answers with its job: no token
    spent, nothing created; another body with that key is 409;
 2. the rate limits take a token (429 with Retry-After, or the Redis-down fail mode);
 3. (the caller validates the body into a JobSpec)
 4. under the tenant's row lock: the key again, the GPU-hour quota (403), then the job, through
-   `job_submit` (tier, commands, queued-job cap), and its place in the result cache: a hit ends
+   `enqueue_job` (tier, commands, queued-job cap), and its place in the result cache: a hit ends
    at once, a follower waits on its identical origin. On PostgreSQL a submit with no key and no
    cached template (the usual one) does all of step 4 in one statement instead
    (`_admit_in_one_statement`).
@@ -23,7 +23,7 @@ from apps.admission.ratelimit import RateDecision, check_submit
 from apps.admission.writer import end_turn_at_commit, write_turn
 from apps.jobs import services as jobs
 from apps.jobs.models import Job, JobState
-from apps.jobs.services import JobSpec, job_submit, tenant_limits, transition_job
+from apps.jobs.services import JobSpec, tenant_limits, transition_job
 from apps.tenants.models import Membership, Quota, Tenant
 
 
@@ -87,9 +87,10 @@ class Admission:
         answers as its replay."""
         job, event = jobs.new_job(tenant=self.tenant, user=self.user, spec=spec)  # made before any lock
         if self.key is None and _in_one_statement() and not cache.cache_key(spec, self.tenant):
-            if _admit_in_one_statement(tenant=self.tenant, spec=spec, limits=self.limits, job=job, event=event):
-                self.job, self.created = job, True
-                return job
+            saved = _admit_in_one_statement(tenant=self.tenant, spec=spec, limits=self.limits, job=job, event=event)
+            if saved is not None:
+                self.job, self.created = saved, True
+                return saved
         built = (job, event, rows.insert_params(job, event))  # so that the lock covers the statements alone
         try:
             with write_turn() as turn:  # SQLite: submissions queue for its one write lock (writer.py)
@@ -106,24 +107,25 @@ def _in_one_statement() -> bool:
     return connection.vendor == "postgresql" and not connection.in_atomic_block
 
 
-def _admit_in_one_statement(*, tenant: Tenant, spec: JobSpec, limits: dict, job: Job, event) -> bool:
+def _admit_in_one_statement(*, tenant: Tenant, spec: JobSpec, limits: dict, job: Job, event) -> Job | None:
     """The usual submit on PostgreSQL (no Idempotency-Key, a template that is not cached) in
     one statement, committed on its own (rows.admit): the cap's check on the tenant's kept
     count, under that row's lock, and the job and its event. The transaction of `_admit` took
     five round trips (BEGIN, the tenant's lock, the count, the insert, COMMIT), all while
-    holding the lock, and the count grew with the queue. False: nothing written, the tenant
-    has no count row yet (its first job), and `_admit` takes it from here."""
+    holding the lock, and the count grew with the queue. Returns the job as saved; None:
+    nothing written, the tenant has no count row yet (its first job), and `_admit` takes it
+    from here."""
     quotas.check_gpu_hours(tenant=tenant, limits=limits, gpus_wanted=spec.gpus * spec.nodes)
     jobs.check_allowed(tenant, spec)
     cap = limits["max_queued_jobs"]
-    while rows.admit(job, event, cap=cap) is None:
+    while (admitted := rows.admit(job, event, cap=cap)) is None:
         queued = rows.queued_kept(tenant)  # why not: a job may have left the queue since
         if queued is None:
-            return False
+            return None
         if queued >= cap:
             raise jobs.queue_full(tenant, queued, limits)
     dispatch.request_soon()
-    return True
+    return admitted[1]
 
 
 @transaction.atomic
@@ -134,7 +136,7 @@ def _admit(*, tenant: Tenant, user, spec: JobSpec, key: str | None, digest: str,
     # and the queued-job count all see each other's writes. PostgreSQL: SELECT ... FOR NO KEY UPDATE.
     # SQLite has no row locks: the transaction's BEGIN IMMEDIATE already holds the database's
     # one write lock, so nothing more is taken (or read) there. The tenant and its limits were
-    # read with the membership just before; job_submit is told the lock is held.
+    # read with the membership just before; enqueue_job runs under the lock.
     if connection.features.has_select_for_update:
         rows.lock_tenant(tenant)
     earlier = idempotency.replay(tenant=tenant, key=key, digest=digest)
@@ -144,10 +146,9 @@ def _admit(*, tenant: Tenant, user, spec: JobSpec, key: str | None, digest: str,
     origin = cache.fresh_origin(tenant, cache_key, spec.template) if cache_key else None
     if origin is None:
         quotas.check_gpu_hours(tenant=tenant, limits=limits, gpus_wanted=spec.gpus * spec.nodes)
-    # job_submit's own body (`__wrapped__`, without its @transaction.atomic): this transaction
-    # is the one it needs, and a savepoint would be two more statements while the lock is held.
-    job = job_submit.__wrapped__(tenant=tenant, user=user, spec=spec, limits=limits, locked=True, dispatch=False,
-                                 built=built)  # fmt: skip
+    # A submit's own steps in this transaction (job_submit's would add a savepoint: two more
+    # statements while the lock is held).
+    job = jobs.enqueue_job(tenant=tenant, user=user, spec=spec, limits=limits, built=built)
     dispatch.after_commit()  # after the turn's hook: the turn ends before the request is sent
     if origin is not None:
         _serve_from_cache(job, origin)

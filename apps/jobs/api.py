@@ -7,11 +7,11 @@ from django.http import FileResponse, Http404, HttpResponse
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.exceptions import ParseError, PermissionDenied
 from rest_framework.response import Response
 
 from apps.admission import estimates
-from apps.admission.services import Admission, submitter
+from apps.admission.submit import UNREAD, names_in, submit_job
 from apps.jobs import services
 from apps.jobs.access import can_cancel, visible_jobs
 from apps.jobs.models import AttemptMember, Job, JobAttempt, JobState
@@ -20,10 +20,8 @@ from apps.jobs.serializers import (
     JobSerializer,
     JobSubmitSerializer,
     created_representation,
-    spec_from,
-    validate_submission,
 )
-from apps.tenants.auth import SubmitterAuthentication, TokenAuthentication
+from apps.tenants.auth import PEEK_LIMIT, SubmitterAuthentication, TokenAuthentication
 
 
 class JobFilter(django_filters.FilterSet):
@@ -44,6 +42,16 @@ def job_queryset(user):
         .prefetch_related(Prefetch("attempts", queryset=attempts))
         .order_by("-created_at")
     )
+
+
+def _small_json(request) -> bool:
+    """A JSON body of at most PEEK_LIMIT bytes (a larger one, or another kind: parsed by the view)."""
+    if request.META.get("CONTENT_TYPE", "").split(";")[0].strip() != "application/json":
+        return False
+    try:
+        return int(request.META.get("CONTENT_LENGTH") or 0) <= PEEK_LIMIT
+    except ValueError:
+        return False
 
 
 def log_names(job: Job) -> list[str]:
@@ -74,39 +82,43 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             context["queue_positions"] = {pk: position for position, pk in enumerate(ids, start=1)}
         return context
 
+    def perform_authentication(self, request):
+        """A submit's small JSON body is parsed first (DRF's own parsing, which the view would do
+        next anyway), so that the token's lookup also reads the template and SKU it names
+        (apps/tenants/auth.py). A parse error is kept for the view, whose answer it was: after
+        the 401 and the permission checks, as without the read-ahead."""
+        self.parse_error = None
+        if getattr(self, "action", None) == "create" and _small_json(request):
+            try:
+                names = names_in(request.data)
+            except ParseError as error:
+                names, self.parse_error = {}, error
+            for authenticator in request.authenticators:
+                if isinstance(authenticator, SubmitterAuthentication):
+                    authenticator.names = names
+        super().perform_authentication(request)
+
     @extend_schema(request=JobSubmitSerializer, responses={201: JobSerializer})
     def create(self, request):
-        if hasattr(request.auth, "submitter"):  # read with the token (get_authenticators)
-            membership = request.auth.submitter
-        else:
-            body = request.data if isinstance(request.data, dict) else {}
-            named = {k: v for k in ("template", "gpu_sku") if isinstance(v := body.get(k), str)}
-            # With its tenant, tier and quota, and the template and SKU named, in one statement.
-            membership = submitter(request.user, template=named.get("template"), sku=named.get("gpu_sku"))
-        if membership is None:
-            raise PermissionDenied("you belong to no tenant")
-        if not membership.can_submit:
-            raise PermissionDenied(f"role {membership.role} may not submit jobs")
-        if not isinstance(request.data, dict):
-            raise ValidationError({"body": ["must be a JSON object"]})
-        # Admission (apps/admission, docs/admission.md): idempotent replay, rate limits with
-        # X-RateLimit-* on every answer, GPU-hour quota, result cache and coalescing.
-        admission = Admission.start(tenant=membership.tenant, user=request.user, body=request.data,
-                                    idempotency_key=request.headers.get("Idempotency-Key"))  # fmt: skip
-        self.headers.update(admission.headers)
-        admission.raise_if_refused()
-        if not admission.replayed:
-            data = validate_submission(request.data, named=membership.named)  # JobSubmitSerializer's rules
-            admission.submit(spec_from(data, default_tier=membership.tenant.tier))
-        if admission.created:
-            # The job as created, with the objects in hand (tenant, user, tier, template, SKU)
-            # and no attempts yet: nothing is read back (tests/admission/test_submit_queries.py).
-            # Its queue position and start estimate come from apps.admission.estimates.for_new_job.
-            job = admission.job
+        """Through apps/admission/submit.py `submit_job` (docs/admission.md), as the web form."""
+        submitted = submit_job(
+            user=request.user, body=self._body, idempotency_key=request.headers.get("Idempotency-Key"),
+            membership=getattr(request.auth, "submitter", UNREAD),  # read with the token (get_authenticators)
+            headers=self.headers,  # X-RateLimit-* on every answer, refusals too
+        )  # fmt: skip
+        job = submitted.job
+        if submitted.created:
+            # The job as created, with the objects in hand and no attempts yet: nothing is read
+            # back (tests/admission/test_submit_queries.py); its queue position and start
+            # estimate come from apps.admission.estimates.for_new_job.
             position, start = estimates.for_new_job(job)
             return Response(created_representation(job, position=position, start=start), status=status.HTTP_201_CREATED)
-        job = job_queryset(request.user).get(pk=admission.job.pk)
-        return Response(JobSerializer(job).data, status=status.HTTP_200_OK)
+        return Response(JobSerializer(job_queryset(request.user).get(pk=job.pk)).data, status=status.HTTP_200_OK)
+
+    def _body(self):
+        if self.parse_error is not None:
+            raise self.parse_error
+        return self.request.data
 
     @extend_schema(request=None, responses={200: JobSerializer})
     @action(detail=True, methods=["post"])

@@ -11,6 +11,7 @@ import hashlib
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
+from dataclasses import fields as dataclass_fields
 from datetime import timedelta
 
 from django.conf import settings
@@ -51,7 +52,9 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class JobSpec:
-    """A validated submission (the API's input serializer builds it)."""
+    """A validated submission (the API's input serializer builds it). Each field is the Job
+    field of that name (`new_job` copies them all): a new one with a default needs a line here,
+    on the model and in apps/jobs/serializers.py, nowhere else (docs/architecture.md)."""
 
     name: str
     tier: Tier
@@ -66,6 +69,9 @@ class JobSpec:
     checkpointable: bool
     cacheable: bool
     retry_on_failure: bool = False  # retry a user error too (infrastructure failures always are)
+
+
+SPEC_FIELDS = tuple(f.name for f in dataclass_fields(JobSpec))  # each a field of Job of that name
 
 
 # --- helpers -------------------------------------------------------------------------------
@@ -139,14 +145,27 @@ def tenant_limits(tenant: Tenant) -> dict:
 @transaction.atomic
 def job_submit(*, tenant: Tenant, user, spec: JobSpec, limits: dict | None = None, locked: bool = False,
                dispatch: bool = True, built: tuple[Job, JobEvent, tuple] | None = None) -> Job:  # fmt: skip
-    # Lock the tenant row so concurrent submits of one tenant count queued jobs one at a time.
-    # `locked`: the caller (admission) holds that lock already in this transaction and passes
-    # the tenant with its tier loaded and its `limits`, so none of it is read twice, and asks
-    # for the dispatch pass itself (`dispatch=False`: apps/admission/dispatch.py coalesces them).
-    # `built`: the job, its event and their insert parameters, made before the lock (new_job,
-    # rows.insert_params), so that the lock is held for the statements alone.
+    """Submit a job in a transaction of its own (see `enqueue_job`).
+
+    `locked`: the caller holds the tenant's row lock already in this transaction and passes the
+    tenant with its tier loaded (and its `limits`), so none of it is read twice; `dispatch=False`:
+    the caller asks for the dispatch pass itself (apps/admission/dispatch.py coalesces them)."""
     if not locked:
+        # Lock the tenant row so concurrent submits of one tenant count queued jobs one at a time.
         tenant = Tenant.objects.select_for_update(no_key=True).select_related("tier").get(pk=tenant.pk)
+    job = enqueue_job(tenant=tenant, user=user, spec=spec, limits=limits, built=built)
+    if dispatch:
+        trigger_dispatch()
+    return job
+
+
+def enqueue_job(*, tenant: Tenant, user, spec: JobSpec, limits: dict | None = None,
+                built: tuple[Job, JobEvent, tuple] | None = None) -> Job:  # fmt: skip
+    """A submit's own steps, inside a transaction the caller holds with the tenant's row lock
+    taken (job_submit's, or admission's: a savepoint of its own would be two more statements
+    while the lock is held): what the tenant may submit, the queued-job cap, the job and its
+    event. `built`: the job, its event and their insert parameters, made before the lock
+    (new_job, rows.insert_params), so that the lock is held for the statements alone."""
     check_allowed(tenant, spec)
     if limits is None:
         limits = tenant_limits(tenant)
@@ -156,9 +175,7 @@ def job_submit(*, tenant: Tenant, user, spec: JobSpec, limits: dict | None = Non
     if queued >= limits["max_queued_jobs"]:
         raise queue_full(tenant, queued, limits)
     job, event, params = built or (*new_job(tenant=tenant, user=user, spec=spec), None)
-    rows.insert_job_and_event(job, event, params)
-    if dispatch:
-        trigger_dispatch()
+    job, _ = rows.insert_job_and_event(job, event, params)
     return job
 
 
@@ -175,16 +192,15 @@ def queue_full(tenant: Tenant, queued: int, limits: dict) -> QueueFull:
 
 
 def new_job(*, tenant: Tenant, user, spec: JobSpec) -> tuple[Job, JobEvent]:
-    """The queued job of a submission and its audit event, not yet saved."""
-    job = Job(
-        name=spec.name, tenant=tenant, user=user, tier=spec.tier, template=spec.template,
-        params=spec.params, command=spec.command, gpus=spec.gpus, nodes=spec.nodes,
-        gpu_sku=spec.gpu_sku, node_selector=spec.node_selector,
-        max_runtime_seconds=spec.max_runtime_seconds, checkpointable=spec.checkpointable,
-        cacheable=spec.cacheable, retry_on_failure=spec.retry_on_failure, reason="waiting for the dispatcher",
-    )  # fmt: skip
+    """The queued job of a submission and its audit event, not yet saved. Every field of the
+    spec is the job's field of that name (tests/admission/test_submit_job.py holds it so)."""
+    job = Job(tenant=tenant, user=user, reason="waiting for the dispatcher", **spec_fields(spec))
     event = JobEvent(job=job, actor=f"user:{user.username}", reason="submitted", to_state=JobState.QUEUED)
     return job, event
+
+
+def spec_fields(spec: JobSpec) -> dict:
+    return {name: getattr(spec, name) for name in SPEC_FIELDS}
 
 
 PROGRESS_SAMPLES = 20

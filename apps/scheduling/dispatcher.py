@@ -22,6 +22,7 @@ from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from apps.admission.quotas import DispatchGate
+from apps.jobs import queue_order as queue_order_of
 from apps.jobs.models import (
     ATTEMPT_ACTIVE,
     AttemptMember,
@@ -321,8 +322,8 @@ def _store_reservation(job_id: str) -> None:
 
 
 def queue_order():
-    """Queued jobs in strict tier order, then submit time: what `queue_position` counts."""
-    return Job.objects.filter(state=JobState.QUEUED).order_by("-tier__level", "-tier__rank", "created_at")
+    """Queued jobs in queue order (apps/jobs/queue_order.py): what `queue_position` counts."""
+    return Job.objects.filter(state=JobState.QUEUED).order_by(*queue_order_of.order_by())
 
 
 def queue_position(job: Job) -> int | None:
@@ -338,8 +339,4 @@ def queue_positions(jobs) -> dict:
 
 
 def _ahead_filter(job: Job) -> Q:
-    tier = job.tier
-    higher_level = Q(tier__level__gt=tier.level)
-    higher_rank = Q(tier__level=tier.level, tier__rank__gt=tier.rank)
-    same_tier_earlier = Q(tier__level=tier.level, tier__rank=tier.rank, created_at__lt=job.created_at)
-    return higher_level | higher_rank | same_tier_earlier
+    return queue_order_of.ahead_of(job.tier.level, job.tier.rank, job.created_at)

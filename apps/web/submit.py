@@ -1,9 +1,8 @@
 """The submit page's form: HTML inputs in, the API's submission body out.
 
 The page validates nothing itself. It turns form strings into the JSON types the API expects
-and takes the API's own path: admission (rate limits, GPU-hour quota, result cache), the same
-`JobSubmitSerializer`, and `job_submit` behind it, so a submission is accepted or refused the
-same way whichever door it came through. Errors are spread back onto the form's fields. Each
+and submits them through the API's own use case (apps/admission/submit.py `submit_job`), so a
+submission is accepted or refused the same way whichever door it came through. Errors are spread back onto the form's fields. Each
 rendering of the form carries a fresh Idempotency-Key, so a double click submits once.
 """
 
@@ -13,11 +12,11 @@ import uuid
 from dataclasses import dataclass, field
 
 from django.http import QueryDict
+from rest_framework.exceptions import ValidationError
 
-from apps.admission.services import Admission
+from apps.admission.submit import submit_job
 from apps.jobs import services
 from apps.jobs.models import Job, JobTemplate
-from apps.jobs.serializers import JobSubmitSerializer
 from apps.tenants.models import Membership
 
 PARAM_PREFIX = "param_"
@@ -126,20 +125,16 @@ class Outcome:
 def submit(*, membership: Membership, user, data: QueryDict, template: JobTemplate | None) -> Outcome:
     body = submission_body(data, template)
     try:
-        admission = Admission.start(tenant=membership.tenant, user=user, body=body,
-                                    idempotency_key=data.get("idempotency_key") or None)  # fmt: skip
-        admission.raise_if_refused()
-        if admission.replayed:
-            return Outcome(job=admission.job)
-        form = JobSubmitSerializer(data=body)
-        if not form.is_valid():
-            return _spread_errors(form.errors)
-        return Outcome(job=admission.submit(form.to_spec(default_tier=membership.tenant.tier)))
+        submitted = submit_job(user=user, body=body, idempotency_key=data.get("idempotency_key") or None,
+                               membership=membership)  # fmt: skip
+    except ValidationError as error:
+        return _spread_errors(error.detail)
     except services.ServiceError as error:
         message = error.message
         if error.retry_after:
             message += f" (try again in {error.retry_after} s)"
         return Outcome(errors={error.field if error.field in FORM_FIELDS else "form": [message]})
+    return Outcome(job=submitted.job)
 
 
 def _spread_errors(errors: dict) -> Outcome:

@@ -1,0 +1,84 @@
+"""One submit, whichever door it came through (the API's `POST /api/v1/jobs/`, which the CLI
+and SDK call, and the web form): who is submitting, the body's validation (the jobs API's
+`JobSubmitSerializer`), then admission (apps/admission/services.py: idempotent replay, rate
+limits, GPU-hour quota, queued-job cap, result cache). Refusals are raised as the errors the
+API's exception handler already answers: DRF's PermissionDenied (403) and ValidationError
+(400, per field), and the ServiceErrors (403, 409, 429, 503, with Retry-After).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from rest_framework.exceptions import PermissionDenied, ValidationError
+
+from apps.admission.services import Admission, submitter
+from apps.jobs.models import Job
+from apps.jobs.serializers import spec_from, validate_submission
+from apps.tenants.models import Membership
+
+
+class Unread(enum.Enum):
+    """`membership` not given: `submit_job` reads it."""
+
+    UNREAD = "unread"
+
+
+UNREAD = Unread.UNREAD
+
+
+@dataclass
+class Submitted:
+    job: Job
+    created: bool  # False: an idempotent replay answered with the job an earlier request created
+    # X-RateLimit-* (a refusal carries them too: submit_job's `headers`)
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def submit_job(*, user, body, idempotency_key: str | None, membership: Membership | None | Unread = UNREAD,
+               headers: dict | None = None) -> Submitted:  # fmt: skip
+    """Submit `body` (a dict, or a function that returns it: the API's body is parsed on first
+    read, and a parse error comes after the permission checks of a submitter read with the
+    token) for `user`.
+
+    `membership`: the user's, as apps.admission.services.submitter gives it (with the template
+    and SKU the body names), where the caller read it already (the token's lookup); else it is
+    read here, with the names the body gives. `headers`: filled with the rate limit's headers as
+    soon as the check has run, so that a refusal raised after it carries them too."""
+    if isinstance(membership, Unread):
+        body = _read(body)
+        membership = submitter(user, **names_in(body))
+    if membership is None:
+        raise PermissionDenied("you belong to no tenant")
+    if not membership.can_submit:
+        raise PermissionDenied(f"role {membership.role} may not submit jobs")
+    body = _read(body)
+    if not isinstance(body, dict):
+        raise ValidationError({"body": ["must be a JSON object"]})
+    admission = Admission.start(
+        tenant=membership.tenant, user=user, body=body, idempotency_key=idempotency_key
+    )
+    if headers is not None:
+        headers.update(admission.headers)
+    admission.raise_if_refused()
+    if not admission.replayed:
+        data = validate_submission(
+            body, named=getattr(membership, "named", None)
+        )  # JobSubmitSerializer's rules
+        admission.submit(spec_from(data, default_tier=membership.tenant.tier))
+    assert admission.job is not None  # a replay's, or the one submit() made (else it raised)
+    return Submitted(job=admission.job, created=admission.created, headers=admission.headers)
+
+
+def names_in(body) -> dict:
+    """The template and SKU a body names, as `submitter` takes them (read with the membership)."""
+    if not isinstance(body, dict):
+        return {}
+    named = (("template", "template"), ("sku", "gpu_sku"))
+    return {kind: v for kind, name in named if isinstance(v := body.get(name), str)}
+
+
+def _read(body: object | Callable[[], object]):
+    return body() if callable(body) else body
