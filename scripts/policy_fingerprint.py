@@ -113,9 +113,7 @@ def _random_state(rng: random.Random, now: float) -> dict[str, Any]:
         )
         for q in range(rng.randint(1, 12))
     ]  # fmt: skip
-    usage = {
-        f"t{t}": TenantUsage(rng.choice(names), rng.uniform(0, 1e6)) for t in range(4)
-    }
+    usage = {f"t{t}": TenantUsage(rng.choice(names), rng.uniform(0, 1e6)) for t in range(4)}
     return {"cluster": cluster, "queued": queued, "running": running, "usage": usage}
 
 
