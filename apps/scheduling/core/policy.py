@@ -131,8 +131,8 @@ def decide(
     scheduler = Scheduler(cluster, tiers, config, tenant_weights=tenant_weights)
     for node in cluster.list_nodes():
         scheduler.add_node(node, in_cluster=True)
-    for job in running:
-        scheduler.restore_running(job)
+    for held in running:
+        scheduler.restore_running(held)
     _busy_beyond_running(scheduler, cluster)
     scheduler.reset_usage(now)
     for tenant, usage in (tenant_usage or {}).items():

@@ -20,7 +20,7 @@ from __future__ import annotations
 import heapq
 import math
 from bisect import bisect_right, insort
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
 from typing import Any
 
@@ -124,9 +124,17 @@ class QueueIndex:
             )  # fmt: skip
 
     def _fair_level(
-        self, tiers, now, age_limit, tier_key, tier_weight, tenant_key, tenant_weight, age_scale
-    ):
-        aged_streams = []
+        self,
+        tiers: list[str],
+        now: float,
+        age_limit: Callable[[str], float],
+        tier_key: Callable[[str, float], tuple[int, float]],
+        tier_weight: Callable[[str], float],
+        tenant_key: Callable[[str, str], float],
+        tenant_weight: Callable[[str], float],
+        age_scale: Callable[[str, str], float] | None,
+    ) -> Iterator[Any]:
+        aged_streams: list[Iterator[tuple[float, int, Any]]] = []
         first_young: dict[int, int] = {}
         for tier in tiers:
             limit = age_limit(tier)
@@ -143,11 +151,11 @@ class QueueIndex:
         if aged_streams:
             yield from _merged(aged_streams)
         # Weighted fair share over what is left: a heap of tenants per tier, tiers by key.
-        heaps: dict[str, list] = {}
+        heaps: dict[str, list[list[Any]]] = {}  # tier -> [[tenant key, tie, queue, next]]
         charged: dict[str, float] = {}
         tie = 0
         for tier in tiers:
-            heap = []
+            heap: list[list[Any]] = []
             for tq in self.queues([tier]):
                 i = first_young.get(id(tq), 0)
                 if i < len(tq.items):
@@ -176,7 +184,7 @@ class QueueIndex:
                     del heaps[tier]
 
 
-def _merged(lists: list) -> Iterator[Any]:
+def _merged(lists: Sequence[Iterable[tuple[float, int, Any]]]) -> Iterator[Any]:
     if len(lists) == 1:
         for entry in lists[0]:
             yield entry[2]

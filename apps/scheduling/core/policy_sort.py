@@ -162,7 +162,7 @@ class SlurmMultifactor:
         tenants = s._tenant_usage.keys() | {job.tenant}
         share = weights.get(job.tenant, 1.0) / sum(weights.get(t, 1.0) for t in tenants)
         used = s._usage_of(job.tenant).value(s.now, half_life) / total if total > 0 else 0.0
-        fair_share = 2.0 ** (-used / share)
+        fair_share: float = 2.0 ** (-used / share)
         age = min(1.0, max(0.0, s.now - job.submit) / cfg.slurm_max_age_s)
         return w_qos * qos + w_fs * fair_share + w_age * age
 
