@@ -6,10 +6,13 @@ another placement engine can stand in with these eight methods.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from apps.scheduling.core.cluster import NodeView
 from apps.scheduling.core.model import Node, Placement, Pod
+
+if TYPE_CHECKING:
+    from apps.scheduling.core.cluster import ClusterManager
 
 
 class PolicyCluster(Protocol):
@@ -42,3 +45,9 @@ class PolicyCluster(Protocol):
     def remove_pod(self, name: str) -> object:
         """Free a pod's resources (idempotent); what it returns is not used."""
         ...
+
+
+if TYPE_CHECKING:  # mypy proves here that the placement core satisfies the protocol
+
+    def _cluster_manager_is_a_policy_cluster(cluster: ClusterManager) -> PolicyCluster:
+        return cluster
