@@ -23,6 +23,7 @@ lint test bench chaos: export SECRET_KEY ?= make-check-not-a-secret
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check apps/scheduling/core
+	$(BIN)/mypy apps/scheduling/core
 	$(BIN)/python manage.py check
 	$(BIN)/python manage.py makemigrations --check --dry-run
 	$(BIN)/python -m scripts.check_core_imports

@@ -35,6 +35,7 @@ import math
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 DAY = 86400.0
 MAX_MEMBERS = 5000  # queued gang members looked at per SKU and call
@@ -186,6 +187,7 @@ class Forecaster:
             self._bin += 1
 
     def _close_bin(self, rate: float) -> None:
+        assert self._bin is not None  # _roll sets it before closing a bin
         slot = self._bin % self.bins
         season = self.season[slot]
         self.peak_rate = max(rate, self.peak_rate * self.burst_decay)
@@ -230,7 +232,7 @@ class _Spare:
 
 @dataclass
 class _SkuState:
-    recent_desired: deque = field(default_factory=deque)  # (t, desired)
+    recent_desired: deque[tuple[float, int]] = field(default_factory=deque)  # (t, desired)
     last_up_at: float = -math.inf
     gpu_hours_used: float = 0.0
 
@@ -336,7 +338,14 @@ class Autoscaler:
 
     # --- the parts ------------------------------------------------------------------------
 
-    def _reactive(self, now, limits, nodes, queued, pending) -> tuple[int, int, int]:
+    def _reactive(
+        self,
+        now: float,
+        limits: SkuLimits,
+        nodes: list[NodeStatus],
+        queued: Iterable[Demand],
+        pending: list[Pending],
+    ) -> tuple[int, int, _Spare]:
         """New nodes the queue needs beyond what existing and coming nodes can start before the
         lag is over (free now, freed by running jobs, freed again by queued jobs that finish in
         time); and how many GPUs are spare at the horizon after serving the queue."""
@@ -357,7 +366,7 @@ class Autoscaler:
             ),
             key=lambda m: (-m[0], m[1]),
         )
-        new_nodes: list[list] = []  # [free GPUs, gangs on it]
+        new_nodes: list[list[Any]] = []  # [free GPUs, gangs on it]
         for gpus, runtime, gang in members[:MAX_MEMBERS]:
             if any(
                 gang not in t.gangs and t.place(gpus, now, horizon, runtime, gang)
@@ -387,7 +396,7 @@ class Autoscaler:
         )
         return len(used), len(new_nodes), spare
 
-    def _predicted(self, now, sku, limits, spare) -> tuple[int, int]:
+    def _predicted(self, now: float, sku: str, limits: SkuLimits, spare: _Spare) -> tuple[int, int]:
         """New nodes for the forecast, and how many whole nodes are spare beyond it."""
         gpn = limits.gpus_per_node
         forecast = self.forecast.get(sku)
@@ -405,7 +414,15 @@ class Autoscaler:
             slack = min(slack, max(0, spare.whole - self.spare_nodes))
         return extra, slack
 
-    def _hysteresis(self, now, state, limits, target, have, why) -> int:
+    def _hysteresis(
+        self,
+        now: float,
+        state: _SkuState,
+        limits: SkuLimits,
+        target: int,
+        have: int,
+        why: list[str],
+    ) -> int:
         window = state.recent_desired
         window.append((now, target))
         while window and window[0][0] < now - limits.cooldown_s:
@@ -420,7 +437,9 @@ class Autoscaler:
             why.append(f"holding at the peak of the last {limits.cooldown_s:.0f}s")
         return min(have, peak)
 
-    def _afford(self, state, limits, provision, have, why) -> int:
+    def _afford(
+        self, state: _SkuState, limits: SkuLimits, provision: int, have: int, why: list[str]
+    ) -> int:
         if limits.gpu_hour_budget is None or provision == 0:
             return provision
         left = limits.gpu_hour_budget - state.gpu_hours_used
@@ -431,7 +450,9 @@ class Autoscaler:
             why.append(f"GPU-hour budget allows {affordable} of {provision} new node(s)")
         return min(provision, affordable)
 
-    def _unused(self, now, limits, nodes, surplus) -> tuple[str, ...]:
+    def _unused(
+        self, now: float, limits: SkuLimits, nodes: list[NodeStatus], surplus: int
+    ) -> tuple[str, ...]:
         """Idle nodes that have run nothing since they arrived, past `unused_cooldown_s`, up to
         the surplus over the target before hysteresis (longest idle first)."""
         if surplus <= 0:
@@ -446,10 +467,15 @@ class Autoscaler:
                 or (unwanted is not None and now - n.idle_since >= unwanted)
             )
         ]
-        return tuple(n.name for n in sorted(unused, key=lambda n: n.idle_since)[:surplus])
+        return tuple(n.name for n in sorted(unused, key=_idle_since)[:surplus])
 
     def _shrink(
-        self, now, limits, nodes, surplus, gone=()
+        self,
+        now: float,
+        limits: SkuLimits,
+        nodes: list[NodeStatus],
+        surplus: int,
+        gone: tuple[str, ...] = (),
     ) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """Choose which nodes go: idle past the cooldown, empty ones first, then nodes running only
         preemptible work (drained). Never a node with non-preemptible work."""
@@ -465,10 +491,16 @@ class Autoscaler:
         busy_preemptible = [
             n for n in nodes if n.idle_since is None and n.preemptible_only and not n.draining
         ]
-        terminate = tuple(n.name for n in sorted(idle, key=lambda n: n.idle_since)[:surplus])
+        terminate = tuple(n.name for n in sorted(idle, key=_idle_since)[:surplus])
         left = surplus - len(terminate)
         drain = tuple(
             n.name
             for n in sorted(busy_preemptible, key=lambda n: n.gpus - n.free_gpus)[: max(0, left)]
         )
         return drain, terminate
+
+
+def _idle_since(node: NodeStatus) -> float:
+    """Sort key of a node already filtered to the idle ones."""
+    assert node.idle_since is not None
+    return node.idle_since

@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
-from .frag import Workload, node_fragmentation, request_type
+from .frag import RequestType, Workload, node_fragmentation, request_type
 from .model import MILLI, Assignment, Node, Placement, Pod, Toleration
 from .state import NodeState, Pool
 from .strategies import Strategy, make_strategy
+
+# A candidate node: (comparable rank, its state); lower ranks are better.
+Found = tuple[tuple[Any, ...], NodeState]
 
 # A node selector matching at most 1/SELECTIVE of a pool is served by ranking its nodes
 # directly; a broader one by walking the buckets and skipping the nodes it rules out.
@@ -82,10 +86,12 @@ class ClusterManager:
         self.strategy = make_strategy(strategy)
         self._lock = threading.RLock()
         self._nodes: dict[str, NodeState] = {}
-        self._pools: dict[tuple, Pool] = {}
+        self._pools: dict[tuple[Any, ...], Pool] = {}
         self._pods: dict[str, tuple[Pod, Placement]] = {}
-        self._eligible: dict[tuple, tuple[list[Pool], list[Pool]]] = {}
-        self._seen: Counter = Counter()  # request type -> pods seen (for fragmentation)
+        self._eligible: dict[tuple[Any, ...], tuple[list[Pool], list[Pool]]] = {}
+        self._seen: Counter[RequestType] = (
+            Counter()
+        )  # request type -> pods seen (for fragmentation)
         self._seen_names: set[str] = set()  # a pod retried every pass counts once
 
     # ------------------------------------------------------------------ nodes
@@ -244,7 +250,7 @@ class ClusterManager:
 
     # ------------------------------------------------------------------ reports
 
-    def utilization(self) -> dict:
+    def utilization(self) -> dict[Any, Any]:
         """Allocated GPU share overall and per model, and fragmentation.
 
         Time O(N x T x G), space O(models + T).
@@ -281,7 +287,7 @@ class ClusterManager:
         Time O(N x (G + S)) for S selector items and taints, space O(reasons).
         """
         with self._lock:
-            counts: Counter = Counter()
+            counts: Counter[str | None] = Counter()
             for st in self._nodes.values():
                 counts[self._first_failure(st, pod)] += 1
             fits = counts.pop(None, 0)
@@ -326,7 +332,7 @@ class ClusterManager:
 
     def _best_node(self, pod: Pod, pools: list[Pool]) -> NodeState | None:
         """The strategy's best node for one member, over the pools' buckets (or classes)."""
-        best = None  # (comparable key, node state)
+        best: Found | None = None  # (comparable key, node state)
         for pool in pools:
             allowed = pool.selected(pod.node_selector) if pod.node_selector else None
             if allowed is not None and len(allowed) * SELECTIVE <= len(pool.members):
@@ -339,12 +345,14 @@ class ClusterManager:
                 best = found
         return best[1] if best is not None else None
 
-    def _best_in_buckets(self, pod, pool, allowed, best):
+    def _best_in_buckets(
+        self, pod: Pod, pool: Pool, allowed: set[str] | None, best: Found | None
+    ) -> Found | None:
         """First fitting node of each feasible bucket; buckets are sorted, so stop early."""
         nodes, cpu, mem = self._nodes, pod.cpu_milli, pod.memory_mib
         multi_share = pod.gpus > 1 and pod.gpu_milli < MILLI
         bound = best[0] if best is not None else None
-        found = None
+        found: Found | None = None
         for bucket in pool.buckets_for(pod.gpus, pod.gpu_milli):
             for entry in bucket:
                 if bound is not None and entry >= bound:
@@ -361,11 +369,13 @@ class ClusterManager:
                 break
         return found
 
-    def _best_by_class(self, pod, pool, allowed, best):
+    def _best_by_class(
+        self, pod: Pod, pool: Pool, allowed: set[str] | None, best: Found | None
+    ) -> Found | None:
         """FGD-style: score each class of identical nodes once, take its first fitting name."""
         score_of = self.strategy.class_score  # type: ignore[attr-defined]
         bound = best[0] if best is not None else None
-        found = None
+        found: Found | None = None
         for (shape, cpu_free), names in pool.classes.items():
             if cpu_free < pod.cpu_milli or not _shape_fits(shape, pod):
                 continue
@@ -384,9 +394,9 @@ class ClusterManager:
                 break
         return found
 
-    def _best_of(self, pod: Pod, states: list[NodeState]):
+    def _best_of(self, pod: Pod, states: list[NodeState]) -> Found | None:
         """Rank a few given nodes directly (a selective node selector). O(len(states) x G)."""
-        best = None
+        best: Found | None = None
         for st in states:
             if st.entry is None or not _fits(st, pod):
                 continue
@@ -408,11 +418,11 @@ class ClusterManager:
         ranked.sort(key=lambda r: r[0])
         return [st for _, st in ranked]
 
-    def _rank(self, st: NodeState, pod: Pod) -> tuple:
+    def _rank(self, st: NodeState, pod: Pod) -> tuple[Any, ...]:
         """The strategy's rank of a schedulable node for a pod, without the name."""
         if self.strategy.uses_classes:
             return (self.strategy.class_score(st.pool.gpu_model, st.shape(), st.cpu_free, pod)[0],)  # type: ignore[attr-defined]
-        return st.entry[:-1]
+        return st.entry[:-1]  # type: ignore[index]  # ranked nodes are indexed: entry is set
 
     def _pick_gang(self, pod: Pod, pools: list[Pool]) -> list[NodeState] | None:
         """k distinct nodes: one rack if any can, else one zone, else the fewest racks."""
@@ -450,7 +460,7 @@ class ClusterManager:
             self._reindex(st, give)
         return placement
 
-    def _reindex(self, st: NodeState, change) -> None:
+    def _reindex(self, st: NodeState, change: Callable[[], None]) -> None:
         """Apply `change` to a node with it out of the indexes, then put it back if schedulable."""
         st.pool.unindex(st)
         change()
@@ -504,7 +514,7 @@ def choose_gang(candidates: list[NodeState], k: int) -> list[NodeState]:
     """Pick k of the ranked candidates: within one rack if possible, else one zone, else
     spanning the fewest racks. Among racks (zones) that can hold the gang, the one with the
     fewest candidates wins, keeping big free racks for big gangs. O(F log F)."""
-    racks: dict[tuple, list[NodeState]] = {}
+    racks: dict[tuple[Any, ...], list[NodeState]] = {}
     zones: dict[str, list[NodeState]] = {}
     for st in candidates:
         racks.setdefault(_rack_of(st), []).append(st)
@@ -530,7 +540,7 @@ def _fewest_racks(racks: list[list[NodeState]], k: int) -> list[NodeState]:
     return chosen
 
 
-def _rack_of(st: NodeState) -> tuple:
+def _rack_of(st: NodeState) -> tuple[Any, ...]:
     """A node's rack; a node without a `rack` label is a rack of its own."""
     rack = st.node.labels.get("rack")
     if rack is None:
@@ -581,7 +591,7 @@ def _describe_selector(pod: Pod) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(pod.node_selector.items()))
 
 
-_REASONS = {
+_REASONS: dict[str, Callable[[Pod], str]] = {
     "cordoned": lambda pod: "cordoned",
     "gpu_model": lambda pod: "lack " + "/".join(pod.gpu_models),
     "selector": lambda pod: f"do not match selector {_describe_selector(pod)}",
@@ -596,8 +606,8 @@ _REASONS = {
 
 def _verify(cm: ClusterManager) -> None:
     taken: dict[str, list[int]] = {n: [0] * st.node.gpus for n, st in cm._nodes.items()}
-    cpu: Counter = Counter()
-    mem: Counter = Counter()
+    cpu: Counter[Any] = Counter()
+    mem: Counter[Any] = Counter()
     for name, (pod, placement) in cm._pods.items():
         assert len(placement.assignments) == pod.nodes, name
         for a in placement.assignments:
@@ -615,7 +625,7 @@ def _verify(cm: ClusterManager) -> None:
     for key, pool in cm._pools.items():
         members = {n for n, st in cm._nodes.items() if st.pool is pool}
         assert members == pool.members and members, key
-        by_label: dict[tuple, set] = {}
+        by_label: dict[tuple[Any, ...], set[Any]] = {}
         for n in members:
             for item in cm._nodes[n].node.labels.items():
                 by_label.setdefault(item, set()).add(n)
@@ -626,13 +636,13 @@ def _verify(cm: ClusterManager) -> None:
             for c in range(pool.gpus + 1)
         ]
         assert pool.full == full, key
-        share: dict[int, list] = {}
+        share: dict[int, list[Any]] = {}
         for st in live:
             share.setdefault(st.max_free(), []).append((*cm.strategy.order_key(st), st.name))
         assert pool.share == {v: sorted(e) for v, e in share.items()}, key
         assert pool.share_keys == sorted(share), key
         if pool.keep_classes:
-            classes: dict[tuple, list[str]] = {}
+            classes: dict[tuple[Any, ...], list[str]] = {}
             for st in live:
                 classes.setdefault((st.shape(), st.cpu_free), []).append(st.name)
             assert pool.classes == classes, key

@@ -36,7 +36,7 @@ class Workload:
 
     @classmethod
     def from_counts(
-        cls, counts: Counter, *, coverage: float = 1.0, include_cpu: bool = True
+        cls, counts: Counter[RequestType], *, coverage: float = 1.0, include_cpu: bool = True
     ) -> Workload:
         if not include_cpu:
             counts = Counter({t: n for t, n in counts.items() if t[0] > 0})
@@ -88,7 +88,16 @@ def node_fragmentation(
     return frag
 
 
-def _fragmented_for(shape, total, cpu_free, model, gpus, milli, cpu, models) -> int:
+def _fragmented_for(
+    shape: tuple[int, ...],
+    total: int,
+    cpu_free: int,
+    model: str,
+    gpus: int,
+    milli: int,
+    cpu: int,
+    models: tuple[str, ...],
+) -> int:
     if gpus == 0 or (models and model not in models) or cpu_free < cpu:
         return total  # a CPU-only request never uses a GPU; the others cannot land here
     roomy = 0

@@ -196,7 +196,7 @@ class Placement:
         )
 
 
-def _fields(obj: object) -> tuple:
+def _fields(obj: object) -> tuple[Any, ...]:
     return tuple(getattr(obj, f) for f in obj.__dataclass_fields__)  # type: ignore[attr-defined]
 
 

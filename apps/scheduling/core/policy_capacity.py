@@ -9,6 +9,7 @@ policy (the dispatcher builds both from the same rows each tick).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 
@@ -159,7 +160,7 @@ def fits_around(
 def earliest_fit(
     view: FreeView,
     ends: list[tuple[float, int, str]],
-    allocs: dict[str, list[tuple[str, int]]],
+    allocs: Mapping[str, list[tuple[str, int]]],
     gpus: int,
     nodes: int,
     gpu_models: tuple[str, ...],

@@ -20,7 +20,7 @@ from __future__ import annotations
 import heapq
 import math
 from bisect import bisect_right, insort
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
 from typing import Any
 
@@ -124,9 +124,32 @@ class QueueIndex:
             )  # fmt: skip
 
     def _fair_level(
-        self, tiers, now, age_limit, tier_key, tier_weight, tenant_key, tenant_weight, age_scale
-    ):
-        aged_streams = []
+        self,
+        tiers: list[str],
+        now: float,
+        age_limit: Callable[[str], float],
+        tier_key: Callable[[str, float], tuple[int, float]],
+        tier_weight: Callable[[str], float],
+        tenant_key: Callable[[str, str], float],
+        tenant_weight: Callable[[str], float],
+        age_scale: Callable[[str, str], float] | None,
+    ) -> Iterator[Any]:
+        aged, first_young = self._aged(tiers, now, age_limit, age_scale)
+        if aged:
+            yield from _merged(aged)
+        # Built only now: the jobs yielded so far may have started and changed the usage.
+        heaps = self._tenant_heaps(tiers, first_young, tenant_key)
+        yield from _weighted(heaps, tier_key, tenant_weight)
+
+    def _aged(
+        self,
+        tiers: list[str],
+        now: float,
+        age_limit: Callable[[str], float],
+        age_scale: Callable[[str, str], float] | None,
+    ) -> tuple[list[Iterator[tuple[float, int, Any]]], dict[int, int]]:
+        """Per tenant queue, the stream of its aged jobs, and where its young ones begin."""
+        aged_streams: list[Iterator[tuple[float, int, Any]]] = []
         first_young: dict[int, int] = {}
         for tier in tiers:
             limit = age_limit(tier)
@@ -140,14 +163,19 @@ class QueueIndex:
                     i = bisect_right(tq.items, cutoff, key=lambda e: e[0])
                     first_young[id(tq)] = i
                     aged_streams.append(islice(tq.items, i))
-        if aged_streams:
-            yield from _merged(aged_streams)
-        # Weighted fair share over what is left: a heap of tenants per tier, tiers by key.
-        heaps: dict[str, list] = {}
-        charged: dict[str, float] = {}
+        return aged_streams, first_young
+
+    def _tenant_heaps(
+        self,
+        tiers: list[str],
+        first_young: dict[int, int],
+        tenant_key: Callable[[str, str], float],
+    ) -> dict[str, list[list[Any]]]:
+        """Per tier, a heap of its tenants' queues by usage: [tenant key, tie, queue, next]."""
+        heaps: dict[str, list[list[Any]]] = {}
         tie = 0
         for tier in tiers:
-            heap = []
+            heap: list[list[Any]] = []
             for tq in self.queues([tier]):
                 i = first_young.get(id(tq), 0)
                 if i < len(tq.items):
@@ -156,27 +184,37 @@ class QueueIndex:
             if heap:
                 heapq.heapify(heap)
                 heaps[tier] = heap
-                charged[tier] = 0.0
-        while heaps:
-            tier = min(heaps, key=lambda t: tier_key(t, charged[t]))
-            heap = heaps[tier]
-            entry = heap[0]
-            _, _, tq, i = entry
-            job = tq.items[i][2]
-            yield job
-            gpus = job.gpus * job.nodes
-            charged[tier] += gpus
-            entry[0] += gpus / tenant_weight(tq.tenant)
-            entry[3] = i + 1
-            if entry[3] < len(tq.items):
-                heapq.heapreplace(heap, entry)
-            else:
-                heapq.heappop(heap)
-                if not heap:
-                    del heaps[tier]
+        return heaps
 
 
-def _merged(lists: list) -> Iterator[Any]:
+def _weighted(
+    heaps: dict[str, list[list[Any]]],
+    tier_key: Callable[[str, float], tuple[int, float]],
+    tenant_weight: Callable[[str], float],
+) -> Iterator[Any]:
+    """Weighted fair share over what is left: the tier with the lowest key, inside it the
+    tenant with the lowest key; each job yielded is charged to both."""
+    charged = dict.fromkeys(heaps, 0.0)
+    while heaps:
+        tier = min(heaps, key=lambda t: tier_key(t, charged[t]))
+        heap = heaps[tier]
+        entry = heap[0]
+        _, _, tq, i = entry
+        job = tq.items[i][2]
+        yield job
+        gpus = job.gpus * job.nodes
+        charged[tier] += gpus
+        entry[0] += gpus / tenant_weight(tq.tenant)
+        entry[3] = i + 1
+        if entry[3] < len(tq.items):
+            heapq.heapreplace(heap, entry)
+        else:
+            heapq.heappop(heap)
+            if not heap:
+                del heaps[tier]
+
+
+def _merged(lists: Sequence[Iterable[tuple[float, int, Any]]]) -> Iterator[Any]:
     if len(lists) == 1:
         for entry in lists[0]:
             yield entry[2]

@@ -52,11 +52,11 @@ def plan_victims(
         return None
     plans.sort(key=lambda p: (p[0], p[1]))
     chosen: dict[int, Any] = {}
-    for plan in plans[: nodes - free_nodes]:
-        for victim in plan[3]:
+    for _, _, _, on_it in plans[: nodes - free_nodes]:
+        for victim in on_it:
             chosen[id(victim)] = victim
-    victims = list(chosen.values())
-    return victims, sum(cost(v) for v in victims)
+    picked = list(chosen.values())
+    return picked, sum(cost(v) for v in picked)
 
 
 def _cover(deficit: int, victims: list[tuple[float, int, Any]]) -> tuple[float, list[Any]] | None:

@@ -20,10 +20,11 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from .model import MILLI, Assignment, Node, Taint
 
-Entry = tuple  # (*order_key, node name)
+Entry = tuple[Any, ...]  # (*order_key, node name)
 
 
 @dataclass
@@ -42,7 +43,7 @@ class NodeState:
     entry: Entry | None = None
     full_key: int = -1
     share_key: int = -1
-    class_key: tuple | None = None
+    class_key: tuple[Any, ...] | None = None
 
     @classmethod
     def fresh(cls, node: Node, pool: Pool) -> NodeState:
@@ -85,7 +86,7 @@ class NodeState:
 class Pool:
     """Nodes that share every static attribute, with their free-capacity buckets."""
 
-    def __init__(self, key: tuple, node: Node, keep_classes: bool) -> None:
+    def __init__(self, key: tuple[Any, ...], node: Node, keep_classes: bool) -> None:
         self.key = key
         self.gpu_model = node.gpu_model
         self.gpus = node.gpus
@@ -96,10 +97,10 @@ class Pool:
         self.share: dict[int, list[Entry]] = {}
         self.share_keys: list[int] = []  # sorted keys of `share` with a non-empty bucket
         self.keep_classes = keep_classes
-        self.classes: dict[tuple, list[str]] = {}
+        self.classes: dict[tuple[Any, ...], list[str]] = {}
 
     @staticmethod
-    def key_of(node: Node) -> tuple:
+    def key_of(node: Node) -> tuple[Any, ...]:
         return (node.gpu_model, node.gpus, tuple(sorted(node.taints)))
 
     def add_member(self, node: Node) -> None:
@@ -122,7 +123,7 @@ class Pool:
 
     # -- index maintenance: each O(log n + b) where b is the bucket's length (list memmove) --
 
-    def index(self, st: NodeState, order_key: Callable[[NodeState], tuple]) -> None:
+    def index(self, st: NodeState, order_key: Callable[[NodeState], tuple[Any, ...]]) -> None:
         """Put a schedulable node into its buckets under its current free capacity."""
         st.entry = (*order_key(st), st.name)
         st.full_key = st.full_count()
@@ -171,7 +172,7 @@ class Pool:
 _EMPTY: set[str] = set()
 
 
-def _remove(bucket: list, item: object) -> None:
+def _remove(bucket: list[Any], item: object) -> None:
     i = bisect_left(bucket, item)
     if i == len(bucket) or bucket[i] != item:
         raise AssertionError(f"index out of step: {item!r} missing")

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from typing import Any
 
-from .frag import DEFAULT_WORKLOAD, Workload, node_fragmentation, request_type
+from .frag import DEFAULT_WORKLOAD, RequestType, Workload, node_fragmentation, request_type
 from .model import MILLI, Pod
 from .state import NodeState
 
@@ -26,7 +27,7 @@ class Strategy:
     name = "base"
     uses_classes = False
 
-    def order_key(self, st: NodeState) -> tuple:
+    def order_key(self, st: NodeState) -> tuple[Any, ...]:
         """Rank of a node among those that fit (lower first). Must depend on capacity only."""
         return ()
 
@@ -64,7 +65,7 @@ class BestFit(Strategy):
 
     name = "best-fit"
 
-    def order_key(self, st: NodeState) -> tuple:
+    def order_key(self, st: NodeState) -> tuple[Any, ...]:
         return (st.total_free(), st.cpu_free, st.mem_free)
 
 
@@ -73,7 +74,7 @@ class BinPack(Strategy):
 
     name = "bin-pack"
 
-    def order_key(self, st: NodeState) -> tuple:
+    def order_key(self, st: NodeState) -> tuple[Any, ...]:
         return (_free_fraction(st), _cpu_fraction(st))
 
 
@@ -82,7 +83,7 @@ class Spread(Strategy):
 
     name = "spread"
 
-    def order_key(self, st: NodeState) -> tuple:
+    def order_key(self, st: NodeState) -> tuple[Any, ...]:
         return (-_free_fraction(st), -_cpu_fraction(st))
 
     def gpu_rank(self, free: int) -> int:
@@ -106,11 +107,11 @@ class FGD(Strategy):
         self.fixed = workload is not None
         self.coverage = coverage
         self.workload = workload or DEFAULT_WORKLOAD
-        self._seen: Counter = Counter()
+        self._seen: Counter[RequestType] = Counter()
         self._seen_count = 0
         self._next_relearn = 1
-        self._frag: dict[tuple, float] = {}
-        self._score: dict[tuple, tuple] = {}
+        self._frag: dict[tuple[Any, ...], float] = {}
+        self._score: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
     def observe(self, pod: Pod) -> None:
         """Learn the mix: relearn after 1, 2, 4, ... 4096 arrivals, then every 4096."""
@@ -146,7 +147,9 @@ class FGD(Strategy):
         """The artifact's score, negated so that lower is better: -int(100 sigmoid(-dF/1000))."""
         return -int(100 / (1 + math.exp((after - before) / 1000)))
 
-    def class_score(self, model: str, shape: tuple[int, ...], cpu_free: int, pod: Pod) -> tuple:
+    def class_score(
+        self, model: str, shape: tuple[int, ...], cpu_free: int, pod: Pod
+    ) -> tuple[Any, ...]:
         """(score, GPU free values the share may take) for a node class; lower score is better.
 
         Cached per (class, request): O(1) on a hit, O(V x T x G) on a miss for V distinct
@@ -160,7 +163,9 @@ class FGD(Strategy):
             hit = self._score[key] = self._class_score(model, shape, cpu_free, pod)
         return hit
 
-    def _class_score(self, model, shape, cpu_free, pod) -> tuple:
+    def _class_score(
+        self, model: str, shape: tuple[int, ...], cpu_free: int, pod: Pod
+    ) -> tuple[Any, ...]:
         before = self.frag(model, shape, cpu_free)
         cpu_after = cpu_free - pod.cpu_milli
         if pod.gpus == 1 and pod.gpu_milli < MILLI:

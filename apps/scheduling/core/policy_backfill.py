@@ -1,0 +1,267 @@
+"""Backfill and reservations: what a blocked job holds, and what may start around it.
+
+`Reservations` are the holds in force during one pass (EASY backfill: the first blocked job gets
+the nodes that free up first; `config.reservations` > 1 gives that many blocked jobs one each, on
+disjoint nodes) and the placement of a job that must leave them intact. What the first job of its
+standing does when it can neither start nor preempt is a `Backfill` rule from `BACKFILLS`
+(`PolicyConfig.backfill` picks `easy` or `off`); a new rule is a new class there.
+policy_capacity.py holds the counting underneath (free GPUs per node, the shadow time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Protocol
+
+from apps.scheduling.core.model import Placement, Pod
+from apps.scheduling.core.policy_capacity import (
+    Reservation,
+    earliest_fit,
+    fits_around,
+    pick_reserved,
+)
+from apps.scheduling.core.policy_model import PolicyConfig, QueuedJob, Reserve, alloc_of, gpu_label
+
+if TYPE_CHECKING:
+    from apps.scheduling.core.policy_pass import Pass
+    from apps.scheduling.core.policy_scheduler import Scheduler
+
+
+class Backfill(Protocol):
+    name: str
+
+    def blocked(self, p: Pass, job: QueuedJob) -> bool:
+        """The first job of its standing neither starts nor preempts. False stops the pass."""
+        ...
+
+    def preempted(self, p: Pass, job: QueuedJob) -> bool:
+        """The first job of its standing signalled victims; they stop within the grace."""
+        ...
+
+
+class Easy:
+    """EASY backfill: the blocked job holds the nodes that free up first; the pass goes on."""
+
+    name = "easy"
+
+    def blocked(self, p: Pass, job: QueuedJob) -> bool:
+        return p.resv.make_head(job)
+
+    def preempted(self, p: Pass, job: QueuedJob) -> bool:
+        return p.resv.make_head(job, force=True)  # hold the victims' GPUs for it
+
+
+class Off:
+    """No backfill: head-of-line blocking, the pass stops at the first job that cannot start."""
+
+    name = "off"
+
+    def blocked(self, p: Pass, job: QueuedJob) -> bool:
+        p.wait(job, p.shortage, job)
+        return False
+
+    def preempted(self, p: Pass, job: QueuedJob) -> bool:
+        return True
+
+
+BACKFILLS: dict[str, Callable[[], Backfill]] = {cls.name: cls for cls in (Easy, Off)}
+
+
+def make_backfill(config: PolicyConfig) -> Backfill:
+    return BACKFILLS[Easy.name if config.backfill else Off.name]()
+
+
+# (GPU models, binding reservations) -> the fewest GPUs per node that failed the count check
+FailedShapes = dict[tuple[tuple[str, ...], tuple[str, ...]], int]
+
+
+class Reservations:
+    """The reservations in force during one pass, and placing a job around them.
+
+    `heads` are those kept from earlier passes (sticky) and those made for blocked jobs in this
+    one, at most `config.reservations`, on disjoint nodes. A job must leave intact every
+    reservation of its level or above but its own.
+    """
+
+    def __init__(self, p: Pass) -> None:
+        self.p = p
+        self.s: Scheduler = p.s
+        self.heads: list[Reservation] = []
+        self.head_of: dict[str, Reservation] = {}
+        self._binding: dict[int, list[Reservation]] = {}  # level -> heads at or above it
+        self.failed: FailedShapes = {}
+
+    def load(self) -> None:
+        """Keep the reservations of the jobs that held one last pass (renewed when stale)."""
+        s = self.s
+        fresh = not s._resv_dirty
+        if not s.config.sticky_reservations:
+            return
+        for job_id in s._held[: max(1, s.config.reservations)]:
+            job = s.queued.get(job_id)
+            if job is None:
+                continue
+            cached = s._resvs.get(job_id)
+            if fresh and cached is not None and self.p.now < cached.shadow:
+                self.add(cached)
+            else:
+                resv = self.reserve(job)
+                if resv is not None:
+                    self.add(resv)
+
+    def add(self, resv: Reservation) -> None:
+        self.heads.append(resv)
+        self.head_of[resv.job_id] = resv
+        self.failed.clear()
+        self._binding.clear()
+
+    def drop(self, job_id: str) -> None:
+        resv = self.head_of.pop(job_id, None)
+        if resv is not None:
+            self.heads.remove(resv)
+            self.failed.clear()
+            self._binding.clear()
+
+    def binding(self, job: QueuedJob, level: int) -> list[Reservation]:
+        """The reservations `job` must leave intact: those of its level or above but its own."""
+        binding = self._binding.get(level)
+        if binding is None:
+            binding = self._binding[level] = [r for r in self.heads if r.level >= level]
+        if job.job_id in self.head_of:
+            binding = [r for r in binding if r.job_id != job.job_id]
+        return binding
+
+    def reserve(self, job: QueuedJob) -> Reservation | None:
+        """The earliest time and nodes for `job`, on nodes no other reservation holds."""
+        s = self.s
+        taken = {node for r in self.heads for node in r.need}
+        found = earliest_fit(
+            s.view, s._ends, _Allocs(s), job.gpus, job.nodes, job.gpu_models, self.p.now, taken
+        )
+        if found is None:
+            return None
+        shadow, gained = found
+        need = pick_reserved(s.view, gained, job.gpus, job.nodes, job.gpu_models, taken)
+        released = {node: gained[node] for node in need if node in gained}
+        return Reservation(job.job_id, s.tiers[job.tier].level, shadow, need, released)
+
+    def make_head(self, job: QueuedJob, force: bool = False) -> bool:
+        """Give a blocked job a reservation (or renew its own); False never stops the pass."""
+        p = self.p
+        resv = self.head_of.get(job.job_id)
+        if resv is None:
+            if len(self.heads) >= self.s.config.reservations and not force:
+                level = self.s.tiers[job.tier].level
+                lowest = min(self.heads, key=lambda r: r.level)
+                if lowest.level >= level:
+                    p.wait(job, p.shortage, job)
+                    return True
+                self.drop(lowest.job_id)  # a higher level takes the reservation over
+                p.invalid = True
+            resv = self.reserve(job)
+            if resv is None:
+                p.wait(
+                    job,
+                    "needs {} node(s) with {}: more than the cluster can offer",
+                    job.nodes,
+                    gpu_label(job),
+                )
+                return True
+            self.add(resv)
+        reason = "reserved"
+        if p.explain:
+            reason = (
+                f"first in line, reserved {len(resv.need)} node(s) from t={resv.shadow:.0f} "
+                f"(when running jobs end by their limits); now {p.shortage(job)}"
+            )
+        p.out.append(Reserve(job.job_id, tuple(sorted(resv.need)), resv.shadow, reason))
+        return True
+
+    # --- placing around reservations --------------------------------------------------------
+
+    def place(self, job: QueuedJob, binding: list[Reservation]) -> Placement | None:
+        """Place via the placement core, leaving the `binding` reservations intact.
+
+        A shape that failed the count check in this pass fails again without a second look
+        (cleared whenever a job starts or a reservation changes).
+        """
+        key = (job.gpu_models, tuple([r.job_id for r in binding]))
+        fewest = self.failed.get(key)
+        if fewest is not None and job.gpus >= fewest:
+            return None
+        if not self._may_fit(job, binding):
+            if job.nodes == 1:
+                self.failed[key] = job.gpus if fewest is None else min(fewest, job.gpus)
+            return None
+        pod = self.s._pod(job)
+        placement = self.s.cluster.schedule_pod(pod)
+        if placement is None or not binding:
+            return placement
+        found = self._steer_clear(pod, placement, binding)
+        if found is None and job.nodes == 1:
+            self.failed[key] = job.gpus if fewest is None else min(fewest, job.gpus)
+        return found
+
+    def _may_fit(self, job: QueuedJob, binding: list[Reservation]) -> bool:
+        view = self.s.view
+        if binding:
+            return fits_around(view, binding, job.gpus, job.nodes, job.gpu_models)
+        return view.fits(job.gpus, job.nodes, job.gpu_models)
+
+    def _steer_clear(
+        self, pod: Pod, placement: Placement, binding: list[Reservation]
+    ) -> Placement | None:
+        """The placement core chose GPUs a reservation needs: undo, cordon those nodes for a
+        moment, retry (three times at most)."""
+        cluster = self.s.cluster
+        found: Placement | None = placement
+        cordoned: list[str] = []
+        for _ in range(3):
+            clash = self._clashes(alloc_of(placement), binding)
+            if not clash:
+                break
+            cluster.remove_pod(pod.name)
+            for node in clash:
+                if not cluster.node_view(node).cordoned:
+                    cluster.cordon(node)
+                    cordoned.append(node)
+            found = cluster.schedule_pod(pod)
+            if found is None:
+                break
+            placement = found
+        else:
+            cluster.remove_pod(pod.name)
+            found = None
+        for node in cordoned:
+            cluster.cordon(node, False)
+        return found
+
+    def _clashes(self, alloc: list[tuple[str, int]], binding: list[Reservation]) -> set[str]:
+        """Reserved nodes on which `alloc` would leave a reservation short."""
+        view = self.s.view
+        for node, n in alloc:
+            view.take(node, n)
+        clash = {
+            node for node, _ in alloc for r in binding if node in r.need and r.extra(view, node) < 0
+        }
+        for node, n in alloc:
+            view.give(node, n)
+        return clash
+
+
+class _Allocs(Mapping[str, list[tuple[str, int]]]):
+    """A read-only mapping job_id -> alloc over the running jobs, without building a dict."""
+
+    __slots__ = ("s",)
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.s = scheduler
+
+    def __getitem__(self, job_id: str) -> list[tuple[str, int]]:
+        return self.s.running[job_id].alloc
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.s.running)
+
+    def __len__(self) -> int:
+        return len(self.s.running)

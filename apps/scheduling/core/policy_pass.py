@@ -1,0 +1,260 @@
+"""One scheduling pass: the queued jobs in queue order, each started, backfilled, preempted for,
+reserved for, or told why it waits.
+
+The pass is a list of named steps; the rules it composes live beside it: the order in
+policy_sort.py (`QueueSort`), reservations and backfill in policy_backfill.py (`Backfill`),
+preemption in policy_preemption.py with its cost in policy_victims.py (`VictimCost`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from apps.scheduling.core.model import Placement
+from apps.scheduling.core.policy_backfill import Reservations, make_backfill
+from apps.scheduling.core.policy_capacity import Reservation
+from apps.scheduling.core.policy_model import (
+    Decision,
+    QueuedJob,
+    RunningJob,
+    Start,
+    TierPolicy,
+    Wait,
+    alloc_of,
+    gpu_label,
+)
+from apps.scheduling.core.policy_preemption import Preemption
+from apps.scheduling.core.policy_sort import Shares
+
+if TYPE_CHECKING:
+    from apps.scheduling.core.policy_scheduler import Scheduler
+
+
+class Pass:
+    """One `decide` pass over a `Scheduler`'s state; `run` returns its decisions in order."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        now: float,
+        explain: bool,
+        order: Iterator[QueuedJob] | None = None,
+    ) -> None:
+        self.s = scheduler
+        self.now = now
+        self.explain = explain
+        self.cfg = scheduler.config
+        self.order = order
+        self.out: list[Decision] = []
+        self.taken: list[QueuedJob] = []
+        self.invalid = False  # something in this pass moved the reservations
+        self.shares: Shares = {}  # tenant_shares per tier, as of the pass's start
+        self.preempt = Preemption(self)
+        self.backfill = make_backfill(self.cfg)
+        self.resv = Reservations(self)
+        self.resv.load()
+
+    # --- the loop -------------------------------------------------------------------------
+
+    def run(self) -> list[Decision]:
+        order = self.order if self.order is not None else self.s._order(self.now, self.shares)
+        preemptors_left, reclaimers_left = self.preempt.preemptors_queued()
+        self._start_held()
+        scanned = misses = 0
+        early = {job.job_id for job in self.taken}
+        for job in order:
+            if early and job.job_id in early:
+                continue
+            scanned += 1
+            if scanned > self.cfg.backfill_depth or misses >= self.cfg.backfill_misses:
+                self.wait(job, "behind {} jobs in queue order", scanned - 1)
+                break
+            started = len(self.taken)
+            preemptor = self.preempt.may_preempt(job)
+            reclaimers = self.preempt.reclaimers
+            if job.tier in reclaimers:
+                reclaimers_left -= job.tenant in reclaimers[job.tier]
+            else:
+                preemptors_left -= preemptor
+            if self.s.view.free_total == 0 and not preemptor and self.resv.heads:
+                # Nothing starts without preemption; stop once no job left could preempt.
+                self.wait(job, self.shortage, job)
+                misses += 1
+                if self._no_preemptor_left(preemptors_left, reclaimers_left):
+                    break
+                continue
+            if not self._step(job):
+                break
+            misses = 0 if len(self.taken) > started or not self.resv.heads else misses + 1
+        if self.explain:
+            for job in order:
+                self.wait(job, "behind the jobs ahead in queue order")
+        self._finish()
+        return self.out
+
+    def _no_preemptor_left(self, preemptors_left: int, reclaimers_left: int) -> bool:
+        preempt = self.preempt
+        return preempt.plans_left <= 0 or (
+            preemptors_left <= 0 and (reclaimers_left <= 0 or preempt.reclaims_left <= 0)
+        )
+
+    def _start_held(self) -> None:
+        """A job holding a reservation starts as soon as it fits: it is first in line (unless
+        a job of a higher level is queued: strict priority comes first)."""
+        s = self.s
+        top = max(
+            (lvl for lvl, tiers in s.index.levels.items() if any(s.index.queues(tiers))),
+            default=None,
+        )
+        for resv in list(self.resv.heads):
+            job = s.queued.get(resv.job_id)
+            if job is None:
+                continue
+            tier = s.tiers[job.tier]
+            if top is not None and tier.level < top and s.ordering.levels_first:
+                continue
+            if s.tier_gpus(job.tier) + job.gpus * job.nodes > s._tier_cap(tier):
+                continue
+            binding = [r for r in self.resv.heads if r is not resv and r.level >= tier.level]
+            placement = self.resv.place(job, binding)
+            if placement is not None:
+                self.resv.drop(job.job_id)
+                self._started(job, placement, self._start_reason(job, tier, "reserved, now free"))
+
+    def _step(self, job: QueuedJob) -> bool:
+        """Handle one job; False stops the pass (FIFO without backfill: head-of-line blocking)."""
+        s = self.s
+        tier = s.tiers[job.tier]
+        if s.tier_gpus(job.tier) + job.gpus * job.nodes > s._tier_cap(tier):
+            self.wait(job, self._at_cap, job)
+            return True
+        if not self.resv.heads:
+            return self._front(job, tier)
+        binding = self.resv.binding(job, tier.level)
+        if not binding:
+            return self._front(job, tier)
+        self._behind(job, tier, binding)
+        return True
+
+    def _front(self, job: QueuedJob, tier: TierPolicy) -> bool:
+        """Nothing of its standing is reserved ahead of it: start, preempt, or reserve."""
+        placement = self.resv.place(job, [])
+        if placement is not None:
+            if self.resv.heads and job.job_id not in self.resv.head_of:
+                self.invalid = True  # it outranks the holders: their reservations may move
+            self.resv.drop(job.job_id)
+            self._started(job, placement, self._start_reason(job, tier, "first in line"))
+            return True
+        if self.preempt.try_preempt(job, tier):
+            self.invalid = True  # the victims now end at the signal + grace
+            self.resv.drop(job.job_id)
+            return self.backfill.preempted(self, job)
+        return self.backfill.blocked(self, job)
+
+    def _behind(self, job: QueuedJob, tier: TierPolicy, binding: list[Reservation]) -> None:
+        """Backfill: start only if it ends before a reservation or leaves its GPUs alone."""
+        end = self.now + job.est_runtime_s
+        hard = [r for r in binding if end > r.shadow]
+        placement = self.resv.place(job, hard)
+        if placement is not None:
+            self._backfilled(job, tier, placement, [r for r in binding if end <= r.shadow])
+            return
+        if self._preempt_behind(job, tier, binding):
+            return
+        if job.job_id in self.resv.head_of or len(self.resv.heads) < self.cfg.reservations:
+            self.resv.make_head(job)
+            return
+        self.wait(job, self._behind_reason, job, hard)
+
+    def _backfilled(
+        self, job: QueuedJob, tier: TierPolicy, placement: Placement, soft: list[Reservation]
+    ) -> None:
+        """It ends before the `soft` reservations: what it holds is released by then."""
+        for node, n in alloc_of(placement):
+            for resv in soft:
+                if node in resv.need:
+                    resv.released[node] = resv.released.get(node, 0) + n
+        self.resv.drop(job.job_id)
+        self._started(job, placement, self._start_reason(job, tier, "backfilled"))
+
+    def _preempt_behind(self, job: QueuedJob, tier: TierPolicy, binding: list[Reservation]) -> bool:
+        """It may preempt too (several top-level jobs at once), but never on reserved nodes."""
+        if not self.preempt.may_preempt(job):
+            return False
+        top = max(r.level for r in binding)
+        if not (
+            tier.level > top
+            or (tier.level == top and self.preempt.above_victims(tier))
+            or (self.cfg.tenant_reclaim and tier.preemptible)
+        ):
+            return False
+        avoid = {node for r in binding for node in r.need}
+        if not self.preempt.try_preempt(job, tier, avoid):
+            return False
+        self.invalid = True
+        self.resv.drop(job.job_id)
+        self.resv.make_head(job, force=True)
+        return True
+
+    # --- starting -------------------------------------------------------------------------
+
+    def _started(self, job: QueuedJob, placement: Placement, reason: str) -> None:
+        begin = self.now
+        resumed = job.restart_cost_s if job.preemptions else 0.0
+        running = RunningJob(
+            job.job_id, job.tenant, job.tier, job.gpus, begin, begin + job.est_runtime_s,
+            placement, nodes=job.nodes, restart_cost_s=job.restart_cost_s,
+            checkpoint_interval_s=job.checkpoint_interval_s, progress_from=begin + resumed,
+            preemptions=job.preemptions, gpu_models=job.gpu_models,
+            node_selector=job.node_selector, tolerations=job.tolerations,
+        )  # fmt: skip
+        self.s._add_running(running, self.now)
+        self.taken.append(job)
+        self.resv.failed.clear()
+        self.out.append(Start(job.job_id, placement, reason))
+
+    def _start_reason(self, job: QueuedJob, tier: TierPolicy, how: str) -> str:
+        return f"{how}: {job.nodes} x {job.gpus} GPUs for tier {tier.name}, tenant {job.tenant}"
+
+    # --- waiting and bookkeeping ------------------------------------------------------------
+
+    def shortage(self, job: QueuedJob) -> str:
+        view = self.s.view
+        if job.nodes == 1:
+            return f"waiting for {gpu_label(job)} on one node (most free on a node: {view.largest_free(job.gpu_models)})"
+        have = view.nodes_with(job.gpus, job.gpu_models)
+        return f"gang of {job.nodes} x {job.gpus}: waiting for {job.nodes} nodes with {gpu_label(job)} ({have} have them)"
+
+    def _at_cap(self, job: QueuedJob) -> str:
+        s = self.s
+        cap = int(s._tier_cap(s.tiers[job.tier]))
+        return f"tier {job.tier} is at its borrowing limit ({s.tier_gpus(job.tier)} of {cap} GPUs)"
+
+    def _behind_reason(self, job: QueuedJob, hard: list[Reservation]) -> str:
+        if not hard:
+            return self.shortage(job)
+        first = min(hard, key=lambda r: r.shadow)
+        holder = self.s.queued.get(first.job_id)
+        shape = f"{holder.nodes} x {holder.gpus} GPUs, " if holder else ""
+        return (
+            f"reserved for a job ahead ({first.job_id}: {shape}from t={first.shadow:.0f}); "
+            f"this job would run past it. {self.shortage(job)}"
+        )
+
+    def wait(self, job: QueuedJob, reason: str | Callable[..., str], *args: object) -> None:
+        """Explain why a job waits; the reason is only built when explaining (it costs)."""
+        if self.explain:
+            text = reason(*args) if callable(reason) else reason.format(*args)
+            self.out.append(Wait(job.job_id, text))
+
+    def _finish(self) -> None:
+        s = self.s
+        for job in self.taken:
+            del s.queued[job.job_id]
+            s.index.remove(job.tier, job.tenant, job.submit, job.seq)
+            s._plan_failed.pop(job.job_id, None)
+        live = [r for r in self.resv.heads if r.job_id in s.queued]
+        s._held = [r.job_id for r in live]
+        s._resvs = {r.job_id: r for r in live}
+        s._resv_dirty = self.invalid
