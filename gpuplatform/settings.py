@@ -172,6 +172,13 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "gpuplatform API",
     "VERSION": "1.0.0",
     "DESCRIPTION": "Submit GPU jobs, follow them, fetch their results.",
+    # The public API only, with its error answers, enums and the submit body's one-of
+    # (gpuplatform/openapi.py): client generators and fuzzers read this document.
+    "PREPROCESSING_HOOKS": ["gpuplatform.openapi.public_only"],
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "gpuplatform.openapi.honest_document",
+    ],
 }
 
 # Celery. Settings chosen knowingly (see docs/reliability.md): tasks are short hand-offs, the

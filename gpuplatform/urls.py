@@ -30,3 +30,5 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("", include("apps.web.urls")),
 ]
+
+handler404 = "gpuplatform.not_found.not_found"  # JSON under /api/ (gpuplatform/not_found.py)

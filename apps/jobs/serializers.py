@@ -3,6 +3,7 @@
 import threading
 
 from django.conf import settings
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.admission import rows
@@ -185,6 +186,7 @@ class JobSerializer(serializers.ModelSerializer):
             return positions.get(job.pk)
         return queue_position(job)
 
+    @extend_schema_field({"type": "string", "format": "date-time", "nullable": True})
     def get_estimated_start_at(self, job: Job):
         """From the queue ahead, capacity and running jobs' expected ends (apps/admission/estimates.py).
         One estimator per response: a list shares it across its jobs."""

@@ -1,5 +1,6 @@
 """`/api/v1/usage/`: the caller's tenant: its limits and what it uses now."""
 
+from drf_spectacular.utils import extend_schema
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -9,8 +10,59 @@ from apps.jobs.access import membership_of
 from apps.jobs.services import tenant_limits
 from apps.jobs.usage import current_use
 
+_COUNT = {"type": "integer", "minimum": 0}
+_BUCKET = {
+    "type": "object",
+    "properties": {"rate_per_minute": {"type": "number"}, "burst": _COUNT, "remaining": _COUNT,
+                   "seconds_to_full": {"type": "number"}},
+}  # fmt: skip
+USAGE_SCHEMA = {  # the answer below, for the OpenAPI document (gpuplatform/openapi.py)
+    "type": "object",
+    "required": ["tenant", "tier", "role", "limits", "usage", "rate_limits", "gpu_hours", "gpu_caps"],
+    "properties": {
+        "tenant": {"type": "string"},
+        "tier": {"type": "string"},
+        "role": {"type": "string", "enum": ["admin", "member", "viewer"]},
+        "limits": {
+            "type": "object",
+            "properties": {
+                "max_queued_jobs": _COUNT,
+                "max_gpus": {"type": "object", "additionalProperties": _COUNT},
+                "submit_rate_per_minute": {"type": "number"},
+                "submit_burst": _COUNT,
+                "gpu_hours_per_period": {"type": "number", "nullable": True},
+            },
+        },
+        "usage": {
+            "type": "object",
+            "properties": {
+                "queued_jobs": _COUNT,
+                "running_jobs": _COUNT,
+                "gpus_in_use": {"type": "object", "additionalProperties": _COUNT, "description": "per GPU SKU"},
+            },
+        },
+        "rate_limits": {
+            "type": "object",
+            "description": "the submit buckets as they stand; `available: false` when Redis is down",
+            "properties": {"available": {"type": "boolean"}, "tenant": _BUCKET, "user": _BUCKET},
+            "required": ["available"],
+        },
+        "gpu_hours": {
+            "type": "object",
+            "properties": {"used": {"type": "number"}, "limit": {"type": "number", "nullable": True},
+                           "period": {"type": "string"}, "period_start": {"type": "string", "format": "date-time"},
+                           "resets_at": {"type": "string", "format": "date-time"}},
+        },  # fmt: skip
+        "gpu_caps": {
+            "type": "object",
+            "additionalProperties": {"type": "object", "properties": {"cap": _COUNT, "in_use": _COUNT}},
+        },
+    },
+}
+
 
 class UsageView(APIView):
+    @extend_schema(responses={200: USAGE_SCHEMA})
     def get(self, request):
         membership = membership_of(request.user)
         if membership is None:
