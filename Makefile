@@ -47,3 +47,8 @@ chaos: install
 
 clean:
 	rm -rf var .pytest_cache
+
+# The API fuzzed from its own OpenAPI document, deeper than `make test` does (docs/architecture.md).
+fuzz: export SECRET_KEY ?= make-check-not-a-secret
+fuzz: install
+	GPUPLATFORM_FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-80} $(BIN)/python -m pytest tests/api/test_schema_fuzz.py -p no:cacheprovider -o timeout=1200

@@ -107,7 +107,9 @@ ERRORS = {
         "Over a rate limit, the queued-job cap or the open-stream cap.", EITHER, RETRY_AFTER
     ),
     "503": _answer(
-        "Admission is unavailable (Redis down, and the tenant's tier fails closed).", EITHER
+        "Admission is unavailable (Redis down, and the tenant's tier fails closed).",
+        EITHER,
+        RETRY_AFTER,
     ),
 }
 

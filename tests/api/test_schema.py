@@ -190,3 +190,23 @@ def test_the_usage_answer_fits_its_schema(document, cast):
     response = client_for(cast["bob"][1]).get("/api/v1/usage/")
     assert response.status_code == 200
     conforms(document, "/api/v1/usage/", "get", response)
+
+
+def test_a_closed_tiers_submit_with_redis_down_gets_the_documented_503(
+    document, cast, monkeypatch, settings
+):
+    import redis
+
+    from apps.admission import buckets
+
+    def down(*args, **kwargs):
+        raise redis.ConnectionError("refused")
+
+    settings.RATE_LIMIT_FAIL_OPEN_TIERS = []
+    monkeypatch.setattr(buckets, "take", down)
+    response = client_for(cast["bob"][1]).post(
+        "/api/v1/jobs/", {"template": "demo-train"}, format="json"
+    )
+    assert response.status_code == 503 and response["Retry-After"]
+    conforms(document, "/api/v1/jobs/", "post", response)
+    assert document["paths"]["/api/v1/jobs/"]["post"]["responses"]["503"]["headers"]["Retry-After"]
