@@ -156,6 +156,7 @@ def honest_document(result, generator, request, public):
     for path, operations in result.get("paths", {}).items():
         for method, operation in operations.items():
             _type_path_parameters(path, operation)
+            _type_query_parameters(operation, catalog)
             responses = operation.setdefault("responses", {})
             for code in errors_for(path, method, operation):
                 responses.setdefault(code, copy.deepcopy(ERRORS[code]))
@@ -192,6 +193,17 @@ def _errors_as_events(responses: dict) -> None:
             content["text/event-stream"]["schema"] = sse_event(
                 ["state", "progress", "log", "end"], "state changes, progress, log lines, then end"
             )
+
+
+def _type_query_parameters(operation: dict, catalog: dict) -> None:
+    """Pages count from 1 (a page past the last is a 404); `?tier=` names a tier."""
+    for parameter in operation.get("parameters", []):
+        if parameter.get("in") != "query":
+            continue
+        if parameter["name"] == "page":
+            parameter["schema"] = {**parameter.get("schema", {}), "minimum": 1}
+        elif parameter["name"] == "tier" and catalog["tiers"]:
+            parameter["schema"] = {"type": "string", "enum": catalog["tiers"]}
 
 
 def _type_path_parameters(path: str, operation: dict) -> None:

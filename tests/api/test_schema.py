@@ -90,6 +90,11 @@ def test_the_submit_body_is_one_of_a_template_shape_or_a_command(document):
     )  # below its minimum
     assert not valid.is_valid({"template": "demo-train", "gpu_sku": "B200"})  # no such SKU
     assert not valid.is_valid({"template": "demo-train", "tier": "platinum"})
+    listing = {
+        p["name"]: p["schema"] for p in document["paths"]["/api/v1/jobs/"]["get"]["parameters"]
+    }
+    assert listing["tier"]["enum"] == ["enterprise", "free", "pro"]
+    assert "queued" in listing["state"]["enum"]
     train = document["components"]["schemas"]["TemplateJob_demo-train"]["properties"]
     assert train["tier"]["enum"] == ["enterprise", "free", "pro"]
     assert "H100-80GB" in train["gpu_sku"]["enum"]
