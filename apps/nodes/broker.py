@@ -21,7 +21,7 @@ import redis
 from django.conf import settings
 
 from apps.platform import broker_keys
-from apps.scheduling.redis import client
+from apps.platform.redis import client
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ docs/reliability.md, "What an agent's broker credential can do"):
 
 from __future__ import annotations
 
-from apps.scheduling.queues import node_queue
+from apps.platform.names import node_queue
 
 SEP = "\x06\x16"  # kombu's Redis transport: a priority queue is <queue><SEP><step>
 PRIORITY_STEPS = (0, 3, 6, 9)  # kombu's default priority_steps (step 0 is the queue itself)
