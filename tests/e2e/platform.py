@@ -60,13 +60,19 @@ def separate_redis_url(db_index: int) -> str:
 
 class Platform:
     """`own_redis`: start an embedded Redis of its own (which `restart_redis` can wipe) instead
-    of a database of the session's REDIS_URL; `env`: settings on top of FAST."""
+    of a database of the session's REDIS_URL; `env`: settings on top of FAST; `listen`: an
+    address besides 127.0.0.1 where the web and the platform's own Redis also listen, for agents
+    on other hosts (it needs `own_redis`: the session's Redis is not ours to rebind)."""
 
     def __init__(self, data_dir: pathlib.Path, *, name: str = "gpuplatform_e2e", redis_db: int = 1,
-                 own_redis: bool = False, env: dict[str, str] | None = None):  # fmt: skip
+                 own_redis: bool = False, env: dict[str, str] | None = None,
+                 listen: str | None = None):  # fmt: skip
+        if listen and not own_redis:
+            raise ValueError("listen needs own_redis")
         self.data_dir = data_dir
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.listen = listen
         self.processes: dict[str, subprocess.Popen] = {}
         self.killed: set[str] = set()  # processes stopped on purpose (not a failure to report)
         self.redis = None
@@ -74,6 +80,7 @@ class Platform:
             from gpuplatform import embedded_redis
 
             self.redis = embedded_redis.start(data_dir / "redis", persist=False)
+            self._listen_redis()
         self.env = dict(os.environ, **FAST)
         self.env.update(
             GPUPLATFORM_DATA_DIR=str(data_dir),
@@ -82,6 +89,8 @@ class Platform:
             PYTHONPATH=str(ROOT),
             **(env or {}),
         )
+        if listen:
+            self.env.update(self._listen_settings())
         self.tokens: dict[str, str] = {}
         self.agents: dict[str, list[str]] = {}
 
@@ -93,7 +102,8 @@ class Platform:
         seed = subprocess.run([sys.executable, "-m", "tests.e2e.seed"], cwd=ROOT, env=self.env, check=True,
                               capture_output=True, text=True)  # fmt: skip
         self.tokens = json.loads(seed.stdout.strip().splitlines()[-1])
-        self.spawn("web", [sys.executable, "-m", "gunicorn", "gpuplatform.wsgi", "--bind", f"127.0.0.1:{self.port}",
+        binds = [f"--bind={address}:{self.port}" for address in ("127.0.0.1", self.listen) if address]
+        self.spawn("web", [sys.executable, "-m", "gunicorn", "gpuplatform.wsgi", *binds,
                            "--workers", "2", "--threads", "4", "--timeout", "60"])  # fmt: skip
         self.start_dispatcher("dispatcher")
         for node, (sku, gpus, labels) in agents.items():
@@ -116,6 +126,22 @@ class Platform:
         self.redis.process.kill()  # no shutdown save: whatever it held is gone
         self.redis.stop()
         self.redis = embedded_redis.start(self.data_dir / "redis", port=port, persist=False)
+        self._listen_redis()
+
+    def _listen_redis(self) -> None:
+        """The embedded Redis listens on loopback only; add `listen` at run time (CONFIG SET)."""
+        if self.listen:
+            import redis
+
+            redis.Redis.from_url(self.redis.url).config_set("bind", f"127.0.0.1 {self.listen}")
+
+    def _listen_settings(self) -> dict[str, str]:
+        """What the web needs to serve agents that come through `listen`: the Host they send, and
+        the broker address to hand them (contract: GPUPLATFORM_AGENT_REDIS_URL, no credentials)."""
+        hosts = os.environ.get("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
+        parts = urllib.parse.urlsplit(self.redis.url)
+        return {"ALLOWED_HOSTS": f"{hosts},{self.listen}",
+                "GPUPLATFORM_AGENT_REDIS_URL": f"redis://{self.listen}:{parts.port}{parts.path}"}  # fmt: skip
 
     def start_agent(self, node: str, sku: str, gpus: int, labels: str = "") -> None:
         argv = [sys.executable, "-m", "workers.agent", "--node", node, "--sku", sku, "--gpus", str(gpus), "--fake"]
@@ -127,10 +153,11 @@ class Platform:
     def restart_agent(self, node: str) -> None:
         self.spawn(f"agent-{node}", self.agents[node])
 
-    def spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
+    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+        """`env`: the process's whole environment (default: the platform's)."""
         log = open(self.data_dir / f"{name}.log", "ab")  # noqa: SIM115 (lives as long as the process)
-        process = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)  # fmt: skip
+        process = subprocess.Popen(argv, cwd=ROOT, env=self.env if env is None else env, stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
         self.processes[name] = process
         self.killed.discard(name)
         return process
