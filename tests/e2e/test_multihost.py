@@ -180,11 +180,8 @@ def test_from_another_host_the_web_and_redis_answer_and_the_database_port_does_n
         db = connect_from(namespace, address, database_port())
         assert db.startswith("failed"), f"the database port answers from {namespace.name}: {db}"
         broker = connect_from(namespace, address, redis_port, b"PING\r\n")
-        assert broker.startswith("connected"), broker
-        if urllib.parse.urlsplit(platform.env["REDIS_URL"]).password:
-            assert "NOAUTH" in broker, (
-                f"Redis obeys an unauthenticated command from {namespace.name}: {broker}"
-            )
+        # Reachable, and it obeys nothing without a password (a node's own comes from the agent API).
+        assert broker.startswith("connected") and "NOAUTH" in broker, broker
         # And the control plane's loopback is not theirs: 127.0.0.1 there is their own.
         assert connect_from(namespace, "127.0.0.1", platform.port).startswith("failed")
 
