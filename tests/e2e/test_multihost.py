@@ -111,9 +111,16 @@ def start_far_agent(platform: Platform, namespace: netns.Namespace, node: str, l
     }
     agent = [sys.executable, "-m", "workers.agent", "--node", node, "--sku", SKU, "--gpus", "2", "--fake",
              "--labels", labels]  # fmt: skip
-    argv = netns.host_argv(namespace, agent, env=env, hide=hidden_dirs(platform))
-    platform.agents[node] = argv
-    platform.spawn(f"agent-{node}", argv, env={"PATH": env["PATH"]})
+    platform.agents[node] = netns.host_argv(namespace, agent, env=env, hide=hidden_dirs(platform))
+    restart_far_agent(platform, node)
+
+
+def restart_far_agent(platform: Platform, node: str) -> None:
+    platform.spawn(
+        f"agent-{node}",
+        platform.agents[node],
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+    )
 
 
 def agent_pid(platform: Platform, node: str) -> int:
@@ -216,6 +223,29 @@ def test_a_job_runs_on_one_host_and_resumes_from_its_checkpoint_on_the_other(pla
     second = log.split("=== attempt 2 ===", 1)[1]
     assert f"starting at step {result['resumed_from_step']}" in second and "step 40/40" in second
     set_node_states(platform, e2e_far_a="ready")
+
+
+def test_a_job_whose_host_goes_away_resumes_on_the_other_from_its_last_checkpoint(platform):
+    a, b = NODES
+    set_node_states(platform, e2e_far_b="cordoned")
+    job = platform.submit("dave", **TRAIN, params={"steps": 40, "step_seconds": 0.1})
+    running = platform.wait_for_state(job["id"], "running")
+    assert [p["node"] for p in running["attempts"][0]["placements"]] == [a]
+    platform.wait_until(
+        lambda: platform.job(job["id"])["progress"] >= 0.1, timeout=30, what="progress on A"
+    )
+
+    # A's host is gone at once (no goodbye): B takes the job from the checkpoint A last sent.
+    set_node_states(platform, e2e_far_b="ready")
+    platform.kill(f"agent-{a}")
+    done = platform.wait_for_state(job["id"], "succeeded", timeout=90)
+    assert [x["state"] for x in done["attempts"]] == ["lost", "succeeded"]
+    assert [p["node"] for p in done["attempts"][1]["placements"]] == [b]
+    result = platform.get("dave", f"/api/v1/jobs/{job['id']}/artifacts/result.json").json()
+    assert 0 < result["resumed_from_step"] < 40, result
+
+    restart_far_agent(platform, a)
+    platform.wait_until(platform.ready, timeout=60, what=f"{a} back")
 
 
 def test_a_gang_spans_both_hosts(platform):
