@@ -145,6 +145,9 @@ class Agent:
         self.heartbeat_seconds = float(self.platform["heartbeat_seconds"])
         self.fence_after = self.heartbeat_seconds * int(self.platform["node_lost_after_heartbeats"])
         self.kill_grace = self.runner.kill_grace = float(self.platform["kill_grace_seconds"])
+        # A request may wait at most about one fence window per socket operation; a report that
+        # times out is retried (its progress, log or end) on a later tick.
+        self.api.timeout = max(5.0, self.fence_after)
         self.last_heartbeat = time.monotonic()
         log.info("node %s registered: %d x %s GPUs (%s), agent %s, isolation %s", self.args.node, len(gpus),
                  self.args.sku, "fake" if self.args.fake else "NVML", self.instance, isolation)  # fmt: skip
@@ -195,6 +198,14 @@ class Agent:
         if time.monotonic() - self.last_heartbeat > self.fence_after and self.runner.runs:
             self.runner.kill_all()
 
+    def fence_loop(self) -> None:
+        # Its own thread: a tick waiting on a slow or unreachable web must not delay the fence.
+        while not self.stopping.wait(0.2):
+            try:
+                self.fence()
+            except Exception:
+                log.exception("fence check failed")
+
     def tick_loop(self) -> None:
         while not self.stopping.wait(0.2):
             try:
@@ -204,7 +215,8 @@ class Agent:
                 log.exception("runner tick failed")
 
     def start_threads(self) -> None:
-        for target, name in ((self.heartbeat_loop, "heartbeat"), (self.tick_loop, "runner-tick")):
+        loops = ((self.heartbeat_loop, "heartbeat"), (self.fence_loop, "fence"), (self.tick_loop, "runner-tick"))
+        for target, name in loops:
             threading.Thread(target=target, name=name, daemon=True).start()
 
     def shutdown(self) -> None:

@@ -117,6 +117,9 @@ class LocalProvider(Provider):
         except ProcessLookupError:
             pass
         ProvisionRequest.objects.filter(pk=request.pk).update(state=ProvisionState.TERMINATED, ended_at=timezone.now())
+        from apps.nodes.credentials import revoke_credentials
+
+        revoke_credentials(node_name=node.name)  # a machine given back keeps no way in
         log.info("terminated node %s (pid %s)", node.name, request.pid)
 
 

@@ -89,3 +89,33 @@ def test_a_job_the_agent_stopped_as_unassigned_while_still_assigned_is_retried_n
     reporter_for("h1").finished(run, -15, UNASSIGNED, "")
     job.refresh_from_db()
     assert job.state == "queued" and job.attempts.get().state == "lost"
+
+
+class Unreachable:
+    """The agent API as seen from a node cut off from the web (or with a revoked credential)."""
+
+    timeout = 5.0
+
+    def heartbeat(self, **kwargs):
+        from workers.agent_client import ApiError
+
+        raise ApiError("connection refused")
+
+    def assignments(self):
+        raise AssertionError("not reached: the heartbeat failed first")
+
+
+def test_heartbeats_failing_over_http_fence_the_jobs(agent):
+    agent.api = Unreachable()
+    agent.heartbeat_seconds, agent.fence_after = 0.1, 0.5
+    agent.runner.launch(Work(argv=py("import time; time.sleep(60)")))
+    pid = agent.runner.runs[(1, 0)].process.pid
+    agent.start_threads()
+    try:
+        deadline = time.monotonic() + 20
+        while agent.runner.reporter.finish() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert agent.runner.reporter.finish()[1:] == (-9, FENCED)
+        assert not alive(pid)
+    finally:
+        agent.stopping.set()
