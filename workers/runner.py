@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 log = logging.getLogger(__name__)
 SDK_DIR = pathlib.Path(__file__).resolve().parent / "sdk"
@@ -60,14 +61,20 @@ class Run:
 
 
 class Reporter:
-    """How the runner tells the platform what happened (the agent wires it to the services)."""
+    """How the runner tells the platform what happened (the agent's is workers/reporter.py, over
+    the agent API)."""
 
     def started(self, run: Run) -> None: ...
     def progress(self, run: Run, progress: float, checkpoint: str) -> None: ...
     def finished(self, run: Run, exit_code: int | None, reason: str, checkpoint: str) -> None: ...
     def lost(self, run: Run, reason: str) -> None: ...
     def sync_log(self, run: Run) -> None: ...
-    def collect(self, run: Run, name: str, path: pathlib.Path) -> None: ...
+    def collect(self, run: Run, name: str, source: BinaryIO) -> None:
+        """Store one output file; `source` is open for reading (opened safely by the runner)."""
+
+    def fetch_checkpoint(self, run: Run, dest_dir: pathlib.Path) -> str:
+        """Download the attempt's stored checkpoint (if any) into dest_dir; its local path or ""."""
+        return ""
 
 
 class Runner:
@@ -206,6 +213,7 @@ class Runner:
             path.mkdir(parents=True, exist_ok=True)
         checkpoints = self.data_dir / "checkpoints" / a.job_id
         checkpoints.mkdir(parents=True, exist_ok=True)
+        run.extra["checkpoint_dir"] = str(checkpoints)  # the reporter reads the job's checkpoint only below it
         argv = [sys.executable if part == "{python}" else part for part in a.argv]
         env = self._environment(run, output, control, checkpoints)
         with open(run.log_path, "ab") as log_file:
@@ -235,7 +243,13 @@ class Runner:
 
     def _environment(self, run: Run, output, control, checkpoints) -> dict[str, str]:
         a = run.assignment
-        resume = a.checkpoint if a.checkpoint and os.path.exists(a.checkpoint) else ""
+        # The checkpoint the platform stored (maybe from another node), else one saved here.
+        fetch = getattr(self.reporter, "fetch_checkpoint", None)
+        try:
+            resume = fetch(run, checkpoints) if fetch else ""
+        except Exception:
+            log.warning("could not fetch the checkpoint of %s; resuming from what is here", run.key, exc_info=True)
+            resume = ""
         if not resume and (checkpoints / "checkpoint.json").exists():
             resume = str(checkpoints / "checkpoint.json")
         env = {k: os.environ[k] for k in ENV_PASSTHROUGH if k in os.environ}

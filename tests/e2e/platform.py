@@ -87,12 +87,15 @@ class Platform:
             DATABASE_URL=fresh_database_url(data_dir, name),
             REDIS_URL=self.redis.url if self.redis else separate_redis_url(redis_db),
             PYTHONPATH=str(ROOT),
+            GPUPLATFORM_URL=self.url,  # the agents the autoscaler's local provider starts reach it here
+            GPUPLATFORM_TRUST_UNISOLATED_NODES="1",  # unprivileged test agents: isolation "none"
             **(env or {}),
         )
         if listen:
             self.env.update(self._listen_settings())
         self.tokens: dict[str, str] = {}
         self.agents: dict[str, list[str]] = {}
+        self.agent_envs: dict[str, dict[str, str]] = {}
 
     # --- life cycle -------------------------------------------------------------------------
 
@@ -148,13 +151,26 @@ class Platform:
         if labels:
             argv += ["--labels", labels]
         self.agents[node] = argv
-        self.spawn(f"agent-{node}", argv)
+        self.agent_envs[node] = self.agent_environment(node)
+        self.spawn(f"agent-{node}", argv, env=self.agent_envs[node])
+
+    def agent_environment(self, node: str) -> dict[str, str]:
+        """All an agent is given, as on another machine: the web's URL, its own credential (issued
+        as an operator would), its own data dir. No database, no secret key, no Redis URL."""
+        credential = self.manage("create_node_credential", node).strip().splitlines()[-1]
+        return {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(ROOT), "LOG_LEVEL": FAST["LOG_LEVEL"],
+            "GPUPLATFORM_URL": self.url, "GPUPLATFORM_NODE_CREDENTIAL": credential,
+            "GPUPLATFORM_DATA_DIR": str(self.agent_dir(node)),
+        }  # fmt: skip
+
+    def agent_dir(self, node: str) -> pathlib.Path:
+        return self.data_dir / "agents" / node
 
     def restart_agent(self, node: str) -> None:
-        self.spawn(f"agent-{node}", self.agents[node])
+        self.spawn(f"agent-{node}", self.agents[node], env=self.agent_envs[node])
 
     def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
-        """`env`: the process's whole environment (default: the platform's)."""
         log = open(self.data_dir / f"{name}.log", "ab")  # noqa: SIM115 (lives as long as the process)
         process = subprocess.Popen(argv, cwd=ROOT, env=self.env if env is None else env, stdout=log,
                                    stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
