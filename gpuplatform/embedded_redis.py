@@ -170,21 +170,27 @@ def default_redis_dir() -> pathlib.Path:
 
 
 def main() -> int:
-    server = start(default_redis_dir())
-    print(
-        f"embedded redis on 127.0.0.1:{server.port} (data and password in {server.redis_dir})",
-        flush=True,
-    )
-    stopped = []
+    stopped: list[int] = []
+    running: list[EmbeddedRedis] = []
 
     def stop(signum, frame):
         # Only ask redis-server to stop: the handler interrupts the wait below, and a second
         # Popen.wait inside it would spin on the wait lock the first one holds (it hung).
         stopped.append(signum)
-        server.process.send_signal(signal.SIGTERM)
+        for server in running:
+            server.process.send_signal(signal.SIGTERM)
 
+    # Before the server starts, so that a signal at any time after the launch is honoured.
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    server = start(default_redis_dir())
+    running.append(server)
+    if stopped:  # it came while the server was starting
+        server.process.send_signal(signal.SIGTERM)
+    print(
+        f"embedded redis on 127.0.0.1:{server.port} (data and password in {server.redis_dir})",
+        flush=True,
+    )
     code = server.process.wait()
     server.stop()  # already gone: this only removes the URL file
     return 0 if stopped else code or 0
