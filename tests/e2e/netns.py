@@ -16,6 +16,7 @@ import os
 import pathlib
 import re
 import shlex
+import signal
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -81,6 +82,7 @@ def clean_stale() -> list[str]:
     for name in sorted(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else []:
         match = STALE_NAMESPACE.match(name)
         if match and _stale(int(match[1]), name):
+            _kill_inside(name)
             subprocess.run(["ip", "netns", "delete", name], capture_output=True)
             removed.append(name)
     for line in ip("-o", "link", "show").splitlines():
@@ -90,6 +92,17 @@ def clean_stale() -> list[str]:
             subprocess.run(["ip", "link", "delete", link], capture_output=True)
             removed.append(link)
     return removed
+
+
+def _kill_inside(name: str) -> None:
+    """A dead run's agents (and their jobs) still inside its namespace: without this they would
+    live on, and keep the namespace alive after its name is gone."""
+    pids = subprocess.run(
+        ["ip", "netns", "pids", name], capture_output=True, text=True
+    ).stdout.split()
+    for pid in map(int, pids):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _pair(number: int) -> ipaddress.IPv4Address:
