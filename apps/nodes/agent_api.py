@@ -86,6 +86,7 @@ class AgentView(APIView):
     authentication_classes = [NodeCredentialAuthentication]
     permission_classes = [IsNode]
     throttle_classes: list = []
+    schema = None  # internal: not in the public API schema
 
     @property
     def node_name(self) -> str:
