@@ -208,6 +208,18 @@ def test_the_node_user_cannot_touch_another_nodes_queue_the_control_queue_or_red
     for command in denied:
         with pytest.raises(redis.exceptions.NoPermissionError):
             conn.execute_command(*command)
+    # Lua is allowed (redis-py's lock release is a script), but runs under the same ACL.
+    sha = conn.script_load("return redis.call('lpop', KEYS[1])")
+    with pytest.raises(
+        redis.exceptions.ResponseError,
+        match="(?i)no permissions|NOPERM|can.t run this command|can.t access",
+    ):
+        conn.evalsha(sha, 1, theirs)
+    with pytest.raises(
+        redis.exceptions.ResponseError,
+        match="(?i)no permissions|NOPERM|can.t run this command|can.t access",
+    ):
+        conn.evalsha(conn.script_load("return redis.call('flushall')"), 0)
     pubsub = conn.pubsub()
     with pytest.raises(redis.exceptions.NoPermissionError):
         pubsub.subscribe("/0.celery.pidbox")

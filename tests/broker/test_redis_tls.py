@@ -81,7 +81,7 @@ def tls_redis(tmp_path):
             "--aclfile", str(embedded_redis.write_acl_file(tmp_path, password)), "--dir", str(tmp_path),
             "--save", "", "--appendonly", "no", "--logfile", str(tmp_path / "redis.log")]  # fmt: skip
     process = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
-    url = f"rediss://:{password}@127.0.0.1:{port}/0?ssl_ca_certs={ca}"
+    url = f"rediss://:{password}@127.0.0.1:{port}/0?ssl_ca_certs={ca}&ssl_check_hostname=true"
     deadline = time.monotonic() + 20
     while True:
         try:
