@@ -193,21 +193,30 @@ def test_from_another_host_the_web_and_redis_answer_and_the_database_port_does_n
         assert connect_from(namespace, "127.0.0.1", platform.port).startswith("failed")
 
 
-def test_a_job_runs_on_one_host_and_resumes_from_its_checkpoint_on_the_other(platform):
-    a, b = NODES
-    set_node_states(platform, e2e_far_b="cordoned")  # so the first attempt goes to A
-    job = platform.submit("dave", **TRAIN, params={"steps": 40, "step_seconds": 0.1})
+def running_on_a(platform: Platform, steps: int) -> dict:
+    """A demo-train job placed on A (B cordoned until then); its running view."""
+    a, _ = NODES
+    set_node_states(platform, e2e_far_b="cordoned")
+    job = platform.submit("dave", **TRAIN, params={"steps": steps, "step_seconds": 0.1})
     running = platform.wait_for_state(job["id"], "running")
     assert [p["node"] for p in running["attempts"][0]["placements"]] == [a]
+    return running
+
+
+def test_a_job_runs_on_one_host_and_resumes_from_its_checkpoint_on_the_other(platform):
+    a, b = NODES
+    steps = 100  # 10 s at least: it must still run when the drain (a manage.py run) comes
+    job = running_on_a(platform, steps)
+    set_node_states(platform, e2e_far_b="ready")
     platform.wait_until(
-        lambda: platform.job(job["id"])["progress"] >= 0.1, timeout=30, what="progress on A"
+        lambda: platform.job(job["id"])["progress"] > 0, timeout=30, what="progress on A"
     )
-    platform.wait_until(lambda: "step 2/40" in platform.get("dave", f"/api/v1/jobs/{job['id']}/logs/").text,
+    platform.wait_until(lambda: f"step 2/{steps}" in platform.get("dave", f"/api/v1/jobs/{job['id']}/logs/").text,
                         timeout=30, what="A's log in the API while the job runs")  # fmt: skip
 
     # A is drained at once: the job checkpoints there and its next attempt runs on B, from A's
     # checkpoint, which crossed through the agent API (the hosts share no filesystem).
-    set_node_states(platform, e2e_far_b="ready", e2e_far_a="draining")
+    set_node_states(platform, e2e_far_a="draining")
     done = platform.wait_for_state(job["id"], "succeeded", timeout=90)
     attempts = done["attempts"]
     assert [x["state"] for x in attempts] == ["preempted", "succeeded"]
@@ -217,32 +226,35 @@ def test_a_job_runs_on_one_host_and_resumes_from_its_checkpoint_on_the_other(pla
     artifacts = platform.get("dave", f"/api/v1/jobs/{job['id']}/artifacts/").json()
     assert [x["name"] for x in artifacts] == ["result.json"]
     result = platform.get("dave", f"/api/v1/jobs/{job['id']}/artifacts/result.json").json()
-    assert 0 < result["resumed_from_step"] < 40 and result["steps"] == 40  # B went on from A's step
+    assert (
+        0 < result["resumed_from_step"] < steps and result["steps"] == steps
+    )  # B went on from A's step
     log = platform.get("dave", f"/api/v1/jobs/{job['id']}/logs/").text
     assert "=== attempt 1 ===" in log and "=== attempt 2 ===" in log
     second = log.split("=== attempt 2 ===", 1)[1]
-    assert f"starting at step {result['resumed_from_step']}" in second and "step 40/40" in second
+    assert (
+        f"starting at step {result['resumed_from_step']}" in second
+        and f"step {steps}/{steps}" in second
+    )
     set_node_states(platform, e2e_far_a="ready")
 
 
 def test_a_job_whose_host_goes_away_resumes_on_the_other_from_its_last_checkpoint(platform):
     a, b = NODES
-    set_node_states(platform, e2e_far_b="cordoned")
-    job = platform.submit("dave", **TRAIN, params={"steps": 40, "step_seconds": 0.1})
-    running = platform.wait_for_state(job["id"], "running")
-    assert [p["node"] for p in running["attempts"][0]["placements"]] == [a]
+    job = running_on_a(platform, steps=60)
     platform.wait_until(
-        lambda: platform.job(job["id"])["progress"] >= 0.1, timeout=30, what="progress on A"
+        lambda: platform.job(job["id"])["progress"] > 0, timeout=30, what="progress on A"
     )
 
-    # A's host is gone at once (no goodbye): B takes the job from the checkpoint A last sent.
-    set_node_states(platform, e2e_far_b="ready")
+    # A's host is gone at once (no goodbye): B, ready again while A is being found lost, takes
+    # the job from the checkpoint A last sent.
     platform.kill(f"agent-{a}")
+    set_node_states(platform, e2e_far_b="ready")
     done = platform.wait_for_state(job["id"], "succeeded", timeout=90)
     assert [x["state"] for x in done["attempts"]] == ["lost", "succeeded"]
     assert [p["node"] for p in done["attempts"][1]["placements"]] == [b]
     result = platform.get("dave", f"/api/v1/jobs/{job['id']}/artifacts/result.json").json()
-    assert 0 < result["resumed_from_step"] < 40, result
+    assert 0 < result["resumed_from_step"] < 60, result
 
     restart_far_agent(platform, a)
     platform.wait_until(platform.ready, timeout=60, what=f"{a} back")
