@@ -50,7 +50,10 @@ class Namespace:
 
 
 def ip(*args: str) -> str:
-    result = subprocess.run(["ip", *args], capture_output=True, text=True)
+    try:
+        result = subprocess.run(["ip", *args], capture_output=True, text=True)
+    except FileNotFoundError:
+        raise Unavailable("`ip` (iproute2) is not installed") from None
     if result.returncode != 0:
         raise Unavailable(
             f"`ip {' '.join(args)}` failed: {result.stderr.strip() or result.returncode}"
@@ -196,7 +199,10 @@ def check_mount_namespaces(namespace: Namespace, probe: pathlib.Path) -> None:
     """Raise Unavailable unless a process in `namespace` can hide a dir (`probe`, which exists)."""
     argv = host_argv(namespace, ["ls", "-A", str(probe)], env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
                      hide=[probe])  # fmt: skip
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except FileNotFoundError as error:
+        raise Unavailable(f"{error.filename} (util-linux) is not installed") from None
     if result.returncode != 0 or result.stdout.strip():
         raise Unavailable(
             f"cannot hide a dir in a mount namespace here: {result.stderr.strip() or result.stdout.strip()}"
