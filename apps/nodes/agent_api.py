@@ -215,19 +215,34 @@ class MemberView(AgentView):
         return Response(wire.to_wire(assignment_for(self.member(attempt_id, rank))))
 
 
-def _checkpoint_field(member: AttemptMember):
+class CheckpointReport(serializers.Serializer):
     """A checkpoint a report names must be one this job stored through this API: a node must not
     point a job at another job's checkpoint (its next attempt would download it)."""
-    prefix = f"checkpoints/{member.attempt.job_id}/"
 
-    def check(value: str) -> str:
+    checkpoint = serializers.CharField(max_length=500, allow_blank=True, default="")
+
+    def validate_checkpoint(self, value: str) -> str:
+        prefix = f"checkpoints/{self.context['job_id']}/"
         if value and (not value.startswith(prefix) or ".." in value.split("/")):
             raise serializers.ValidationError(
                 f"must be a checkpoint stored for this job ({prefix}...) or empty"
             )
         return value
 
-    return serializers.CharField(max_length=500, allow_blank=True, default="", validators=[check])
+
+class ProgressReport(CheckpointReport):
+    progress = serializers.FloatField(min_value=0, max_value=1)
+
+
+class FinishedReport(CheckpointReport):
+    exit_code = serializers.IntegerField(allow_null=True, min_value=-255, max_value=255)
+    reason = serializers.CharField(max_length=300, allow_blank=True, default="")
+
+
+def _report(serializer_class, member: AttemptMember, data) -> dict:
+    serializer = serializer_class(data=data, context={"job_id": member.attempt.job_id})
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
 
 
 class StartedView(AgentView):
@@ -248,12 +263,7 @@ class StartedView(AgentView):
 
 class ProgressView(StartedView):
     def post(self, request, attempt_id: int, rank: int):
-        member = self.member(attempt_id, rank)
-        body = type("Body", (serializers.Serializer,), {
-            "progress": serializers.FloatField(min_value=0, max_value=1),
-            "checkpoint": _checkpoint_field(member),
-        })  # fmt: skip
-        data = _validated(body, request.data)
+        data = _report(ProgressReport, self.member(attempt_id, rank), request.data)
         accepted = jobs.attempt_progress(attempt_id=attempt_id, token=self._token(), progress=data["progress"],
                                          checkpoint=data["checkpoint"])  # fmt: skip
         return Response({"accepted": accepted})
@@ -261,13 +271,7 @@ class ProgressView(StartedView):
 
 class FinishedView(StartedView):
     def post(self, request, attempt_id: int, rank: int):
-        member = self.member(attempt_id, rank)
-        body = type("Body", (serializers.Serializer,), {
-            "exit_code": serializers.IntegerField(allow_null=True, min_value=-255, max_value=255),
-            "reason": serializers.CharField(max_length=300, allow_blank=True, default=""),
-            "checkpoint": _checkpoint_field(member),
-        })  # fmt: skip
-        data = _validated(body, request.data)
+        data = _report(FinishedReport, self.member(attempt_id, rank), request.data)
         accepted = jobs.attempt_member_finished(attempt_id=attempt_id, rank=rank, token=self._token(),
                                                 exit_code=data["exit_code"], reason=data["reason"],
                                                 checkpoint=data["checkpoint"])  # fmt: skip
