@@ -155,26 +155,36 @@ class Agent:
     def heartbeat_loop(self) -> None:
         while not self.stopping.wait(self.heartbeat_seconds):
             try:
-                began = time.monotonic()
-                gpus = self.nvml.gpus(limit=self.args.gpus) if self.nvml else []
-                if not self.api.heartbeat(agent_instance=self.instance, gpus=gpus):
-                    log.error("another agent took over node %s; stopping", self.args.node)
-                    self.runner.stop_all("agent replaced")
-                    os._exit(3)
-                self.last_heartbeat = began
-                self.sync()
+                self.heartbeat_once()
             except Exception as error:
                 log.warning("heartbeat failed (%s); retrying", error)
 
-    def sync(self) -> None:
-        """Make what runs here match what the platform says runs here."""
+    def heartbeat_once(self) -> None:
+        began = time.monotonic()
+        gpus = self.nvml.gpus(limit=self.args.gpus) if self.nvml else []
+        local = self.local_runs()  # before the platform's read, see sync()
+        wanted = self.api.heartbeat(agent_instance=self.instance, gpus=gpus)
+        if wanted is None:
+            log.error("another agent took over node %s; stopping", self.args.node)
+            self.runner.stop_all("agent replaced")
+            os._exit(3)
+        self.last_heartbeat = began
+        self.sync(wanted, local)
+
+    def local_runs(self) -> dict:
+        with self.runner.lock:
+            return dict(self.runner.runs)
+
+    def sync(self, wanted: dict | None = None, local: dict | None = None) -> None:
+        """Make what runs here match what the platform says runs here (`wanted`: as the heartbeat
+        answer read it, `local` listed before that request; else both read now)."""
         from workers.runner import UNASSIGNED, Run
 
         # Local runs first: a run launched (start message) after the platform's read would look
         # unassigned and be killed.
-        with self.runner.lock:
-            local = dict(self.runner.runs)
-        wanted = self.api.assignments()
+        if wanted is None:
+            local = self.local_runs()
+            wanted = self.api.assignments()
         for key, run in local.items():
             want = wanted.get(key)
             if want is None or want.token != run.assignment.token:

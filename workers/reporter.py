@@ -102,6 +102,8 @@ class HttpReporter(Reporter):
 
     def fetch_checkpoint(self, run: Run, dest_dir: pathlib.Path) -> str:
         """Download the checkpoint the job resumes from (stored by whichever node ran it last)."""
+        if getattr(run.assignment, "resume_from", None) == "":
+            return ""  # the platform said there is none: no request
         return self.api.get_checkpoint(run.assignment, dest_dir)
 
     def _store_checkpoint(self, run: Run, checkpoint: str) -> str:

@@ -10,6 +10,7 @@ other member, or a wrong token, is 404 as if it did not exist. docs/architecture
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 import uuid
@@ -196,7 +197,11 @@ class HeartbeatView(AgentView):
         node = node_heartbeat(
             name=self.node_name, agent_instance=data["agent_instance"], gpus=_gpus(data["gpus"])
         )
-        return Response({"replaced": node is None})
+        if node is None:
+            return Response({"replaced": True, "members": []})
+        # What runs here rides along: the agent's sync costs no second request.
+        members = open_members_on(self.node_name)
+        return Response({"replaced": False, "members": [wire.to_wire(a) for a in members.values()]})
 
 
 class AssignmentsView(AgentView):
@@ -212,7 +217,20 @@ class MemberView(AgentView):
     """The member's assignment: the agent checks every start or stop message against it."""
 
     def get(self, request, attempt_id: int, rank: int):
-        return Response(wire.to_wire(assignment_for(self.member(attempt_id, rank))))
+        member = self.member(attempt_id, rank)
+        work = dataclasses.replace(
+            assignment_for(member), resume_from=_resume_checkpoint(member.attempt)
+        )
+        return Response(wire.to_wire(work))
+
+
+def _resume_checkpoint(attempt: JobAttempt) -> str:
+    """The stored checkpoint an attempt resumes from: the newest its job stored (any node, this
+    or an earlier attempt), or ""."""
+    earlier = JobAttempt.objects.filter(job_id=attempt.job_id, number__lte=attempt.number)
+    prefix = f"checkpoints/{attempt.job_id}/"
+    names = earlier.exclude(checkpoint="").order_by("-number").values_list("checkpoint", flat=True)
+    return next((name for name in names if name.startswith(prefix)), "")
 
 
 class CheckpointReport(serializers.Serializer):
@@ -461,16 +479,11 @@ class CheckpointView(AgentView):
         return Response({"checkpoint": name}, status=status.HTTP_201_CREATED)
 
     def get(self, request, attempt_id: int, rank: int):
-        attempt = self.member(attempt_id, rank).attempt
-        earlier = JobAttempt.objects.filter(job_id=attempt.job_id, number__lte=attempt.number)
-        prefix = f"checkpoints/{attempt.job_id}/"
-        for name in (
-            earlier.exclude(checkpoint="").order_by("-number").values_list("checkpoint", flat=True)
-        ):
-            if name.startswith(prefix) and default_storage.exists(name):
-                response = FileResponse(
-                    default_storage.open(name, "rb"), content_type="application/octet-stream"
-                )
-                response[wire.CHECKPOINT_NAME_HEADER] = name.rsplit("/", 1)[-1]
-                return response
-        return Response(status=status.HTTP_204_NO_CONTENT)
+        name = _resume_checkpoint(self.member(attempt_id, rank).attempt)
+        if not name or not default_storage.exists(name):
+            return Response(status=status.HTTP_204_NO_CONTENT)
+        response = FileResponse(
+            default_storage.open(name, "rb"), content_type="application/octet-stream"
+        )
+        response[wire.CHECKPOINT_NAME_HEADER] = name.rsplit("/", 1)[-1]
+        return response

@@ -48,6 +48,8 @@ class Assignment:
     active: bool
     grace_seconds: int = 30  # checkpoint signal -> SIGTERM on preemption
     checkpoint_signal: str = "SIGUSR1"
+    # The stored checkpoint it resumes from: "" none, None not looked up (in lists; fetch to know).
+    resume_from: str | None = None
 
 
 def to_wire(value) -> dict:
