@@ -94,7 +94,7 @@ def _next_after(starts: list[float], moment: float) -> float | None:
 def _logs_started_twice(data_dir: pathlib.Path) -> int:
     """demo-train prints its gang env once per process: a log with two such lines ran twice."""
     twice = 0
-    for log in (data_dir / "work").glob("*/attempt-*/job.log"):
+    for log in (data_dir / "logs").glob("*/attempt-*.log"):  # written by the agent, not the job
         if log.read_text(errors="replace").count("demo-train: RANK=") > 1:
             twice += 1
     return twice

@@ -88,10 +88,19 @@ class DbReporter:
         suffix = "" if a.rank == 0 else f".rank-{a.rank}"
         put_file(f"logs/{a.job_id}/attempt-{a.attempt_number}{suffix}.log", run.log_path)
 
-    def collect(self, run, name: str, path: pathlib.Path) -> None:
+    def collect(self, run, name: str, source) -> None:
+        """`source`: the artifact opened safely by the runner; spooled to a file of the agent's
+        own, since artifact_store reads a path."""
+        import shutil
+        import tempfile
+
         from apps.jobs.services import artifact_store
 
-        artifact_store(attempt_id=run.assignment.attempt_id, token=run.assignment.token, name=name, path=path)
+        with tempfile.NamedTemporaryFile(dir=run.log_path.parent, prefix=".artifact-") as spool:
+            shutil.copyfileobj(source, spool)
+            spool.flush()
+            artifact_store(attempt_id=run.assignment.attempt_id, token=run.assignment.token, name=name,
+                           path=pathlib.Path(spool.name))  # fmt: skip
 
 
 class Agent:
@@ -112,7 +121,7 @@ class Agent:
         self.last_heartbeat = time.monotonic()
         self.fence_after = settings.HEARTBEAT_SECONDS * settings.NODE_LOST_AFTER_HEARTBEATS
         self.runner = Runner(node=args.node, data_dir=pathlib.Path(settings.DATA_DIR), reporter=DbReporter(),
-                             kill_grace=settings.KILL_GRACE_SECONDS)  # fmt: skip
+                             kill_grace=settings.KILL_GRACE_SECONDS, fake_gpus=args.gpus if args.fake else 0)  # fmt: skip
 
     def discover(self):
         from workers.gpus import Nvml, fake_gpus

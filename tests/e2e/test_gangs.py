@@ -13,7 +13,7 @@ GANG = {"template": "demo-train", "gpu_sku": "A100-40GB", "gpus": 2, "nodes": 2}
 
 
 def member_log(platform, job_id: str, attempt: int, rank: int) -> str:
-    path = platform.data_dir / "work" / job_id / f"attempt-{attempt}-rank-{rank}" / "job.log"
+    path = platform.data_dir / "logs" / job_id / f"attempt-{attempt}-rank-{rank}.log"  # the agent's copy
     return path.read_text() if path.exists() else ""
 
 
