@@ -20,6 +20,7 @@ import pathlib
 import queue
 import select
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -159,12 +160,21 @@ class Runner:
             member = f"attempt-{assignment.attempt_number}-rank-{assignment.rank}"
             run = Run(assignment=assignment, workdir=self.data_dir / "work" / assignment.job_id / member,
                       log_path=self.data_dir / "logs" / assignment.job_id / f"{member}.log",
-                      checkpoint_dir=self.data_dir / "checkpoints" / assignment.job_id)  # fmt: skip
+                      checkpoint_dir=self._checkpoint_dir(assignment))  # fmt: skip
             self.runs[key] = run
         done = threading.Event()
         self._spawn_requests.put((run, done))
         done.wait(30)
         return True
+
+    def _checkpoint_dir(self, assignment) -> pathlib.Path:
+        """Survives attempts; one per rank, since each rank is its own uid."""
+        name = (
+            assignment.job_id
+            if assignment.rank == 0
+            else f"{assignment.job_id}-rank-{assignment.rank}"
+        )
+        return self.data_dir / "checkpoints" / name
 
     def stop(self, attempt_id: int, rank: int, why: str) -> None:
         """Stop a member: SIGTERM, then SIGKILL after the kill grace. A preemption first sends
@@ -661,7 +671,10 @@ def _give(root: pathlib.Path, uid: int) -> None:
         for name in dirnames + filenames:
             path = os.path.join(directory, name)
             info = os.lstat(path)
-            if not os.path.islink(path) and (os.path.isdir(path) or info.st_nlink == 1):
+            if stat.S_ISDIR(info.st_mode):
+                os.chown(path, uid, uid, follow_symlinks=False)
+                os.chmod(path, 0o700)
+            elif stat.S_ISREG(info.st_mode) and info.st_nlink == 1:
                 os.chown(path, uid, uid, follow_symlinks=False)
 
 
