@@ -98,7 +98,9 @@ def wait_for_line(runner: Runner, key: tuple[int, int], prefix: str, timeout: fl
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         runner.tick()
-        for line in log_of(runner, key).splitlines():
+        for line in log_of(runner, key).split("\n")[
+            :-1
+        ]:  # whole lines only: print writes in pieces
             if line.startswith(prefix):
                 return line[len(prefix) :].strip()
         time.sleep(0.05)
