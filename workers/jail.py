@@ -92,16 +92,18 @@ def enter_namespace(spec: dict) -> None:
         _mount_point(path, os.path.isdir(f"/proc/self/fd/{held[path]}"))
         mount(f"/proc/self/fd/{held[path]}", path, None, MS_BIND | MS_REC)
     for path in spec["hide"]:  # other GPUs' device files: a root-only empty file over each
-        mount(f"/proc/self/fd/{_blank()}", path, None, MS_BIND)
+        if os.path.lexists(path):  # (one under a fresh tmpfs is gone already)
+            mount(_blank(), path, None, MS_BIND)
     for fd in held.values():
         os.close(fd)
 
 
-def _blank() -> int:
-    path = f"/dev/shm/.gpuplatform-hidden-{os.getpid()}"  # /dev/shm is our own tmpfs by now
-    fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o000)
-    os.unlink(path)
-    return fd
+def _blank() -> str:
+    """An empty root-only file on the job's own /dev/shm (a tmpfs of this namespace by now)."""
+    path = "/dev/shm/.gpuplatform-hidden"
+    os.close(os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o000))
+    os.chmod(path, 0o000)
+    return path
 
 
 def become(uid: int, gid: int) -> None:

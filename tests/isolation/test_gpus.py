@@ -3,12 +3,19 @@ fenced job sees only its own (the rest are not in its mount namespace, and denie
 devices cgroup where there is one)."""
 
 import os
+import pathlib
+import shutil
 import subprocess
 import sys
+import uuid
 
 import pytest
 
 from tests.isolation.conftest import finish, launch, report, result_of
+from workers.isolation import make_fake_devices
+from workers.runner import Runner
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_a_job_sees_only_its_own_fake_gpu_device_files(runner):
@@ -55,3 +62,41 @@ def test_other_gpus_are_denied_in_the_devices_cgroup_on_a_hybrid_host(runner):
     assert probe.stdout.split() == ["EPERM", "ENXIO"]
     runner.stop(*key, "cancel")
     finish(runner, key)
+
+
+def test_with_real_gpus_the_other_device_files_are_covered_and_cuda_counts_from_zero(
+    runner, request, monkeypatch
+):
+    """As on a node with /dev/nvidiaN: a world-traversable dir of char devices, shared with the
+    host. The job's namespace covers the other GPUs' files with an empty root-only file."""
+    dev = (
+        ROOT / f".isolation-test-dev-{uuid.uuid4().hex[:8]}"
+    )  # not under /tmp: the job's /tmp is its own
+    request.addfinalizer(lambda: shutil.rmtree(dev))
+    make_fake_devices(dev, 3)
+    dev.chmod(0o755)
+    if not (dev / "nvidia0").is_char_device():
+        pytest.skip("mknod was refused here: no char device files to cover")
+    monkeypatch.setattr(runner, "device_dir", dev)
+    monkeypatch.setattr(Runner, "fake_devices", property(lambda self: False))
+    code = report(
+        "import errno\n"
+        "for i in range(3):\n"
+        "    try:\n"
+        f"        os.close(os.open('{dev}/nvidia%d' % i, os.O_RDONLY))\n"
+        "        result[str(i)] = 'opened'\n"
+        "    except OSError as error:\n"
+        "        result[str(i)] = errno.errorcode[error.errno]\n"
+        "result['cvd'] = os.environ['CUDA_VISIBLE_DEVICES']\n"
+        "result['indices'] = os.environ['GPUPLATFORM_GPU_INDICES']\n"
+    )
+    key = launch(runner, code, gpu_indices=[1])
+    finished = finish(runner, key)
+    assert finished[1:] == (0, ""), finished[2]
+    assert result_of(runner, key) == {
+        "0": "EACCES",
+        "1": "ENXIO",
+        "2": "EACCES",
+        "cvd": "0",
+        "indices": "1",
+    }
