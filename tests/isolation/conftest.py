@@ -53,6 +53,17 @@ def runner(tmp_path):
         if not runner.runs and not runner.reaping:
             break
         time.sleep(0.05)
+    remove_node_cgroups(runner)
+
+
+def remove_node_cgroups(runner: Runner) -> None:
+    """The test node's own (empty) cgroup dirs, so test runs leave no clutter in /sys/fs/cgroup."""
+    cgroups = runner.isolation.cgroups
+    for base in ([cgroups.v2_base] if cgroups.v2_base else []) + list(cgroups.v1_bases.values()):
+        try:
+            base.rmdir()
+        except OSError:
+            pass
 
 
 def py(code: str) -> list[str]:
