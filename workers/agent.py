@@ -110,7 +110,7 @@ class Agent:
         self.fence_after = config.heartbeat_seconds * config.lost_after_heartbeats
         config.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.runner = Runner(node=args.node, data_dir=config.data_dir, reporter=HttpReporter(self.api),
-                             kill_grace=config.kill_grace_seconds)  # fmt: skip
+                             kill_grace=config.kill_grace_seconds, fake_gpus=args.gpus if args.fake else 0)  # fmt: skip
 
     def discover(self):
         from workers.gpus import Nvml, fake_gpus
@@ -121,24 +121,14 @@ class Agent:
         return self.nvml.gpus(limit=self.args.gpus)
 
     def isolation(self) -> str:
-        """How this agent fences its jobs (workers/isolation.py, where present); "none" if it cannot."""
-        isolation = getattr(self.runner, "isolation", None)
-        if isolation is None:
-            try:
-                from workers.isolation import detect
-            except ImportError:
-                return "none"
-            isolation = detect()
-        return isolation.name
+        """How this agent fences its jobs (workers/isolation.py; the runner warns loudly at start
+        when it cannot): "none", or how it does."""
+        return self.runner.isolation.name
 
     def register(self) -> None:
         self.runner.kill_orphans()
         gpus = self.discover()
         isolation = self.isolation()
-        if isolation == "none":
-            log.warning("THIS AGENT CANNOT ISOLATE JOBS (not root, or no cgroup v2): every job here runs as the "
-                        "agent's own user and can read what the agent can. The node shows isolation \"none\"; jobs "
-                        "that may run arbitrary commands are placed on it only if the operator opts it in.")  # fmt: skip
         self.platform = self.api.register(node=self.args.node, agent_instance=self.instance, sku=self.args.sku,
                                           gpus=gpus, labels=self.args.labels, hostname=socket.gethostname(),
                                           isolation=isolation)  # fmt: skip
