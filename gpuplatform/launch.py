@@ -19,6 +19,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 def data_dir() -> pathlib.Path:
     path = pathlib.Path(os.environ.get("GPUPLATFORM_DATA_DIR") or ROOT / "var").resolve()
     path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o700)  # the database, the secret key, storage: the control plane's alone
     return path
 
 

@@ -98,7 +98,7 @@ SQLITE_OPTIONS = {
 def _database() -> dict:
     url = env_str("DATABASE_URL")
     if not url:
-        DATA_DIR.mkdir(parents=True, exist_ok=True)
+        DATA_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)  # the database lives here: never world-readable
         return {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": DATA_DIR / "db.sqlite3",

@@ -110,7 +110,7 @@ class Agent:
         self.fence_after = config.heartbeat_seconds * config.lost_after_heartbeats
         config.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.runner = Runner(node=args.node, data_dir=config.data_dir, reporter=HttpReporter(self.api),
-                             kill_grace=config.kill_grace_seconds)  # fmt: skip
+                             kill_grace=config.kill_grace_seconds, fake_gpus=args.gpus if args.fake else 0)  # fmt: skip
 
     def discover(self):
         from workers.gpus import Nvml, fake_gpus
@@ -121,24 +121,14 @@ class Agent:
         return self.nvml.gpus(limit=self.args.gpus)
 
     def isolation(self) -> str:
-        """How this agent fences its jobs (workers/isolation.py, where present); "none" if it cannot."""
-        isolation = getattr(self.runner, "isolation", None)
-        if isolation is None:
-            try:
-                from workers.isolation import detect
-            except ImportError:
-                return "none"
-            isolation = detect()
-        return isolation.name
+        """How this agent fences its jobs (workers/isolation.py; the runner warns loudly at start
+        when it cannot): "none", or how it does."""
+        return self.runner.isolation.name
 
     def register(self) -> None:
         self.runner.kill_orphans()
         gpus = self.discover()
         isolation = self.isolation()
-        if isolation == "none":
-            log.warning("THIS AGENT CANNOT ISOLATE JOBS (not root, or no cgroup v2): every job here runs as the "
-                        "agent's own user and can read what the agent can. The node shows isolation \"none\"; jobs "
-                        "that may run arbitrary commands are placed on it only if the operator opts it in.")  # fmt: skip
         self.platform = self.api.register(node=self.args.node, agent_instance=self.instance, sku=self.args.sku,
                                           gpus=gpus, labels=self.args.labels, hostname=socket.gethostname(),
                                           isolation=isolation)  # fmt: skip
@@ -155,26 +145,36 @@ class Agent:
     def heartbeat_loop(self) -> None:
         while not self.stopping.wait(self.heartbeat_seconds):
             try:
-                began = time.monotonic()
-                gpus = self.nvml.gpus(limit=self.args.gpus) if self.nvml else []
-                if not self.api.heartbeat(agent_instance=self.instance, gpus=gpus):
-                    log.error("another agent took over node %s; stopping", self.args.node)
-                    self.runner.stop_all("agent replaced")
-                    os._exit(3)
-                self.last_heartbeat = began
-                self.sync()
+                self.heartbeat_once()
             except Exception as error:
                 log.warning("heartbeat failed (%s); retrying", error)
 
-    def sync(self) -> None:
-        """Make what runs here match what the platform says runs here."""
+    def heartbeat_once(self) -> None:
+        began = time.monotonic()
+        gpus = self.nvml.gpus(limit=self.args.gpus) if self.nvml else []
+        local = self.local_runs()  # before the platform's read, see sync()
+        wanted = self.api.heartbeat(agent_instance=self.instance, gpus=gpus)
+        if wanted is None:
+            log.error("another agent took over node %s; stopping", self.args.node)
+            self.runner.stop_all("agent replaced")
+            os._exit(3)
+        self.last_heartbeat = began
+        self.sync(wanted, local)
+
+    def local_runs(self) -> dict:
+        with self.runner.lock:
+            return dict(self.runner.runs)
+
+    def sync(self, wanted: dict | None = None, local: dict | None = None) -> None:
+        """Make what runs here match what the platform says runs here (`wanted`: as the heartbeat
+        answer read it, `local` listed before that request; else both read now)."""
         from workers.runner import UNASSIGNED, Run
 
         # Local runs first: a run launched (start message) after the platform's read would look
         # unassigned and be killed.
-        with self.runner.lock:
-            local = dict(self.runner.runs)
-        wanted = self.api.assignments()
+        if wanted is None:
+            local = self.local_runs()
+            wanted = self.api.assignments()
         for key, run in local.items():
             want = wanted.get(key)
             if want is None or want.token != run.assignment.token:

@@ -73,14 +73,15 @@ class AgentApi:
                 "isolation": isolation, "gpus": [wire.to_wire(g) for g in gpus]}  # fmt: skip
         return self._call("POST", "/register/", json=body).json()
 
-    def heartbeat(self, *, agent_instance: str, gpus: list[wire.GpuInfo]) -> bool:
-        """False when another agent instance has taken this node over (this one must stop)."""
+    def heartbeat(self, *, agent_instance: str, gpus: list[wire.GpuInfo]) -> dict | None:
+        """The members open on this node (as `assignments()`), or None when another agent
+        instance has taken this node over (this one must stop)."""
         body = {"agent_instance": agent_instance, "gpus": [wire.to_wire(g) for g in gpus]}
-        return not self._call("POST", "/heartbeat/", json=body).json()["replaced"]
+        answer = self._call("POST", "/heartbeat/", json=body).json()
+        return None if answer["replaced"] else _by_key(answer["members"])
 
     def assignments(self) -> dict[tuple[int, int], wire.Assignment]:
-        members = self._call("GET", "/assignments/").json()["members"]
-        return {(m["attempt_id"], m["rank"]): wire.assignment_from_wire(m) for m in members}
+        return _by_key(self._call("GET", "/assignments/").json()["members"])
 
     def assignment(self, attempt_id: int, rank: int, token: str) -> wire.Assignment | None:
         """The member if the platform has it placed on this node under this token, else None."""
@@ -137,3 +138,7 @@ class AgentApi:
         target = dest_dir / (name if name not in ("", ".", "..") else "checkpoint")
         os.replace(tmp, target)
         return str(target)
+
+
+def _by_key(members: list[dict]) -> dict[tuple[int, int], wire.Assignment]:
+    return {(m["attempt_id"], m["rank"]): wire.assignment_from_wire(m) for m in members}

@@ -9,7 +9,7 @@ import os
 import pathlib
 from typing import BinaryIO
 
-from workers.agent_client import AgentApi, TooLarge
+from workers.agent_client import AgentApi, ApiError, TooLarge
 from workers.runner import FENCED, UNASSIGNED, Reporter, Run
 from workers.safefiles import open_job_file
 
@@ -79,15 +79,11 @@ class HttpReporter(Reporter):
 
     def collect(self, run: Run, name: str, source: BinaryIO | pathlib.Path) -> None:
         """One output file as an artifact. `source` is the file the runner opened safely; a path
-        (a runner that does not open them itself) is opened here, below the output dir only."""
+        (a runner that does not open them itself) is opened here as the runner would."""
         if isinstance(source, str | os.PathLike):
-            opened = open_job_file(pathlib.Path(source), root=run.workdir / "output")
+            opened = run.open_job_file(source)
             if opened is None:
-                log.warning(
-                    "artifact %s of %s is not a plain file in its output dir; skipped",
-                    name,
-                    run.key,
-                )
+                log.warning("artifact %s of %s is not a plain file of the job's; skipped", name, run.key)
                 return
             with opened:
                 self._put_artifact(run, name, opened)
@@ -102,20 +98,22 @@ class HttpReporter(Reporter):
 
     def fetch_checkpoint(self, run: Run, dest_dir: pathlib.Path) -> str:
         """Download the checkpoint the job resumes from (stored by whichever node ran it last)."""
-        return self.api.get_checkpoint(run.assignment, dest_dir)
+        if getattr(run.assignment, "resume_from", None) == "":
+            return ""  # the platform said there is none: no request
+        try:
+            return self.api.get_checkpoint(run.assignment, dest_dir)
+        except ApiError as error:
+            # Rather start from what is here (or from scratch) than not at all.
+            log.warning("could not fetch the checkpoint of %s (%s)", run.key, error)
+            return ""
 
     def _store_checkpoint(self, run: Run, checkpoint: str) -> str:
         """Upload the job's checkpoint file when it changed; the stored name ("" when none or unsafe)."""
         if not checkpoint:
             return run.extra.get("checkpoint_stored", "")
-        root = pathlib.Path(run.extra.get("checkpoint_dir") or pathlib.Path(checkpoint).parent)
-        source = open_job_file(pathlib.Path(checkpoint), root=root)
+        source = run.open_job_file(checkpoint)  # below its work or checkpoint dir, still the job's
         if source is None:
-            log.warning(
-                "checkpoint %s of %s is not a plain file in its checkpoint dir; not stored",
-                checkpoint,
-                run.key,
-            )
+            log.warning("checkpoint %s of %s is not a plain file of the job's; not stored", checkpoint, run.key)
             return run.extra.get("checkpoint_stored", "")
         with source:
             info = os.fstat(source.fileno())

@@ -25,7 +25,14 @@ def _agent():
 
 def _confirmed(agent, attempt_id: int, rank: int, token: str):
     """The member's assignment if the platform has it on this node under this token, else None."""
-    work = agent.api.assignment(attempt_id, rank, str(token))
+    from workers.agent_client import ApiError
+
+    try:
+        work = agent.api.assignment(attempt_id, rank, str(token))
+    except ApiError as error:
+        log.warning("could not check the message for attempt %s rank %s (%s); the next sync repairs it",
+                    attempt_id, rank, error)  # fmt: skip
+        return None
     if work is None or not hmac.compare_digest(work.token, str(token)):
         log.warning("message for attempt %s rank %s is not for a member placed here with that token; ignored",
                     attempt_id, rank)  # fmt: skip

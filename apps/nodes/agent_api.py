@@ -10,6 +10,7 @@ other member, or a wrong token, is 404 as if it did not exist. docs/architecture
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 import uuid
@@ -196,7 +197,11 @@ class HeartbeatView(AgentView):
         node = node_heartbeat(
             name=self.node_name, agent_instance=data["agent_instance"], gpus=_gpus(data["gpus"])
         )
-        return Response({"replaced": node is None})
+        if node is None:
+            return Response({"replaced": True, "members": []})
+        # What runs here rides along: the agent's sync costs no second request.
+        members = open_members_on(self.node_name)
+        return Response({"replaced": False, "members": [wire.to_wire(a) for a in members.values()]})
 
 
 class AssignmentsView(AgentView):
@@ -212,22 +217,50 @@ class MemberView(AgentView):
     """The member's assignment: the agent checks every start or stop message against it."""
 
     def get(self, request, attempt_id: int, rank: int):
-        return Response(wire.to_wire(assignment_for(self.member(attempt_id, rank))))
+        member = self.member(attempt_id, rank)
+        work = dataclasses.replace(
+            assignment_for(member), resume_from=_resume_checkpoint(member.attempt)
+        )
+        return Response(wire.to_wire(work))
 
 
-def _checkpoint_field(member: AttemptMember):
+def _resume_checkpoint(attempt: JobAttempt) -> str:
+    """The stored checkpoint an attempt resumes from: the newest its job stored (any node, this
+    or an earlier attempt), or ""."""
+    earlier = JobAttempt.objects.filter(job_id=attempt.job_id, number__lte=attempt.number)
+    prefix = f"checkpoints/{attempt.job_id}/"
+    names = earlier.exclude(checkpoint="").order_by("-number").values_list("checkpoint", flat=True)
+    return next((name for name in names if name.startswith(prefix)), "")
+
+
+class CheckpointReport(serializers.Serializer):
     """A checkpoint a report names must be one this job stored through this API: a node must not
     point a job at another job's checkpoint (its next attempt would download it)."""
-    prefix = f"checkpoints/{member.attempt.job_id}/"
 
-    def check(value: str) -> str:
+    checkpoint = serializers.CharField(max_length=500, allow_blank=True, default="")
+
+    def validate_checkpoint(self, value: str) -> str:
+        prefix = f"checkpoints/{self.context['job_id']}/"
         if value and (not value.startswith(prefix) or ".." in value.split("/")):
             raise serializers.ValidationError(
                 f"must be a checkpoint stored for this job ({prefix}...) or empty"
             )
         return value
 
-    return serializers.CharField(max_length=500, allow_blank=True, default="", validators=[check])
+
+class ProgressReport(CheckpointReport):
+    progress = serializers.FloatField(min_value=0, max_value=1)
+
+
+class FinishedReport(CheckpointReport):
+    exit_code = serializers.IntegerField(allow_null=True, min_value=-255, max_value=255)
+    reason = serializers.CharField(max_length=300, allow_blank=True, default="")
+
+
+def _report(serializer_class, member: AttemptMember, data) -> dict:
+    serializer = serializer_class(data=data, context={"job_id": member.attempt.job_id})
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
 
 
 class StartedView(AgentView):
@@ -248,12 +281,7 @@ class StartedView(AgentView):
 
 class ProgressView(StartedView):
     def post(self, request, attempt_id: int, rank: int):
-        member = self.member(attempt_id, rank)
-        body = type("Body", (serializers.Serializer,), {
-            "progress": serializers.FloatField(min_value=0, max_value=1),
-            "checkpoint": _checkpoint_field(member),
-        })  # fmt: skip
-        data = _validated(body, request.data)
+        data = _report(ProgressReport, self.member(attempt_id, rank), request.data)
         accepted = jobs.attempt_progress(attempt_id=attempt_id, token=self._token(), progress=data["progress"],
                                          checkpoint=data["checkpoint"])  # fmt: skip
         return Response({"accepted": accepted})
@@ -261,13 +289,7 @@ class ProgressView(StartedView):
 
 class FinishedView(StartedView):
     def post(self, request, attempt_id: int, rank: int):
-        member = self.member(attempt_id, rank)
-        body = type("Body", (serializers.Serializer,), {
-            "exit_code": serializers.IntegerField(allow_null=True, min_value=-255, max_value=255),
-            "reason": serializers.CharField(max_length=300, allow_blank=True, default=""),
-            "checkpoint": _checkpoint_field(member),
-        })  # fmt: skip
-        data = _validated(body, request.data)
+        data = _report(FinishedReport, self.member(attempt_id, rank), request.data)
         accepted = jobs.attempt_member_finished(attempt_id=attempt_id, rank=rank, token=self._token(),
                                                 exit_code=data["exit_code"], reason=data["reason"],
                                                 checkpoint=data["checkpoint"])  # fmt: skip
@@ -457,16 +479,11 @@ class CheckpointView(AgentView):
         return Response({"checkpoint": name}, status=status.HTTP_201_CREATED)
 
     def get(self, request, attempt_id: int, rank: int):
-        attempt = self.member(attempt_id, rank).attempt
-        earlier = JobAttempt.objects.filter(job_id=attempt.job_id, number__lte=attempt.number)
-        prefix = f"checkpoints/{attempt.job_id}/"
-        for name in (
-            earlier.exclude(checkpoint="").order_by("-number").values_list("checkpoint", flat=True)
-        ):
-            if name.startswith(prefix) and default_storage.exists(name):
-                response = FileResponse(
-                    default_storage.open(name, "rb"), content_type="application/octet-stream"
-                )
-                response[wire.CHECKPOINT_NAME_HEADER] = name.rsplit("/", 1)[-1]
-                return response
-        return Response(status=status.HTTP_204_NO_CONTENT)
+        name = _resume_checkpoint(self.member(attempt_id, rank).attempt)
+        if not name or not default_storage.exists(name):
+            return Response(status=status.HTTP_204_NO_CONTENT)
+        response = FileResponse(
+            default_storage.open(name, "rb"), content_type="application/octet-stream"
+        )
+        response[wire.CHECKPOINT_NAME_HEADER] = name.rsplit("/", 1)[-1]
+        return response

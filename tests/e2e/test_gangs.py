@@ -14,7 +14,7 @@ GANG = {"template": "demo-train", "gpu_sku": "A100-40GB", "gpus": 2, "nodes": 2}
 
 def member_log(platform, job_id: str, attempt: int, rank: int) -> str:
     for node in platform.agents:  # each agent has its own data dir, as on its own machine
-        path = platform.agent_dir(node) / "work" / job_id / f"attempt-{attempt}-rank-{rank}" / "job.log"
+        path = platform.agent_dir(node) / "logs" / job_id / f"attempt-{attempt}-rank-{rank}.log"  # the agent's copy
         if path.exists():
             return path.read_text()
     return ""

@@ -93,7 +93,7 @@ def test_a_revoked_credential_is_401_at_once_for_every_credential_of_the_node(db
     api = agent_api(first)
     api.register(node="n1", agent_instance="i1", sku="H100-80GB", gpus=[GpuInfo(index=0, uuid="GPU-0")], labels={},
                  hostname="h", isolation="none")  # fmt: skip
-    assert api.heartbeat(agent_instance="i1", gpus=[])
+    assert api.heartbeat(agent_instance="i1", gpus=[]) == {}  # alive, nothing placed here
     out = io.StringIO()
     call_command("create_node_credential", "n1", "--revoke", stdout=out)
     assert "revoked 2 credential(s)" in out.getvalue()

@@ -79,6 +79,22 @@ def test_a_run_launched_while_the_agent_reads_the_database_is_not_taken_for_unas
     run_until_finished(agent.runner)
 
 
+
+def test_a_run_launched_during_the_heartbeat_request_is_not_taken_for_unassigned(agent, monkeypatch):
+    """The heartbeat's answer carries what runs here, read while the request was on its way."""
+    work = Work(argv=py("import time; time.sleep(60)"))
+
+    def heartbeat_while_a_start_message_arrives(**kwargs):
+        agent.runner.launch(work)
+        return {}
+
+    monkeypatch.setattr(agent.api, "heartbeat", heartbeat_while_a_start_message_arrives)
+    agent.heartbeat_once()
+    run = agent.runner.runs[(1, 0)]
+    assert run.stop_reason == ""
+    agent.runner.kill_all("test over")
+    run_until_finished(agent.runner)
+
 def test_a_job_the_agent_stopped_as_unassigned_while_still_assigned_is_retried_not_failed(cast):
     make_node("h1", gpus=1)
     job, attempt = placed_and_started(cast)
