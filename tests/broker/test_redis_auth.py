@@ -97,3 +97,27 @@ def test_python_m_embedded_redis_exits_cleanly_on_sigterm(tmp_path):
             process.wait()
     assert not embedded_redis.ping(port)  # the server went with it
     assert embedded_redis.discover_url(tmp_path / "redis") is None
+
+
+def test_users_saved_with_acl_save_survive_a_restart_of_the_embedded_redis(tmp_path):
+    """The nodes' broker users (apps/nodes/broker.py runs ACL SAVE) outlive a restart, even one
+    that loses every key (persist=False, as the chaos run's Redis restarts do)."""
+    server = embedded_redis.start(tmp_path / "redis", persist=False)
+    try:
+        admin = redis.Redis.from_url(server.url)
+        admin.execute_command(
+            "ACL", "SETUSER", "gpuplatform-node-x", "on", ">node-pw", "~node.x", "+llen"
+        )
+        admin.execute_command("ACL", "SAVE")
+        server.process.kill()
+    finally:
+        server.stop()
+    again = embedded_redis.start(tmp_path / "redis", port=server.port, persist=False)
+    try:
+        node = redis.Redis(port=again.port, username="gpuplatform-node-x", password="node-pw")
+        assert node.llen("node.x") == 0
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            node.llen("node.y")
+        assert redis.Redis.from_url(again.url).ping()  # the platform's password unchanged
+    finally:
+        again.stop()
