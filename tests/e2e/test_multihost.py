@@ -27,22 +27,6 @@ SECRETS = ("DATABASE_URL", "SECRET_KEY", "REDIS_URL")
 TRAIN = {"template": "demo-train", "gpu_sku": SKU, "gpus": 2}
 
 
-def missing_agent_api() -> str:
-    """Why the agent cannot run on another host in this tree yet ("" once it can)."""
-    command = any(ROOT.glob("apps/*/management/commands/create_node_credential.py"))
-    agent = (ROOT / "workers" / "agent.py").read_text()
-    http = "GPUPLATFORM_NODE_CREDENTIAL" in agent or any(
-        "GPUPLATFORM_NODE_CREDENTIAL" in path.read_text()
-        for path in (ROOT / "workers").glob("*.py")
-    )
-    missing = [what for what, there in (
-        ("`manage.py create_node_credential` (issue 16, agent API: node credentials)", command),
-        ("an agent that speaks only HTTP (issue 16 contract 1: workers/agent.py reading GPUPLATFORM_URL and "
-         "GPUPLATFORM_NODE_CREDENTIAL, no DATABASE_URL/SECRET_KEY/REDIS_URL)", http),
-    ) if not there]  # fmt: skip
-    return "not in this tree yet: " + "; ".join(missing) if missing else ""
-
-
 def hidden_dirs(platform: Platform) -> list[pathlib.Path]:
     """The control plane's files, as an agent on another host would (not) see them: the
     platform's data dir (database file, storage, logs), the session's data dir (its Redis), the
@@ -84,9 +68,6 @@ def _tempdir():
 
 @pytest.fixture(scope="module")
 def platform(hosts, tmp_path_factory):
-    reason = missing_agent_api()
-    if reason:
-        pytest.skip(reason)
     platform = Platform(tmp_path_factory.mktemp("platform"), name="gpuplatform_e2e_far", own_redis=True,
                         listen=hosts[0].host_address)  # fmt: skip
     try:
@@ -127,12 +108,11 @@ def agent_pid(platform: Platform, node: str) -> int:
     return platform.processes[f"agent-{node}"].pid
 
 
-def set_node_states(platform: Platform, **states: str) -> None:
-    """What support staff do in the admin (cordon, drain now, ready), on the control plane, in
-    the order given (node names with "-" spelled "_")."""
+def set_node_states(platform: Platform, states: dict[str, str]) -> None:
+    """What support staff do in the admin (cordon, drain now, ready), on the control plane."""
     code = "from apps.nodes.models import Node; from apps.nodes.services import node_set_state\n"
     for node, state in states.items():
-        code += f"node_set_state(node=Node.objects.get(name={node.replace('_', '-')!r}), state={state!r}, drain_seconds=0)\n"
+        code += f"node_set_state(node=Node.objects.get(name={node!r}), state={state!r}, drain_seconds=0)\n"
     platform.manage("shell", "-c", code)
 
 
@@ -167,9 +147,10 @@ def test_the_far_agents_hold_no_control_plane_secret_and_see_none_of_its_files(p
         assert not names & set(SECRETS), names
         assert {"GPUPLATFORM_URL", "GPUPLATFORM_NODE_CREDENTIAL", "GPUPLATFORM_DATA_DIR"} <= names
         # Its view of the filesystem (its mount namespace, through /proc/<pid>/root): the control
-        # plane's data dir, with the database file and the storage, is an empty dir there.
+        # plane's data dirs (the database file, the storage, Redis's password) are empty there.
         assert (platform.data_dir / "web.log").exists()
-        assert os.listdir(f"/proc/{pid}/root{platform.data_dir.resolve()}") == []
+        for path in hidden_dirs(platform):
+            assert os.listdir(f"/proc/{pid}/root{path}") == [], path
         assert os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
 
 
@@ -195,8 +176,8 @@ def test_from_another_host_the_web_and_redis_answer_and_the_database_port_does_n
 
 def running_on_a(platform: Platform, steps: int) -> dict:
     """A demo-train job placed on A (B cordoned until then); its running view."""
-    a, _ = NODES
-    set_node_states(platform, e2e_far_b="cordoned")
+    a, b = NODES
+    set_node_states(platform, {b: "cordoned"})
     job = platform.submit("dave", **TRAIN, params={"steps": steps, "step_seconds": 0.1})
     running = platform.wait_for_state(job["id"], "running")
     assert [p["node"] for p in running["attempts"][0]["placements"]] == [a]
@@ -207,7 +188,7 @@ def test_a_job_runs_on_one_host_and_resumes_from_its_checkpoint_on_the_other(pla
     a, b = NODES
     steps = 100  # 10 s at least: it must still run when the drain (a manage.py run) comes
     job = running_on_a(platform, steps)
-    set_node_states(platform, e2e_far_b="ready")
+    set_node_states(platform, {b: "ready"})
     platform.wait_until(
         lambda: platform.job(job["id"])["progress"] > 0, timeout=30, what="progress on A"
     )
@@ -216,7 +197,7 @@ def test_a_job_runs_on_one_host_and_resumes_from_its_checkpoint_on_the_other(pla
 
     # A is drained at once: the job checkpoints there and its next attempt runs on B, from A's
     # checkpoint, which crossed through the agent API (the hosts share no filesystem).
-    set_node_states(platform, e2e_far_a="draining")
+    set_node_states(platform, {a: "draining"})
     done = platform.wait_for_state(job["id"], "succeeded", timeout=90)
     attempts = done["attempts"]
     assert [x["state"] for x in attempts] == ["preempted", "succeeded"]
@@ -236,7 +217,7 @@ def test_a_job_runs_on_one_host_and_resumes_from_its_checkpoint_on_the_other(pla
         f"starting at step {result['resumed_from_step']}" in second
         and f"step {steps}/{steps}" in second
     )
-    set_node_states(platform, e2e_far_a="ready")
+    set_node_states(platform, {a: "ready"})
 
 
 def test_a_job_whose_host_goes_away_resumes_on_the_other_from_its_last_checkpoint(platform):
@@ -249,7 +230,7 @@ def test_a_job_whose_host_goes_away_resumes_on_the_other_from_its_last_checkpoin
     # A's host is gone at once (no goodbye): B, ready again while A is being found lost, takes
     # the job from the checkpoint A last sent.
     platform.kill(f"agent-{a}")
-    set_node_states(platform, e2e_far_b="ready")
+    set_node_states(platform, {b: "ready"})
     done = platform.wait_for_state(job["id"], "succeeded", timeout=90)
     assert [x["state"] for x in done["attempts"]] == ["lost", "succeeded"]
     assert [p["node"] for p in done["attempts"][1]["placements"]] == [b]
