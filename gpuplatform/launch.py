@@ -97,6 +97,16 @@ def issue_agent_credentials(data: pathlib.Path, env: dict) -> None:
         path.write_text(credential + "\n")
 
 
+def redacted(url: str) -> str:
+    """The URL with its password masked: the banner may end up in a terminal log or a ticket."""
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(url)
+    if not parts.password:
+        return url
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")))
+
+
 def banner(port: str, flower_port: str, env: dict, demo: str) -> str:
     database = env.get("DATABASE_URL") or f"SQLite at {env['GPUPLATFORM_DATA_DIR']}/db.sqlite3"
     return f"""
@@ -107,7 +117,7 @@ gpuplatform is starting.
   API schema  http://127.0.0.1:{port}/api/schema/
   Health      http://127.0.0.1:{port}/healthz     Metrics http://127.0.0.1:{port}/metrics
   Flower      http://127.0.0.1:{flower_port}/            (basic auth {env['FLOWER_BASIC_AUTH']})
-  Redis       {env['REDIS_URL']}
+  Redis       {redacted(env['REDIS_URL'])}
   Database    {database}
 
 Demo users and API tokens:

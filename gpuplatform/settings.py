@@ -139,6 +139,24 @@ def _redis_url() -> str:
 
 REDIS_URL = _redis_url()
 
+
+def _broker_ssl(url: str) -> dict | None:
+    """rediss:// verifies the server's certificate. kombu alone would not (without `ssl_*`
+    options it connects with CERT_NONE); options in the URL's query (`?ssl_ca_certs=/path/ca.pem`,
+    read by kombu and redis-py alike) take precedence over this default."""
+    if not url.startswith("rediss://"):
+        return None
+    import ssl
+
+    return {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+
+
+# The URL agents are handed (apps/nodes/broker.py) when they reach Redis by another address than
+# the web does (an agent on another machine): scheme, host, port and query; never credentials.
+AGENT_REDIS_URL = env_str("GPUPLATFORM_AGENT_REDIS_URL")
+if AGENT_REDIS_URL and not AGENT_REDIS_URL.startswith(("redis://", "rediss://")):
+    raise ImproperlyConfigured(f"GPUPLATFORM_AGENT_REDIS_URL must start with redis:// or rediss://: {AGENT_REDIS_URL!r}")
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
@@ -181,6 +199,7 @@ SPECTACULAR_SETTINGS = {
 # long-running job lives in the agent and is tracked by leases in the database, so a broker
 # redelivery (visibility timeout) can at worst repeat a hand-off that the fencing token rejects.
 CELERY_BROKER_URL = REDIS_URL
+CELERY_BROKER_USE_SSL = _broker_ssl(REDIS_URL)
 CELERY_RESULT_BACKEND = "django-db"
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True

@@ -263,12 +263,12 @@ def run_celery_worker(agent: Agent) -> None:
     from workers import celery_app
 
     settings = agent.platform
-    app = celery_app.configure(broker_url=settings["broker_url"], queue=settings["queue"],
+    app = celery_app.configure(broker_url=settings["broker_url"], node=agent.args.node,
                                visibility_timeout=int(settings.get("visibility_timeout", 3600)))  # fmt: skip
     worker = app.Worker(
         hostname=f"agent@{agent.args.node}", queues=[settings["queue"]], pool="threads",
         concurrency=agent.args.concurrency, loglevel=os.environ.get("LOG_LEVEL", "INFO"),
-        without_mingle=True, without_gossip=True, task_events=True,
+        task_events=False, **celery_app.WORKER_OPTIONS,
     )  # fmt: skip
     worker.start()
 
