@@ -97,6 +97,9 @@ class Agent:
         self.api = api if api is not None else AgentApi(config.url, config.credential)
         self.instance = uuid.uuid4().hex
         self.stopping = threading.Event()
+        self._sync_lock = threading.Lock()
+        self._sync_wanted = threading.Event()
+        self._sync_due: tuple[dict, dict] | None = None
         self.nvml = None
         self.platform: dict = {}  # the register answer: broker URL, queue, timings
         self.heartbeat_seconds = config.heartbeat_seconds
@@ -143,13 +146,26 @@ class Agent:
                  self.args.sku, "fake" if self.args.fake else "NVML", self.instance, isolation)  # fmt: skip
 
     def heartbeat_loop(self) -> None:
-        while not self.stopping.wait(self.heartbeat_seconds):
+        """One heartbeat every interval, on a fixed beat (a slow answer does not push the next one
+        back). What the answer says runs here is handed to the sync thread: launching a member it
+        lists (spawn, checkpoint download, start report) must not delay the next beat."""
+        due = time.monotonic()
+        while True:
+            due = max(due + self.heartbeat_seconds, time.monotonic())
+            if self.stopping.wait(max(0.0, due - time.monotonic())):
+                return
             try:
-                self.heartbeat_once()
+                answer = self.heartbeat_once()
             except Exception as error:
                 log.warning("heartbeat failed (%s); retrying", error)
+                continue
+            with self._sync_lock:
+                self._sync_due = answer  # the newest answer wins; an older one is stale anyway
+            self._sync_wanted.set()
 
-    def heartbeat_once(self) -> None:
+    def heartbeat_once(self) -> tuple[dict, dict]:
+        """Heartbeat; returns (what the platform has placed here, the local runs listed just before
+        its read), for sync()."""
         began = time.monotonic()
         gpus = self.nvml.gpus(limit=self.args.gpus) if self.nvml else []
         local = self.local_runs()  # before the platform's read, see sync()
@@ -159,7 +175,21 @@ class Agent:
             self.runner.stop_all("agent replaced")
             os._exit(3)
         self.last_heartbeat = began
-        self.sync(wanted, local)
+        return wanted, local
+
+    def sync_loop(self) -> None:
+        while not self.stopping.is_set():
+            if not self._sync_wanted.wait(1.0):
+                continue
+            with self._sync_lock:
+                answer, self._sync_due = self._sync_due, None
+                self._sync_wanted.clear()
+            if answer is None:
+                continue
+            try:
+                self.sync(*answer)
+            except Exception:
+                log.exception("sync failed; the next heartbeat tries again")
 
     def local_runs(self) -> dict:
         with self.runner.lock:
@@ -215,7 +245,8 @@ class Agent:
                 log.exception("runner tick failed")
 
     def start_threads(self) -> None:
-        loops = ((self.heartbeat_loop, "heartbeat"), (self.fence_loop, "fence"), (self.tick_loop, "runner-tick"))
+        loops = ((self.heartbeat_loop, "heartbeat"), (self.sync_loop, "sync"), (self.fence_loop, "fence"),
+                 (self.tick_loop, "runner-tick"))  # fmt: skip
         for target, name in loops:
             threading.Thread(target=target, name=name, daemon=True).start()
 
@@ -232,15 +263,12 @@ def run_celery_worker(agent: Agent) -> None:
     from workers import celery_app
 
     settings = agent.platform
-    from apps.platform.broker_keys import AGENT_WORKER_OPTIONS
-
-    app = celery_app.configure(broker_url=settings["broker_url"], queue=settings["queue"],
-                               visibility_timeout=int(settings.get("visibility_timeout", 3600)),
-                               node=agent.args.node)  # fmt: skip
+    app = celery_app.configure(broker_url=settings["broker_url"], node=agent.args.node,
+                               visibility_timeout=int(settings.get("visibility_timeout", 3600)))  # fmt: skip
     worker = app.Worker(
         hostname=f"agent@{agent.args.node}", queues=[settings["queue"]], pool="threads",
         concurrency=agent.args.concurrency, loglevel=os.environ.get("LOG_LEVEL", "INFO"),
-        task_events=False, **AGENT_WORKER_OPTIONS,
+        task_events=False, **celery_app.WORKER_OPTIONS,
     )  # fmt: skip
     worker.start()
 

@@ -30,3 +30,12 @@ def test_each_node_shows_how_its_agent_isolates_jobs(platform):
     assert all(
         nodes[name]["isolation"] for name in platform.agents
     )  # "none" where the agent cannot
+
+
+def test_each_agent_consumes_its_queue_with_its_own_broker_credential(platform):
+    platform.wait_until(lambda: all("ready." in platform.logs(f"agent-{n}", 200000) for n in platform.agents),
+                        timeout=30, what="every agent's Celery consumer ready")  # fmt: skip
+    for node in platform.agents:
+        log = platform.logs(f"agent-{node}", 200000)
+        assert f"gpuplatform-node-{node}" in log or "Connected to" in log
+        assert "no permissions" not in log and "Cannot connect to" not in log, node

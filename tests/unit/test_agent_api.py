@@ -338,7 +338,7 @@ def test_the_agent_imports_no_django():
         "assert not [m for m in sys.modules if m.startswith('django')], 'agent modules import django'\n"
         "workers.agent.forbid_django()\n"
         "import workers.celery_app, workers.tasks\n"
-        "workers.celery_app.configure(broker_url='redis://127.0.0.1:1/0', queue='node.x', visibility_timeout=5)\n"
+        "workers.celery_app.configure(broker_url='redis://127.0.0.1:1/0', node='x', visibility_timeout=5)\n"
         "assert not [m for m, v in sys.modules.items() if m.startswith('django') and v is not None]\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"},

@@ -89,7 +89,7 @@ def test_a_run_launched_during_the_heartbeat_request_is_not_taken_for_unassigned
         return {}
 
     monkeypatch.setattr(agent.api, "heartbeat", heartbeat_while_a_start_message_arrives)
-    agent.heartbeat_once()
+    agent.sync(*agent.heartbeat_once())
     run = agent.runner.runs[(1, 0)]
     assert run.stop_reason == ""
     agent.runner.kill_all("test over")
