@@ -36,9 +36,9 @@ _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 # ZREM+HDEL to ack; the visibility restore under a lock (SET NX, then a Lua release via SCRIPT
 # LOAD/EVALSHA, GET/DEL), ZREVRANGEBYSCORE+HGET, SMEMBERS of its binding and LPUSH/RPUSH back;
 # LLEN/EXISTS for queue checks; PING for health checks; CLIENT SETNAME/SETINFO from redis-py;
-# SELECT where the URL names a database other than 0 (the key patterns hold in every database).
+# SELECT for a URL with a database other than 0 (key rules are the same in every database).
 COMMANDS = (
-    "ping", "client|setname", "client|setinfo", "select",
+    "ping", "select", "client|setname", "client|setinfo",
     "brpop", "lpush", "rpush", "llen", "exists",
     "smembers",
     "hset", "hget", "hdel", "zadd", "zrem", "zrevrangebyscore",

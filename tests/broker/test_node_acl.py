@@ -141,25 +141,42 @@ def test_the_url_names_the_nodes_own_user_and_never_the_platforms_password(node)
     assert redis.Redis.from_url(url).ping()
 
 
+def with_db(url: str, db: int, *, credentials: bool = True) -> str:
+    parts = urllib.parse.urlsplit(url)
+    netloc = parts.netloc if credentials else parts.netloc.rsplit("@", 1)[-1]
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc, path=f"/{db}"))
+
+
+@pytest.mark.parametrize("db", [0, 5])  # 5: the URL makes redis-py SELECT, as the e2e platforms' do
 def test_a_real_celery_worker_under_the_node_user_consumes_and_acks_its_queue(
-    node, worker, tmp_path
+    node, worker, tmp_path, settings, db
 ):
+    from celery import Celery
+
     name = node()
     username = broker.broker_username(name)
+    settings.AGENT_REDIS_URL = with_db(settings.REDIS_URL, db, credentials=False)
+    producer = Celery("platform-db", broker=with_db(settings.REDIS_URL, db), set_as_current=False)
+    conn = redis.Redis.from_url(with_db(settings.REDIS_URL, db))
     client().execute_command("ACL", "LOG", "RESET")
-    process = worker(name, broker.node_broker_url(name))
-    for i in range(3):
-        send(name, attempt_id=i)
-    platform_app.send_task(
-        START_ATTEMPT_TASK, kwargs={"attempt_id": 3}, queue=node_queue(name), priority=9
-    )
-    wait_for(lambda: len(done(tmp_path)) == 4, "the node's worker to run its 4 messages")
-    conn = client()
-    wait_for(lambda: conn.hlen(broker_keys.unacked_options(name)["unacked_key"]) == 0, "the acks")
-    assert all(conn.llen(key) == 0 for key in broker_keys.queue_keys(name))
-    process.send_signal(signal.SIGTERM)
-    assert process.wait(60) == 0
-    assert acl_denials(username) == [], "the worker needed something its ACL does not allow"
+    url = broker.node_broker_url(name)
+    assert urllib.parse.urlsplit(url).path == f"/{db}"
+    process = worker(name, url)
+    try:
+        for i in range(3):
+            producer.send_task(START_ATTEMPT_TASK, kwargs={"attempt_id": i}, queue=node_queue(name))
+        producer.send_task(
+            START_ATTEMPT_TASK, kwargs={"attempt_id": 3}, queue=node_queue(name), priority=9
+        )
+        wait_for(lambda: len(done(tmp_path)) == 4, "the node's worker to run its 4 messages")
+        unacked = broker_keys.unacked_options(name)["unacked_key"]
+        wait_for(lambda: conn.hlen(unacked) == 0, "the acks")
+        assert all(conn.llen(key) == 0 for key in broker_keys.queue_keys(name))
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(60) == 0
+        assert acl_denials(username) == [], "the worker needed something its ACL does not allow"
+    finally:
+        conn.delete(*broker_keys.node_keys(name))
 
 
 def test_an_unacked_message_of_a_killed_worker_is_restored_to_its_queue_and_run_again(
