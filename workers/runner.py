@@ -524,7 +524,7 @@ class Runner:
             if group.pids():
                 killed += 1
             group.kill()
-            fence._wait_empty(group.v2 or next(iter(group.v1.values())))
+            fence.wait_empty(group.v2 or next(iter(group.v1.values())))
             if not group.remove():
                 log.warning("a leftover job cgroup would not empty: %s", group.paths)
         self.isolation.uids.release_node(self.node, keep=live_uids)
