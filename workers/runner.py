@@ -472,6 +472,11 @@ class Runner:
         for run in runs:
             if run.cgroup is not None:
                 run.cgroup.kill()
+        for run in runs:  # then tidy up, so the uids are free for the next agent at once
+            if run.cgroup is not None and run.cgroup.paths:
+                fence.wait_empty(run.cgroup.paths[0], timeout=2.0)
+                if run.cgroup.remove() and run.uid is not None:
+                    self.isolation.uids.release(run.uid)
 
     # --- signals and orphans ------------------------------------------------------------------
 
