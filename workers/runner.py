@@ -561,16 +561,17 @@ class Runner:
     # --- the log, progress, outputs ------------------------------------------------------------
 
     def _start_log_reader(self, run: Run, fd: int) -> None:
+        out = open(run.log_path, "ab")  # noqa: SIM115 (the reader closes it): there once launch returns
         run.log_reader = threading.Thread(
-            target=self._copy_log, args=(run, fd), name=f"log-{run.key}", daemon=True
+            target=self._copy_log, args=(run, fd, out), name=f"log-{run.key}", daemon=True
         )
         run.log_reader.start()
 
-    def _copy_log(self, run: Run, fd: int) -> None:
+    def _copy_log(self, run: Run, fd: int, out: BinaryIO) -> None:
         """The job's stdout and stderr, from the pipe into the agent's log file, up to the cap;
         past it the rest is drained and dropped and the job is stopped."""
         cap, written = self.limits.max_log_bytes, 0
-        with os.fdopen(fd, "rb", buffering=0) as pipe, open(run.log_path, "ab") as out:
+        with os.fdopen(fd, "rb", buffering=0) as pipe, out:
             written = out.tell()
             while chunk := pipe.read(65536):
                 if run.over_limit.startswith("log"):
