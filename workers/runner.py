@@ -315,7 +315,7 @@ class Runner:
         output, control = run.workdir / "output", run.workdir / ".gpuplatform"
         for path in (output, control, run.workdir / "tmp", run.checkpoint_dir):
             path.mkdir(parents=True, exist_ok=True)
-        run.log_path.parent.mkdir(parents=True, exist_ok=True)
+        run.log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         resume = self._resume_from(run)
         argv = [sys.executable if part == "{python}" else part for part in a.argv]
         env = self._environment(run, output, control, resume)
@@ -417,7 +417,7 @@ class Runner:
         spec = {
             "argv": argv, "env": env, "cwd": str(run.workdir), "uid": run.uid, "gid": run.uid,
             "agent_pid": os.getpid(), "cgroup_procs": run.cgroup.procs_files,
-            "expose": [str(p) for p in self._job_paths(run, argv, own)],
+            "expose": [str(p) for p in self._job_paths(run, own)],
             "private": list(fence.PRIVATE_DIRS),
             "hide": [] if self.fake_devices else [str(p) for p in others.values()],
             "tmp_size": f"{limits.memory_mib}m" if limits.memory_mib else "50%",
@@ -448,15 +448,12 @@ class Runner:
         own = [files[i] for i in indices if i in files]
         return own, {i: path for i, path in files.items() if i not in indices}
 
-    def _job_paths(
-        self, run: Run, argv: list[str], own_gpus: list[pathlib.Path]
-    ) -> list[pathlib.Path]:
+    def _job_paths(self, run: Run, own_gpus: list[pathlib.Path]) -> list[pathlib.Path]:
         """What the job must reach where the agent sees it: its dirs, the SDK, the interpreter
-        the platform's `{python}` stands for, and its own GPUs' device files."""
+        the platform's `{python}` stands for, and its own GPUs' device files. Never a path the
+        job names (its argv): that would bind back whatever a cover hides."""
         paths = [run.workdir, run.checkpoint_dir, SDK_DIR, *own_gpus]
         paths += {pathlib.Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
-        if argv and os.path.isabs(argv[0]):
-            paths.append(pathlib.Path(argv[0]).resolve().parent)
         return paths
 
     def _kill_tree(self, run: Run) -> None:
@@ -561,7 +558,11 @@ class Runner:
     # --- the log, progress, outputs ------------------------------------------------------------
 
     def _start_log_reader(self, run: Run, fd: int) -> None:
-        out = open(run.log_path, "ab")  # noqa: SIM115 (the reader closes it): there once launch returns
+        # Opened here, so it is there once launch returns; the reader closes it. The agent's alone.
+        out = os.fdopen(
+            os.open(run.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600),
+            "ab",
+        )
         run.log_reader = threading.Thread(
             target=self._copy_log, args=(run, fd, out), name=f"log-{run.key}", daemon=True
         )
