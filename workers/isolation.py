@@ -251,12 +251,16 @@ class Cgroups:
             for major, minor in deny_devices:
                 _write(group.v1["devices"] / "devices.deny", f"c {major}:{minor} rwm")
 
-    def leftovers(self, keep: set[str]) -> list[JobCgroup]:
-        """Groups of this node not in `keep`: left by an earlier agent of this node."""
+    def leftovers(self, keep: set[str], prefix: str = "") -> list[JobCgroup]:
+        """Groups of this node named `prefix...` not in `keep`: left by an earlier agent."""
         names: set[str] = set()
         for base in ([self.v2_base] if self.v2_base else []) + list(self.v1_bases.values()):
             if base.is_dir():
-                names |= {child.name for child in base.iterdir() if child.is_dir()}
+                names |= {
+                    child.name
+                    for child in base.iterdir()
+                    if child.is_dir() and child.name.startswith(prefix)
+                }
         return [self.group(name) for name in sorted(names - keep)]
 
     def group(self, name: str) -> JobCgroup:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import hashlib
 import json
 import logging
 import os
@@ -115,6 +116,11 @@ class Runner:
         self.isolation = isolation if isolation is not None else fence.detect(node)
         self.limits = self.isolation.settings
         self.agent_dir = data_dir / "agents" / node
+        # Which cgroups and uid leases are this agent's (and its restarts'): its node and its
+        # data dir, so two agents that share a node name on one host (test runs, a mistake)
+        # never take each other's jobs for orphans.
+        self.instance = hashlib.sha1(str(data_dir.resolve()).encode()).hexdigest()[:8]
+        self.holder = f"{node}@{self.instance}"
         self.state_file = self.agent_dir / "runs.json"
         self._tighten_data_dir()
         self.device_dir = self._device_dir(fake_gpus)
@@ -166,6 +172,9 @@ class Runner:
         self._spawn_requests.put((run, done))
         done.wait(30)
         return True
+
+    def _group_name(self, assignment) -> str:
+        return f"{self.instance}.{assignment.attempt_id}-{assignment.rank}"
 
     def _checkpoint_dir(self, assignment) -> pathlib.Path:
         """Survives attempts; one per rank, since each rank is its own uid."""
@@ -407,13 +416,13 @@ class Runner:
         """Lease a uid, hand it the member's dirs, make its cgroup, and start the jail launcher,
         which returns once the job is exec'd (or says why it could not be)."""
         a = run.assignment
-        run.uid = self.isolation.uids.lease(node=self.node, member=f"{a.attempt_id}-{a.rank}")
+        run.uid = self.isolation.uids.lease(node=self.holder, member=f"{a.attempt_id}-{a.rank}")
         for root in (run.workdir, run.checkpoint_dir):
             _give(root, run.uid)
         own, others = self._gpu_files(a.gpu_indices)
         deny = [device for device in map(fence.char_device, others.values()) if device]
         limits = fence.Limits.of(a, self.limits)
-        run.cgroup = self.isolation.cgroups.create(_group_name(a), limits, deny_devices=deny)
+        run.cgroup = self.isolation.cgroups.create(self._group_name(a), limits, deny_devices=deny)
         spec = {
             "argv": argv, "env": env, "cwd": str(run.workdir), "uid": run.uid, "gid": run.uid,
             "agent_pid": os.getpid(), "cgroup_procs": run.cgroup.procs_files,
@@ -517,19 +526,19 @@ class Runner:
         if self.isolation.cgroups is None:
             return 0
         with self.lock:
-            keep = {_group_name(run.assignment) for run in self.runs.values()}
+            keep = {self._group_name(run.assignment) for run in self.runs.values()}
             live_uids = {
                 run.uid for run in list(self.runs.values()) + self.reaping if run.uid is not None
             }
         killed = 0
-        for group in self.isolation.cgroups.leftovers(keep):
+        for group in self.isolation.cgroups.leftovers(keep, prefix=f"{self.instance}."):
             if group.pids():
                 killed += 1
             group.kill()
             fence.wait_empty(group.v2 or next(iter(group.v1.values())))
             if not group.remove():
                 log.warning("a leftover job cgroup would not empty: %s", group.paths)
-        self.isolation.uids.release_node(self.node, keep=live_uids)
+        self.isolation.uids.release_node(self.holder, keep=live_uids)
         return killed
 
     def _kill_orphan_groups(self) -> int:
@@ -656,10 +665,6 @@ class Runner:
                 continue
             with handle:
                 self.reporter.collect(run, prefix + path.relative_to(output).as_posix(), handle)
-
-
-def _group_name(assignment) -> str:
-    return f"{assignment.attempt_id}-{assignment.rank}"
 
 
 def _files_below(root: pathlib.Path) -> list[pathlib.Path]:

@@ -136,3 +136,17 @@ def test_a_killed_agents_jobs_die_with_it_and_its_successor_kills_what_is_left(t
     assert successor.kill_orphans() == 1
     assert gone(pids["DAEMON"])
     assert successor.isolation.cgroups.leftovers(set()) == []
+
+
+def test_an_agent_never_takes_another_agents_jobs_for_orphans(tmp_path):
+    """Two agents with one node name on one host (two test runs, an operator's slip): each
+    kills only what an agent of its own data dir left."""
+    node = f"iso-{uuid.uuid4().hex[:8]}"
+    first = fenced_runner(tmp_path / "one", node=node)
+    key = launch(first, "import os, time; print('PID', os.getpid(), flush=True); time.sleep(60)")
+    pid = int(wait_for_line(first, key, "PID"))
+    other = fenced_runner(tmp_path / "two", node=node)
+    assert other.kill_orphans() == 0
+    assert alive(pid)
+    first.kill_all("test over")
+    finish(first, key)
