@@ -224,7 +224,7 @@ class Cgroups:
     def _fresh(self, path: pathlib.Path) -> pathlib.Path:
         if path.exists():  # a leftover with our name: its processes die with it
             JobCgroup(v2=path).kill()
-            _wait_empty(path)
+            wait_empty(path)
             path.rmdir()
         path.mkdir()
         return path
@@ -251,12 +251,16 @@ class Cgroups:
             for major, minor in deny_devices:
                 _write(group.v1["devices"] / "devices.deny", f"c {major}:{minor} rwm")
 
-    def leftovers(self, keep: set[str]) -> list[JobCgroup]:
-        """Groups of this node not in `keep`: left by an earlier agent of this node."""
+    def leftovers(self, keep: set[str], prefix: str = "") -> list[JobCgroup]:
+        """Groups of this node named `prefix...` not in `keep`: left by an earlier agent."""
         names: set[str] = set()
         for base in ([self.v2_base] if self.v2_base else []) + list(self.v1_bases.values()):
             if base.is_dir():
-                names |= {child.name for child in base.iterdir() if child.is_dir()}
+                names |= {
+                    child.name
+                    for child in base.iterdir()
+                    if child.is_dir() and child.name.startswith(prefix)
+                }
         return [self.group(name) for name in sorted(names - keep)]
 
     def group(self, name: str) -> JobCgroup:
@@ -271,7 +275,7 @@ def _write_if_there(path: pathlib.Path, value: str) -> None:
         _write(path, value)
 
 
-def _wait_empty(path: pathlib.Path, timeout: float = 5.0) -> None:
+def wait_empty(path: pathlib.Path, timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while _pids_in(path) and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -355,15 +359,19 @@ def _delegate_v2(own: pathlib.Path, node: str) -> pathlib.Path:
     processes may not hand them on ("no internal processes"), so the agent first moves itself
     into a leaf of its own group (what systemd's Delegate=yes expects)."""
     wanted = "+memory +pids +cpu"
-    if own != CGROUP_ROOT and _pids_in(own):
+    try:
+        _write(own / "cgroup.subtree_control", wanted)
+    except OSError as error:
+        if error.errno != errno.EBUSY:
+            raise
         leaf = own / "agent"
         leaf.mkdir(exist_ok=True)
         for pid in _pids_in(own):
             try:
                 _write(leaf / "cgroup.procs", str(pid))
             except OSError:
-                pass
-    _write(own / "cgroup.subtree_control", wanted)
+                pass  # a kernel thread or a process gone meanwhile
+        _write(own / "cgroup.subtree_control", wanted)
     top = own / "gpuplatform"
     top.mkdir(exist_ok=True)
     _write(top / "cgroup.subtree_control", wanted)

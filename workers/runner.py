@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import hashlib
 import json
 import logging
 import os
@@ -115,6 +116,11 @@ class Runner:
         self.isolation = isolation if isolation is not None else fence.detect(node)
         self.limits = self.isolation.settings
         self.agent_dir = data_dir / "agents" / node
+        # Which cgroups and uid leases are this agent's (and its restarts'): its node and its
+        # data dir, so two agents that share a node name on one host (test runs, a mistake)
+        # never take each other's jobs for orphans.
+        self.instance = hashlib.sha1(str(data_dir.resolve()).encode()).hexdigest()[:8]
+        self.holder = f"{node}@{self.instance}"
         self.state_file = self.agent_dir / "runs.json"
         self._tighten_data_dir()
         self.device_dir = self._device_dir(fake_gpus)
@@ -166,6 +172,9 @@ class Runner:
         self._spawn_requests.put((run, done))
         done.wait(30)
         return True
+
+    def _group_name(self, assignment) -> str:
+        return f"{self.instance}.{assignment.attempt_id}-{assignment.rank}"
 
     def _checkpoint_dir(self, assignment) -> pathlib.Path:
         """Survives attempts; one per rank, since each rank is its own uid."""
@@ -315,7 +324,7 @@ class Runner:
         output, control = run.workdir / "output", run.workdir / ".gpuplatform"
         for path in (output, control, run.workdir / "tmp", run.checkpoint_dir):
             path.mkdir(parents=True, exist_ok=True)
-        run.log_path.parent.mkdir(parents=True, exist_ok=True)
+        run.log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         resume = self._resume_from(run)
         argv = [sys.executable if part == "{python}" else part for part in a.argv]
         env = self._environment(run, output, control, resume)
@@ -407,17 +416,17 @@ class Runner:
         """Lease a uid, hand it the member's dirs, make its cgroup, and start the jail launcher,
         which returns once the job is exec'd (or says why it could not be)."""
         a = run.assignment
-        run.uid = self.isolation.uids.lease(node=self.node, member=f"{a.attempt_id}-{a.rank}")
+        run.uid = self.isolation.uids.lease(node=self.holder, member=f"{a.attempt_id}-{a.rank}")
         for root in (run.workdir, run.checkpoint_dir):
             _give(root, run.uid)
         own, others = self._gpu_files(a.gpu_indices)
         deny = [device for device in map(fence.char_device, others.values()) if device]
         limits = fence.Limits.of(a, self.limits)
-        run.cgroup = self.isolation.cgroups.create(_group_name(a), limits, deny_devices=deny)
+        run.cgroup = self.isolation.cgroups.create(self._group_name(a), limits, deny_devices=deny)
         spec = {
             "argv": argv, "env": env, "cwd": str(run.workdir), "uid": run.uid, "gid": run.uid,
             "agent_pid": os.getpid(), "cgroup_procs": run.cgroup.procs_files,
-            "expose": [str(p) for p in self._job_paths(run, argv, own)],
+            "expose": [str(p) for p in self._job_paths(run, own)],
             "private": list(fence.PRIVATE_DIRS),
             "hide": [] if self.fake_devices else [str(p) for p in others.values()],
             "tmp_size": f"{limits.memory_mib}m" if limits.memory_mib else "50%",
@@ -448,15 +457,12 @@ class Runner:
         own = [files[i] for i in indices if i in files]
         return own, {i: path for i, path in files.items() if i not in indices}
 
-    def _job_paths(
-        self, run: Run, argv: list[str], own_gpus: list[pathlib.Path]
-    ) -> list[pathlib.Path]:
+    def _job_paths(self, run: Run, own_gpus: list[pathlib.Path]) -> list[pathlib.Path]:
         """What the job must reach where the agent sees it: its dirs, the SDK, the interpreter
-        the platform's `{python}` stands for, and its own GPUs' device files."""
+        the platform's `{python}` stands for, and its own GPUs' device files. Never a path the
+        job names (its argv): that would bind back whatever a cover hides."""
         paths = [run.workdir, run.checkpoint_dir, SDK_DIR, *own_gpus]
         paths += {pathlib.Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
-        if argv and os.path.isabs(argv[0]):
-            paths.append(pathlib.Path(argv[0]).resolve().parent)
         return paths
 
     def _kill_tree(self, run: Run) -> None:
@@ -472,6 +478,11 @@ class Runner:
         for run in runs:
             if run.cgroup is not None:
                 run.cgroup.kill()
+        for run in runs:  # then tidy up, so the uids are free for the next agent at once
+            if run.cgroup is not None and run.cgroup.paths:
+                fence.wait_empty(run.cgroup.paths[0], timeout=2.0)
+                if run.cgroup.remove() and run.uid is not None:
+                    self.isolation.uids.release(run.uid)
 
     # --- signals and orphans ------------------------------------------------------------------
 
@@ -515,19 +526,19 @@ class Runner:
         if self.isolation.cgroups is None:
             return 0
         with self.lock:
-            keep = {_group_name(run.assignment) for run in self.runs.values()}
+            keep = {self._group_name(run.assignment) for run in self.runs.values()}
             live_uids = {
                 run.uid for run in list(self.runs.values()) + self.reaping if run.uid is not None
             }
         killed = 0
-        for group in self.isolation.cgroups.leftovers(keep):
+        for group in self.isolation.cgroups.leftovers(keep, prefix=f"{self.instance}."):
             if group.pids():
                 killed += 1
             group.kill()
-            fence._wait_empty(group.v2 or next(iter(group.v1.values())))
+            fence.wait_empty(group.v2 or next(iter(group.v1.values())))
             if not group.remove():
                 log.warning("a leftover job cgroup would not empty: %s", group.paths)
-        self.isolation.uids.release_node(self.node, keep=live_uids)
+        self.isolation.uids.release_node(self.holder, keep=live_uids)
         return killed
 
     def _kill_orphan_groups(self) -> int:
@@ -556,16 +567,21 @@ class Runner:
     # --- the log, progress, outputs ------------------------------------------------------------
 
     def _start_log_reader(self, run: Run, fd: int) -> None:
+        # Opened here, so it is there once launch returns; the reader closes it. The agent's alone.
+        out = os.fdopen(
+            os.open(run.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600),
+            "ab",
+        )
         run.log_reader = threading.Thread(
-            target=self._copy_log, args=(run, fd), name=f"log-{run.key}", daemon=True
+            target=self._copy_log, args=(run, fd, out), name=f"log-{run.key}", daemon=True
         )
         run.log_reader.start()
 
-    def _copy_log(self, run: Run, fd: int) -> None:
+    def _copy_log(self, run: Run, fd: int, out: BinaryIO) -> None:
         """The job's stdout and stderr, from the pipe into the agent's log file, up to the cap;
         past it the rest is drained and dropped and the job is stopped."""
         cap, written = self.limits.max_log_bytes, 0
-        with os.fdopen(fd, "rb", buffering=0) as pipe, open(run.log_path, "ab") as out:
+        with os.fdopen(fd, "rb", buffering=0) as pipe, out:
             written = out.tell()
             while chunk := pipe.read(65536):
                 if run.over_limit.startswith("log"):
@@ -649,10 +665,6 @@ class Runner:
                 continue
             with handle:
                 self.reporter.collect(run, prefix + path.relative_to(output).as_posix(), handle)
-
-
-def _group_name(assignment) -> str:
-    return f"{assignment.attempt_id}-{assignment.rank}"
 
 
 def _files_below(root: pathlib.Path) -> list[pathlib.Path]:

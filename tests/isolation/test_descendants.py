@@ -95,15 +95,33 @@ while "MAIN" not in (log.read_text() if log.exists() else ""):
     time.sleep(0.05)
 pids = {line.split()[0]: int(line.split()[1]) for line in log.read_text().splitlines()}
 print(json.dumps(pids), flush=True)
+if sys.argv[3] == "exit":
+    sys.stdin.readline()  # until the test has looked
+    sys.exit(0)
 time.sleep(300)
 """
+
+
+def start_agent(node: str, data_dir: pathlib.Path, end: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", AGENT, node, str(data_dir), end], cwd=ROOT, text=True,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)), stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
+
+
+def test_an_agent_that_exits_takes_every_descendant_of_its_jobs_with_it(tmp_path):
+    fenced_runner(tmp_path / "probe")  # skips here where jobs cannot be fenced
+    agent = start_agent(f"iso-{uuid.uuid4().hex[:8]}", tmp_path / "agent", "exit")
+    pids = json.loads(agent.stdout.readline())
+    assert alive(pids["DAEMON"])
+    agent.stdin.write("\n")
+    agent.stdin.flush()
+    assert agent.wait(30) == 0  # a plain exit: its atexit hook kills every job cgroup
+    assert gone(pids["MAIN"]) and gone(pids["DAEMON"])
 
 
 def test_a_killed_agents_jobs_die_with_it_and_its_successor_kills_what_is_left(tmp_path):
     node = f"iso-{uuid.uuid4().hex[:8]}"
     fenced_runner(tmp_path / "probe")  # skips here where jobs cannot be fenced
-    agent = subprocess.Popen([sys.executable, "-c", AGENT, node, str(tmp_path / "agent")], cwd=ROOT,
-                             env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE, text=True)  # fmt: skip
+    agent = start_agent(node, tmp_path / "agent", "sleep")
     try:
         pids = json.loads(agent.stdout.readline())
     finally:
@@ -118,3 +136,17 @@ def test_a_killed_agents_jobs_die_with_it_and_its_successor_kills_what_is_left(t
     assert successor.kill_orphans() == 1
     assert gone(pids["DAEMON"])
     assert successor.isolation.cgroups.leftovers(set()) == []
+
+
+def test_an_agent_never_takes_another_agents_jobs_for_orphans(tmp_path):
+    """Two agents with one node name on one host (two test runs, an operator's slip): each
+    kills only what an agent of its own data dir left."""
+    node = f"iso-{uuid.uuid4().hex[:8]}"
+    first = fenced_runner(tmp_path / "one", node=node)
+    key = launch(first, "import os, time; print('PID', os.getpid(), flush=True); time.sleep(60)")
+    pid = int(wait_for_line(first, key, "PID"))
+    other = fenced_runner(tmp_path / "two", node=node)
+    assert other.kill_orphans() == 0
+    assert alive(pid)
+    first.kill_all("test over")
+    finish(first, key)

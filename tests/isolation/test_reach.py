@@ -76,7 +76,10 @@ def test_a_job_cannot_reach_another_jobs_dirs_or_tmp(runner):
         "print('RESULT', json.dumps(result), flush=True)\nimport time; time.sleep(60)"))  # fmt: skip
     wait_for_line(runner, victim, "RESULT")
     dirs = result_of(runner, victim)["dirs"]
-    paths = [os.path.join(d, "secret.txt") for d in dirs] + ["/tmp/secret.txt"]
+    paths = [os.path.join(d, "secret.txt") for d in dirs] + [
+        "/tmp/secret.txt",
+        str(runner.runs[victim].log_path),
+    ]
     attacker = launch(runner, report(TRY_READ + "\n".join(
         f"attempt({p!r}, lambda: open({p!r}).read())" for p in paths) +
         f"\nattempt('write', lambda: open({os.path.join(dirs[1], 'planted.txt')!r}, 'w').write('x'))"))  # fmt: skip
