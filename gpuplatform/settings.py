@@ -98,7 +98,7 @@ SQLITE_OPTIONS = {
 def _database() -> dict:
     url = env_str("DATABASE_URL")
     if not url:
-        DATA_DIR.mkdir(parents=True, exist_ok=True)
+        DATA_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)  # the database lives here: never world-readable
         return {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": DATA_DIR / "db.sqlite3",
@@ -229,8 +229,17 @@ RETRY_BACKOFF_MAX_SECONDS = env_float("GPUPLATFORM_RETRY_BACKOFF_MAX", 300.0, mi
 RATE_LIMIT_FAIL_OPEN_TIERS = env_list("GPUPLATFORM_RATE_LIMIT_FAIL_OPEN_TIERS", ["enterprise", "pro"])
 USER_SUBMIT_SHARE = env_float("GPUPLATFORM_USER_SUBMIT_SHARE", 1.0, minimum=0.01, maximum=1)
 RESULT_CACHE_TTL_SECONDS = env_int("GPUPLATFORM_RESULT_CACHE_TTL", 24 * 3600, minimum=0)
+# The agent API (docs/architecture.md, "Agent API"): the most a member may upload as its log, one
+# artifact or one checkpoint (413 past it), and the web's URL as agents started here reach it.
+AGENT_LOG_MAX_BYTES = env_int("GPUPLATFORM_LOG_MAX_BYTES", 64 << 20, minimum=1)
+AGENT_ARTIFACT_MAX_BYTES = env_int("GPUPLATFORM_ARTIFACT_MAX_BYTES", 1 << 30, minimum=1)
+AGENT_CHECKPOINT_MAX_BYTES = env_int("GPUPLATFORM_CHECKPOINT_MAX_BYTES", 4 << 30, minimum=1)
+# Jobs that may run arbitrary commands go on an isolation "none" node only where the operator
+# opted the node in (Node.allow_unisolated_commands), or everywhere with this (`make run`).
+TRUST_UNISOLATED_NODES = env_bool("GPUPLATFORM_TRUST_UNISOLATED_NODES", False)
 FLOWER_PORT = env_int("FLOWER_PORT", 5555, minimum=1, maximum=65535)
 PORT = env_int("PORT", 8000, minimum=1, maximum=65535)
+PLATFORM_URL = env_str("GPUPLATFORM_URL") or f"http://127.0.0.1:{PORT}"  # for the agents the autoscaler starts
 # fair: levels, weighted fair share, aging, backfill, preemption (docs/scheduling.md);
 # level-fifo: tier level then submit time; fifo; slurm: our rendering of Slurm's multifactor.
 AUTOSCALE_TICK_SECONDS = env_float("GPUPLATFORM_AUTOSCALE_TICK_SECONDS", 10.0, minimum=0.5, maximum=3600)

@@ -24,6 +24,7 @@ urlpatterns = [
     path("api/v1/jobs/<uuid:pk>/events/", JobEventsView.as_view(), name="job-events"),
     path("api/v1/", include(router.urls)),
     path("api/v1/usage/", UsageView.as_view(), name="usage"),
+    path("internal/agent/v1/", include("apps.nodes.agent_urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("healthz", healthz, name="healthz"),
     path("metrics", metrics, name="metrics"),

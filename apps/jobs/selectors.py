@@ -1,31 +1,7 @@
 """Read-only queries used by node agents: what they should be running."""
 
-from dataclasses import dataclass
-
 from apps.jobs.models import ATTEMPT_ACTIVE, AttemptMember
-
-
-@dataclass(frozen=True)
-class Assignment:
-    """Everything a node agent needs to run one member of an attempt."""
-
-    job_id: str
-    attempt_id: int
-    attempt_number: int
-    rank: int
-    token: str
-    argv: list[str]
-    params: dict
-    gpu_indices: list[int]
-    world_size: int
-    master_addr: str
-    master_port: int
-    max_runtime_seconds: int
-    checkpoint: str
-    stop_requested: str
-    active: bool
-    grace_seconds: int = 30  # checkpoint signal -> SIGTERM on preemption
-    checkpoint_signal: str = "SIGUSR1"
+from apps.platform.agent_protocol import Assignment  # the wire type, defined without Django
 
 
 def assignment_for(member: AttemptMember) -> Assignment:

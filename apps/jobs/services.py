@@ -532,22 +532,28 @@ def attempt_member_lost(*, attempt_id: int, rank: int, token: str, reason: str) 
     return True
 
 
-def artifact_store(*, attempt_id: int, token: str, name: str, path) -> bool:
-    """Save a file the job wrote as one of its artifacts (through the storage API)."""
+def artifact_store(*, attempt_id: int, token: str, name: str, path=None, source=None) -> bool:
+    """Save a file the job wrote as one of its artifacts (through the storage API): from `path`,
+    or from `source`, an open binary file (the agent API's upload, read from its start)."""
     attempt = JobAttempt.objects.filter(pk=attempt_id, token=token).first()
     if attempt is None:
         return False
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    digest, size = hashlib.sha256(), 0
+    handle = open(path, "rb") if source is None else source  # noqa: SIM115 (closed below when ours)
+    try:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
+            size += len(chunk)
         storage_name = f"artifacts/{attempt.job_id}/{name}"
         if default_storage.exists(storage_name):
             default_storage.delete(storage_name)
         handle.seek(0)
         saved = default_storage.save(storage_name, File(handle))
+    finally:
+        if source is None:
+            handle.close()
     Artifact.objects.update_or_create(
         job_id=attempt.job_id, name=name,
-        defaults={"attempt": attempt, "file": saved, "size": path.stat().st_size, "sha256": digest.hexdigest()},
+        defaults={"attempt": attempt, "file": saved, "size": size, "sha256": digest.hexdigest()},
     )  # fmt: skip
     return True

@@ -1,6 +1,6 @@
 from django.contrib import admin, messages
 
-from apps.nodes.models import Gpu, GpuSku, Node, NodeState
+from apps.nodes.models import Gpu, GpuSku, Node, NodeCredential, NodeState
 from apps.nodes.services import node_set_state
 
 
@@ -30,13 +30,26 @@ def _set_state(state):
 
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
-    list_display = ["name", "sku", "state", "last_heartbeat_at", "hostname"]
-    list_filter = ["state", "sku"]
+    list_display = ["name", "sku", "state", "isolation", "allow_unisolated_commands", "last_heartbeat_at", "hostname"]
+    list_filter = ["state", "sku", "isolation", "allow_unisolated_commands"]
     list_select_related = ["sku"]
     search_fields = ["name", "hostname"]
-    readonly_fields = ["state", "agent_instance", "last_heartbeat_at", "registered_at", "version"]
+    readonly_fields = ["state", "isolation", "agent_instance", "last_heartbeat_at", "registered_at", "version"]
     inlines = [GpuInline]
     actions = [_set_state(NodeState.CORDONED), _set_state(NodeState.DRAINING), _set_state(NodeState.READY)]
+
+
+@admin.register(NodeCredential)
+class NodeCredentialAdmin(admin.ModelAdmin):
+    """Issued with `manage.py create_node_credential NAME` (the secret is shown once, there);
+    here only looked at, and revoked by setting "revoked at" (or `--revoke`)."""
+
+    list_display = ["node_name", "key_id", "created_at", "expires_at", "revoked_at"]
+    search_fields = ["node_name", "key_id"]
+    readonly_fields = ["node_name", "key_id", "secret_sha256", "created_at"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
 
 
 @admin.register(Gpu)
