@@ -210,6 +210,10 @@ RETRY_BACKOFF_MAX_SECONDS = env_float("GPUPLATFORM_RETRY_BACKOFF_MAX", 300.0, mi
 RATE_LIMIT_FAIL_OPEN_TIERS = env_list("GPUPLATFORM_RATE_LIMIT_FAIL_OPEN_TIERS", ["enterprise", "pro"])
 USER_SUBMIT_SHARE = env_float("GPUPLATFORM_USER_SUBMIT_SHARE", 1.0, minimum=0.01, maximum=1)
 RESULT_CACHE_TTL_SECONDS = env_int("GPUPLATFORM_RESULT_CACHE_TTL", 24 * 3600, minimum=0)
+# Open event streams (GET /api/v1/jobs/{id}/events/) per API token (or web session) and per
+# tenant, across every web process (apps/jobs/stream_slots.py); over either: 429.
+MAX_STREAMS_PER_TOKEN = env_int("GPUPLATFORM_MAX_STREAMS_PER_TOKEN", 20, minimum=1)
+MAX_STREAMS_PER_TENANT = env_int("GPUPLATFORM_MAX_STREAMS_PER_TENANT", 200, minimum=1)
 FLOWER_PORT = env_int("FLOWER_PORT", 5555, minimum=1, maximum=65535)
 PORT = env_int("PORT", 8000, minimum=1, maximum=65535)
 # fair: levels, weighted fair share, aging, backfill, preemption (docs/scheduling.md);
