@@ -87,11 +87,13 @@ class Hub:
         self._subscribers: set[Subscriber] = set()
         self._releases: list[stream_slots.Slot] = []
         self._thread: threading.Thread | None = None
+        self._wake = threading.Event()  # a new stream gets its backlog now, not at the next tick
         self._renewed_at = 0.0
 
     def subscribe(self, subscriber: Subscriber) -> None:
         with self._lock:
             self._subscribers.add(subscriber)
+            self._wake.set()
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="event-hub", daemon=True)
                 self._thread.start()
@@ -113,6 +115,7 @@ class Hub:
                 with self._lock:
                     subscribers, releases = list(self._subscribers), self._releases
                     self._releases = []
+                    self._wake.clear()  # under the lock: a stream added after this wakes the wait
                     if not subscribers and not releases:
                         self._thread = None
                         return
@@ -120,7 +123,7 @@ class Hub:
                 if subscribers:
                     self._guarded(self._tick, subscribers)
                     self._renew(subscribers)
-                    time.sleep(POLL_SECONDS)
+                    self._wake.wait(POLL_SECONDS)
         finally:
             connections.close_all()  # this thread's; a later poller opens its own
 
