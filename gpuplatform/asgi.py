@@ -7,11 +7,10 @@ goes to Django's WSGI handler on a fixed pool of threads, as under gunicorn's gt
 Why not Django's ASGI handler for everything: it runs each request's sync code in a thread of
 its own, so every request would open a new database connection with a cold page cache (about
 twice a submit's CPU on SQLite, see gpuplatform/settings.py on CONN_MAX_AGE), where the pool's
-threads keep theirs. Why not a2wsgi's bridge as it is: it hands each response part across
-threads one by one (start, every chunk), which cost the minimal request ~40% of its rate on the
-2-core machine; here the request body is read on the loop first and the app runs, response and
-all, in one hop to the pool, unless the response is large (a file download), whose further
-chunks then come one hop each.
+threads keep theirs. Why not a2wsgi's bridge as it is: it hands a response across threads part
+by part (its start, then each chunk, a hop each); here the request body is read on the loop
+first and the app runs, response and all, in one hop to the pool, unless the response is large
+(a file download), whose further chunks then come a hop each.
 """
 
 import asyncio

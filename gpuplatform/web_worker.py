@@ -10,7 +10,15 @@ from uvicorn_worker import UvicornWorker
 
 
 class Worker(UvicornWorker):
-    CONFIG_KWARGS = {"loop": "auto", "http": "auto", "proxy_headers": False}
+    CONFIG_KWARGS = {
+        "loop": "auto",
+        "http": "auto",
+        "proxy_headers": False,
+        "server_header": False,  # gunicorn's workers named themselves; nothing needs it
+        # On SIGTERM open event streams are cut after 5 s (their clients reconnect to another
+        # worker) instead of holding the restart for gunicorn's graceful timeout.
+        "timeout_graceful_shutdown": 5,
+    }
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

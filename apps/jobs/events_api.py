@@ -18,12 +18,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 from collections.abc import AsyncIterator
 
 from django.db import connection
 from django.http import StreamingHttpResponse
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
+from redis.exceptions import RedisError
 from rest_framework.exceptions import Throttled
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.views import APIView
@@ -31,6 +33,8 @@ from rest_framework.views import APIView
 from apps.jobs import stream_slots
 from apps.jobs.access import membership_of, visible_jobs
 from apps.jobs.event_hub import END, HUB, Cursor, Subscriber
+
+logger = logging.getLogger(__name__)
 
 KEEPALIVE_SECONDS = 10
 DEFAULT_LIFETIME_SECONDS = 30
@@ -67,6 +71,21 @@ def stream_holder(request) -> str:
     return "t-" + hashlib.sha256(str(token_id).encode()).hexdigest()[:24]
 
 
+def take_slot(*, holder: str, tenant_id) -> stream_slots.Slot | None:
+    """A slot under the caps, or 429. Without Redis the caps cannot be counted: the stream is
+    served uncounted (it holds no thread, and still ends at its lifetime) rather than refused."""
+    try:
+        return stream_slots.acquire(holder=holder, tenant_id=tenant_id)
+    except stream_slots.OverCap as over:
+        raise Throttled(
+            wait=stream_slots.RETRY_AFTER_SECONDS,
+            detail=f"too many open event streams for this {over.scope}; close one or retry later",
+        ) from None
+    except RedisError:
+        logger.warning("event streams: Redis unavailable, a stream opened without counting it")
+        return None
+
+
 class JobEventsView(APIView):
     renderer_classes = [JSONRenderer, EventStreamRenderer]
 
@@ -86,13 +105,7 @@ class JobEventsView(APIView):
         lifetime = lifetime_from(request.query_params.get("timeout"))
         membership = membership_of(request.user)
         tenant_id = membership.tenant_id if membership is not None else job.tenant_id
-        try:
-            slot = stream_slots.acquire(holder=stream_holder(request), tenant_id=tenant_id)
-        except stream_slots.OverCap as over:
-            raise Throttled(
-                wait=stream_slots.RETRY_AFTER_SECONDS,
-                detail=f"too many open event streams for this {over.scope}; close one or retry later",
-            ) from None
+        slot = take_slot(holder=stream_holder(request), tenant_id=tenant_id)
         if not connection.in_atomic_block:
             # The stream may stay open two minutes: its request must not keep a database
             # connection (200 streams would be 200 PostgreSQL connections). The poller reads.

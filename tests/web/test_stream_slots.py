@@ -3,6 +3,7 @@ given back on close, a dead process's slots counted out when their lease ends; a
 429 with Retry-After."""
 
 import pytest
+import redis
 from django.test import override_settings
 
 from apps.jobs import stream_slots
@@ -68,6 +69,21 @@ def test_over_the_cap_the_view_answers_429_with_retry_after_then_200_once_a_slot
         assert response.status_code == 429
         assert response["Retry-After"] == str(stream_slots.RETRY_AFTER_SECONDS)
     stream_slots.release([held])
+    response = as_user("bob").get(
+        f"/api/v1/jobs/{job_id}/events/?timeout=1", HTTP_ACCEPT="text/event-stream"
+    )
+    assert response.status_code == 200
+    assert "event: state" in body_of(response)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_without_redis_a_stream_is_served_uncounted(as_user, monkeypatch):
+    job_id = as_user("bob").post("/api/v1/jobs/", GOOD, format="json").json()["id"]
+
+    def down(**_):
+        raise redis.exceptions.ConnectionError("down")
+
+    monkeypatch.setattr(stream_slots, "acquire", down)
     response = as_user("bob").get(
         f"/api/v1/jobs/{job_id}/events/?timeout=1", HTTP_ACCEPT="text/event-stream"
     )
