@@ -237,6 +237,10 @@ AGENT_CHECKPOINT_MAX_BYTES = env_int("GPUPLATFORM_CHECKPOINT_MAX_BYTES", 4 << 30
 # Jobs that may run arbitrary commands go on an isolation "none" node only where the operator
 # opted the node in (Node.allow_unisolated_commands), or everywhere with this (`make run`).
 TRUST_UNISOLATED_NODES = env_bool("GPUPLATFORM_TRUST_UNISOLATED_NODES", False)
+# Open event streams (GET /api/v1/jobs/{id}/events/) per API token (or web session) and per
+# tenant, across every web process (apps/jobs/stream_slots.py); over either: 429.
+MAX_STREAMS_PER_TOKEN = env_int("GPUPLATFORM_MAX_STREAMS_PER_TOKEN", 20, minimum=1)
+MAX_STREAMS_PER_TENANT = env_int("GPUPLATFORM_MAX_STREAMS_PER_TENANT", 200, minimum=1)
 FLOWER_PORT = env_int("FLOWER_PORT", 5555, minimum=1, maximum=65535)
 PORT = env_int("PORT", 8000, minimum=1, maximum=65535)
 PLATFORM_URL = env_str("GPUPLATFORM_URL") or f"http://127.0.0.1:{PORT}"  # for the agents the autoscaler starts

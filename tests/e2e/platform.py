@@ -105,14 +105,19 @@ class Platform:
         seed = subprocess.run([sys.executable, "-m", "tests.e2e.seed"], cwd=ROOT, env=self.env, check=True,
                               capture_output=True, text=True)  # fmt: skip
         self.tokens = json.loads(seed.stdout.strip().splitlines()[-1])
-        binds = [f"--bind={address}:{self.port}" for address in ("127.0.0.1", self.listen) if address]
-        self.spawn("web", [sys.executable, "-m", "gunicorn", "gpuplatform.wsgi", *binds,
-                           "--workers", "2", "--threads", "4", "--timeout", "60"])  # fmt: skip
+        self.start_web()
         self.start_dispatcher("dispatcher")
         for node, (sku, gpus, labels) in agents.items():
             self.start_agent(node, sku, gpus, labels)
         self.wait_until(self.ready, timeout=90, what="web answering and every node registered")
         return self
+
+    def start_web(self) -> None:
+        """gunicorn with the Procfile's worker (uvicorn's, serving gpuplatform/asgi.py)."""
+        binds = [f"--bind={address}:{self.port}" for address in ("127.0.0.1", self.listen) if address]
+        self.spawn("web", [sys.executable, "-m", "gunicorn", "gpuplatform.asgi:application", "--worker-class",
+                           "gpuplatform.web_worker.Worker", *binds, "--workers", "2",
+                           "--threads", "4", "--timeout", "60"])  # fmt: skip
 
     def start_dispatcher(self, name: str = "dispatcher") -> None:
         """A dispatcher (Celery worker on the control queue with its own beat); several may run."""
