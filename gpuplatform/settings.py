@@ -210,6 +210,10 @@ RETRY_BACKOFF_MAX_SECONDS = env_float("GPUPLATFORM_RETRY_BACKOFF_MAX", 300.0, mi
 RATE_LIMIT_FAIL_OPEN_TIERS = env_list("GPUPLATFORM_RATE_LIMIT_FAIL_OPEN_TIERS", ["enterprise", "pro"])
 USER_SUBMIT_SHARE = env_float("GPUPLATFORM_USER_SUBMIT_SHARE", 1.0, minimum=0.01, maximum=1)
 RESULT_CACHE_TTL_SECONDS = env_int("GPUPLATFORM_RESULT_CACHE_TTL", 24 * 3600, minimum=0)
+# API tokens (apps/tenants/tokens.py): days a new one lasts (0: never expires), and days the
+# tokens carried over from DRF's clear-text table keep working after the upgrade.
+TOKEN_EXPIRY_DAYS = env_int("GPUPLATFORM_TOKEN_DAYS", 90, minimum=0)
+MIGRATED_TOKEN_DAYS = env_int("GPUPLATFORM_MIGRATED_TOKEN_DAYS", 30, minimum=1)
 FLOWER_PORT = env_int("FLOWER_PORT", 5555, minimum=1, maximum=65535)
 PORT = env_int("PORT", 8000, minimum=1, maximum=65535)
 # fair: levels, weighted fair share, aging, backfill, preemption (docs/scheduling.md);
