@@ -167,6 +167,7 @@ def test_support_actions_are_audited_with_who_and_why(cast):
 def test_nobody_edits_a_jobs_command_through_the_admin_form(cast):
     staff = signed_in(cast["staff"][0])
     job = submit(cast, gpus=1)
+    assert staff.get(f"/admin/jobs/job/{job.pk}/change/").status_code == 200  # read only, yet shown
     staff.post(
         f"/admin/jobs/job/{job.pk}/change/", {"command": json.dumps(["sh", "-c", "id"]), "gpus": 8}
     )
