@@ -241,6 +241,10 @@ TRUST_UNISOLATED_NODES = env_bool("GPUPLATFORM_TRUST_UNISOLATED_NODES", False)
 # tenant, across every web process (apps/jobs/stream_slots.py); over either: 429.
 MAX_STREAMS_PER_TOKEN = env_int("GPUPLATFORM_MAX_STREAMS_PER_TOKEN", 20, minimum=1)
 MAX_STREAMS_PER_TENANT = env_int("GPUPLATFORM_MAX_STREAMS_PER_TENANT", 200, minimum=1)
+# API tokens (apps/tenants/tokens.py): days a new one lasts (0: never expires), and days the
+# tokens carried over from DRF's clear-text table keep working after the upgrade.
+TOKEN_EXPIRY_DAYS = env_int("GPUPLATFORM_TOKEN_DAYS", 90, minimum=0)
+MIGRATED_TOKEN_DAYS = env_int("GPUPLATFORM_MIGRATED_TOKEN_DAYS", 30, minimum=1)
 FLOWER_PORT = env_int("FLOWER_PORT", 5555, minimum=1, maximum=65535)
 PORT = env_int("PORT", 8000, minimum=1, maximum=65535)
 PLATFORM_URL = env_str("GPUPLATFORM_URL") or f"http://127.0.0.1:{PORT}"  # for the agents the autoscaler starts

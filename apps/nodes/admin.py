@@ -2,10 +2,11 @@ from django.contrib import admin, messages
 
 from apps.nodes.models import Gpu, GpuSku, Node, NodeCredential, NodeState
 from apps.nodes.services import node_set_state
+from apps.tenants.audit import AuditedAdmin, action_reason
 
 
 @admin.register(GpuSku)
-class GpuSkuAdmin(admin.ModelAdmin):
+class GpuSkuAdmin(AuditedAdmin):
     list_display = ["name", "memory_mib", "description"]
     search_fields = ["name"]
 
@@ -19,17 +20,20 @@ class GpuInline(admin.TabularInline):
 
 def _set_state(state):
     def action(modeladmin, request, queryset):
+        why = action_reason(request, f"state set to {state}")
         for node in queryset:
             node_set_state(node=node, state=state)
+            modeladmin.audit(request, node, why)
         messages.info(request, f"{queryset.count()} node(s) now {state}")
 
     action.__name__ = f"make_{state}"
     action.short_description = f"Set state: {state}"
+    action.allowed_permissions = ["change"]
     return action
 
 
 @admin.register(Node)
-class NodeAdmin(admin.ModelAdmin):
+class NodeAdmin(AuditedAdmin):
     list_display = ["name", "sku", "state", "isolation", "allow_unisolated_commands", "last_heartbeat_at", "hostname"]
     list_filter = ["state", "sku", "isolation", "allow_unisolated_commands"]
     list_select_related = ["sku"]
