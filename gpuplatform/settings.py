@@ -116,7 +116,7 @@ def _database() -> dict:
         config["OPTIONS"] = SQLITE_OPTIONS
         config["CONN_MAX_AGE"] = SQLITE_CONN_MAX_AGE
         config["CONN_HEALTH_CHECKS"] = False
-    return config
+    return dict(config)
 
 
 DATABASES = {"default": _database()}

@@ -23,10 +23,19 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from apps.platform.agent_protocol import Assignment, GpuInfo
+from apps.platform.names import StopReason
 from workers.agent_client import AgentApi
 
+if TYPE_CHECKING:
+    from workers.gpus import Nvml
+    from workers.runner import Run
+
 log = logging.getLogger("workers.agent")
+Members = dict[tuple[int, int], Assignment]  # what the platform has placed here, by (attempt, rank)
+Runs = dict[tuple[int, int], "Run"]  # what runs here
 
 
 def parse_labels(text: str) -> dict[str, str]:
@@ -99,8 +108,8 @@ class Agent:
         self.stopping = threading.Event()
         self._sync_lock = threading.Lock()
         self._sync_wanted = threading.Event()
-        self._sync_due: tuple[dict, dict] | None = None
-        self.nvml = None
+        self._sync_due: tuple[Members, Runs] | None = None
+        self.nvml: Nvml | None = None
         self.platform: dict = {}  # the register answer: broker URL, queue, timings
         self.heartbeat_seconds = config.heartbeat_seconds
         self.kill_grace = config.kill_grace_seconds
@@ -115,7 +124,7 @@ class Agent:
         self.runner = Runner(node=args.node, data_dir=config.data_dir, reporter=HttpReporter(self.api),
                              kill_grace=config.kill_grace_seconds, fake_gpus=args.gpus if args.fake else 0)  # fmt: skip
 
-    def discover(self):
+    def discover(self) -> list[GpuInfo]:
         from workers.gpus import Nvml, fake_gpus
 
         if self.args.fake:
@@ -163,7 +172,7 @@ class Agent:
                 self._sync_due = answer  # the newest answer wins; an older one is stale anyway
             self._sync_wanted.set()
 
-    def heartbeat_once(self) -> tuple[dict, dict]:
+    def heartbeat_once(self) -> tuple[Members, Runs]:
         """Heartbeat; returns (what the platform has placed here, the local runs listed just before
         its read), for sync()."""
         began = time.monotonic()
@@ -191,11 +200,11 @@ class Agent:
             except Exception:
                 log.exception("sync failed; the next heartbeat tries again")
 
-    def local_runs(self) -> dict:
+    def local_runs(self) -> Runs:
         with self.runner.lock:
             return dict(self.runner.runs)
 
-    def sync(self, wanted: dict | None = None, local: dict | None = None) -> None:
+    def sync(self, wanted: Members | None = None, local: Runs | None = None) -> None:
         """Make what runs here match what the platform says runs here (`wanted`: as the heartbeat
         answer read it, `local` listed before that request; else both read now)."""
         from workers.runner import UNASSIGNED, Run
@@ -205,6 +214,7 @@ class Agent:
         if wanted is None:
             local = self.local_runs()
             wanted = self.api.assignments()
+        assert local is not None  # given with `wanted`, or listed just now
         for key, run in local.items():
             want = wanted.get(key)
             if want is None or want.token != run.assignment.token:
@@ -252,7 +262,7 @@ class Agent:
 
     def shutdown(self) -> None:
         """Graceful stop: jobs here are stopped and handed back to the queue, not failed."""
-        self.runner.stop_all("agent stopping")
+        self.runner.stop_all(StopReason.AGENT_STOPPING)
         deadline = time.monotonic() + self.kill_grace + 2
         while self.runner.runs and time.monotonic() < deadline:
             time.sleep(0.2)

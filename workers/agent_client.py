@@ -7,6 +7,7 @@ import logging
 import os
 import pathlib
 import tempfile
+import urllib.parse
 from typing import BinaryIO
 
 import requests
@@ -62,7 +63,7 @@ class AgentApi:
         raise ApiError(f"{method} {path}: {response.status_code} {detail}", response.status_code)
 
     @staticmethod
-    def _member(a) -> str:
+    def _member(a: wire.Assignment) -> str:
         return f"/members/{a.attempt_id}/{a.rank}/"
 
     # --- node -----------------------------------------------------------------------------------
@@ -90,14 +91,14 @@ class AgentApi:
 
     # --- reports (each fenced by the attempt token) -------------------------------------------------
 
-    def report(self, a, kind: str, **body) -> bool:
+    def report(self, a: wire.Assignment, kind: str, **body) -> bool:
         """started / progress / finished / lost. False: refused (stale token, ended, not placed here)."""
         response = self._call(
             "POST", self._member(a) + f"{kind}/", token=a.token, json=body, ok=(200, 404)
         )
         return response.status_code == 200 and bool(response.json().get("accepted"))
 
-    def append_log(self, a, offset: int, chunk: bytes) -> tuple[bool, int]:
+    def append_log(self, a: wire.Assignment, offset: int, chunk: bytes) -> tuple[bool, int]:
         """(appended, the stored log's size): not appended when the stored log does not end at `offset`."""
         response = self._call("POST", self._member(a) + "log/", token=a.token, data=chunk, ok=(200, 409),
                               headers={wire.LOG_OFFSET_HEADER: str(offset),
@@ -107,20 +108,20 @@ class AgentApi:
     # Uploads pass the open file itself: requests streams it with its Content-Length (Django reads
     # no chunked request body), never reading it whole into memory.
 
-    def put_artifact(self, a, name: str, source: BinaryIO) -> bool:
-        path = self._member(a) + "artifacts/" + requests.utils.quote(name, safe="/")
+    def put_artifact(self, a: wire.Assignment, name: str, source: BinaryIO) -> bool:
+        path = self._member(a) + "artifacts/" + urllib.parse.quote(name, safe="/")
         response = self._call("PUT", path, token=a.token, data=source,
                               headers={"Content-Type": "application/octet-stream"})  # fmt: skip
         return bool(response.json().get("stored"))
 
-    def put_checkpoint(self, a, filename: str, source: BinaryIO) -> str:
+    def put_checkpoint(self, a: wire.Assignment, filename: str, source: BinaryIO) -> str:
         """Store the member's checkpoint file; returns its name in the platform's storage."""
         response = self._call("PUT", self._member(a) + "checkpoint/", token=a.token, data=source,
                               headers={wire.CHECKPOINT_NAME_HEADER: filename,
                                        "Content-Type": "application/octet-stream"})  # fmt: skip
         return response.json()["checkpoint"]
 
-    def get_checkpoint(self, a, dest_dir: pathlib.Path) -> str:
+    def get_checkpoint(self, a: wire.Assignment, dest_dir: pathlib.Path) -> str:
         """Download the checkpoint this member resumes from into dest_dir; its path, or "" if none."""
         response = self._call(
             "GET", self._member(a) + "checkpoint/", token=a.token, stream=True, ok=(200, 204)

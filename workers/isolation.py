@@ -170,7 +170,7 @@ class JobCgroup:
                     pass
             if not pids:
                 break
-        if frozen:
+        if frozen and freezer is not None:
             try:
                 _write(freezer / "freezer.state", "THAWED")  # killed processes die only once thawed
             except OSError:
@@ -232,6 +232,7 @@ class Cgroups:
     def _limit(self, group: JobCgroup, limits: Limits, deny_devices: list[tuple[int, int]]) -> None:
         memory = str(limits.memory_mib * 2**20) if limits.memory_mib else None
         if self.pure_v2:
+            assert group.v2 is not None  # pure v2: create() made its v2 group
             if memory:
                 _write(group.v2 / "memory.max", memory)
                 _write_if_there(group.v2 / "memory.swap.max", "0")
@@ -291,9 +292,10 @@ def _own_cgroups() -> dict[str, str]:
     return own
 
 
-def _mounts() -> tuple[pathlib.Path | None, dict[str, pathlib.Path]]:
+def _mounts() -> tuple[pathlib.Path | None, dict[str, tuple[pathlib.Path, str]]]:
     """The cgroup2 mount and the v1 mount of each controller (with its mount's root)."""
-    v2, v1 = None, {}
+    v2: pathlib.Path | None = None
+    v1: dict[str, tuple[pathlib.Path, str]] = {}
     for line in pathlib.Path("/proc/self/mountinfo").read_text().splitlines():
         left, _, right = line.partition(" - ")
         fields, tail = left.split(), right.split()
@@ -326,12 +328,11 @@ def find_cgroups(node: str) -> Cgroups | None:
     pure_v2 = not v1_mounts and v2_mount == CGROUP_ROOT
     v2_own = _under(v2_mount, "/", own.get("", "/"))
     try:
+        v1_bases: dict[str, pathlib.Path] = {}
         if pure_v2:
             v2_base = _delegate_v2(v2_own, node)
-            v1_bases = {}
         else:
             v2_base = _mkdirs(v2_own, node)
-            v1_bases = {}
             for controller, (mount, root) in v1_mounts.items():
                 v1_bases[controller] = _mkdirs(_under(mount, root, own.get(controller, "/")), node)
             if "memory" not in v1_bases or "pids" not in v1_bases:

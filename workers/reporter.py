@@ -9,20 +9,14 @@ import os
 import pathlib
 from typing import BinaryIO
 
+from apps.platform.names import LOST_BY_AGENT_STOP
 from workers.agent_client import AgentApi, ApiError, TooLarge
-from workers.runner import FENCED, UNASSIGNED, Reporter, Run
+from workers.runner import Reporter, Run
 from workers.safefiles import open_job_file
 
 log = logging.getLogger(__name__)
 LOG_CHUNK = 4 << 20  # bytes of log per request
 
-# Stopped by the agent, not the job's fault: retried. (If the platform already ended the member,
-# as it has for UNASSIGNED unless a race fooled the agent, the report changes nothing.)
-LOST = {
-    "agent stopping": "agent stopped",
-    FENCED: f"agent {FENCED}",
-    UNASSIGNED: f"agent: {UNASSIGNED}",
-}
 
 
 class HttpReporter(Reporter):
@@ -31,6 +25,7 @@ class HttpReporter(Reporter):
 
     def started(self, run: Run) -> bool:
         """False: the attempt or member ended before this process started (the runner stops it)."""
+        assert run.process is not None  # the runner reports a start once it has spawned it
         return self.api.report(run.assignment, "started", pid=run.process.pid)
 
     def progress(self, run: Run, progress: float, checkpoint: str) -> None:
@@ -38,8 +33,11 @@ class HttpReporter(Reporter):
         self.api.report(run.assignment, "progress", progress=progress, checkpoint=stored)
 
     def finished(self, run: Run, exit_code, reason: str, checkpoint: str) -> None:
-        if run.stop_reason in LOST:
-            self.lost(run, LOST[run.stop_reason])
+        # Stopped by the agent, not the job's fault: retried. (If the platform already ended the
+        # member, as it has for UNASSIGNED unless a race fooled the agent, the report changes nothing.)
+        lost = LOST_BY_AGENT_STOP.get(run.stop_reason)
+        if lost is not None:
+            self.lost(run, lost)
             return
         stored = self._store_checkpoint(run, checkpoint)
         self.api.report(

@@ -30,6 +30,8 @@ import time
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
+from apps.platform.agent_protocol import Assignment
+from apps.platform.names import EndReason, StopReason
 from workers import isolation as fence
 from workers.safefiles import open_job_file, tree_size
 
@@ -38,8 +40,8 @@ SDK_DIR = pathlib.Path(__file__).resolve().parent / "sdk"
 JAIL = pathlib.Path(__file__).resolve().parent / "jail.py"
 PR_SET_PDEATHSIG = 1
 ENV_PASSTHROUGH = ("LD_LIBRARY_PATH", "CUDA_HOME", "NVIDIA_DRIVER_CAPABILITIES", "TZ")
-FENCED = "cut off from the platform"  # the agent missed its heartbeats: its jobs die at once
-UNASSIGNED = "not assigned here any more"  # the database no longer has it on this node
+FENCED = StopReason.FENCED  # the agent missed its heartbeats: its jobs die at once
+UNASSIGNED = StopReason.UNASSIGNED  # the database no longer has it on this node
 OUTPUT_CHECK_SECONDS = 2.0  # how often the output dir is measured against its cap
 CONTROL_FILE_BYTES = 1 << 20  # progress.json / checkpoint.json larger than this are ignored
 
@@ -53,14 +55,15 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 
 @dataclass
 class Run:
-    assignment: object  # apps.jobs.selectors.Assignment
+    assignment: Assignment  # what the agent API placed here (apps/platform/agent_protocol.py)
     workdir: pathlib.Path
     log_path: pathlib.Path  # in the agent's own dir: the job cannot replace it
     process: subprocess.Popen | None = None
     started: float = 0.0
-    stop_reason: str = ""  # "cancel", "timeout", "preempt", ...
+    stop_reason: str = ""  # a StopReason, the platform's word, or what the job went over
     stop_deadline: float | None = None
-    stop_plan: list = field(default_factory=list)  # signals still to send: [(signal, wait seconds)]
+    # signals still to send: [(signal, wait seconds)]
+    stop_plan: list[tuple[int, float | None]] = field(default_factory=list)
     exit_code: int | None = None
     finished: bool = False
     reported_progress: tuple | None = None
@@ -97,7 +100,8 @@ class Run:
 class Reporter:
     """How the runner tells the platform what happened (the agent wires it to the services)."""
 
-    def started(self, run: Run) -> None: ...
+    def started(self, run: Run) -> bool | None:
+        """False: the attempt ended before its process started (the runner stops it)."""
     def progress(self, run: Run, progress: float, checkpoint: str) -> None: ...
     def finished(self, run: Run, exit_code: int | None, reason: str, checkpoint: str) -> None: ...
     def lost(self, run: Run, reason: str) -> None: ...
@@ -157,7 +161,7 @@ class Runner:
 
     # --- commands -------------------------------------------------------------------------
 
-    def launch(self, assignment) -> bool:
+    def launch(self, assignment: Assignment) -> bool:
         """Start this member unless it already runs here (messages may arrive twice)."""
         key = (assignment.attempt_id, assignment.rank)
         with self.lock:
@@ -173,10 +177,10 @@ class Runner:
         done.wait(30)
         return True
 
-    def _group_name(self, assignment) -> str:
+    def _group_name(self, assignment: Assignment) -> str:
         return f"{self.instance}.{assignment.attempt_id}-{assignment.rank}"
 
-    def _checkpoint_dir(self, assignment) -> pathlib.Path:
+    def _checkpoint_dir(self, assignment: Assignment) -> pathlib.Path:
         """Survives attempts; one per rank, since each rank is its own uid."""
         name = (
             assignment.job_id
@@ -193,8 +197,8 @@ class Runner:
             if not run or run.finished or run.stop_reason:
                 return
             run.stop_reason = why or "stop"
-            plan = [(signal.SIGTERM, self.kill_grace), (signal.SIGKILL, None)]
-            if why == "preempt":
+            plan: list[tuple[int, float | None]] = [(signal.SIGTERM, self.kill_grace), (signal.SIGKILL, None)]
+            if why == StopReason.PREEMPT:
                 checkpoint_signal = getattr(
                     signal, run.assignment.checkpoint_signal, signal.SIGUSR1
                 )
@@ -246,7 +250,7 @@ class Runner:
             limit = run.assignment.max_runtime_seconds
             if not run.stop_reason and now - run.started > limit:
                 log.info("attempt %s rank %s passed its max runtime %ss", *run.key, limit)
-                self.stop(*run.key, why="timeout")
+                self.stop(*run.key, why=StopReason.TIMEOUT)
             self._check_output_size(run, now)
             if run.over_limit and not run.stop_reason:
                 log.warning("attempt %s rank %s: %s; stopping it", *run.key, run.over_limit)
@@ -258,8 +262,8 @@ class Runner:
         self._reap()
 
     def _reason(self, run: Run, code: int) -> str:
-        if run.stop_reason == "timeout":
-            return "timeout"
+        if run.stop_reason == StopReason.TIMEOUT:
+            return EndReason.TIMEOUT
         if run.stop_reason:
             return run.stop_reason
         return (
@@ -321,6 +325,7 @@ class Runner:
 
     def _spawn(self, run: Run) -> None:
         a = run.assignment
+        assert run.checkpoint_dir is not None  # launch() gives every member one
         output, control = run.workdir / "output", run.workdir / ".gpuplatform"
         for path in (output, control, run.workdir / "tmp", run.checkpoint_dir):
             path.mkdir(parents=True, exist_ok=True)
@@ -348,6 +353,7 @@ class Runner:
             self._save_state()
         if run.launch_error:
             return
+        assert run.process is not None  # spawned above, or launch_error says why not
         log.info("started attempt %s rank %s pid %s on GPUs %s", a.attempt_id, a.rank, run.process.pid, a.gpu_indices,
                  extra={"job_id": a.job_id, "attempt_id": a.attempt_id, "node": self.node, "rank": a.rank})  # fmt: skip
         try:
@@ -373,6 +379,7 @@ class Runner:
         """The checkpoint the job resumes from: fetched by the reporter into the job's checkpoint
         dir where it can, else the one the platform recorded, if it is here."""
         a = run.assignment
+        assert run.checkpoint_dir is not None
         fetch = getattr(self.reporter, "fetch_checkpoint", None)
         if fetch is not None:
             resume = fetch(run, run.checkpoint_dir) or ""
@@ -382,7 +389,7 @@ class Runner:
             resume = str(run.checkpoint_dir / "checkpoint.json")
         return resume
 
-    def _environment(self, run: Run, output, control, resume: str) -> dict[str, str]:
+    def _environment(self, run: Run, output: pathlib.Path, control: pathlib.Path, resume: str) -> dict[str, str]:
         a = run.assignment
         env = {k: os.environ[k] for k in ENV_PASSTHROUGH if k in os.environ}
         env.update(
@@ -416,6 +423,9 @@ class Runner:
         """Lease a uid, hand it the member's dirs, make its cgroup, and start the jail launcher,
         which returns once the job is exec'd (or says why it could not be)."""
         a = run.assignment
+        # A jailed isolation has both (workers/isolation.py detect()); launch() set the dir.
+        assert self.isolation.uids is not None and self.isolation.cgroups is not None
+        assert run.checkpoint_dir is not None
         run.uid = self.isolation.uids.lease(node=self.holder, member=f"{a.attempt_id}-{a.rank}")
         for root in (run.workdir, run.checkpoint_dir):
             _give(root, run.uid)
@@ -449,6 +459,7 @@ class Runner:
                 os.close(status_write)
             failure = _read_status(status_read)
         if failure:
+            assert run.process is not None
             run.process.wait(10)
             run.launch_error = f"could not start: {failure}"[:300]
 
@@ -461,6 +472,7 @@ class Runner:
         """What the job must reach where the agent sees it: its dirs, the SDK, the interpreter
         the platform's `{python}` stands for, and its own GPUs' device files. Never a path the
         job names (its argv): that would bind back whatever a cover hides."""
+        assert run.checkpoint_dir is not None
         paths = [run.workdir, run.checkpoint_dir, SDK_DIR, *own_gpus]
         paths += {pathlib.Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
         return paths
@@ -481,7 +493,7 @@ class Runner:
         for run in runs:  # then tidy up, so the uids are free for the next agent at once
             if run.cgroup is not None and run.cgroup.paths:
                 fence.wait_empty(run.cgroup.paths[0], timeout=2.0)
-                if run.cgroup.remove() and run.uid is not None:
+                if run.cgroup.remove() and run.uid is not None and self.isolation.uids is not None:
                     self.isolation.uids.release(run.uid)
 
     # --- signals and orphans ------------------------------------------------------------------
@@ -538,7 +550,8 @@ class Runner:
             fence.wait_empty(group.v2 or next(iter(group.v1.values())))
             if not group.remove():
                 log.warning("a leftover job cgroup would not empty: %s", group.paths)
-        self.isolation.uids.release_node(self.holder, keep=live_uids)
+        if self.isolation.uids is not None:  # always, beside cgroups (detect())
+            self.isolation.uids.release_node(self.holder, keep=live_uids)
         return killed
 
     def _kill_orphan_groups(self) -> int:

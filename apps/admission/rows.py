@@ -21,7 +21,7 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 from functools import cache
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from django.contrib.auth import get_user_model
 from django.db import DEFAULT_DB_ALIAS, connection, connections
@@ -32,6 +32,9 @@ from apps.jobs import queue_order
 from apps.jobs.models import Job, JobEvent, JobTemplate
 from apps.nodes.models import GpuSku
 from apps.tenants.models import ApiToken, Membership, Quota, Tenant, Tier
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 M = TypeVar("M", bound=Model)
@@ -353,7 +356,7 @@ def token_submitter(digest: str, *, template: str | None = None, sku: str | None
     return token, user, membership
 
 
-def _token_and_user(parts: list) -> tuple[ApiToken, object]:
+def _token_and_user(parts: list) -> tuple[ApiToken, User]:
     token, user = parts
     token.user = user
     return token, user

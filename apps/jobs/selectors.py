@@ -9,7 +9,8 @@ def assignment_for(member: AttemptMember) -> Assignment:
     job = attempt.job
     members = list(attempt.members.select_related("node").order_by("rank"))
     leader = members[0].node
-    argv = list(job.template.argv) if job.template_id else list(job.command)
+    template = job.template  # None without a query when the job has none
+    argv = list(template.argv) if template is not None else list(job.command or [])
     return Assignment(
         job_id=str(job.pk),
         attempt_id=attempt.pk,

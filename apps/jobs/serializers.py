@@ -108,13 +108,13 @@ def spec_from(data: dict, *, default_tier: Tier) -> JobSpec:
     field of that name (default: the serializer field's, else the spec's), so a new plain field
     needs no line here."""
     template = data.get("template")
-    command = data.get("command")
+    command: list[str] = data.get("command") or []  # validated: a template or a command
     derived = {
         "name": data.get("name") or (template.name if template else command[0].rsplit("/", 1)[-1])[:100],
         "tier": data.get("tier") or default_tier,
         "template": template,
         "params": data.get("params", {}),
-        "command": command,
+        "command": data.get("command"),
         "gpu_sku": data.get("gpu_sku"),
         "max_runtime_seconds": data.get("max_runtime_seconds")
         or (template.default_max_runtime_seconds if template else 3600),
@@ -204,7 +204,8 @@ class CreatedJobSerializer(JobSerializer):
     tests/admission/test_rows.py holds the 201 equal to JobSerializer's answer for queued,
     command, no-SKU and cache-hit jobs."""
 
-    attempts = serializers.SerializerMethodField()
+    # A declared field redeclared as another kind, as DRF allows (the stubs type it as the base's).
+    attempts = serializers.SerializerMethodField()  # type: ignore[assignment]
     position: int | None = None
     start = None
 

@@ -14,6 +14,7 @@ import dataclasses
 import os
 import tempfile
 import uuid
+from typing import cast
 
 from django.conf import settings
 from django.core.files import File
@@ -91,14 +92,14 @@ class AgentView(APIView):
 
     @property
     def node_name(self) -> str:
-        return self.request.user.node_name
+        return cast(NodeIdentity, self.request.user).node_name  # IsNode let only a node in
 
     def member(self, attempt_id: int, rank: int) -> AttemptMember:
         """The member if it is placed on this node and the request carries its attempt's token;
         anything else is 404, so a node learns nothing about members that are not its own."""
-        token = self.request.headers.get(wire.ATTEMPT_TOKEN_HEADER, "")
+        header = self.request.headers.get(wire.ATTEMPT_TOKEN_HEADER, "")
         try:
-            token = uuid.UUID(token)
+            token = uuid.UUID(header)
         except ValueError:
             raise NotFound() from None
         member = (

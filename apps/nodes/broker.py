@@ -16,6 +16,7 @@ import logging
 import re
 import secrets
 import urllib.parse
+from typing import cast
 
 import redis
 from django.conf import settings
@@ -103,9 +104,10 @@ def revoke_node_broker(node_name: str) -> None:
 def _password(conn: redis.Redis, node_name: str) -> str:
     key = SALT_KEY.format(node_name)
     conn.set(key, secrets.token_hex(16), nx=True)
-    salt = conn.get(key) or b""
+    salt = cast(bytes | None, conn.get(key)) or b""  # a sync client: never an Awaitable
     message = b"gpuplatform-broker:" + node_name.encode() + b":" + salt
-    return hmac.new(settings.SECRET_KEY.encode(), message, hashlib.sha256).hexdigest()
+    secret = cast(str, settings.SECRET_KEY)  # settings.py refuses to start without one
+    return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
 
 
 def _set_user(conn: redis.Redis, username: str, password: str, rules: list[str]) -> None:

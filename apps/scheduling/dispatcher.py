@@ -10,7 +10,6 @@ the GPU allocation index refuse to the second.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -307,13 +306,20 @@ def _apply_preempt(decision: policy.Preempt, for_job: Job | None) -> list[str]:
 
 
 def _reservation_reason(decision: policy.Reserve) -> str:
-    """The policy's words, with its clock (epoch seconds, "t=...") shown as a UTC time."""
-    def clock(match: re.Match) -> str:
-        return datetime.fromtimestamp(float(match.group(1)), tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
+    """The reservation in words, from the decision's fields: the policy's clock (epoch seconds)
+    shown as a UTC time, the policy's own sentence kept (to the second, as it rounds)."""
     nodes = ", ".join(decision.nodes[:4]) + (", ..." if len(decision.nodes) > 4 else "")
-    when = clock(re.match(r"(.*)", str(decision.at)))
-    return f"first in line: {nodes} held for it from {when}; " + re.sub(r"t=(\d+(?:\.\d+)?)", clock, decision.reason)
+    held = f"first in line: {nodes} held for it from {_utc(decision.at)}"
+    if not decision.shortage:  # decided without `explain`: the policy said only "reserved"
+        return f"{held}; {decision.reason}"
+    return (
+        f"{held}; first in line, reserved {len(decision.nodes)} node(s) from {_utc(round(decision.at))} "
+        f"(when running jobs end by their limits); now {decision.shortage}"
+    )
+
+
+def _utc(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _set_reason(job: Job, reason: str) -> None:
