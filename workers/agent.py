@@ -181,7 +181,9 @@ class Agent:
         wanted = self.api.heartbeat(agent_instance=self.instance, gpus=gpus)
         if wanted is None:
             log.error("another agent took over node %s; stopping", self.args.node)
-            self.runner.stop_all("agent replaced")
+            # Its jobs now belong to the new agent's platform view: none may outlive this one,
+            # and os._exit skips the atexit hook that would kill their cgroups.
+            self.runner.kill_everything("agent replaced")
             os._exit(3)
         self.last_heartbeat = began
         return wanted, local

@@ -220,6 +220,13 @@ class Runner:
                     run.stop_reason, run.stop_plan, run.stop_deadline = why, [], None
                 self._signal(run, signal.SIGKILL)
 
+    def kill_everything(self, why: str) -> None:
+        """SIGKILL every job and, where fenced, all of its cgroup now, and free their cgroups and
+        uids: for an agent that exits with os._exit, which skips the atexit hook doing this."""
+        self.kill_all(why)
+        if self.isolation.jailed:
+            self._kill_groups_at_exit()
+
     def stop_all(self, why: str) -> None:
         with self.lock:
             keys = list(self.runs)

@@ -19,7 +19,17 @@ class JobTemplateForm(forms.ModelForm):
     class Meta:
         model = JobTemplate
         fields = ["name", "description", "argv", "params_schema", "version", "checkpointable", "cacheable",
-                  "default_max_runtime_seconds"]  # fmt: skip
+                  "default_max_runtime_seconds", "memory_mib", "pids_max", "cpu_weight"]  # fmt: skip
+
+    def clean(self):
+        """The submit body's bounds (apps/jobs/serializers.py), field by field."""
+        from apps.jobs.serializers import MAX_CPU_WEIGHT, MAX_MEMORY_MIB, MAX_PIDS
+
+        data = super().clean()
+        for name, most in [("memory_mib", MAX_MEMORY_MIB), ("pids_max", MAX_PIDS), ("cpu_weight", MAX_CPU_WEIGHT)]:
+            if (data.get(name) or 0) > most:
+                self.add_error(name, f"must be at most {most} (0: the node's default)")
+        return data
 
     def clean_params_schema(self):
         schema = self.cleaned_data["params_schema"]

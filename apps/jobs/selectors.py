@@ -28,6 +28,9 @@ def assignment_for(member: AttemptMember) -> Assignment:
         stop_requested=attempt.stop_requested,
         active=attempt.state in ATTEMPT_ACTIVE,
         grace_seconds=job.tier.preemption_grace_seconds,
+        memory_mib=job.memory_mib,
+        pids_max=job.pids_max,
+        cpu_weight=job.cpu_weight,
     )
 
 

@@ -23,6 +23,12 @@ from apps.tenants.models import Tier
 
 MAX_GPUS_PER_NODE = 64
 MAX_GANG_NODES = 64
+# Cgroup limits a job may ask for (0: the node's default): up to 16 TiB of memory, the kernel's
+# largest pid_max, cgroup v2's cpu.weight scale.
+MAX_MEMORY_MIB = 16 * 1024 * 1024
+MAX_PIDS = 4 * 1024 * 1024
+MAX_CPU_WEIGHT = 10000
+LIMIT_FIELDS = ("memory_mib", "pids_max", "cpu_weight")
 
 
 class JobSubmitSerializer(serializers.Serializer):
@@ -39,6 +45,9 @@ class JobSubmitSerializer(serializers.Serializer):
     checkpointable = StrictBooleanField(required=False)
     cacheable = StrictBooleanField(required=False)
     retry_on_failure = StrictBooleanField(required=False, default=False)
+    memory_mib = StrictIntegerField(min_value=0, max_value=MAX_MEMORY_MIB, required=False)
+    pids_max = StrictIntegerField(min_value=0, max_value=MAX_PIDS, required=False)
+    cpu_weight = StrictIntegerField(min_value=0, max_value=MAX_CPU_WEIGHT, required=False)
 
     def to_internal_value(self, data):
         if not isinstance(data, dict):
@@ -120,6 +129,7 @@ def spec_from(data: dict, *, default_tier: Tier) -> JobSpec:
         or (template.default_max_runtime_seconds if template else 3600),
         "checkpointable": data.get("checkpointable", template.checkpointable if template else False),
         "cacheable": data.get("cacheable", template.cacheable if template else False),
+        **{name: data.get(name) or (getattr(template, name) if template else 0) for name in LIMIT_FIELDS},
     }
     plain = {name: data[name] for name in SPEC_FIELDS if name not in derived and name in data}
     return JobSpec(**derived, **plain)
@@ -176,7 +186,7 @@ class JobSerializer(serializers.ModelSerializer):
             "node_selector", "template", "params", "command", "max_runtime_seconds", "checkpointable",
             "cacheable", "created_at", "started_at", "finished_at", "queue_position",
             "estimated_start_at", "reason", "cache_hit", "exit_code", "attempts", "retry_on_failure",
-            "not_before",
+            "not_before", "memory_mib", "pids_max", "cpu_weight",
         ]  # fmt: skip
 
     def get_queue_position(self, job: Job) -> int | None:

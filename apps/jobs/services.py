@@ -69,6 +69,10 @@ class JobSpec:
     checkpointable: bool
     cacheable: bool
     retry_on_failure: bool = False  # retry a user error too (infrastructure failures always are)
+    # Cgroup limits per member (0: the node's default); the body's, else the template's.
+    memory_mib: int = 0
+    pids_max: int = 0
+    cpu_weight: int = 0
 
 
 SPEC_FIELDS = tuple(f.name for f in dataclass_fields(JobSpec))  # each a field of Job of that name

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import secrets
 from datetime import timedelta
 
@@ -16,6 +17,8 @@ from django.utils import timezone
 
 from apps.nodes.models import NodeCredential
 from apps.platform.agent_protocol import CREDENTIAL_PREFIX
+
+log = logging.getLogger(__name__)
 
 
 def _digest(secret: str) -> str:
@@ -38,6 +41,22 @@ def revoke_credentials(*, node_name: str) -> int:
     return NodeCredential.objects.filter(node_name=node_name, revoked_at=None).update(
         revoked_at=timezone.now()
     )
+
+
+def revoke_node(*, node_name: str) -> int:
+    """Cut a node off: every credential of it ends now (the agent API answers 401 from its next
+    request) and its broker user is deleted (its open Redis connections close, so its agent
+    cannot consume another message). Returns how many credentials ended. A Redis error comes
+    up after the credentials are revoked (the caller says so)."""
+    from apps.nodes import broker  # redis and the broker keys, only where a node is revoked
+
+    count = revoke_credentials(node_name=node_name)
+    try:
+        broker.broker_username(node_name)
+    except ValueError:
+        return count  # a name no broker user can carry: it never had one to end
+    broker.revoke_node_broker(node_name)
+    return count
 
 
 def credential_node(text: str) -> str | None:

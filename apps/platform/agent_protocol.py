@@ -49,8 +49,8 @@ class Assignment:
     grace_seconds: int = 30  # checkpoint signal -> SIGTERM on preemption
     checkpoint_signal: str = "SIGUSR1"
     # The member's cgroup limits on a fencing node (workers/isolation.py); 0: the node's default
-    # (GPUPLATFORM_JOB_MEMORY_MIB, GPUPLATFORM_JOB_PIDS_MAX, GPUPLATFORM_JOB_CPU_WEIGHT). No job,
-    # template or tier field feeds them yet.
+    # (GPUPLATFORM_JOB_MEMORY_MIB, GPUPLATFORM_JOB_PIDS_MAX, GPUPLATFORM_JOB_CPU_WEIGHT). From
+    # the job's fields of these names: its submit body's, else its template's.
     memory_mib: int = 0
     pids_max: int = 0
     cpu_weight: int = 0  # cgroup v2 scale, 1..10000 (100 the default)

@@ -110,6 +110,7 @@ class LocalProvider(Provider):
     def terminate(self, node: Node) -> None:
         request = ProvisionRequest.objects.filter(node_name=node.name, state=ProvisionState.RUNNING).first()
         Node.objects.filter(pk=node.pk).update(state=NodeState.TERMINATED, version=node.version + 1)
+        self._revoke(node)
         if request is None or request.pid is None:
             return
         try:
@@ -117,10 +118,17 @@ class LocalProvider(Provider):
         except ProcessLookupError:
             pass
         ProvisionRequest.objects.filter(pk=request.pk).update(state=ProvisionState.TERMINATED, ended_at=timezone.now())
-        from apps.nodes.credentials import revoke_credentials
-
-        revoke_credentials(node_name=node.name)  # a machine given back keeps no way in
         log.info("terminated node %s (pid %s)", node.name, request.pid)
+
+    def _revoke(self, node: Node) -> None:
+        """A machine given back keeps no way in: no agent API credential, no broker user."""
+        from apps.nodes.credentials import revoke_node
+
+        try:
+            revoke_node(node_name=node.name)
+        except Exception:  # Redis down: the credentials are revoked; the broker user outlives it
+            log.exception("node %s: its broker user could not be deleted; run "
+                          "`manage.py create_node_credential %s --revoke` again", node.name, node.name)  # fmt: skip
 
 
 def _stop_with_parent() -> None:  # runs in the child between fork and exec

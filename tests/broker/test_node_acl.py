@@ -321,3 +321,47 @@ def test_unsafe_node_names_are_refused():
     for name in ("a b", "a*", "", "x\n", "../q"):
         with pytest.raises(ValueError):
             broker.broker_username(name)
+
+
+@pytest.mark.django_db
+def test_revoking_a_node_credential_ends_its_broker_user_too(node):
+    """`create_node_credential NAME --revoke`: the agent API refuses the credential and the node's
+    broker user is gone, so its agent can neither report nor consume."""
+    import io
+
+    from django.core.management import call_command
+    from rest_framework.test import APIClient
+
+    name = node()
+    out = io.StringIO()
+    call_command("create_node_credential", name, stdout=out)
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {out.getvalue().strip().splitlines()[-1]}")
+    body = {"node": name, "agent_instance": "i1", "sku": "H100-80GB", "hostname": "h",
+            "labels": {}, "isolation": "none", "gpus": []}  # fmt: skip
+    answer = api.post("/internal/agent/v1/register/", body, format="json")
+    assert answer.status_code == 200
+    consumer = redis.Redis.from_url(answer.json()["broker_url"], retry_on_timeout=False)
+    assert consumer.ping()
+    username = broker.broker_username(name)
+    assert client().execute_command("ACL", "GETUSER", username)
+
+    call_command("create_node_credential", name, "--revoke", stdout=io.StringIO())
+    assert client().execute_command("ACL", "GETUSER", username) is None
+    with pytest.raises((redis.ConnectionError, redis.AuthenticationError)):
+        consumer.brpop([broker_keys.node_keys(name)[0]], timeout=1)
+    assert api.post("/internal/agent/v1/register/", body, format="json").status_code == 401
+
+
+@pytest.mark.django_db
+def test_a_node_the_autoscaler_terminates_loses_its_credentials_and_broker_user(node):
+    from apps.nodes.credentials import credential_node, issue_credential
+    from apps.scheduling.providers import LocalProvider
+    from tests.factories import make_node
+
+    name = node()
+    _, credential = issue_credential(node_name=name)
+    broker.node_broker_url(name)
+    LocalProvider().terminate(make_node(name))
+    assert credential_node(credential) is None
+    assert client().execute_command("ACL", "GETUSER", broker.broker_username(name)) is None

@@ -122,3 +122,31 @@ def test_members_running_at_once_each_have_their_own_uid_and_no_supplementary_gr
     a, b = result_of(runner, first), result_of(runner, second)
     assert a["uid"] != 0 and a["uid"] == a["gid"] == a["euid"] and a["groups"] == []
     assert b["uid"] != a["uid"] and b["gid"] != a["gid"]
+
+
+def test_a_job_cannot_use_the_broker_without_credentials(runner):
+    """The test run's Redis has a password (tests/services_plugin.py) that the job is never given:
+    it reaches the port, and every command it sends is refused with NOAUTH."""
+    import urllib.parse
+
+    from django.conf import settings
+
+    url = urllib.parse.urlsplit(settings.REDIS_URL)
+    if url.scheme != "redis" or not url.password:
+        pytest.skip("needs a plain-TCP Redis with a password (the embedded one of a test run)")
+    code = report(
+        "import socket\n"
+        f"conn = socket.create_connection(({url.hostname!r}, {url.port or 6379}), timeout=10)\n"
+        "replies = []\n"
+        "for command in (b'PING', b'KEYS *', b'LPUSH gpuplatform:forged x', b'AUTH default guess'):\n"
+        "    conn.sendall(command + b'\\r\\n')\n"
+        "    replies.append(conn.recv(200).decode(errors='replace').strip())\n"
+        "result['replies'] = replies\n"
+        f"result['given'] = [k for k, v in os.environ.items() if 'redis' in v.lower() or {url.password!r} in v]\n"
+    )
+    key = launch(runner, code)
+    assert finish(runner, key)[1] == 0
+    seen = result_of(runner, key)
+    assert [reply.split()[0] for reply in seen["replies"][:3]] == ["-NOAUTH"] * 3, seen
+    assert seen["replies"][3].startswith("-WRONGPASS"), seen
+    assert seen["given"] == []  # no broker URL, no password in its environment

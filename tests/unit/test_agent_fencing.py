@@ -135,3 +135,24 @@ def test_heartbeats_failing_over_http_fence_the_jobs(agent):
         assert not alive(pid)
     finally:
         agent.stopping.set()
+
+
+def test_an_agent_replaced_by_another_kills_every_job_before_it_exits(agent, monkeypatch):
+    """It leaves with os._exit (no atexit hook runs): a job that ignores SIGTERM is SIGKILLed first."""
+    import workers.agent
+
+    agent.runner.launch(Work(argv=py("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)")))
+    pid = agent.runner.runs[(1, 0)].process.pid
+
+    def exit_now(code):
+        raise SystemExit(code)
+
+    monkeypatch.setattr(agent.api, "heartbeat", lambda **kwargs: None)  # another agent took over
+    monkeypatch.setattr(workers.agent.os, "_exit", exit_now)
+    with pytest.raises(SystemExit):
+        agent.heartbeat_once()
+    run = agent.runner.runs[(1, 0)]
+    assert run.stop_reason == "agent replaced"
+    # No tick escalates a SIGTERM here: only the SIGKILL before the exit ends it.
+    assert run.process.wait(timeout=30) == -9
+    assert not alive(pid)
