@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from typing import cast
 
 from django.conf import settings
 
@@ -74,7 +75,8 @@ def acquire(*, holder: str, tenant_id) -> Slot:
     web session), never a secret."""
     slot = Slot((token_key(holder), tenant_key(tenant_id)), uuid.uuid4().hex)
     caps = (settings.MAX_STREAMS_PER_TOKEN, settings.MAX_STREAMS_PER_TENANT)
-    answer = int(shared_client().eval(_ACQUIRE, 2, *slot.keys, slot.member, LEASE_SECONDS, *caps))
+    args = (*slot.keys, slot.member, str(LEASE_SECONDS), *map(str, caps))
+    answer = int(cast(str, shared_client().eval(_ACQUIRE, 2, *args)))
     if answer:
         raise OverCap("token" if answer == 1 else "tenant")
     return slot
@@ -83,7 +85,7 @@ def acquire(*, holder: str, tenant_id) -> Slot:
 def renew(slots: list[Slot]) -> None:
     pipe = shared_client().pipeline(transaction=False)
     for slot in slots:
-        pipe.eval(_RENEW, 2, *slot.keys, slot.member, LEASE_SECONDS)
+        pipe.eval(_RENEW, 2, *slot.keys, slot.member, str(LEASE_SECONDS))
     pipe.execute()
 
 
@@ -98,5 +100,5 @@ def release(slots: list[Slot]) -> None:
 def open_count(key: str) -> int:
     """Members whose lease has not ended (for tests and operators)."""
     conn = shared_client()
-    seconds, micros = conn.time()
-    return int(conn.zcount(key, f"({seconds + micros / 1e6}", "+inf"))
+    seconds, micros = cast(tuple[int, int], conn.time())
+    return int(cast(int, conn.zcount(key, f"({seconds + micros / 1e6}", "+inf")))

@@ -46,7 +46,8 @@ def token_issue(*, user, name: str, days: int | None = None) -> tuple[ApiToken, 
     """A new token for `user` under `name` (the old one of that name, if any, revoked); returns
     the row and the key, which is shown once and kept nowhere."""
     name = name.strip()
-    if not name or len(name) > ApiToken._meta.get_field("name").max_length:
+    longest = ApiToken._meta.get_field("name").max_length
+    if not name or (longest is not None and len(name) > longest):
         raise TokenError("a token's name is 1 to 64 characters")
     if days is not None and days < 0:
         raise TokenError("days must be 0 (never expires) or more")
@@ -68,7 +69,10 @@ def token_revoke(
     if not everything:
         if name is None and token_id is None:
             raise TokenError("say which token: a name, an id, or all")
-        active = active.filter(**({"name": name} if name is not None else {"pk": token_id}))
+        if name is not None:
+            active = active.filter(name=name)
+        else:
+            active = active.filter(pk=token_id or 0)  # token_id is set: checked above
     return active.update(revoked_at=timezone.now())
 
 
