@@ -9,6 +9,7 @@ import pathlib
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from apps.webhooks.guard import ALLOW_SETTING, parse_networks
 from gpuplatform import embedded_redis
 from gpuplatform.env import env_bool, env_choice, env_float, env_int, env_list, env_str
 
@@ -188,6 +189,7 @@ CELERY_WORKER_SEND_TASK_EVENTS = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("GPUPLATFORM_VISIBILITY_TIMEOUT", 3600, minimum=1)}
 CELERY_TASK_DEFAULT_QUEUE = "control"
+CELERY_TASK_ROUTES = {"webhooks.*": {"queue": "webhooks"}}  # their own worker (Procfile `webhooks`)
 CELERY_TIMEZONE = "UTC"
 
 # Platform knobs.
@@ -210,6 +212,10 @@ RETRY_BACKOFF_MAX_SECONDS = env_float("GPUPLATFORM_RETRY_BACKOFF_MAX", 300.0, mi
 RATE_LIMIT_FAIL_OPEN_TIERS = env_list("GPUPLATFORM_RATE_LIMIT_FAIL_OPEN_TIERS", ["enterprise", "pro"])
 USER_SUBMIT_SHARE = env_float("GPUPLATFORM_USER_SUBMIT_SHARE", 1.0, minimum=0.01, maximum=1)
 RESULT_CACHE_TTL_SECONDS = env_int("GPUPLATFORM_RESULT_CACHE_TTL", 24 * 3600, minimum=0)
+# Webhooks (apps/webhooks/guard.py): networks an operator lets receivers sit on (self-hosted
+# receivers on a private network); everything not public is refused otherwise.
+WEBHOOK_ALLOW_NETWORKS = parse_networks(env_str(ALLOW_SETTING))
+WEBHOOK_RECEIVER_CONCURRENCY = env_int("GPUPLATFORM_WEBHOOK_RECEIVER_CONCURRENCY", 2, minimum=1, maximum=100)
 FLOWER_PORT = env_int("FLOWER_PORT", 5555, minimum=1, maximum=65535)
 PORT = env_int("PORT", 8000, minimum=1, maximum=65535)
 # fair: levels, weighted fair share, aging, backfill, preemption (docs/scheduling.md);
