@@ -167,4 +167,7 @@ def checked_address(url: str) -> tuple[Target, Address]:
         reason = refusal(address, allow)
         if reason:
             raise WebhookRefused(f"{reason}; an operator can allow its network in {ALLOW_SETTING}")
-    return target, addresses[0]
+    first = addresses[0]
+    if isinstance(first, ipaddress.IPv6Address) and first.ipv4_mapped is not None:
+        first = first.ipv4_mapped  # connect over IPv4 to what the mapped address means
+    return target, first
