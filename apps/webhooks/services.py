@@ -114,7 +114,8 @@ def deliveries_send(*, now: datetime | None = None) -> int:
 
 def webhooks_due(*, now: datetime) -> list[int]:
     waiting = WebhookDelivery.objects.filter(state=DeliveryState.PENDING, next_attempt_at__lte=now)
-    return list(waiting.values_list("webhook_id", flat=True).distinct()[:BATCH])
+    # order_by: the model's default ordering would put created_at into the DISTINCT, one row per delivery
+    return list(waiting.order_by("webhook_id").values_list("webhook_id", flat=True).distinct()[:BATCH])
 
 
 def webhook_deliver(*, webhook_id: int, now: datetime | None = None) -> int:

@@ -13,6 +13,7 @@ class Counter:
     def __init__(self, *, status: int = 200, location: str | None = None, hold: bool = False):
         self.status, self.location = status, location
         self.hits: list[dict] = []
+        self.arrived = threading.Condition()
         self.entered = threading.Event()  # a request arrived (set before any holding)
         self.release = threading.Event()
         if not hold:
@@ -23,8 +24,15 @@ class Counter:
             def _answer(self):
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
-                receiver.hits.append({"method": self.command, "path": self.path, "headers": dict(self.headers),
-                                      "body": body})  # fmt: skip
+                hit = {
+                    "method": self.command,
+                    "path": self.path,
+                    "headers": dict(self.headers),
+                    "body": body,
+                }
+                with receiver.arrived:
+                    receiver.hits.append(hit)
+                    receiver.arrived.notify_all()
                 receiver.entered.set()
                 receiver.release.wait(60)
                 self.send_response(receiver.status)
@@ -43,6 +51,11 @@ class Counter:
         self.port = self.server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}/hook"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def wait_hits(self, count: int, timeout: float = 30) -> bool:
+        """Whether `count` requests have arrived (waiting up to `timeout`, a failure guard only)."""
+        with self.arrived:
+            return self.arrived.wait_for(lambda: len(self.hits) >= count, timeout)
 
     def stop(self):
         self.release.set()
