@@ -37,7 +37,7 @@ REFUSED_NETWORKS: tuple[Network, ...] = tuple(
         "127.0.0.0/8",
         "169.254.0.0/16",  # link-local; AWS/GCP/Azure metadata is 169.254.169.254
         "172.16.0.0/12",
-        "192.0.0.0/24",  # IETF protocol assignments; Oracle's metadata is 192.0.0.192
+        "192.0.0.0/24",  # IETF protocol assignments
         "192.0.2.0/24",
         "192.88.99.0/24",
         "192.168.0.0/16",
