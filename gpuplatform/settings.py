@@ -192,6 +192,11 @@ CELERY_TASK_DEFAULT_QUEUE = "control"
 CELERY_TASK_ROUTES = {"webhooks.*": {"queue": "webhooks"}}  # their own worker (Procfile `webhooks`)
 CELERY_TIMEZONE = "UTC"
 
+# Webhooks (apps/webhooks/guard.py): networks an operator lets receivers sit on (self-hosted
+# receivers on a private network); everything not public is refused otherwise.
+WEBHOOK_ALLOW_NETWORKS = parse_networks(env_str(ALLOW_SETTING))
+WEBHOOK_RECEIVER_CONCURRENCY = env_int("GPUPLATFORM_WEBHOOK_RECEIVER_CONCURRENCY", 2, minimum=1, maximum=100)
+
 # Platform knobs.
 HEARTBEAT_SECONDS = env_float("GPUPLATFORM_HEARTBEAT_SECONDS", 2.0, minimum=0.1, maximum=300)
 NODE_LOST_AFTER_HEARTBEATS = env_int("GPUPLATFORM_NODE_LOST_AFTER", 3, minimum=2, maximum=100)
@@ -212,10 +217,6 @@ RETRY_BACKOFF_MAX_SECONDS = env_float("GPUPLATFORM_RETRY_BACKOFF_MAX", 300.0, mi
 RATE_LIMIT_FAIL_OPEN_TIERS = env_list("GPUPLATFORM_RATE_LIMIT_FAIL_OPEN_TIERS", ["enterprise", "pro"])
 USER_SUBMIT_SHARE = env_float("GPUPLATFORM_USER_SUBMIT_SHARE", 1.0, minimum=0.01, maximum=1)
 RESULT_CACHE_TTL_SECONDS = env_int("GPUPLATFORM_RESULT_CACHE_TTL", 24 * 3600, minimum=0)
-# Webhooks (apps/webhooks/guard.py): networks an operator lets receivers sit on (self-hosted
-# receivers on a private network); everything not public is refused otherwise.
-WEBHOOK_ALLOW_NETWORKS = parse_networks(env_str(ALLOW_SETTING))
-WEBHOOK_RECEIVER_CONCURRENCY = env_int("GPUPLATFORM_WEBHOOK_RECEIVER_CONCURRENCY", 2, minimum=1, maximum=100)
 FLOWER_PORT = env_int("FLOWER_PORT", 5555, minimum=1, maximum=65535)
 PORT = env_int("PORT", 8000, minimum=1, maximum=65535)
 # fair: levels, weighted fair share, aging, backfill, preemption (docs/scheduling.md);

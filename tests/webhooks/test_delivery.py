@@ -201,3 +201,11 @@ def test_the_answer_body_is_not_kept(settings):
         server.shutdown()
         server.server_close()
     assert outcome == sender.Outcome(200, "")
+
+
+def test_https_goes_through_tls_to_the_checked_address(settings, receiver, connections):
+    settings.WEBHOOK_ALLOW_NETWORKS = "127.0.0.0/8"
+    plain = receiver()  # speaks HTTP only: the TLS handshake the sender starts must fail
+    outcome = sender.post(plain.url.replace("http://", "https://"), b"{}", {})
+    assert outcome == sender.Outcome(None, "TLS handshake or certificate check failed")
+    assert connections == ["127.0.0.1"] and plain.hits == []
