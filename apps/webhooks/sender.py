@@ -16,7 +16,6 @@ import http.client
 import socket
 import ssl
 import threading
-import time
 from dataclasses import dataclass
 
 from apps.webhooks.guard import Address, Target, WebhookRefused, checked_address
@@ -42,7 +41,7 @@ class _PinnedHTTP(http.client.HTTPConnection):
         self._address = str(address)
 
     def connect(self):
-        self.sock = socket.create_connection((self._address, self.port), self.timeout)
+        self.sock = _connect(self._address, self.port, self.timeout)
 
 
 class _PinnedHTTPS(http.client.HTTPSConnection):
@@ -53,8 +52,14 @@ class _PinnedHTTPS(http.client.HTTPSConnection):
         self._address = str(address)
 
     def connect(self):
-        raw = socket.create_connection((self._address, self.port), self.timeout)
+        raw = _connect(self._address, self.port, self.timeout)
         self.sock = self._context.wrap_socket(raw, server_hostname=self.host)
+
+
+def _connect(address: str, port: int, total: float) -> socket.socket:
+    sock = socket.create_connection((address, port), min(CONNECT_SECONDS, total))
+    sock.settimeout(total)  # each read; the watchdog bounds them all together
+    return sock
 
 
 def post(url: str, body: bytes, headers: dict[str, str], *, total: float | None = None) -> Outcome:
@@ -64,11 +69,12 @@ def post(url: str, body: bytes, headers: dict[str, str], *, total: float | None 
     except WebhookRefused as refused:
         return Outcome(None, f"refused: {refused}")
     cls = _PinnedHTTPS if target.scheme == "https" else _PinnedHTTP
-    conn = cls(target, address, timeout=min(CONNECT_SECONDS, total))
-    watchdog = threading.Timer(total, _cut, args=(conn,))
+    conn = cls(target, address, timeout=total)
+    cut = threading.Event()
+    watchdog = threading.Timer(total, _cut, args=(conn, cut))
     watchdog.daemon = True
-    started = time.monotonic()
     watchdog.start()
+    late = Outcome(None, f"no answer within {total:g} s")
     try:
         conn.request("POST", target.path, body=body, headers=headers)
         response = conn.getresponse()
@@ -79,14 +85,16 @@ def post(url: str, body: bytes, headers: dict[str, str], *, total: float | None 
     except ConnectionRefusedError:
         return Outcome(None, "connection refused")
     except TimeoutError:
-        return Outcome(None, f"no answer within {total:g} s")
+        return late
     except (OSError, http.client.HTTPException):
-        if time.monotonic() - started >= total:
-            return Outcome(None, f"no answer within {total:g} s")
-        return Outcome(None, "connection failed or the answer was not HTTP")
+        return (
+            late if cut.is_set() else Outcome(None, "connection failed or the answer was not HTTP")
+        )
     finally:
         watchdog.cancel()
         conn.close()
+    if cut.is_set():  # a cut mid-headers reads as their end to http.client: not an answer
+        return late
     if 300 <= status < 400:
         return Outcome(status, f"redirect ({status}) not followed")
     if not 200 <= status < 300:
@@ -94,7 +102,8 @@ def post(url: str, body: bytes, headers: dict[str, str], *, total: float | None 
     return Outcome(status, "")
 
 
-def _cut(conn: http.client.HTTPConnection) -> None:
+def _cut(conn: http.client.HTTPConnection, cut: threading.Event) -> None:
+    cut.set()
     sock = conn.sock
     if sock is not None:
         try:

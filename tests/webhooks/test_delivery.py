@@ -209,3 +209,32 @@ def test_https_goes_through_tls_to_the_checked_address(settings, receiver, conne
     outcome = sender.post(plain.url.replace("http://", "https://"), b"{}", {})
     assert outcome == sender.Outcome(None, "TLS handshake or certificate check failed")
     assert connections == ["127.0.0.1"] and plain.hits == []
+
+
+def test_a_receiver_trickling_its_headers_is_cut_by_the_watchdog(settings):
+    """Each byte comes within the socket timeout, so only the one deadline stops it."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def trickle():
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\n")
+            while not stop.wait(0.05):
+                try:
+                    conn.sendall(b"X-Slow: 1\r\n")
+                except OSError:
+                    return
+
+    threading.Thread(target=trickle, daemon=True).start()
+    settings.WEBHOOK_ALLOW_NETWORKS = "127.0.0.0/8"
+    try:
+        outcome = sender.post(f"http://127.0.0.1:{listener.getsockname()[1]}/", b"{}", {}, total=1)
+    finally:
+        stop.set()
+        listener.close()
+    assert outcome == sender.Outcome(None, "no answer within 1 s")
