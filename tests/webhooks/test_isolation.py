@@ -9,7 +9,7 @@ import pytest
 
 from apps.platform.names import Queue, Task
 from apps.scheduling.schedule import beat_schedule
-from apps.webhooks import sender, slots, tasks
+from apps.webhooks import sender, services, slots, tasks
 from apps.webhooks.models import DeliveryState, WebhookDelivery
 from apps.webhooks.runner import LocalPump
 from tests.webhooks.conftest import hook_row, later
@@ -114,3 +114,17 @@ def test_the_pump_hands_each_due_webhook_to_the_webhooks_queue(
     assert {options["queue"] for _, options in sent} == {Queue.WEBHOOKS}
     assert beat_schedule()["webhooks"]["options"]["queue"] == Queue.WEBHOOKS
     assert (tasks.PUMP_TASK, tasks.DELIVER_TASK) == (Task.WEBHOOKS_PUMP, "webhooks.deliver")
+
+
+def test_the_deliver_task_sends_that_webhooks_due_deliveries(
+    cast, receiver, state_change, monkeypatch
+):
+    counter = receiver()
+    hook, other = hook_row(counter.url), hook_row(counter.url.replace("/hook", "/other"))
+    state_change()
+    settled = later()
+    services.deliveries_enqueue(now=settled)
+    monkeypatch.setattr(services.timezone, "now", lambda: settled)
+    tasks.deliver_task(hook.pk)
+    assert [hit["path"] for hit in counter.hits] == ["/hook", "/hook"]
+    assert WebhookDelivery.objects.filter(webhook=other, attempts=0).count() == 2
