@@ -9,6 +9,7 @@ import pathlib
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from apps.webhooks.guard import ALLOW_SETTING, parse_networks
 from gpuplatform import embedded_redis
 from gpuplatform.env import env_bool, env_choice, env_float, env_int, env_list, env_str
 
@@ -207,7 +208,13 @@ CELERY_WORKER_SEND_TASK_EVENTS = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("GPUPLATFORM_VISIBILITY_TIMEOUT", 3600, minimum=1)}
 CELERY_TASK_DEFAULT_QUEUE = "control"
+CELERY_TASK_ROUTES = {"webhooks.*": {"queue": "webhooks"}}  # their own worker (Procfile `webhooks`)
 CELERY_TIMEZONE = "UTC"
+
+# Webhooks (apps/webhooks/guard.py): networks an operator lets receivers sit on (self-hosted
+# receivers on a private network); everything not public is refused otherwise.
+WEBHOOK_ALLOW_NETWORKS = parse_networks(env_str(ALLOW_SETTING))
+WEBHOOK_RECEIVER_CONCURRENCY = env_int("GPUPLATFORM_WEBHOOK_RECEIVER_CONCURRENCY", 2, minimum=1, maximum=100)
 
 # Platform knobs.
 HEARTBEAT_SECONDS = env_float("GPUPLATFORM_HEARTBEAT_SECONDS", 2.0, minimum=0.1, maximum=300)

@@ -7,6 +7,7 @@ from enum import StrEnum
 
 class Queue(StrEnum):
     CONTROL = "control"  # the dispatcher: dispatch and reconcile passes
+    WEBHOOKS = "webhooks"  # webhook sends, on their own worker: a slow receiver never holds the dispatcher
 
 
 def node_queue(node_name: str) -> str:
@@ -21,6 +22,7 @@ class Task(StrEnum):
     START_ATTEMPT = "workers.start_attempt"
     STOP_ATTEMPT = "workers.stop_attempt"
     WEBHOOKS_PUMP = "webhooks.pump"
+    WEBHOOKS_DELIVER = "webhooks.deliver"
 
 
 class StopReason(StrEnum):
