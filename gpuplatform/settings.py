@@ -67,7 +67,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "csp.middleware.CSPMiddleware",
+    "gpuplatform.csp.PlatformCSPMiddleware",  # django-csp's, inline style for DRF's HTML only
     "axes.middleware.AxesMiddleware",  # last: it turns a locked-out sign-in into the 429 page
 ]
 
