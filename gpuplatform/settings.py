@@ -67,7 +67,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "gpuplatform.csp.PlatformCSPMiddleware",  # django-csp's, inline style for DRF's HTML only
+    "gpuplatform.csp.ContentSecurityPolicyMiddleware",
     "axes.middleware.AxesMiddleware",  # last: it turns a locked-out sign-in into the 429 page
 ]
 
@@ -196,20 +196,18 @@ AXES_VERBOSE = False
 STAFF_REQUIRE_2FA = env_bool("GPUPLATFORM_STAFF_REQUIRE_2FA", False)
 OTP_TOTP_ISSUER = "gpuplatform"
 
-# Content-Security-Policy (django-csp): everything from this origin, no inline script or
-# style, no eval; htmx is served from django-htmx's static files. The browser tests fail on
+# Content-Security-Policy (gpuplatform/csp.py): everything from this origin, no inline script
+# or style, no eval; htmx is served from django-htmx's static files. The browser tests fail on
 # any violation the pages report.
 CONTENT_SECURITY_POLICY = {
-    "DIRECTIVES": {
-        "default-src": ["'self'"],
-        "script-src": ["'self'"],
-        "style-src": ["'self'"],
-        "img-src": ["'self'", "data:"],
-        "object-src": ["'none'"],
-        "base-uri": ["'self'"],
-        "form-action": ["'self'"],
-        "frame-ancestors": ["'none'"],
-    },
+    "default-src": ["'self'"],
+    "script-src": ["'self'"],
+    "style-src": ["'self'"],
+    "img-src": ["'self'", "data:"],
+    "object-src": ["'none'"],
+    "base-uri": ["'self'"],
+    "form-action": ["'self'"],
+    "frame-ancestors": ["'none'"],
 }
 
 # Production over HTTPS (GPUPLATFORM_HTTPS=1): `check --deploy` is clean with it and DEBUG=0.
