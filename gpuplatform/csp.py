@@ -11,6 +11,7 @@ in its own templates; for those pages inline style is allowed. Scripts stay 'sel
 from django.conf import settings
 
 HEADER = "Content-Security-Policy"
+DEBUG_PAGES = (404, 500)
 
 
 def policy_header(directives: dict[str, list[str]]) -> str:
@@ -28,6 +29,8 @@ class ContentSecurityPolicyMiddleware:
 
     def __call__(self, request):
         response = self.get_response(request)
+        if settings.DEBUG and response.status_code in DEBUG_PAGES:
+            return response  # Django's technical 404/500 pages style themselves inline
         if HEADER not in response:
             html = response.get("Content-Type", "").startswith("text/html")
             response[HEADER] = (
