@@ -8,6 +8,7 @@ One exception: DRF's browsable API (the HTML a browser gets from /api/) puts sty
 in its own templates; for those pages inline style is allowed. Scripts stay 'self' everywhere.
 """
 
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 
 HEADER = "Content-Security-Policy"
@@ -19,8 +20,15 @@ def policy_header(directives: dict[str, list[str]]) -> str:
 
 
 class ContentSecurityPolicyMiddleware:
+    # Both kinds: a sync-only middleware would make Django run the async event streams through
+    # a thread (gpuplatform/asgi.py sends them to its ASGI handler to hold none).
+    sync_capable = True
+    async_capable = True
+
     def __init__(self, get_response):
         self.get_response = get_response
+        if iscoroutinefunction(get_response):
+            markcoroutinefunction(self)
         directives = settings.CONTENT_SECURITY_POLICY
         self.policy = policy_header(directives)
         self.browsable_api = policy_header(
@@ -28,7 +36,14 @@ class ContentSecurityPolicyMiddleware:
         )
 
     def __call__(self, request):
-        response = self.get_response(request)
+        if iscoroutinefunction(self):
+            return self._acall(request)
+        return self._with_header(request, self.get_response(request))
+
+    async def _acall(self, request):
+        return self._with_header(request, await self.get_response(request))
+
+    def _with_header(self, request, response):
         if settings.DEBUG and response.status_code in DEBUG_PAGES:
             return response  # Django's technical 404/500 pages style themselves inline
         if HEADER not in response:

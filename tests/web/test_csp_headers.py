@@ -34,3 +34,23 @@ def test_drfs_browsable_api_alone_may_use_inline_style(browser_as):
     policy = response["Content-Security-Policy"]
     assert "style-src 'self' 'unsafe-inline'" in policy and "script-src 'self';" in policy + ";"
     assert "unsafe" not in browser_as("bob").get("/api/v1/jobs/")["Content-Security-Policy"]
+
+
+def test_the_middleware_stays_async_for_async_views():
+    """Django runs an async view (the event streams under ASGI) on the loop only if every
+    middleware is async-capable."""
+    import asyncio
+
+    from asgiref.sync import iscoroutinefunction
+    from django.http import HttpResponse
+    from django.test import RequestFactory
+
+    from gpuplatform.csp import HEADER, ContentSecurityPolicyMiddleware
+
+    async def view(request):
+        return HttpResponse("ok", content_type="text/event-stream")
+
+    middleware = ContentSecurityPolicyMiddleware(view)
+    assert iscoroutinefunction(middleware)
+    response = asyncio.run(middleware(RequestFactory().get("/api/v1/jobs/x/events/")))
+    assert "default-src 'self'" in response[HEADER]
