@@ -17,11 +17,18 @@ BASE_DIR = pathlib.Path(__file__).resolve().parent.parent
 DATA_DIR = pathlib.Path(env_str("GPUPLATFORM_DATA_DIR") or BASE_DIR / "var").resolve()
 
 DEBUG = env_bool("DEBUG", False)
+# GPUPLATFORM_HTTPS=1: served over HTTPS (directly or behind a TLS-terminating proxy); turns on
+# the production settings below ("Production settings" in docs/operations.md).
+HTTPS = env_bool("GPUPLATFORM_HTTPS", False)
 SECRET_KEY = env_str("SECRET_KEY")
 if not SECRET_KEY:
     if not DEBUG:
         raise ImproperlyConfigured("SECRET_KEY is required unless DEBUG=1")
     SECRET_KEY = "debug-only-insecure-key"  # noqa: S105 (only reachable with DEBUG=1)
+if HTTPS and (len(SECRET_KEY) < 50 or len(set(SECRET_KEY)) < 5):
+    # Django's own bar (check --deploy, security.W009): a short key is guessable offline from
+    # any signed cookie. `make run` stores a 67-character one.
+    raise ImproperlyConfigured("SECRET_KEY must be at least 50 characters (5 distinct) with GPUPLATFORM_HTTPS=1")
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
@@ -38,6 +45,9 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "django_htmx",
     "django_celery_results",
+    "django_otp",
+    "django_otp.plugins.otp_totp",
+    "axes",
     "apps.tenants",
     "apps.nodes",
     "apps.jobs",
@@ -54,9 +64,12 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django_otp.middleware.OTPMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "gpuplatform.csp.ContentSecurityPolicyMiddleware",
+    "axes.middleware.AxesMiddleware",  # last: it turns a locked-out sign-in into the 429 page
 ]
 
 ROOT_URLCONF = "gpuplatform.urls"
@@ -174,6 +187,63 @@ STORAGES = {
 }
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
+
+# Sign-in throttling (django-axes; "Sign-in throttling" in docs/operations.md): both login
+# pages, counted per username and, separately, per client address. The LOGIN_FAILURE_LIMIT-th
+# wrong password within the cool-off is refused (429 with Retry-After), and so is every attempt,
+# right or wrong, until the cool-off has passed since the last failure. API tokens never go
+# through authenticate(), so no API call is locked out by a username.
+AUTHENTICATION_BACKENDS = [
+    "apps.web.signin.ThrottleBackend",  # axes' check, skipped where there is no request
+    "django.contrib.auth.backends.ModelBackend",
+]
+LOGIN_FAILURE_LIMIT = env_int("GPUPLATFORM_LOGIN_FAILURE_LIMIT", 6, minimum=2)
+LOGIN_COOLOFF_SECONDS = env_int("GPUPLATFORM_LOGIN_COOLOFF_SECONDS", 300, minimum=1)
+# Proxies (comma-separated addresses) whose X-Forwarded-For names the client; from anyone else
+# the client is REMOTE_ADDR, so a forged header cannot dodge the per-address count.
+TRUSTED_PROXIES = env_list("GPUPLATFORM_TRUSTED_PROXIES", [])
+AXES_FAILURE_LIMIT = LOGIN_FAILURE_LIMIT
+AXES_COOLOFF_TIME = "apps.web.signin.cool_off"
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]  # each on its own: either one locks
+AXES_CLIENT_IP_CALLABLE = "apps.web.signin.client_ip"
+AXES_LOCKOUT_CALLABLE = "apps.web.signin.lockout_response"
+AXES_RESET_ON_SUCCESS = False  # failures age out with the cool-off; a sign-in does not wipe them
+AXES_VERBOSE = False
+
+# A second factor for staff (django-otp, TOTP): with it on, the admin wants a verified device
+# (`manage.py enrol_totp USERNAME` prints the secret), and its login page asks for the code.
+STAFF_REQUIRE_2FA = env_bool("GPUPLATFORM_STAFF_REQUIRE_2FA", False)
+OTP_TOTP_ISSUER = "gpuplatform"
+
+# Content-Security-Policy (gpuplatform/csp.py): everything from this origin, no inline script
+# or style, no eval; htmx is served from django-htmx's static files. The browser tests fail on
+# any violation the pages report.
+CONTENT_SECURITY_POLICY = {
+    "default-src": ["'self'"],
+    "script-src": ["'self'"],
+    "style-src": ["'self'"],
+    "img-src": ["'self'", "data:"],
+    "object-src": ["'none'"],
+    "base-uri": ["'self'"],
+    "form-action": ["'self'"],
+    "frame-ancestors": ["'none'"],
+}
+
+# Production over HTTPS (GPUPLATFORM_HTTPS=1): `check --deploy` is clean with it and DEBUG=0.
+if HTTPS:
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_SSL_REDIRECT = True
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$"]  # load balancers probe over plain HTTP
+    SECURE_HSTS_SECONDS = env_int("GPUPLATFORM_HSTS_SECONDS", 365 * 24 * 3600, minimum=3600)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("GPUPLATFORM_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = env_bool("GPUPLATFORM_HSTS_PRELOAD", True)
+    if TRUSTED_PROXIES or env_bool("GPUPLATFORM_BEHIND_PROXY", False):
+        # The TLS-terminating proxy sets this header (and drops any the client sent).
+        SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+# /metrics: with a token set, scrapers send `Authorization: Bearer <token>` (401 otherwise).
+METRICS_TOKEN = env_str("GPUPLATFORM_METRICS_TOKEN") or None
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
