@@ -148,7 +148,7 @@ def resolve(target: Target) -> list[Address]:
         raise WebhookRefused(f"the name {target.host!r} does not resolve") from None
     seen: list[Address] = []
     for *_, sockaddr in infos:
-        address = ipaddress.ip_address(sockaddr[0].split("%", 1)[0])
+        address = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
         if address not in seen:
             seen.append(address)
     return seen

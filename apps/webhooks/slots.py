@@ -46,8 +46,8 @@ def acquire(origin: str, *, limit: int | None = None) -> str | None:
     """A holder token, or None when the receiver already has `limit` sends in flight."""
     limit = limit or settings.WEBHOOK_RECEIVER_CONCURRENCY
     token, now = uuid.uuid4().hex, time.time()
-    got = shared_client().eval(_ACQUIRE, 1, key_for(origin), now, now + LEASE_SECONDS, limit, token,
-                               LEASE_SECONDS * 2)  # fmt: skip
+    args = (str(now), str(now + LEASE_SECONDS), str(limit), token, str(LEASE_SECONDS * 2))
+    got = shared_client().eval(_ACQUIRE, 1, key_for(origin), *args)
     return token if got else None
 
 
