@@ -23,7 +23,7 @@ lint test bench chaos: export SECRET_KEY ?= make-check-not-a-secret
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check apps/scheduling/core
-	$(BIN)/mypy apps/scheduling/core
+	$(BIN)/mypy apps gpuplatform workers  # normal mode; strict on apps/scheduling/core (pyproject.toml)
 	$(BIN)/python manage.py check
 	$(BIN)/python manage.py makemigrations --check --dry-run
 	$(BIN)/python -m scripts.check_core_imports

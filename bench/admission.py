@@ -90,6 +90,11 @@ _wsgi = None
 
 def __getattr__(name: str):
     # Lazy so that importing this module (bench.run_all does) needs no Django settings.
+    if name == "asgi_application":  # the same app behind the Procfile's ASGI router
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuplatform.settings")
+        from gpuplatform.asgi import build
+
+        return build(application)
     if name == "urlpatterns":
         from django.urls import include, path
         from rest_framework.authentication import TokenAuthentication
@@ -229,6 +234,18 @@ TENANTS = 4  # the several-tenant case: one member each, the client threads spre
 ROUNDS = 5  # interleaved rounds: the minimal endpoints, one-tenant submits, spread submits (then the minimal endpoints again)
 
 
+def web_app() -> str:
+    """This module's app in the Procfile's kind: WSGI, or ASGI (gpuplatform/asgi.py's router)."""
+    line = next(
+        row for row in (ROOT / "Procfile").read_text().splitlines() if row.startswith("web:")
+    )
+    return (
+        "bench.admission:asgi_application"
+        if "asgi" in line.split()[2]
+        else "bench.admission:application"
+    )
+
+
 def web_options() -> list[str]:
     """The Procfile's gunicorn options (workers, threads, logging, timeout), so the bench serves
     both endpoints the way `make run` does; only the app and the bind differ."""
@@ -275,7 +292,7 @@ def start_web(data_dir: pathlib.Path):
     platform.manage("shell", "-c", "from tests.factories import make_node; make_node('bench-h1')")
     out = platform.manage("shell", "-c", SEED_TENANTS.format(n=TENANTS))
     platform.tenant_tokens = json.loads(out.strip().splitlines()[-1])
-    platform.spawn("web", [sys.executable, "-m", "gunicorn", "bench.admission:application", "--bind",
+    platform.spawn("web", [sys.executable, "-m", "gunicorn", web_app(), "--bind",
                            f"127.0.0.1:{platform.port}", *web_options()])  # fmt: skip
     platform.wait_until(
         lambda: _answers(platform.url + "/healthz"), timeout=60, what="gunicorn answering"
@@ -295,7 +312,9 @@ def _answers(url: str) -> bool:
 def _bare(check: dict) -> str:
     if "ping_p50_us" not in check:
         return ""
-    return f"; a bare `PING` to the same server took p50 {check['ping_p50_us']:.0f} us in the same run"
+    return (
+        f"; a bare `PING` to the same server took p50 {check['ping_p50_us']:.0f} us in the same run"
+    )
 
 
 def render(runs: dict) -> str:
@@ -318,7 +337,9 @@ def render(runs: dict) -> str:
 
         own, own_rounds = run.get("own_ping"), run.get("own_ratios")
 
-        def row(what: str, r: dict, kind: str, rounds=rounds, ratio=ratio, own_rounds=own_rounds) -> str:
+        def row(
+            what: str, r: dict, kind: str, rounds=rounds, ratio=ratio, own_rounds=own_rounds
+        ) -> str:
             each = ", ".join(f"{x:.2f}" for x in rounds[kind])
             mine = f" {statistics.median(own_rounds[kind]):.2f} |" if own_rounds else ""
             return (f"| {what}, {r['n']} requests | {r['per_second']:.0f} /s (p50 {r['p50_ms']:.0f} ms, p99 "
@@ -331,7 +352,11 @@ def render(runs: dict) -> str:
                        f"{own['cpu_ms']:.1f} ms | {own['per_second'] / ping_rate:.2f} | 1 |\n")  # fmt: skip
             ping_tail = " |"
         else:  # a figure saved before the platform's own authentication
-            head, own_row, ping_tail = "| figure | rate | server CPU per request | / minimal endpoint |\n|---|---|---|---|", "", ""
+            head, own_row, ping_tail = (
+                "| figure | rate | server CPU per request | / minimal endpoint |\n|---|---|---|---|",
+                "",
+                "",
+            )
 
         parts.append(f"""### {backend}
 
@@ -418,6 +443,7 @@ def main() -> int:
                 platform.stop()
             if redis_server:
                 redis_server.stop()
+
     def against(minimal_runs: list[dict]) -> dict:
         return {kind: [run["per_second"] / ((minimal_runs[i]["per_second"] + minimal_runs[i + 1]["per_second"]) / 2)
                        for i, run in enumerate(runs_of)] for kind, runs_of in (("submit", submits), ("spread", spreads))}  # fmt: skip

@@ -7,6 +7,7 @@ URLs and demo tokens, then runs every Procfile process under honcho until Ctrl-C
 
 import os
 import pathlib
+import re
 import secrets
 import signal
 import subprocess
@@ -18,6 +19,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 def data_dir() -> pathlib.Path:
     path = pathlib.Path(os.environ.get("GPUPLATFORM_DATA_DIR") or ROOT / "var").resolve()
     path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o700)  # the database, the secret key, storage: the control plane's alone
     return path
 
 
@@ -43,6 +45,11 @@ def main() -> int:
     env.setdefault("SECRET_KEY", stored_secret(data / "secret_key", lambda: secrets.token_urlsafe(50)))
     env.setdefault("FLOWER_BASIC_AUTH", "admin:" + stored_secret(data / "flower_password", lambda: secrets.token_urlsafe(12)))
     port, flower_port = env.setdefault("PORT", "8000"), env.setdefault("FLOWER_PORT", "5555")
+    # The Procfile's agents get only this URL and their own credential file (`env -i`: none of
+    # this process's secrets). They run unprivileged here, isolation "none": this developer
+    # machine's operator opts them in to run the demo's command jobs (docs/architecture.md).
+    env.setdefault("GPUPLATFORM_URL", f"http://127.0.0.1:{port}")
+    env.setdefault("GPUPLATFORM_TRUST_UNISOLATED_NODES", "1")
     redis = None
     if not env.get("REDIS_URL"):
         from gpuplatform import embedded_redis
@@ -53,6 +60,7 @@ def main() -> int:
         manage("migrate", "--noinput", env=env)
         manage("collectstatic", "--noinput", "-v", "0", env=env)
         demo = manage("bootstrap_demo", env=env, capture=True)
+        issue_agent_credentials(data, env)
         print(banner(port, flower_port, env, demo), flush=True)
         honcho = subprocess.Popen(
             [str(pathlib.Path(sys.executable).parent / "honcho"), "-f", "Procfile", "start", "-p", port],
@@ -69,6 +77,36 @@ def main() -> int:
             redis.stop()
 
 
+def procfile_agents() -> list[str]:
+    text = (ROOT / "Procfile").read_text()
+    return re.findall(r"^agent-[\w-]+:.*?--node (\S+)", text, flags=re.M)
+
+
+def issue_agent_credentials(data: pathlib.Path, env: dict) -> None:
+    """A fresh node credential for each Procfile agent (the last ones revoked), in a file only
+    this user can read: `<data dir>/agents/<node>/credential`."""
+    for node in procfile_agents():
+        directory = data / "agents" / node
+        directory.mkdir(parents=True, exist_ok=True)
+        directory.chmod(0o700)
+        manage("create_node_credential", node, "--revoke", env=env, capture=True)
+        credential = manage("create_node_credential", node, env=env, capture=True).strip().splitlines()[-1]
+        path = directory / "credential"
+        path.touch(mode=0o600)
+        path.chmod(0o600)
+        path.write_text(credential + "\n")
+
+
+def redacted(url: str) -> str:
+    """The URL with its password masked: the banner may end up in a terminal log or a ticket."""
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(url)
+    if not parts.password:
+        return url
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")))
+
+
 def banner(port: str, flower_port: str, env: dict, demo: str) -> str:
     database = env.get("DATABASE_URL") or f"SQLite at {env['GPUPLATFORM_DATA_DIR']}/db.sqlite3"
     return f"""
@@ -79,7 +117,7 @@ gpuplatform is starting.
   API schema  http://127.0.0.1:{port}/api/schema/
   Health      http://127.0.0.1:{port}/healthz     Metrics http://127.0.0.1:{port}/metrics
   Flower      http://127.0.0.1:{flower_port}/            (basic auth {env['FLOWER_BASIC_AUTH']})
-  Redis       {env['REDIS_URL']}
+  Redis       {redacted(env['REDIS_URL'])}
   Database    {database}
 
 Demo users and API tokens:

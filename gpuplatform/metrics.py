@@ -7,10 +7,12 @@ grow; gauges are what is true now.
 
 from __future__ import annotations
 
+import hmac
 import logging
 from collections.abc import Iterator
 from datetime import timedelta
 
+from django.conf import settings
 from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, Sum
 from django.http import HttpResponse
 from django.utils import timezone
@@ -212,7 +214,23 @@ class DatabaseCollector:
         yield from autoscale_metrics()
 
 
+def _scraper_allowed(request) -> bool:
+    """Open when GPUPLATFORM_METRICS_TOKEN is unset (as before); else `Authorization: Bearer
+    <it>`, compared in constant time so the answer's timing tells nothing about the token."""
+    expected = settings.METRICS_TOKEN
+    if not expected:
+        return True
+    scheme, _, given = request.META.get("HTTP_AUTHORIZATION", "").partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(given.strip().encode(), expected.encode())
+
+
 def metrics(request):
+    if not _scraper_allowed(request):
+        response = HttpResponse("a bearer token is required\n", status=401, content_type="text/plain")
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
     registry = CollectorRegistry(auto_describe=False)
     registry.register(DatabaseCollector())
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

@@ -9,6 +9,7 @@ import pathlib
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from apps.webhooks.guard import ALLOW_SETTING, parse_networks
 from gpuplatform import embedded_redis
 from gpuplatform.env import env_bool, env_choice, env_float, env_int, env_list, env_str
 
@@ -16,11 +17,18 @@ BASE_DIR = pathlib.Path(__file__).resolve().parent.parent
 DATA_DIR = pathlib.Path(env_str("GPUPLATFORM_DATA_DIR") or BASE_DIR / "var").resolve()
 
 DEBUG = env_bool("DEBUG", False)
+# GPUPLATFORM_HTTPS=1: served over HTTPS (directly or behind a TLS-terminating proxy); turns on
+# the production settings below ("Production settings" in docs/operations.md).
+HTTPS = env_bool("GPUPLATFORM_HTTPS", False)
 SECRET_KEY = env_str("SECRET_KEY")
 if not SECRET_KEY:
     if not DEBUG:
         raise ImproperlyConfigured("SECRET_KEY is required unless DEBUG=1")
     SECRET_KEY = "debug-only-insecure-key"  # noqa: S105 (only reachable with DEBUG=1)
+if HTTPS and (len(SECRET_KEY) < 50 or len(set(SECRET_KEY)) < 5):
+    # Django's own bar (check --deploy, security.W009): a short key is guessable offline from
+    # any signed cookie. `make run` stores a 67-character one.
+    raise ImproperlyConfigured("SECRET_KEY must be at least 50 characters (5 distinct) with GPUPLATFORM_HTTPS=1")
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
@@ -37,6 +45,9 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "django_htmx",
     "django_celery_results",
+    "django_otp",
+    "django_otp.plugins.otp_totp",
+    "axes",
     "apps.tenants",
     "apps.nodes",
     "apps.jobs",
@@ -53,9 +64,12 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django_otp.middleware.OTPMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "gpuplatform.csp.ContentSecurityPolicyMiddleware",
+    "axes.middleware.AxesMiddleware",  # last: it turns a locked-out sign-in into the 429 page
 ]
 
 ROOT_URLCONF = "gpuplatform.urls"
@@ -98,7 +112,7 @@ SQLITE_OPTIONS = {
 def _database() -> dict:
     url = env_str("DATABASE_URL")
     if not url:
-        DATA_DIR.mkdir(parents=True, exist_ok=True)
+        DATA_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)  # the database lives here: never world-readable
         return {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": DATA_DIR / "db.sqlite3",
@@ -116,7 +130,7 @@ def _database() -> dict:
         config["OPTIONS"] = SQLITE_OPTIONS
         config["CONN_MAX_AGE"] = SQLITE_CONN_MAX_AGE
         config["CONN_HEALTH_CHECKS"] = False
-    return config
+    return dict(config)
 
 
 DATABASES = {"default": _database()}
@@ -135,6 +149,24 @@ def _redis_url() -> str:
 
 
 REDIS_URL = _redis_url()
+
+
+def _broker_ssl(url: str) -> dict | None:
+    """rediss:// verifies the server's certificate. kombu alone would not (without `ssl_*`
+    options it connects with CERT_NONE); options in the URL's query (`?ssl_ca_certs=/path/ca.pem`,
+    read by kombu and redis-py alike) take precedence over this default."""
+    if not url.startswith("rediss://"):
+        return None
+    import ssl
+
+    return {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+
+
+# The URL agents are handed (apps/nodes/broker.py) when they reach Redis by another address than
+# the web does (an agent on another machine): scheme, host, port and query; never credentials.
+AGENT_REDIS_URL = env_str("GPUPLATFORM_AGENT_REDIS_URL")
+if AGENT_REDIS_URL and not AGENT_REDIS_URL.startswith(("redis://", "rediss://")):
+    raise ImproperlyConfigured(f"GPUPLATFORM_AGENT_REDIS_URL must start with redis:// or rediss://: {AGENT_REDIS_URL!r}")
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -155,6 +187,63 @@ STORAGES = {
 }
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
+
+# Sign-in throttling (django-axes; "Sign-in throttling" in docs/operations.md): both login
+# pages, counted per username and, separately, per client address. The LOGIN_FAILURE_LIMIT-th
+# wrong password within the cool-off is refused (429 with Retry-After), and so is every attempt,
+# right or wrong, until the cool-off has passed since the last failure. API tokens never go
+# through authenticate(), so no API call is locked out by a username.
+AUTHENTICATION_BACKENDS = [
+    "apps.web.signin.ThrottleBackend",  # axes' check, skipped where there is no request
+    "django.contrib.auth.backends.ModelBackend",
+]
+LOGIN_FAILURE_LIMIT = env_int("GPUPLATFORM_LOGIN_FAILURE_LIMIT", 6, minimum=2)
+LOGIN_COOLOFF_SECONDS = env_int("GPUPLATFORM_LOGIN_COOLOFF_SECONDS", 300, minimum=1)
+# Proxies (comma-separated addresses) whose X-Forwarded-For names the client; from anyone else
+# the client is REMOTE_ADDR, so a forged header cannot dodge the per-address count.
+TRUSTED_PROXIES = env_list("GPUPLATFORM_TRUSTED_PROXIES", [])
+AXES_FAILURE_LIMIT = LOGIN_FAILURE_LIMIT
+AXES_COOLOFF_TIME = "apps.web.signin.cool_off"
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]  # each on its own: either one locks
+AXES_CLIENT_IP_CALLABLE = "apps.web.signin.client_ip"
+AXES_LOCKOUT_CALLABLE = "apps.web.signin.lockout_response"
+AXES_RESET_ON_SUCCESS = False  # failures age out with the cool-off; a sign-in does not wipe them
+AXES_VERBOSE = False
+
+# A second factor for staff (django-otp, TOTP): with it on, the admin wants a verified device
+# (`manage.py enrol_totp USERNAME` prints the secret), and its login page asks for the code.
+STAFF_REQUIRE_2FA = env_bool("GPUPLATFORM_STAFF_REQUIRE_2FA", False)
+OTP_TOTP_ISSUER = "gpuplatform"
+
+# Content-Security-Policy (gpuplatform/csp.py): everything from this origin, no inline script
+# or style, no eval; htmx is served from django-htmx's static files. The browser tests fail on
+# any violation the pages report.
+CONTENT_SECURITY_POLICY = {
+    "default-src": ["'self'"],
+    "script-src": ["'self'"],
+    "style-src": ["'self'"],
+    "img-src": ["'self'", "data:"],
+    "object-src": ["'none'"],
+    "base-uri": ["'self'"],
+    "form-action": ["'self'"],
+    "frame-ancestors": ["'none'"],
+}
+
+# Production over HTTPS (GPUPLATFORM_HTTPS=1): `check --deploy` is clean with it and DEBUG=0.
+if HTTPS:
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_SSL_REDIRECT = True
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$"]  # load balancers probe over plain HTTP
+    SECURE_HSTS_SECONDS = env_int("GPUPLATFORM_HSTS_SECONDS", 365 * 24 * 3600, minimum=3600)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("GPUPLATFORM_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = env_bool("GPUPLATFORM_HSTS_PRELOAD", True)
+    if TRUSTED_PROXIES or env_bool("GPUPLATFORM_BEHIND_PROXY", False):
+        # The TLS-terminating proxy sets this header (and drops any the client sent).
+        SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+# /metrics: with a token set, scrapers send `Authorization: Bearer <token>` (401 otherwise).
+METRICS_TOKEN = env_str("GPUPLATFORM_METRICS_TOKEN") or None
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -185,6 +274,7 @@ SPECTACULAR_SETTINGS = {
 # long-running job lives in the agent and is tracked by leases in the database, so a broker
 # redelivery (visibility timeout) can at worst repeat a hand-off that the fencing token rejects.
 CELERY_BROKER_URL = REDIS_URL
+CELERY_BROKER_USE_SSL = _broker_ssl(REDIS_URL)
 CELERY_RESULT_BACKEND = "django-db"
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
@@ -195,7 +285,13 @@ CELERY_WORKER_SEND_TASK_EVENTS = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("GPUPLATFORM_VISIBILITY_TIMEOUT", 3600, minimum=1)}
 CELERY_TASK_DEFAULT_QUEUE = "control"
+CELERY_TASK_ROUTES = {"webhooks.*": {"queue": "webhooks"}}  # their own worker (Procfile `webhooks`)
 CELERY_TIMEZONE = "UTC"
+
+# Webhooks (apps/webhooks/guard.py): networks an operator lets receivers sit on (self-hosted
+# receivers on a private network); everything not public is refused otherwise.
+WEBHOOK_ALLOW_NETWORKS = parse_networks(env_str(ALLOW_SETTING))
+WEBHOOK_RECEIVER_CONCURRENCY = env_int("GPUPLATFORM_WEBHOOK_RECEIVER_CONCURRENCY", 2, minimum=1, maximum=100)
 
 # Platform knobs.
 HEARTBEAT_SECONDS = env_float("GPUPLATFORM_HEARTBEAT_SECONDS", 2.0, minimum=0.1, maximum=300)
@@ -217,8 +313,25 @@ RETRY_BACKOFF_MAX_SECONDS = env_float("GPUPLATFORM_RETRY_BACKOFF_MAX", 300.0, mi
 RATE_LIMIT_FAIL_OPEN_TIERS = env_list("GPUPLATFORM_RATE_LIMIT_FAIL_OPEN_TIERS", ["enterprise", "pro"])
 USER_SUBMIT_SHARE = env_float("GPUPLATFORM_USER_SUBMIT_SHARE", 1.0, minimum=0.01, maximum=1)
 RESULT_CACHE_TTL_SECONDS = env_int("GPUPLATFORM_RESULT_CACHE_TTL", 24 * 3600, minimum=0)
+# The agent API (docs/architecture.md, "Agent API"): the most a member may upload as its log, one
+# artifact or one checkpoint (413 past it), and the web's URL as agents started here reach it.
+AGENT_LOG_MAX_BYTES = env_int("GPUPLATFORM_LOG_MAX_BYTES", 64 << 20, minimum=1)
+AGENT_ARTIFACT_MAX_BYTES = env_int("GPUPLATFORM_ARTIFACT_MAX_BYTES", 1 << 30, minimum=1)
+AGENT_CHECKPOINT_MAX_BYTES = env_int("GPUPLATFORM_CHECKPOINT_MAX_BYTES", 4 << 30, minimum=1)
+# Jobs that may run arbitrary commands go on an isolation "none" node only where the operator
+# opted the node in (Node.allow_unisolated_commands), or everywhere with this (`make run`).
+TRUST_UNISOLATED_NODES = env_bool("GPUPLATFORM_TRUST_UNISOLATED_NODES", False)
+# Open event streams (GET /api/v1/jobs/{id}/events/) per API token (or web session) and per
+# tenant, across every web process (apps/jobs/stream_slots.py); over either: 429.
+MAX_STREAMS_PER_TOKEN = env_int("GPUPLATFORM_MAX_STREAMS_PER_TOKEN", 20, minimum=1)
+MAX_STREAMS_PER_TENANT = env_int("GPUPLATFORM_MAX_STREAMS_PER_TENANT", 200, minimum=1)
+# API tokens (apps/tenants/tokens.py): days a new one lasts (0: never expires), and days the
+# tokens carried over from DRF's clear-text table keep working after the upgrade.
+TOKEN_EXPIRY_DAYS = env_int("GPUPLATFORM_TOKEN_DAYS", 90, minimum=0)
+MIGRATED_TOKEN_DAYS = env_int("GPUPLATFORM_MIGRATED_TOKEN_DAYS", 30, minimum=1)
 FLOWER_PORT = env_int("FLOWER_PORT", 5555, minimum=1, maximum=65535)
 PORT = env_int("PORT", 8000, minimum=1, maximum=65535)
+PLATFORM_URL = env_str("GPUPLATFORM_URL") or f"http://127.0.0.1:{PORT}"  # for the agents the autoscaler starts
 # fair: levels, weighted fair share, aging, backfill, preemption (docs/scheduling.md);
 # level-fifo: tier level then submit time; fifo; slurm: our rendering of Slurm's multifactor.
 AUTOSCALE_TICK_SECONDS = env_float("GPUPLATFORM_AUTOSCALE_TICK_SECONDS", 10.0, minimum=0.5, maximum=3600)

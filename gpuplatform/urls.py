@@ -7,8 +7,13 @@ from apps.jobs.api import JobViewSet
 from apps.jobs.events_api import JobEventsView
 from apps.nodes.api import NodeViewSet
 from apps.tenants.api import UsageView
+from apps.web.signin import PlatformAdminSite
 from gpuplatform.health import healthz
 from gpuplatform.metrics import metrics
+
+# The admin can require a TOTP code from staff (GPUPLATFORM_STAFF_REQUIRE_2FA, apps/web/signin.py);
+# the default site keeps its name and registrations, only its class changes.
+admin.site.__class__ = PlatformAdminSite
 
 router = DefaultRouter(trailing_slash=True)
 router.include_format_suffixes = False  # artifact names like "result.json" are names, not formats
@@ -24,6 +29,7 @@ urlpatterns = [
     path("api/v1/jobs/<uuid:pk>/events/", JobEventsView.as_view(), name="job-events"),
     path("api/v1/", include(router.urls)),
     path("api/v1/usage/", UsageView.as_view(), name="usage"),
+    path("internal/agent/v1/", include("apps.nodes.agent_urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("healthz", healthz, name="healthz"),
     path("metrics", metrics, name="metrics"),

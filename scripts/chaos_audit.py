@@ -94,7 +94,8 @@ def _next_after(starts: list[float], moment: float) -> float | None:
 def _logs_started_twice(data_dir: pathlib.Path) -> int:
     """demo-train prints its gang env once per process: a log with two such lines ran twice."""
     twice = 0
-    for log in (data_dir / "work").glob("*/attempt-*/job.log"):
+    # Written by the agents (each in its own data dir, as on its own machine), not the job.
+    for log in data_dir.glob("agents/*/logs/*/attempt-*.log"):
         if log.read_text(errors="replace").count("demo-train: RANK=") > 1:
             twice += 1
     return twice

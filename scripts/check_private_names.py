@@ -22,7 +22,9 @@ import pathlib
 import sys
 
 LIBRARIES = ("django", "rest_framework", "psycopg", "psycopg2", "sqlite3")
-ALLOWED = {"_meta"}
+# `_meta` is Django's documented model API; `_replace`, `_asdict` and `_fields` are the documented
+# namedtuple API (urllib.parse results are namedtuples).
+ALLOWED = {"_meta", "_replace", "_asdict", "_fields"}
 INTERNALS = {"set_cached_value", "validate_no_broken_transaction", "wrap_database_errors"}
 APPS = pathlib.Path(__file__).resolve().parent.parent / "apps"
 OWN = {"self", "cls", "mcs"}  # an attribute read on these is the class's own

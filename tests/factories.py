@@ -28,9 +28,13 @@ def client_for(token: str | None) -> APIClient:
     return client
 
 
-def make_node(name: str, sku: str = "H100-80GB", gpus: int = 8, labels: dict | None = None) -> Node:
+def make_node(name: str, sku: str = "H100-80GB", gpus: int = 8, labels: dict | None = None, *,
+              isolation: str = "none", allow_unisolated_commands: bool = True) -> Node:  # fmt: skip
+    """A registered node. Like the test agents it cannot isolate jobs, and the operator opted it
+    in to jobs that run commands (tests of that rule pass allow_unisolated_commands=False)."""
     sku_row, _ = GpuSku.objects.get_or_create(name=sku)
-    node = Node.objects.create(name=name, sku=sku_row, labels=labels or {})
+    node = Node.objects.create(name=name, sku=sku_row, labels=labels or {}, isolation=isolation,
+                               allow_unisolated_commands=allow_unisolated_commands)  # fmt: skip
     for index in range(gpus):
         Gpu.objects.create(node=node, index=index, uuid=f"GPU-{name}-{index}")
     return node

@@ -3,7 +3,12 @@
 It discovers the node's GPUs (NVML, or a fake inventory), registers them, heartbeats with GPU
 health and utilisation, consumes its node's Celery queue for start/stop hand-offs, and runs
 each attempt member through the runner. Every heartbeat it also compares what runs here with
-what the database says should, and repairs the difference (messages are only hints).
+what the platform says should, and repairs the difference (messages are only hints).
+
+It speaks to the control plane only through the agent API (docs/architecture.md, "Agent API"),
+and imports no Django: its whole configuration is GPUPLATFORM_URL, its node credential
+(GPUPLATFORM_NODE_CREDENTIAL or --credential-file) and optionally GPUPLATFORM_DATA_DIR (its own
+data dir); the broker URL and the platform's timings come from the register answer.
 """
 
 from __future__ import annotations
@@ -17,8 +22,20 @@ import sys
 import threading
 import time
 import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from apps.platform.agent_protocol import Assignment, GpuInfo
+from apps.platform.names import StopReason
+from workers.agent_client import AgentApi
+
+if TYPE_CHECKING:
+    from workers.gpus import Nvml
+    from workers.runner import Run
 
 log = logging.getLogger("workers.agent")
+Members = dict[tuple[int, int], Assignment]  # what the platform has placed here, by (attempt, rank)
+Runs = dict[tuple[int, int], "Run"]  # what runs here
 
 
 def parse_labels(text: str) -> dict[str, str]:
@@ -39,82 +56,75 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--fake", action="store_true", help="declare GPUs that do not exist (no NVML)")
     parser.add_argument("--labels", type=parse_labels, default={}, help="k=v,k=v (rack, zone, ...)")
     parser.add_argument("--concurrency", type=int, default=4, help="Celery threads for hand-offs")
+    parser.add_argument("--credential-file", type=pathlib.Path, default=None,
+                        help="file holding the node credential (else GPUPLATFORM_NODE_CREDENTIAL)")  # fmt: skip
     args = parser.parse_args(argv)
     if not 1 <= args.gpus <= 64:
         parser.error("--gpus must be between 1 and 64")
     return args
 
 
-class DbReporter:
-    """The runner's reports, written through the job services (fenced by the attempt token)."""
+@dataclass(frozen=True)
+class Config:
+    """Everything the agent is told, from its environment (and --credential-file)."""
 
-    def started(self, run) -> bool:
-        """False: the attempt or member ended before this process started (the runner stops it)."""
-        from apps.jobs.services import attempt_member_started
+    url: str
+    credential: str
+    data_dir: pathlib.Path
+    heartbeat_seconds: float = 2.0  # until the register answer gives the platform's
+    lost_after_heartbeats: int = 3
+    kill_grace_seconds: float = 5.0
 
-        a = run.assignment
-        return attempt_member_started(attempt_id=a.attempt_id, rank=a.rank, token=a.token, pid=run.process.pid)
-
-    def progress(self, run, progress: float, checkpoint: str) -> None:
-        from apps.jobs.services import attempt_progress
-
-        attempt_progress(attempt_id=run.assignment.attempt_id, token=run.assignment.token, progress=progress,
-                         checkpoint=checkpoint)  # fmt: skip
-
-    def finished(self, run, exit_code, reason: str, checkpoint: str) -> None:
-        from apps.jobs.services import attempt_member_finished, attempt_member_lost
-        from workers.runner import FENCED, UNASSIGNED
-
-        a = run.assignment
-        # Stopped by the agent, not the job's fault: retried. (If the database already ended the
-        # member, as it has for UNASSIGNED unless a race fooled the agent, this changes nothing.)
-        lost = {"agent stopping": "agent stopped", FENCED: f"agent {FENCED}", UNASSIGNED: f"agent: {UNASSIGNED}"}
-        if run.stop_reason in lost:
-            attempt_member_lost(attempt_id=a.attempt_id, rank=a.rank, token=a.token, reason=lost[run.stop_reason])
-            return
-        attempt_member_finished(attempt_id=a.attempt_id, rank=a.rank, token=a.token, exit_code=exit_code,
-                                reason=reason, checkpoint=checkpoint)  # fmt: skip
-
-    def lost(self, run, reason: str) -> None:
-        from apps.jobs.services import attempt_member_lost
-
-        a = run.assignment
-        attempt_member_lost(attempt_id=a.attempt_id, rank=a.rank, token=a.token, reason=reason)
-
-    def sync_log(self, run) -> None:
-        from workers.storage import put_file
-
-        a = run.assignment
-        suffix = "" if a.rank == 0 else f".rank-{a.rank}"
-        put_file(f"logs/{a.job_id}/attempt-{a.attempt_number}{suffix}.log", run.log_path)
-
-    def collect(self, run, name: str, path: pathlib.Path) -> None:
-        from apps.jobs.services import artifact_store
-
-        artifact_store(attempt_id=run.assignment.attempt_id, token=run.assignment.token, name=name, path=path)
+    @classmethod
+    def from_env(cls, args: argparse.Namespace, environ=os.environ) -> Config:
+        url = environ.get("GPUPLATFORM_URL", "")
+        if not url.startswith(("http://", "https://")):
+            raise SystemExit("agent: GPUPLATFORM_URL must be the web's base URL, e.g. http://10.0.0.1:8000")
+        if args.credential_file is not None:
+            credential = args.credential_file.read_text().strip()
+        else:
+            credential = environ.get("GPUPLATFORM_NODE_CREDENTIAL", "").strip()
+        if not credential:
+            raise SystemExit("agent: no node credential: set GPUPLATFORM_NODE_CREDENTIAL or pass --credential-file "
+                             "(issue one with `python manage.py create_node_credential NAME`)")  # fmt: skip
+        default_dir = pathlib.Path(__file__).resolve().parent.parent / "var" / f"agent-{args.node}"
+        return cls(
+            url=url, credential=credential,
+            data_dir=pathlib.Path(environ.get("GPUPLATFORM_DATA_DIR") or default_dir).resolve(),
+            heartbeat_seconds=float(environ.get("GPUPLATFORM_HEARTBEAT_SECONDS") or 2.0),
+            lost_after_heartbeats=int(environ.get("GPUPLATFORM_NODE_LOST_AFTER") or 3),
+            kill_grace_seconds=float(environ.get("GPUPLATFORM_KILL_GRACE_SECONDS") or 5.0),
+        )  # fmt: skip
 
 
 class Agent:
-    def __init__(self, args: argparse.Namespace):
-        from django.conf import settings
-
+    def __init__(self, args: argparse.Namespace, *, config: Config, api: AgentApi | None = None):
+        from workers.reporter import HttpReporter
         from workers.runner import Runner
 
-        self.args = args
+        self.args, self.config = args, config
+        self.api = api if api is not None else AgentApi(config.url, config.credential)
         self.instance = uuid.uuid4().hex
-        self.settings = settings
         self.stopping = threading.Event()
-        self.nvml = None
-        # When the database last took our heartbeat (its start), and how long we may go without
+        self._sync_lock = threading.Lock()
+        self._sync_wanted = threading.Event()
+        self._sync_due: tuple[Members, Runs] | None = None
+        self.nvml: Nvml | None = None
+        self.platform: dict = {}  # the register answer: broker URL, queue, timings
+        self.heartbeat_seconds = config.heartbeat_seconds
+        self.kill_grace = config.kill_grace_seconds
+        # When the platform last took our heartbeat (its start), and how long we may go without
         # one: as long as the platform waits before it declares the node lost. Measured from
-        # before the heartbeat's write, we fence first; a lost node's jobs then wait out their
-        # retry backoff before they can start elsewhere.
+        # before the heartbeat's request, we fence first; a lost node's jobs then wait out their
+        # retry backoff before they can start elsewhere. Failed requests (the web down, the
+        # network cut, the credential revoked) count as missed heartbeats.
         self.last_heartbeat = time.monotonic()
-        self.fence_after = settings.HEARTBEAT_SECONDS * settings.NODE_LOST_AFTER_HEARTBEATS
-        self.runner = Runner(node=args.node, data_dir=pathlib.Path(settings.DATA_DIR), reporter=DbReporter(),
-                             kill_grace=settings.KILL_GRACE_SECONDS)  # fmt: skip
+        self.fence_after = config.heartbeat_seconds * config.lost_after_heartbeats
+        config.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.runner = Runner(node=args.node, data_dir=config.data_dir, reporter=HttpReporter(self.api),
+                             kill_grace=config.kill_grace_seconds, fake_gpus=args.gpus if args.fake else 0)  # fmt: skip
 
-    def discover(self):
+    def discover(self) -> list[GpuInfo]:
         from workers.gpus import Nvml, fake_gpus
 
         if self.args.fake:
@@ -122,46 +132,91 @@ class Agent:
         self.nvml = Nvml()
         return self.nvml.gpus(limit=self.args.gpus)
 
-    def register(self) -> None:
-        from apps.nodes.services import NodeInfo, node_register
+    def isolation(self) -> str:
+        """How this agent fences its jobs (workers/isolation.py; the runner warns loudly at start
+        when it cannot): "none", or how it does."""
+        return self.runner.isolation.name
 
+    def register(self) -> None:
         self.runner.kill_orphans()
         gpus = self.discover()
-        info = NodeInfo(name=self.args.node, sku=self.args.sku, gpus=gpus, labels=self.args.labels,
-                        hostname=socket.gethostname())  # fmt: skip
-        node_register(info=info, agent_instance=self.instance)
-        log.info("node %s registered: %d x %s GPUs (%s), agent %s", self.args.node, len(gpus), self.args.sku,
-                 "fake" if self.args.fake else "NVML", self.instance)  # fmt: skip
+        isolation = self.isolation()
+        self.platform = self.api.register(node=self.args.node, agent_instance=self.instance, sku=self.args.sku,
+                                          gpus=gpus, labels=self.args.labels, hostname=socket.gethostname(),
+                                          isolation=isolation)  # fmt: skip
+        self.heartbeat_seconds = float(self.platform["heartbeat_seconds"])
+        self.fence_after = self.heartbeat_seconds * int(self.platform["node_lost_after_heartbeats"])
+        self.kill_grace = self.runner.kill_grace = float(self.platform["kill_grace_seconds"])
+        # A request may wait at most about one fence window per socket operation; a report that
+        # times out is retried (its progress, log or end) on a later tick.
+        self.api.timeout = max(5.0, self.fence_after)
+        self.last_heartbeat = time.monotonic()
+        log.info("node %s registered: %d x %s GPUs (%s), agent %s, isolation %s", self.args.node, len(gpus),
+                 self.args.sku, "fake" if self.args.fake else "NVML", self.instance, isolation)  # fmt: skip
 
     def heartbeat_loop(self) -> None:
-        from django.db import close_old_connections
-
-        from apps.nodes.services import node_heartbeat
-
-        while not self.stopping.wait(self.settings.HEARTBEAT_SECONDS):
+        """One heartbeat every interval, on a fixed beat (a slow answer does not push the next one
+        back). What the answer says runs here is handed to the sync thread: launching a member it
+        lists (spawn, checkpoint download, start report) must not delay the next beat."""
+        due = time.monotonic()
+        while True:
+            due = max(due + self.heartbeat_seconds, time.monotonic())
+            if self.stopping.wait(max(0.0, due - time.monotonic())):
+                return
             try:
-                close_old_connections()
-                began = time.monotonic()
-                gpus = self.nvml.gpus(limit=self.args.gpus) if self.nvml else []
-                if node_heartbeat(name=self.args.node, agent_instance=self.instance, gpus=gpus) is None:
-                    log.error("another agent took over node %s; stopping", self.args.node)
-                    self.runner.stop_all("agent replaced")
-                    os._exit(3)
-                self.last_heartbeat = began
-                self.sync()
+                answer = self.heartbeat_once()
+            except Exception as error:
+                log.warning("heartbeat failed (%s); retrying", error)
+                continue
+            with self._sync_lock:
+                self._sync_due = answer  # the newest answer wins; an older one is stale anyway
+            self._sync_wanted.set()
+
+    def heartbeat_once(self) -> tuple[Members, Runs]:
+        """Heartbeat; returns (what the platform has placed here, the local runs listed just before
+        its read), for sync()."""
+        began = time.monotonic()
+        gpus = self.nvml.gpus(limit=self.args.gpus) if self.nvml else []
+        local = self.local_runs()  # before the platform's read, see sync()
+        wanted = self.api.heartbeat(agent_instance=self.instance, gpus=gpus)
+        if wanted is None:
+            log.error("another agent took over node %s; stopping", self.args.node)
+            # Its jobs now belong to the new agent's platform view: none may outlive this one,
+            # and os._exit skips the atexit hook that would kill their cgroups.
+            self.runner.kill_everything("agent replaced")
+            os._exit(3)
+        self.last_heartbeat = began
+        return wanted, local
+
+    def sync_loop(self) -> None:
+        while not self.stopping.is_set():
+            if not self._sync_wanted.wait(1.0):
+                continue
+            with self._sync_lock:
+                answer, self._sync_due = self._sync_due, None
+                self._sync_wanted.clear()
+            if answer is None:
+                continue
+            try:
+                self.sync(*answer)
             except Exception:
-                log.exception("heartbeat failed; retrying")
+                log.exception("sync failed; the next heartbeat tries again")
 
-    def sync(self) -> None:
-        """Make what runs here match what the database says runs here."""
-        from apps.jobs.selectors import open_members_on
-        from workers.runner import UNASSIGNED
-
-        # Local runs first: a run launched (start message) after the database read would look
-        # unassigned and be killed.
+    def local_runs(self) -> Runs:
         with self.runner.lock:
-            local = dict(self.runner.runs)
-        wanted = open_members_on(self.args.node)
+            return dict(self.runner.runs)
+
+    def sync(self, wanted: Members | None = None, local: Runs | None = None) -> None:
+        """Make what runs here match what the platform says runs here (`wanted`: as the heartbeat
+        answer read it, `local` listed before that request; else both read now)."""
+        from workers.runner import UNASSIGNED, Run
+
+        # Local runs first: a run launched (start message) after the platform's read would look
+        # unassigned and be killed.
+        if wanted is None:
+            local = self.local_runs()
+            wanted = self.api.assignments()
+        assert local is not None  # given with `wanted`, or listed just now
         for key, run in local.items():
             want = wanted.get(key)
             if want is None or want.token != run.assignment.token:
@@ -175,67 +230,104 @@ class Agent:
                 self.runner.launch(want)  # its start message was lost or is late
             else:
                 # Placed here, ended before it ever ran: nothing to stop, just settle it.
-                from workers.runner import Run
-
                 self.runner.reporter.lost(Run(assignment=want, workdir=pathlib.Path("."), log_path=pathlib.Path(".")),
                                           "ended before it started")  # fmt: skip
 
     def fence(self) -> None:
-        """Cut off from the database (or too slow to reach it) for as long as the platform waits
-        before it declares this node lost and runs its jobs elsewhere: kill every job here first,
-        so that no job ever runs in two places at once."""
+        """Cut off from the platform (or too slow to reach it) for as long as it waits before it
+        declares this node lost and runs its jobs elsewhere: kill every job here first, so that
+        no job ever runs in two places at once."""
         if time.monotonic() - self.last_heartbeat > self.fence_after and self.runner.runs:
             self.runner.kill_all()
 
-    def tick_loop(self) -> None:
-        from django.db import close_old_connections
-
+    def fence_loop(self) -> None:
+        # Its own thread: a tick waiting on a slow or unreachable web must not delay the fence.
         while not self.stopping.wait(0.2):
             try:
                 self.fence()
-                close_old_connections()
+            except Exception:
+                log.exception("fence check failed")
+
+    def tick_loop(self) -> None:
+        while not self.stopping.wait(0.2):
+            try:
+                self.fence()
                 self.runner.tick()
             except Exception:
                 log.exception("runner tick failed")
 
     def start_threads(self) -> None:
-        for target, name in ((self.heartbeat_loop, "heartbeat"), (self.tick_loop, "runner-tick")):
+        loops = ((self.heartbeat_loop, "heartbeat"), (self.sync_loop, "sync"), (self.fence_loop, "fence"),
+                 (self.tick_loop, "runner-tick"))  # fmt: skip
+        for target, name in loops:
             threading.Thread(target=target, name=name, daemon=True).start()
 
     def shutdown(self) -> None:
         """Graceful stop: jobs here are stopped and handed back to the queue, not failed."""
-        self.runner.stop_all("agent stopping")
-        deadline = time.monotonic() + self.settings.KILL_GRACE_SECONDS + 2
+        self.runner.stop_all(StopReason.AGENT_STOPPING)
+        deadline = time.monotonic() + self.kill_grace + 2
         while self.runner.runs and time.monotonic() < deadline:
             time.sleep(0.2)
         self.stopping.set()
 
 
 def run_celery_worker(agent: Agent) -> None:
-    from apps.scheduling.queues import node_queue
-    from gpuplatform.celery import app
+    from workers import celery_app
 
+    settings = agent.platform
+    app = celery_app.configure(broker_url=settings["broker_url"], node=agent.args.node,
+                               visibility_timeout=int(settings.get("visibility_timeout", 3600)))  # fmt: skip
     worker = app.Worker(
-        hostname=f"agent@{agent.args.node}", queues=[node_queue(agent.args.node)], pool="threads",
+        hostname=f"agent@{agent.args.node}", queues=[settings["queue"]], pool="threads",
         concurrency=agent.args.concurrency, loglevel=os.environ.get("LOG_LEVEL", "INFO"),
-        without_mingle=True, without_gossip=True, task_events=True,
+        task_events=False, **celery_app.WORKER_OPTIONS,
     )  # fmt: skip
     worker.start()
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuplatform.settings")
-    import django
+def register_until_it_answers(agent: Agent) -> None:
+    """The web may start after its agents (`make run`): retry, except a refusal of the credential."""
+    from workers.agent_client import ApiError, CredentialRefused
 
-    django.setup()
+    delay = 0.5
+    while True:
+        try:
+            agent.register()
+            return
+        except CredentialRefused:
+            raise
+        except ApiError as error:
+            if error.status is not None and 400 <= error.status < 500:
+                raise
+            log.warning("could not register yet (%s); retrying in %.1fs", error, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 10)
+
+
+def forbid_django() -> None:
+    """Make any import of Django in this process fail: the agent holds no platform secrets and must
+    not grow a path to them (kombu's optional Django support then stays off, as it should)."""
+    if "django" not in sys.modules:
+        sys.modules["django"] = None  # type: ignore[assignment]
+
+
+def main(argv: list[str] | None = None) -> int:
+    forbid_django()
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")  # fmt: skip
+    config = Config.from_env(args)
+    from workers.agent_client import ApiError
     from workers.gpus import NoGpuError
 
-    agent = Agent(args)
+    agent = Agent(args, config=config)
     try:
-        agent.register()
+        register_until_it_answers(agent)
     except NoGpuError as error:
         print(f"agent: {error}", file=sys.stderr)
+        return 2
+    except ApiError as error:
+        print(f"agent: the platform refused to register node {args.node}: {error}", file=sys.stderr)
         return 2
     from workers import current
 

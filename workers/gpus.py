@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from apps.nodes.services import GpuInfo
+from apps.platform.agent_protocol import GpuInfo
 
 
 class NoGpuError(RuntimeError):

@@ -1,6 +1,9 @@
 """The job runner inside a node agent: each attempt member is a subprocess (argv, never a
 shell) in its own process group, with its GPUs in CUDA_VISIBLE_DEVICES, its own work dir, a
-scrubbed environment, a max runtime, its log captured, and its output files collected.
+scrubbed environment, a max runtime, its log captured through a pipe into the agent's own dir,
+and its output files collected. Where the agent can fence (root, cgroups: workers/isolation.py)
+each member also runs as its own uid in its own cgroup and mount namespace (workers/jail.py),
+and is killed as a whole cgroup, so no descendant outlives it.
 
 All processes are spawned from one long-lived launcher thread, because the parent-death
 signal (PR_SET_PDEATHSIG) fires when the spawning *thread* exits.
@@ -8,25 +11,39 @@ signal (PR_SET_PDEATHSIG) fires when the spawning *thread* exits.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
+import hashlib
 import json
 import logging
 import os
 import pathlib
 import queue
+import select
 import signal
+import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import BinaryIO
+
+from apps.platform.agent_protocol import Assignment
+from apps.platform.names import EndReason, StopReason
+from workers import isolation as fence
+from workers.safefiles import open_job_file, tree_size
 
 log = logging.getLogger(__name__)
 SDK_DIR = pathlib.Path(__file__).resolve().parent / "sdk"
+JAIL = pathlib.Path(__file__).resolve().parent / "jail.py"
 PR_SET_PDEATHSIG = 1
 ENV_PASSTHROUGH = ("LD_LIBRARY_PATH", "CUDA_HOME", "NVIDIA_DRIVER_CAPABILITIES", "TZ")
-FENCED = "cut off from the platform"  # the agent missed its heartbeats: its jobs die at once
-UNASSIGNED = "not assigned here any more"  # the database no longer has it on this node
+FENCED = StopReason.FENCED  # the agent missed its heartbeats: its jobs die at once
+UNASSIGNED = StopReason.UNASSIGNED  # the database no longer has it on this node
+OUTPUT_CHECK_SECONDS = 2.0  # how often the output dir is measured against its cap
+CONTROL_FILE_BYTES = 1 << 20  # progress.json / checkpoint.json larger than this are ignored
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -38,14 +55,15 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 
 @dataclass
 class Run:
-    assignment: object  # apps.jobs.selectors.Assignment
+    assignment: Assignment  # what the agent API placed here (apps/platform/agent_protocol.py)
     workdir: pathlib.Path
-    log_path: pathlib.Path
+    log_path: pathlib.Path  # in the agent's own dir: the job cannot replace it
     process: subprocess.Popen | None = None
     started: float = 0.0
-    stop_reason: str = ""  # "cancel", "timeout", "preempt", ...
+    stop_reason: str = ""  # a StopReason, the platform's word, or what the job went over
     stop_deadline: float | None = None
-    stop_plan: list = field(default_factory=list)  # signals still to send: [(signal, wait seconds)]
+    # signals still to send: [(signal, wait seconds)]
+    stop_plan: list[tuple[int, float | None]] = field(default_factory=list)
     exit_code: int | None = None
     finished: bool = False
     reported_progress: tuple | None = None
@@ -53,49 +71,123 @@ class Run:
     launch_error: str = ""
     start_reported: bool = False  # its end is reported only after its start
     extra: dict = field(default_factory=dict)
+    checkpoint_dir: pathlib.Path | None = None
+    uid: int | None = None  # the job's own uid when fenced; None: it runs as the agent
+    cgroup: fence.JobCgroup | None = None
+    over_limit: str = ""  # "log over N bytes", "output over N bytes": the job is stopped for it
+    log_reader: threading.Thread | None = None
+    output_checked: float = 0.0
 
     @property
     def key(self) -> tuple[int, int]:
         return (self.assignment.attempt_id, self.assignment.rank)
 
+    @property
+    def owner(self) -> int:
+        """Who the files the job writes belong to: read back only if they still do."""
+        return os.geteuid() if self.uid is None else self.uid
+
+    def open_job_file(self, path: str | pathlib.Path) -> BinaryIO | None:
+        """A file the job wrote (its work dir or checkpoint dir), opened without trusting it."""
+        path = pathlib.Path(path)
+        for root in filter(None, (self.workdir, self.checkpoint_dir)):
+            handle = open_job_file(path, root=root, owner=self.owner)
+            if handle is not None:
+                return handle
+        return None
+
 
 class Reporter:
     """How the runner tells the platform what happened (the agent wires it to the services)."""
 
-    def started(self, run: Run) -> None: ...
+    def started(self, run: Run) -> bool | None:
+        """False: the attempt ended before its process started (the runner stops it)."""
     def progress(self, run: Run, progress: float, checkpoint: str) -> None: ...
     def finished(self, run: Run, exit_code: int | None, reason: str, checkpoint: str) -> None: ...
     def lost(self, run: Run, reason: str) -> None: ...
     def sync_log(self, run: Run) -> None: ...
-    def collect(self, run: Run, name: str, path: pathlib.Path) -> None: ...
+    def collect(self, run: Run, name: str, source: BinaryIO) -> None: ...
+    def fetch_checkpoint(self, run: Run, dest_dir: pathlib.Path) -> str:
+        """Put the attempt's stored checkpoint (if any) in dest_dir; its local path, or ""."""
+        return ""
 
 
 class Runner:
-    def __init__(self, *, node: str, data_dir: pathlib.Path, reporter: Reporter, kill_grace: float = 5.0):
+    def __init__(self, *, node: str, data_dir: pathlib.Path, reporter: Reporter, kill_grace: float = 5.0,
+                 isolation: fence.Isolation | None = None, fake_gpus: int = 0):  # fmt: skip
         self.node, self.reporter, self.kill_grace = node, reporter, kill_grace
         self.data_dir = data_dir
-        self.state_file = data_dir / "agents" / node / "runs.json"
+        self.isolation = isolation if isolation is not None else fence.detect(node)
+        self.limits = self.isolation.settings
+        self.agent_dir = data_dir / "agents" / node
+        # Which cgroups and uid leases are this agent's (and its restarts'): its node and its
+        # data dir, so two agents that share a node name on one host (test runs, a mistake)
+        # never take each other's jobs for orphans.
+        self.instance = hashlib.sha1(str(data_dir.resolve()).encode()).hexdigest()[:8]
+        self.holder = f"{node}@{self.instance}"
+        self.state_file = self.agent_dir / "runs.json"
+        self._tighten_data_dir()
+        self.device_dir = self._device_dir(fake_gpus)
         self.runs: dict[tuple[int, int], Run] = {}
+        self.reaping: list[Run] = []  # ended, their cgroup still emptying: uid not yet free
         self.lock = threading.RLock()
         self._spawn_requests: queue.Queue = queue.Queue()
         self._launcher = threading.Thread(target=self._launch_loop, name="launcher", daemon=True)
         self._launcher.start()
+        fence.warn_if_unfenced(self.isolation, node)
+        if self.isolation.jailed:
+            atexit.register(self._kill_groups_at_exit)
+
+    def _tighten_data_dir(self) -> None:
+        """The agent's data dir (state, logs, credentials, other jobs' dirs) is the agent's alone."""
+        self.agent_dir.mkdir(parents=True, exist_ok=True)
+        for path in (self.data_dir, self.data_dir / "agents", self.agent_dir):
+            path.chmod(0o700)
+
+    def _device_dir(self, fake_gpus: int) -> pathlib.Path:
+        """Where this node's GPU device files are: /dev, or the agent's fake ones for `--fake`."""
+        if fake_gpus:
+            fence.make_fake_devices(self.data_dir / "dev", fake_gpus)
+            return self.data_dir / "dev"
+        return (
+            pathlib.Path("/dev")
+            if fence.gpu_device_files(pathlib.Path("/dev"))
+            else self.data_dir / "dev"
+        )
+
+    @property
+    def fake_devices(self) -> bool:
+        return self.device_dir != pathlib.Path("/dev")
 
     # --- commands -------------------------------------------------------------------------
 
-    def launch(self, assignment) -> bool:
+    def launch(self, assignment: Assignment) -> bool:
         """Start this member unless it already runs here (messages may arrive twice)."""
         key = (assignment.attempt_id, assignment.rank)
         with self.lock:
             if key in self.runs or not assignment.active or assignment.stop_requested:
                 return False
-            workdir = self.data_dir / "work" / assignment.job_id / f"attempt-{assignment.attempt_number}-rank-{assignment.rank}"
-            run = Run(assignment=assignment, workdir=workdir, log_path=workdir / "job.log")
+            member = f"attempt-{assignment.attempt_number}-rank-{assignment.rank}"
+            run = Run(assignment=assignment, workdir=self.data_dir / "work" / assignment.job_id / member,
+                      log_path=self.data_dir / "logs" / assignment.job_id / f"{member}.log",
+                      checkpoint_dir=self._checkpoint_dir(assignment))  # fmt: skip
             self.runs[key] = run
         done = threading.Event()
         self._spawn_requests.put((run, done))
         done.wait(30)
         return True
+
+    def _group_name(self, assignment: Assignment) -> str:
+        return f"{self.instance}.{assignment.attempt_id}-{assignment.rank}"
+
+    def _checkpoint_dir(self, assignment: Assignment) -> pathlib.Path:
+        """Survives attempts; one per rank, since each rank is its own uid."""
+        name = (
+            assignment.job_id
+            if assignment.rank == 0
+            else f"{assignment.job_id}-rank-{assignment.rank}"
+        )
+        return self.data_dir / "checkpoints" / name
 
     def stop(self, attempt_id: int, rank: int, why: str) -> None:
         """Stop a member: SIGTERM, then SIGKILL after the kill grace. A preemption first sends
@@ -105,9 +197,11 @@ class Runner:
             if not run or run.finished or run.stop_reason:
                 return
             run.stop_reason = why or "stop"
-            plan = [(signal.SIGTERM, self.kill_grace), (signal.SIGKILL, None)]
-            if why == "preempt":
-                checkpoint_signal = getattr(signal, run.assignment.checkpoint_signal, signal.SIGUSR1)
+            plan: list[tuple[int, float | None]] = [(signal.SIGTERM, self.kill_grace), (signal.SIGKILL, None)]
+            if why == StopReason.PREEMPT:
+                checkpoint_signal = getattr(
+                    signal, run.assignment.checkpoint_signal, signal.SIGUSR1
+                )
                 plan.insert(0, (checkpoint_signal, run.assignment.grace_seconds))
             run.stop_plan = plan
             self._next_stop_signal(run)
@@ -126,6 +220,13 @@ class Runner:
                     run.stop_reason, run.stop_plan, run.stop_deadline = why, [], None
                 self._signal(run, signal.SIGKILL)
 
+    def kill_everything(self, why: str) -> None:
+        """SIGKILL every job and, where fenced, all of its cgroup now, and free their cgroups and
+        uids: for an agent that exits with os._exit, which skips the atexit hook doing this."""
+        self.kill_all(why)
+        if self.isolation.jailed:
+            self._kill_groups_at_exit()
+
     def stop_all(self, why: str) -> None:
         with self.lock:
             keys = list(self.runs)
@@ -135,7 +236,7 @@ class Runner:
     # --- the loop ---------------------------------------------------------------------------
 
     def tick(self) -> None:
-        """Poll every run: exits, runtime limits, kill deadlines, progress, logs."""
+        """Poll every run: exits, runtime limits, size caps, kill deadlines, progress, logs."""
         with self.lock:
             runs = list(self.runs.values())
         now = time.monotonic()
@@ -143,33 +244,45 @@ class Runner:
             if run.finished:
                 continue
             if run.launch_error:
+                self._kill_tree(run)
                 self._finish(run, exit_code=127, reason=run.launch_error)
                 continue
             if run.process is None or not run.start_reported:
                 continue
             code = run.process.poll()
             if code is not None:
-                self._kill_group(run, signal.SIGKILL)  # leftovers of the tree die with the job
+                self._kill_tree(run)  # leftovers of the tree die with the job
                 self._finish(run, exit_code=code, reason=self._reason(run, code))
                 continue
             limit = run.assignment.max_runtime_seconds
             if not run.stop_reason and now - run.started > limit:
                 log.info("attempt %s rank %s passed its max runtime %ss", *run.key, limit)
-                self.stop(*run.key, why="timeout")
+                self.stop(*run.key, why=StopReason.TIMEOUT)
+            self._check_output_size(run, now)
+            if run.over_limit and not run.stop_reason:
+                log.warning("attempt %s rank %s: %s; stopping it", *run.key, run.over_limit)
+                self.stop(*run.key, why=run.over_limit)
             if run.stop_deadline is not None and now > run.stop_deadline and run.stop_plan:
                 self._next_stop_signal(run)
             self._report_progress(run)
             self._sync_log(run)
+        self._reap()
 
     def _reason(self, run: Run, code: int) -> str:
-        if run.stop_reason == "timeout":
-            return "timeout"
+        if run.stop_reason == StopReason.TIMEOUT:
+            return EndReason.TIMEOUT
         if run.stop_reason:
             return run.stop_reason
-        return "" if code == 0 else (f"killed by signal {-code}" if code < 0 else f"exit code {code}")
+        return (
+            "" if code == 0 else (f"killed by signal {-code}" if code < 0 else f"exit code {code}")
+        )
 
     def _finish(self, run: Run, *, exit_code: int | None, reason: str) -> None:
         run.finished, run.exit_code = True, exit_code
+        if run.log_reader is not None:
+            run.log_reader.join(
+                2
+            )  # the last lines, before the last sync (a leftover may hold the pipe)
         self._report_progress(run)
         self._sync_log(run, force=True)
         if exit_code == 0 and not run.stop_reason:
@@ -184,6 +297,25 @@ class Runner:
         with self.lock:
             self.runs.pop(run.key, None)
             self._save_state()
+            if run.cgroup is not None or run.uid is not None:
+                self.reaping.append(run)
+        self._reap()
+
+    def _reap(self) -> None:
+        """Remove ended members' cgroups once empty, and only then give their uid back."""
+        with self.lock:
+            pending, self.reaping = self.reaping, []
+        for run in pending:
+            if run.cgroup is not None:
+                run.cgroup.kill()
+                if not run.cgroup.remove():
+                    with self.lock:
+                        self.reaping.append(run)
+                    continue
+                run.cgroup = None
+            if run.uid is not None and self.isolation.uids is not None:
+                self.isolation.uids.release(run.uid)
+                run.uid = None
 
     # --- spawning -----------------------------------------------------------------------------
 
@@ -200,22 +332,35 @@ class Runner:
 
     def _spawn(self, run: Run) -> None:
         a = run.assignment
-        output = run.workdir / "output"
-        control = run.workdir / ".gpuplatform"
-        for path in (output, control, run.workdir / "tmp"):
+        assert run.checkpoint_dir is not None  # launch() gives every member one
+        output, control = run.workdir / "output", run.workdir / ".gpuplatform"
+        for path in (output, control, run.workdir / "tmp", run.checkpoint_dir):
             path.mkdir(parents=True, exist_ok=True)
-        checkpoints = self.data_dir / "checkpoints" / a.job_id
-        checkpoints.mkdir(parents=True, exist_ok=True)
+        run.log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        resume = self._resume_from(run)
         argv = [sys.executable if part == "{python}" else part for part in a.argv]
-        env = self._environment(run, output, control, checkpoints)
-        with open(run.log_path, "ab") as log_file:
-            run.process = subprocess.Popen(  # noqa: S603 (argv list, no shell, by design)
-                argv, cwd=run.workdir, env=env, stdin=subprocess.DEVNULL, stdout=log_file,
-                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent,
-            )  # fmt: skip
+        env = self._environment(run, output, control, resume)
+        log_read, log_write = os.pipe()
+        try:
+            if self.isolation.jailed:
+                self._spawn_fenced(run, argv, env, log_write)
+            else:
+                run.process = subprocess.Popen(  # noqa: S603 (argv list, no shell, by design)
+                    argv, cwd=run.workdir, env=env, stdin=subprocess.DEVNULL, stdout=log_write,
+                    stderr=log_write, start_new_session=True, preexec_fn=_die_with_parent,
+                )  # fmt: skip
+        except BaseException:
+            os.close(log_read)
+            raise
+        finally:
+            os.close(log_write)
+        self._start_log_reader(run, log_read)
         run.started = time.monotonic()
         with self.lock:
             self._save_state()
+        if run.launch_error:
+            return
+        assert run.process is not None  # spawned above, or launch_error says why not
         log.info("started attempt %s rank %s pid %s on GPUs %s", a.attempt_id, a.rank, run.process.pid, a.gpu_indices,
                  extra={"job_id": a.job_id, "attempt_id": a.attempt_id, "node": self.node, "rank": a.rank})  # fmt: skip
         try:
@@ -230,33 +375,139 @@ class Runner:
         if accepted is False:
             # The attempt ended (lost, cancelled) between our read and the launch: stop it now
             # rather than at the next sync, so it never runs beside the job's next attempt.
-            log.warning("attempt %s rank %s ended before its process started; stopping it", a.attempt_id, a.rank)
+            log.warning(
+                "attempt %s rank %s ended before its process started; stopping it",
+                a.attempt_id,
+                a.rank,
+            )
             self.stop(a.attempt_id, a.rank, why=UNASSIGNED)
 
-    def _environment(self, run: Run, output, control, checkpoints) -> dict[str, str]:
+    def _resume_from(self, run: Run) -> str:
+        """The checkpoint the job resumes from: fetched by the reporter into the job's checkpoint
+        dir where it can, else the one the platform recorded, if it is here."""
         a = run.assignment
-        resume = a.checkpoint if a.checkpoint and os.path.exists(a.checkpoint) else ""
-        if not resume and (checkpoints / "checkpoint.json").exists():
-            resume = str(checkpoints / "checkpoint.json")
+        assert run.checkpoint_dir is not None
+        fetch = getattr(self.reporter, "fetch_checkpoint", None)
+        if fetch is not None:
+            resume = fetch(run, run.checkpoint_dir) or ""
+        else:
+            resume = a.checkpoint if a.checkpoint and os.path.exists(a.checkpoint) else ""
+        if not resume and (run.checkpoint_dir / "checkpoint.json").exists():
+            resume = str(run.checkpoint_dir / "checkpoint.json")
+        return resume
+
+    def _environment(self, run: Run, output: pathlib.Path, control: pathlib.Path, resume: str) -> dict[str, str]:
+        a = run.assignment
         env = {k: os.environ[k] for k in ENV_PASSTHROUGH if k in os.environ}
         env.update(
             PATH="/usr/local/bin:/usr/bin:/bin", HOME=str(run.workdir), TMPDIR=str(run.workdir / "tmp"),
             LANG="C.UTF-8", PYTHONUNBUFFERED="1", PYTHONPATH=str(SDK_DIR),
-            CUDA_VISIBLE_DEVICES=",".join(str(i) for i in a.gpu_indices),
+            CUDA_VISIBLE_DEVICES=self._visible_devices(a.gpu_indices),
             RANK=str(a.rank), LOCAL_RANK="0", WORLD_SIZE=str(a.world_size),
             MASTER_ADDR=a.master_addr, MASTER_PORT=str(a.master_port),
             GPUPLATFORM_NODE=self.node, GPUPLATFORM_JOB_ID=a.job_id,
             GPUPLATFORM_ATTEMPT_ID=str(a.attempt_id), GPUPLATFORM_ATTEMPT=str(a.attempt_number),
             GPUPLATFORM_PARAMS=json.dumps(a.params), GPUPLATFORM_OUTPUT_DIR=str(output),
-            GPUPLATFORM_CHECKPOINT_DIR=str(checkpoints), GPUPLATFORM_RESUME_FROM=resume,
+            GPUPLATFORM_CHECKPOINT_DIR=str(run.checkpoint_dir), GPUPLATFORM_RESUME_FROM=resume,
             GPUPLATFORM_PROGRESS_FILE=str(control / "progress.json"),
             GPUPLATFORM_CHECKPOINT_FILE=str(control / "checkpoint.json"),
+            GPUPLATFORM_GPU_INDICES=",".join(str(i) for i in a.gpu_indices),
         )  # fmt: skip
+        if self.fake_devices and self.device_dir.is_dir():
+            env["GPUPLATFORM_DEVICE_DIR"] = str(self.device_dir)
         return env
+
+    def _visible_devices(self, indices: list[int]) -> str:
+        """Behind a device fence CUDA numbers only the GPUs it can open, from 0 (as under
+        Slurm's ConstrainDevices); fake GPUs and unfenced jobs keep the node's numbers."""
+        if self.isolation.jailed and not self.fake_devices:
+            return ",".join(str(i) for i in range(len(indices)))
+        return ",".join(str(i) for i in indices)
+
+    # --- the fence ------------------------------------------------------------------------------
+
+    def _spawn_fenced(self, run: Run, argv: list[str], env: dict[str, str], log_write: int) -> None:
+        """Lease a uid, hand it the member's dirs, make its cgroup, and start the jail launcher,
+        which returns once the job is exec'd (or says why it could not be)."""
+        a = run.assignment
+        # A jailed isolation has both (workers/isolation.py detect()); launch() set the dir.
+        assert self.isolation.uids is not None and self.isolation.cgroups is not None
+        assert run.checkpoint_dir is not None
+        run.uid = self.isolation.uids.lease(node=self.holder, member=f"{a.attempt_id}-{a.rank}")
+        for root in (run.workdir, run.checkpoint_dir):
+            _give(root, run.uid)
+        own, others = self._gpu_files(a.gpu_indices)
+        deny = [device for device in map(fence.char_device, others.values()) if device]
+        limits = fence.Limits.of(a, self.limits)
+        run.cgroup = self.isolation.cgroups.create(self._group_name(a), limits, deny_devices=deny)
+        spec = {
+            "argv": argv, "env": env, "cwd": str(run.workdir), "uid": run.uid, "gid": run.uid,
+            "agent_pid": os.getpid(), "cgroup_procs": run.cgroup.procs_files,
+            "expose": [str(p) for p in self._job_paths(run, own)],
+            "private": list(fence.PRIVATE_DIRS),
+            "hide": [] if self.fake_devices else [str(p) for p in others.values()],
+            "tmp_size": f"{limits.memory_mib}m" if limits.memory_mib else "50%",
+        }  # fmt: skip
+        # The spec holds the job's environment: an unnamed file (O_TMPFILE) read through an
+        # inherited fd, never argv, where `ps` would show it.
+        with tempfile.TemporaryFile(dir=self.agent_dir) as spec_file:
+            spec_file.write(json.dumps(spec).encode())
+            spec_file.flush()
+            spec_file.seek(0)
+            status_read, status_write = os.pipe()
+            try:
+                run.process = subprocess.Popen(  # noqa: S603 (argv list, no shell, by design)
+                    [sys.executable, "-I", "-S", str(JAIL), str(spec_file.fileno()), str(status_write)],
+                    cwd="/", env={"PATH": "/usr/bin:/bin"}, stdin=subprocess.DEVNULL, stdout=log_write,
+                    stderr=log_write, start_new_session=True, preexec_fn=_die_with_parent,
+                    pass_fds=(spec_file.fileno(), status_write),
+                )  # fmt: skip
+            finally:
+                os.close(status_write)
+            failure = _read_status(status_read)
+        if failure:
+            assert run.process is not None
+            run.process.wait(10)
+            run.launch_error = f"could not start: {failure}"[:300]
+
+    def _gpu_files(self, indices: list[int]) -> tuple[list[pathlib.Path], dict[int, pathlib.Path]]:
+        files = fence.gpu_device_files(self.device_dir)
+        own = [files[i] for i in indices if i in files]
+        return own, {i: path for i, path in files.items() if i not in indices}
+
+    def _job_paths(self, run: Run, own_gpus: list[pathlib.Path]) -> list[pathlib.Path]:
+        """What the job must reach where the agent sees it: its dirs, the SDK, the interpreter
+        the platform's `{python}` stands for, and its own GPUs' device files. Never a path the
+        job names (its argv): that would bind back whatever a cover hides."""
+        assert run.checkpoint_dir is not None
+        paths = [run.workdir, run.checkpoint_dir, SDK_DIR, *own_gpus]
+        paths += {pathlib.Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+        return paths
+
+    def _kill_tree(self, run: Run) -> None:
+        """Every process of the job: its cgroup where fenced, else its process group."""
+        if run.cgroup is not None:
+            run.cgroup.kill()
+        self._kill_group(run, signal.SIGKILL)
+
+    def _kill_groups_at_exit(self) -> None:
+        """The agent is exiting: nothing it started may outlive it."""
+        with self.lock:
+            runs = list(self.runs.values()) + list(self.reaping)
+        for run in runs:
+            if run.cgroup is not None:
+                run.cgroup.kill()
+        for run in runs:  # then tidy up, so the uids are free for the next agent at once
+            if run.cgroup is not None and run.cgroup.paths:
+                fence.wait_empty(run.cgroup.paths[0], timeout=2.0)
+                if run.cgroup.remove() and run.uid is not None and self.isolation.uids is not None:
+                    self.isolation.uids.release(run.uid)
 
     # --- signals and orphans ------------------------------------------------------------------
 
     def _signal(self, run: Run, signum: int) -> None:
+        if signum == signal.SIGKILL and run.cgroup is not None:
+            run.cgroup.kill()  # setsid'd and double-forked descendants too
         if run.process is not None and run.process.poll() is None:
             self._kill_group(run, signum)
 
@@ -269,15 +520,48 @@ class Runner:
             pass
 
     def _save_state(self) -> None:
-        """Remember our process groups so a restarted agent can kill what the dead one left."""
+        """Remember our process groups so a restarted agent can kill what the dead one left
+        (fenced members are found by their cgroups instead)."""
         self.state_file.parent.mkdir(parents=True, exist_ok=True)
-        groups = [run.process.pid for run in self.runs.values() if run.process is not None]
+        groups = [
+            run.process.pid
+            for run in self.runs.values()
+            if run.process is not None and run.cgroup is None
+        ]
         tmp = self.state_file.with_suffix(".tmp")
         tmp.write_text(json.dumps({"process_groups": groups}))
         os.replace(tmp, self.state_file)
 
     def kill_orphans(self) -> int:
-        """Kill job process groups left by an earlier agent of this node (checked by environ)."""
+        """Kill what an earlier agent of this node left: the cgroups of its fenced members
+        (every descendant, however it forked), and its unfenced process groups (checked by
+        environ); then give back the uids it leased."""
+        killed = self._kill_orphan_cgroups() + self._kill_orphan_groups()
+        if killed:
+            log.warning("killed %d orphaned job(s) from a previous agent", killed)
+        return killed
+
+    def _kill_orphan_cgroups(self) -> int:
+        if self.isolation.cgroups is None:
+            return 0
+        with self.lock:
+            keep = {self._group_name(run.assignment) for run in self.runs.values()}
+            live_uids = {
+                run.uid for run in list(self.runs.values()) + self.reaping if run.uid is not None
+            }
+        killed = 0
+        for group in self.isolation.cgroups.leftovers(keep, prefix=f"{self.instance}."):
+            if group.pids():
+                killed += 1
+            group.kill()
+            fence.wait_empty(group.v2 or next(iter(group.v1.values())))
+            if not group.remove():
+                log.warning("a leftover job cgroup would not empty: %s", group.paths)
+        if self.isolation.uids is not None:  # always, beside cgroups (detect())
+            self.isolation.uids.release_node(self.holder, keep=live_uids)
+        return killed
+
+    def _kill_orphan_groups(self) -> int:
         try:
             groups = json.loads(self.state_file.read_text()).get("process_groups", [])
         except (FileNotFoundError, ValueError):
@@ -291,8 +575,6 @@ class Runner:
                 except ProcessLookupError:
                     pass
         self.state_file.unlink(missing_ok=True)
-        if killed:
-            log.warning("killed %d orphaned job process group(s) from a previous agent", killed)
         return killed
 
     def _belongs_to_us(self, pid: int) -> bool:
@@ -302,21 +584,69 @@ class Runner:
             return False
         return f"GPUPLATFORM_NODE={self.node}".encode() in environ
 
-    # --- progress, logs, outputs ---------------------------------------------------------------
+    # --- the log, progress, outputs ------------------------------------------------------------
 
-    def _read_json(self, path: pathlib.Path) -> dict:
-        try:
-            return json.loads(path.read_text())
-        except (FileNotFoundError, ValueError):
+    def _start_log_reader(self, run: Run, fd: int) -> None:
+        # Opened here, so it is there once launch returns; the reader closes it. The agent's alone.
+        out = os.fdopen(
+            os.open(run.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600),
+            "ab",
+        )
+        run.log_reader = threading.Thread(
+            target=self._copy_log, args=(run, fd, out), name=f"log-{run.key}", daemon=True
+        )
+        run.log_reader.start()
+
+    def _copy_log(self, run: Run, fd: int, out: BinaryIO) -> None:
+        """The job's stdout and stderr, from the pipe into the agent's log file, up to the cap;
+        past it the rest is drained and dropped and the job is stopped."""
+        cap, written = self.limits.max_log_bytes, 0
+        with os.fdopen(fd, "rb", buffering=0) as pipe, out:
+            written = out.tell()
+            while chunk := pipe.read(65536):
+                if run.over_limit.startswith("log"):
+                    continue
+                if written + len(chunk) > cap:
+                    out.write(chunk[: max(0, cap - written)])
+                    out.write(
+                        f"\n[gpuplatform] log over {cap} bytes: the job is stopped\n".encode()
+                    )
+                    run.over_limit = f"log over {cap} bytes"
+                else:
+                    out.write(chunk)
+                written += len(chunk)
+                out.flush()
+
+    def _check_output_size(self, run: Run, now: float) -> None:
+        if run.over_limit or now - run.output_checked < OUTPUT_CHECK_SECONDS:
+            return
+        run.output_checked = now
+        cap = self.limits.max_output_bytes
+        if tree_size(run.workdir / "output") > cap:
+            run.over_limit = f"output over {cap} bytes"
+
+    def _read_json(self, run: Run, path: pathlib.Path) -> dict:
+        handle = run.open_job_file(path)
+        if handle is None:
             return {}
+        with handle:
+            try:
+                data = json.loads(handle.read(CONTROL_FILE_BYTES + 1)[:CONTROL_FILE_BYTES])
+            except ValueError:
+                return {}
+        return data if isinstance(data, dict) else {}
 
     def _checkpoint_path(self, run: Run) -> str:
-        return str(self._read_json(run.workdir / ".gpuplatform" / "checkpoint.json").get("path", ""))
+        return str(
+            self._read_json(run, run.workdir / ".gpuplatform" / "checkpoint.json").get("path", "")
+        )
 
     def _report_progress(self, run: Run) -> None:
         if run.assignment.rank != 0:
             return
-        progress = self._read_json(run.workdir / ".gpuplatform" / "progress.json").get("progress")
+        progress = self._read_json(run, run.workdir / ".gpuplatform" / "progress.json").get(
+            "progress"
+        )
         checkpoint = self._checkpoint_path(run)
         current = (progress, checkpoint)
         if progress is None or current == run.reported_progress:
@@ -340,7 +670,57 @@ class Runner:
                 log.warning("log sync failed for %s", run.key, exc_info=True)
 
     def _collect_outputs(self, run: Run) -> None:
+        """Every regular, singly linked file the job owns in its output dir; links (symbolic
+        or hard) are never followed back out."""
         output = run.workdir / "output"
         prefix = "" if run.assignment.rank == 0 else f"rank-{run.assignment.rank}/"
-        for path in sorted(p for p in output.rglob("*") if p.is_file() and not p.is_symlink()):
-            self.reporter.collect(run, prefix + path.relative_to(output).as_posix(), path)
+        for path in _files_below(output):
+            handle = open_job_file(path, root=run.workdir, owner=run.owner)
+            if handle is None:
+                log.warning(
+                    "attempt %s rank %s: %s is a link or not the job's; not collected",
+                    *run.key,
+                    path,
+                )
+                continue
+            with handle:
+                self.reporter.collect(run, prefix + path.relative_to(output).as_posix(), handle)
+
+
+def _files_below(root: pathlib.Path) -> list[pathlib.Path]:
+    found = []
+    for directory, _, filenames in os.walk(root, followlinks=False):
+        found += [pathlib.Path(directory) / name for name in filenames]
+    return sorted(found)
+
+
+def _give(root: pathlib.Path, uid: int) -> None:
+    """Make a dir tree the job's, 0700. Files with more than one link are left alone: a hard
+    link planted there must never hand the job the file it points to."""
+    root.chmod(0o700)
+    os.chown(root, uid, uid)
+    for directory, dirnames, filenames in os.walk(root, followlinks=False):
+        for name in dirnames + filenames:
+            path = os.path.join(directory, name)
+            info = os.lstat(path)
+            if stat.S_ISDIR(info.st_mode):
+                os.chown(path, uid, uid, follow_symlinks=False)
+                os.chmod(path, 0o700)
+            elif stat.S_ISREG(info.st_mode) and info.st_nlink == 1:
+                os.chown(path, uid, uid, follow_symlinks=False)
+
+
+def _read_status(fd: int, timeout: float = 30.0) -> str:
+    """What the jail launcher says before exec: nothing (EOF) when the job runs."""
+    chunks = []
+    with os.fdopen(fd, "rb", buffering=0) as pipe:
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            ready, _, _ = select.select([pipe], [], [], left)
+            if not ready:
+                return "the launcher did not answer"
+            chunk = pipe.read(4096)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    return b"".join(chunks).decode(errors="replace")

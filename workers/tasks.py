@@ -1,12 +1,16 @@
 """Tasks consumed by node agents on their own queue (`node.<name>`). Thin hand-offs: the
 long-running job lives in the agent's runner, so a task never outlives the broker's visibility
-timeout and a redelivered one is a no-op (the runner launches a member once)."""
+timeout and a redelivered one is a no-op (the runner launches a member once).
 
+A message is only a hint, and anyone who can write to the broker can forge one: each is acted on
+only after the agent API confirms that this (attempt, rank, token) is placed on this node (and,
+for a stop, that the platform asked it to stop). A forged start or stop changes nothing."""
+
+import hmac
 import logging
 
-from celery import shared_task
-
 from apps.scheduling.queues import START_ATTEMPT_TASK, STOP_ATTEMPT_TASK
+from workers.celery_app import app
 
 log = logging.getLogger(__name__)
 
@@ -19,22 +23,49 @@ def _agent():
     return current.AGENT
 
 
-@shared_task(name=START_ATTEMPT_TASK, ignore_result=True)
-def start_attempt(attempt_id: int, rank: int, token: str) -> None:
-    from apps.jobs.selectors import assignment
+def _confirmed(agent, attempt_id: int, rank: int, token: str):
+    """The member's assignment if the platform has it on this node under this token, else None."""
+    from workers.agent_client import ApiError
 
+    try:
+        work = agent.api.assignment(attempt_id, rank, str(token))
+    except ApiError as error:
+        log.warning("could not check the message for attempt %s rank %s (%s); the next sync repairs it",
+                    attempt_id, rank, error)  # fmt: skip
+        return None
+    if work is None or not hmac.compare_digest(work.token, str(token)):
+        log.warning("message for attempt %s rank %s is not for a member placed here with that token; ignored",
+                    attempt_id, rank)  # fmt: skip
+        return None
+    return work
+
+
+@app.task(name=START_ATTEMPT_TASK, ignore_result=True)
+def start_attempt(attempt_id: int, rank: int, token: str) -> None:
     agent = _agent()
     if agent is None:
         return
-    work = assignment(attempt_id, rank, token)
-    if work is None or not work.active:
+    work = _confirmed(agent, attempt_id, rank, token)
+    if work is None:
+        return
+    if not work.active:
         log.info("attempt %s rank %s is no longer active; not starting it", attempt_id, rank)
         return
     agent.runner.launch(work)
 
 
-@shared_task(name=STOP_ATTEMPT_TASK, ignore_result=True)
+@app.task(name=STOP_ATTEMPT_TASK, ignore_result=True)
 def stop_attempt(attempt_id: int, rank: int, token: str, why: str = "stop") -> None:
     agent = _agent()
-    if agent is not None:
-        agent.runner.stop(attempt_id, rank, why)
+    if agent is None or (attempt_id, rank) not in agent.runner.runs:
+        return
+    work = _confirmed(agent, attempt_id, rank, token)
+    if work is None:
+        return
+    if not work.stop_requested:
+        log.warning("stop message for attempt %s rank %s, which the platform did not ask to stop; ignored",
+                    attempt_id, rank)  # fmt: skip
+        return
+    agent.runner.stop(
+        attempt_id, rank, work.stop_requested
+    )  # the platform's reason, not the message's

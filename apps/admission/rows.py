@@ -21,18 +21,20 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 from functools import cache
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from django.contrib.auth import get_user_model
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.models import AutoField, BigAutoField, ForeignKey, Model
-from rest_framework.authtoken.models import Token
 
 from apps.admission.models import QueuedCount
 from apps.jobs import queue_order
 from apps.jobs.models import Job, JobEvent, JobTemplate
 from apps.nodes.models import GpuSku
-from apps.tenants.models import Membership, Quota, Tenant, Tier
+from apps.tenants.models import ApiToken, Membership, Quota, Tenant, Tier
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 M = TypeVar("M", bound=Model)
@@ -166,26 +168,26 @@ def _statements(vendor: str) -> dict:
         f"LEFT OUTER JOIN {_q(GpuSku._meta.db_table)} {_q('k')} ON {_q('k')}.{col(GpuSku, 'name')} = %s "
         f"WHERE {_q('m')}.{col(Membership, 'user')} = %s"
     )  # fmt: skip
-    # An API token with its user (DRF's TokenAuthentication reads the same through the ORM),
+    # An API token (found by its key's digest: apps/tenants/tokens.py) with its user,
     # and for a submit, in the same statement, all that `submitter` reads: the membership
     # (none: the user belongs to no tenant, and every column of the rest is NULL too).
     User = get_user_model()
-    token, user, user_pk = Reader(Token, "tk"), Reader(User, "u"), _q(User._meta.pk.column)
+    token, user, user_pk = Reader(ApiToken, "tk"), Reader(User, "u"), _q(User._meta.pk.column)
     token_user = (
-        f"SELECT {token.columns}, {user.columns} FROM {_q(Token._meta.db_table)} {_q('tk')} "
-        f"INNER JOIN {_q(User._meta.db_table)} {_q('u')} ON {_q('tk')}.{col(Token, 'user')} = {_q('u')}.{user_pk}"
+        f"SELECT {token.columns}, {user.columns} FROM {_q(ApiToken._meta.db_table)} {_q('tk')} "
+        f"INNER JOIN {_q(User._meta.db_table)} {_q('u')} ON {_q('tk')}.{col(ApiToken, 'user')} = {_q('u')}.{user_pk}"
     )
     token_submitter = (
         f"SELECT {token.columns}, {user.columns}, {m.columns}, {t.columns}, {r.columns}, {q.columns}, "
-        f"{named_template.columns}, {named_sku.columns} FROM {_q(Token._meta.db_table)} {_q('tk')} "
-        f"INNER JOIN {_q(User._meta.db_table)} {_q('u')} ON {_q('tk')}.{col(Token, 'user')} = {_q('u')}.{user_pk} "
+        f"{named_template.columns}, {named_sku.columns} FROM {_q(ApiToken._meta.db_table)} {_q('tk')} "
+        f"INNER JOIN {_q(User._meta.db_table)} {_q('u')} ON {_q('tk')}.{col(ApiToken, 'user')} = {_q('u')}.{user_pk} "
         f"LEFT OUTER JOIN {_q(Membership._meta.db_table)} {_q('m')} ON {_q('m')}.{col(Membership, 'user')} = {_q('u')}.{user_pk} "
         f"LEFT OUTER JOIN {_q(Tenant._meta.db_table)} {_q('t')} ON {_q('m')}.{col(Membership, 'tenant')} = {_q('t')}.{col(Tenant, 'id')} "
         f"LEFT OUTER JOIN {_q(tier.db_table)} {_q('r')} ON {_q('t')}.{col(Tenant, 'tier')} = {_q('r')}.{col(Tier, 'id')} "
         f"LEFT OUTER JOIN {_q(Quota._meta.db_table)} {_q('q')} ON {_q('q')}.{col(Quota, 'tenant')} = {_q('t')}.{col(Tenant, 'id')} "
         f"LEFT OUTER JOIN {_q(JobTemplate._meta.db_table)} {_q('x')} ON {_q('x')}.{col(JobTemplate, 'name')} = %s "
         f"LEFT OUTER JOIN {_q(GpuSku._meta.db_table)} {_q('k')} ON {_q('k')}.{col(GpuSku, 'name')} = %s "
-        f"WHERE {_q('tk')}.{col(Token, 'key')} = %s"
+        f"WHERE {_q('tk')}.{col(ApiToken, 'digest')} = %s"
     )  # fmt: skip
     counts, counted = _q(QueuedCount._meta.db_table), col(QueuedCount, "queued")
     counts_tenant = col(QueuedCount, "tenant")
@@ -208,7 +210,7 @@ def _statements(vendor: str) -> dict:
         "readers": (m, t, r, q, named_template, named_sku),
         "submitter": submitter,
         "token_readers": (token, user),
-        "token_user": f"{token_user} WHERE {_q('tk')}.{col(Token, 'key')} = %s",
+        "token_user": f"{token_user} WHERE {_q('tk')}.{col(ApiToken, 'digest')} = %s",
         "token_submitter": token_submitter,
         # The same template and SKU on their own (a submit that did not name them with the
         # membership: the web form), with the same readers.
@@ -331,18 +333,19 @@ def _membership(parts: list, *, template: str | None, sku: str | None) -> Member
     return membership
 
 
-def token_user(key: str) -> tuple[Token, object] | None:
-    """The token of this key and its user, as `Token.objects.select_related("user")` gives them."""
+def token_user(digest: str) -> tuple[ApiToken, object] | None:
+    """The token of this key digest and its user, as `ApiToken.objects.select_related("user")`
+    gives them (revoked and expired ones too: the caller says why it refuses them)."""
     s = statements()
-    row = _one(s["token_user"], [key])
+    row = _one(s["token_user"], [digest])
     return None if row is None else _token_and_user(_built(s["token_readers"], row))
 
 
-def token_submitter(key: str, *, template: str | None = None, sku: str | None = None):
-    """(token, user, membership as `membership_of` gives it, or None) for this key, in one
-    statement; None where no token has the key."""
+def token_submitter(digest: str, *, template: str | None = None, sku: str | None = None):
+    """(token, user, membership as `membership_of` gives it, or None) for this key digest, in one
+    statement; None where no token has it."""
     s = statements()
-    row = _one(s["token_submitter"], [template, sku, key])
+    row = _one(s["token_submitter"], [template, sku, digest])
     if row is None:
         return None
     readers = s["token_readers"]
@@ -353,7 +356,7 @@ def token_submitter(key: str, *, template: str | None = None, sku: str | None = 
     return token, user, membership
 
 
-def _token_and_user(parts: list) -> tuple[Token, object]:
+def _token_and_user(parts: list) -> tuple[ApiToken, User]:
     token, user = parts
     token.user = user
     return token, user

@@ -150,7 +150,7 @@ def _admit(*, tenant: Tenant, user, spec: JobSpec, key: str | None, digest: str,
     # statements while the lock is held).
     job = jobs.enqueue_job(tenant=tenant, user=user, spec=spec, limits=limits, built=built)
     dispatch.after_commit()  # after the turn's hook: the turn ends before the request is sent
-    if origin is not None:
+    if origin is not None and cache_key:  # an origin is only ever found by its key
         _serve_from_cache(job, origin)
         cache.link_hit(job, tenant=tenant, key=cache_key, origin=origin)
     elif cache_key:

@@ -12,13 +12,24 @@ from apps.jobs.models import (
     JobTemplate,
 )
 from apps.jobs.params import ParamsError, validate_schema
+from apps.tenants.audit import AuditedAdmin, ReasonActionForm, action_reason
 
 
 class JobTemplateForm(forms.ModelForm):
     class Meta:
         model = JobTemplate
         fields = ["name", "description", "argv", "params_schema", "version", "checkpointable", "cacheable",
-                  "default_max_runtime_seconds"]  # fmt: skip
+                  "default_max_runtime_seconds", "memory_mib", "pids_max", "cpu_weight"]  # fmt: skip
+
+    def clean(self):
+        """The submit body's bounds (apps/jobs/serializers.py), field by field."""
+        from apps.jobs.serializers import MAX_CPU_WEIGHT, MAX_MEMORY_MIB, MAX_PIDS
+
+        data = super().clean()
+        for name, most in [("memory_mib", MAX_MEMORY_MIB), ("pids_max", MAX_PIDS), ("cpu_weight", MAX_CPU_WEIGHT)]:
+            if (data.get(name) or 0) > most:
+                self.add_error(name, f"must be at most {most} (0: the node's default)")
+        return data
 
     def clean_params_schema(self):
         schema = self.cleaned_data["params_schema"]
@@ -36,7 +47,10 @@ class JobTemplateForm(forms.ModelForm):
 
 
 @admin.register(JobTemplate)
-class JobTemplateAdmin(admin.ModelAdmin):
+class JobTemplateAdmin(AuditedAdmin):
+    """Its argv runs on every node: changing it needs "platform admin" (apps/tenants/roles.py),
+    and each change is in the admin log with who and why (apps/tenants/audit.py)."""
+
     form = JobTemplateForm
     list_display = ["name", "version", "checkpointable", "cacheable", "default_max_runtime_seconds"]
     search_fields = ["name"]
@@ -60,43 +74,50 @@ class EventInline(admin.TabularInline):
     fields = readonly_fields = EVENT_FIELDS
 
 
-@admin.action(description="Cancel selected jobs")
+@admin.action(description="Cancel selected jobs", permissions=["change"])
 def cancel_jobs(modeladmin, request, queryset):
     done = 0
     for job in queryset:
         try:
-            services.job_cancel(job=job, actor=f"staff:{request.user.username}", reason="cancelled by support")
+            services.job_cancel(job=job, actor=f"staff:{request.user.username}", reason=action_reason(request, "cancelled by support"))
             done += 1
         except services.ServiceError as error:
             messages.warning(request, f"{job.name}: {error.message}")
     messages.info(request, f"cancelled {done} job(s)")
 
 
-@admin.action(description="Requeue selected jobs")
+@admin.action(description="Requeue selected jobs", permissions=["change"])
 def requeue_jobs(modeladmin, request, queryset):
     for job in queryset:
-        services.job_requeue(job=job, actor=f"staff:{request.user.username}", reason="requeued by support")
+        services.job_requeue(job=job, actor=f"staff:{request.user.username}", reason=action_reason(request, "requeued by support"))
     messages.info(request, f"requeued {queryset.count()} job(s)")
 
 
-@admin.action(description="Preempt selected jobs now (checkpoint, then requeue)")
+@admin.action(description="Preempt selected jobs now (checkpoint, then requeue)", permissions=["change"])
 def preempt_jobs(modeladmin, request, queryset):
     for job in queryset:
         try:
-            services.job_preempt(job=job, actor=f"staff:{request.user.username}", reason="preempted by support")
+            services.job_preempt(job=job, actor=f"staff:{request.user.username}", reason=action_reason(request, "preempted by support"))
         except services.ServiceError as error:
             messages.warning(request, f"{job.name}: {error.message}")
 
 
-@admin.action(description="Bump priority of selected jobs (+1: an hour ahead in the queue order)")
+@admin.action(description="Bump priority of selected jobs (+1: an hour ahead in the queue order)", permissions=["change"])
 def bump_priority(modeladmin, request, queryset):
     for job in queryset:
         services.job_bump_priority(job=job, actor=f"staff:{request.user.username}")
+        if request.POST.get("reason", "").strip():  # the service records the boost; this, why
+            services.record_event(job, actor=f"staff:{request.user.username}", kind="note",
+                                  reason=action_reason(request, "priority bump"))  # fmt: skip
     messages.info(request, f"boosted {queryset.count()} job(s)")
 
 
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
+    """Jobs change only through the actions (the services, each change a JobEvent with who and
+    why): the form is read only for everyone, so "change job" (support's) means the actions."""
+
+    action_form = ReasonActionForm
     list_display = ["name", "tenant", "tier", "state", "gpus", "nodes", "gpu_sku", "progress", "created_at"]
     list_filter = ["state", "tier", "gpu_sku", "tenant", ("attempts__members__node", admin.RelatedOnlyFieldListFilter)]
     list_select_related = ["tenant", "tier", "gpu_sku"]
@@ -107,6 +128,9 @@ class JobAdmin(admin.ModelAdmin):
     inlines = [AttemptInline, EventInline]
     actions = [cancel_jobs, requeue_jobs, preempt_jobs, bump_priority]
     date_hierarchy = "created_at"
+
+    def get_readonly_fields(self, request, obj=None):
+        return [field.name for field in Job._meta.concrete_fields]
 
 
 @admin.register(JobAttempt)

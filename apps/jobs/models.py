@@ -56,6 +56,11 @@ class JobTemplate(models.Model):
     checkpointable = models.BooleanField(default=False)
     cacheable = models.BooleanField(default=False)
     default_max_runtime_seconds = models.PositiveIntegerField(default=3600)
+    # The cgroup limits of each member on a fencing node (workers/isolation.py) when the job asks
+    # for none; 0: the node's default (GPUPLATFORM_JOB_MEMORY_MIB, ..._PIDS_MAX, ..._CPU_WEIGHT).
+    memory_mib = models.PositiveIntegerField(default=0, help_text="memory.max per member in MiB; 0: the node's default.")
+    pids_max = models.PositiveIntegerField(default=0, help_text="pids.max per member; 0: the node's default.")
+    cpu_weight = models.PositiveIntegerField(default=0, help_text="cpu.weight (1-10000) per member; 0: the node's default.")
 
     class Meta:
         ordering = ["name"]
@@ -91,6 +96,11 @@ class Job(models.Model):
     retry_on_failure = models.BooleanField(
         default=False, help_text="Retry a user error (non-zero exit) too, not only infrastructure failures."
     )
+    # Cgroup limits per member on a fencing node: the job's request, else its template's (copied
+    # at submit); 0: the node's default. Not a placement request: the scheduler does not count them.
+    memory_mib = models.PositiveIntegerField(default=0)
+    pids_max = models.PositiveIntegerField(default=0)
+    cpu_weight = models.PositiveIntegerField(default=0)
 
     # Indexed by (state, created_at) and (state, tier, created_at) below: every insert and state
     # change updates each index of the table, so none is kept twice.

@@ -1,31 +1,7 @@
 """Read-only queries used by node agents: what they should be running."""
 
-from dataclasses import dataclass
-
 from apps.jobs.models import ATTEMPT_ACTIVE, AttemptMember
-
-
-@dataclass(frozen=True)
-class Assignment:
-    """Everything a node agent needs to run one member of an attempt."""
-
-    job_id: str
-    attempt_id: int
-    attempt_number: int
-    rank: int
-    token: str
-    argv: list[str]
-    params: dict
-    gpu_indices: list[int]
-    world_size: int
-    master_addr: str
-    master_port: int
-    max_runtime_seconds: int
-    checkpoint: str
-    stop_requested: str
-    active: bool
-    grace_seconds: int = 30  # checkpoint signal -> SIGTERM on preemption
-    checkpoint_signal: str = "SIGUSR1"
+from apps.platform.agent_protocol import Assignment  # the wire type, defined without Django
 
 
 def assignment_for(member: AttemptMember) -> Assignment:
@@ -33,7 +9,8 @@ def assignment_for(member: AttemptMember) -> Assignment:
     job = attempt.job
     members = list(attempt.members.select_related("node").order_by("rank"))
     leader = members[0].node
-    argv = list(job.template.argv) if job.template_id else list(job.command)
+    template = job.template  # None without a query when the job has none
+    argv = list(template.argv) if template is not None else list(job.command or [])
     return Assignment(
         job_id=str(job.pk),
         attempt_id=attempt.pk,
@@ -51,6 +28,9 @@ def assignment_for(member: AttemptMember) -> Assignment:
         stop_requested=attempt.stop_requested,
         active=attempt.state in ATTEMPT_ACTIVE,
         grace_seconds=job.tier.preemption_grace_seconds,
+        memory_mib=job.memory_mib,
+        pids_max=job.pids_max,
+        cpu_weight=job.cpu_weight,
     )
 
 

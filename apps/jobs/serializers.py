@@ -24,6 +24,12 @@ from apps.tenants.models import Tier
 
 MAX_GPUS_PER_NODE = 64
 MAX_GANG_NODES = 64
+# Cgroup limits a job may ask for (0: the node's default): up to 16 TiB of memory, the kernel's
+# largest pid_max, cgroup v2's cpu.weight scale.
+MAX_MEMORY_MIB = 16 * 1024 * 1024
+MAX_PIDS = 4 * 1024 * 1024
+MAX_CPU_WEIGHT = 10000
+LIMIT_FIELDS = ("memory_mib", "pids_max", "cpu_weight")
 
 
 class JobSubmitSerializer(serializers.Serializer):
@@ -40,6 +46,9 @@ class JobSubmitSerializer(serializers.Serializer):
     checkpointable = StrictBooleanField(required=False)
     cacheable = StrictBooleanField(required=False)
     retry_on_failure = StrictBooleanField(required=False, default=False)
+    memory_mib = StrictIntegerField(min_value=0, max_value=MAX_MEMORY_MIB, required=False)
+    pids_max = StrictIntegerField(min_value=0, max_value=MAX_PIDS, required=False)
+    cpu_weight = StrictIntegerField(min_value=0, max_value=MAX_CPU_WEIGHT, required=False)
 
     def to_internal_value(self, data):
         if not isinstance(data, dict):
@@ -109,18 +118,19 @@ def spec_from(data: dict, *, default_tier: Tier) -> JobSpec:
     field of that name (default: the serializer field's, else the spec's), so a new plain field
     needs no line here."""
     template = data.get("template")
-    command = data.get("command")
+    command: list[str] = data.get("command") or []  # validated: a template or a command
     derived = {
         "name": data.get("name") or (template.name if template else command[0].rsplit("/", 1)[-1])[:100],
         "tier": data.get("tier") or default_tier,
         "template": template,
         "params": data.get("params", {}),
-        "command": command,
+        "command": data.get("command"),
         "gpu_sku": data.get("gpu_sku"),
         "max_runtime_seconds": data.get("max_runtime_seconds")
         or (template.default_max_runtime_seconds if template else 3600),
         "checkpointable": data.get("checkpointable", template.checkpointable if template else False),
         "cacheable": data.get("cacheable", template.cacheable if template else False),
+        **{name: data.get(name) or (getattr(template, name) if template else 0) for name in LIMIT_FIELDS},
     }
     plain = {name: data[name] for name in SPEC_FIELDS if name not in derived and name in data}
     return JobSpec(**derived, **plain)
@@ -177,7 +187,7 @@ class JobSerializer(serializers.ModelSerializer):
             "node_selector", "template", "params", "command", "max_runtime_seconds", "checkpointable",
             "cacheable", "created_at", "started_at", "finished_at", "queue_position",
             "estimated_start_at", "reason", "cache_hit", "exit_code", "attempts", "retry_on_failure",
-            "not_before",
+            "not_before", "memory_mib", "pids_max", "cpu_weight",
         ]  # fmt: skip
 
     def get_queue_position(self, job: Job) -> int | None:
@@ -206,7 +216,8 @@ class CreatedJobSerializer(JobSerializer):
     tests/admission/test_rows.py holds the 201 equal to JobSerializer's answer for queued,
     command, no-SKU and cache-hit jobs."""
 
-    attempts = serializers.SerializerMethodField()
+    # A declared field redeclared as another kind, as DRF allows (the stubs type it as the base's).
+    attempts = serializers.SerializerMethodField()  # type: ignore[assignment]
     position: int | None = None
     start = None
 

@@ -69,6 +69,10 @@ class JobSpec:
     checkpointable: bool
     cacheable: bool
     retry_on_failure: bool = False  # retry a user error too (infrastructure failures always are)
+    # Cgroup limits per member (0: the node's default); the body's, else the template's.
+    memory_mib: int = 0
+    pids_max: int = 0
+    cpu_weight: int = 0
 
 
 SPEC_FIELDS = tuple(f.name for f in dataclass_fields(JobSpec))  # each a field of Job of that name
@@ -532,22 +536,28 @@ def attempt_member_lost(*, attempt_id: int, rank: int, token: str, reason: str) 
     return True
 
 
-def artifact_store(*, attempt_id: int, token: str, name: str, path) -> bool:
-    """Save a file the job wrote as one of its artifacts (through the storage API)."""
+def artifact_store(*, attempt_id: int, token: str, name: str, path=None, source=None) -> bool:
+    """Save a file the job wrote as one of its artifacts (through the storage API): from `path`,
+    or from `source`, an open binary file (the agent API's upload, read from its start)."""
     attempt = JobAttempt.objects.filter(pk=attempt_id, token=token).first()
     if attempt is None:
         return False
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    digest, size = hashlib.sha256(), 0
+    handle = open(path, "rb") if source is None else source  # noqa: SIM115 (closed below when ours)
+    try:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
+            size += len(chunk)
         storage_name = f"artifacts/{attempt.job_id}/{name}"
         if default_storage.exists(storage_name):
             default_storage.delete(storage_name)
         handle.seek(0)
         saved = default_storage.save(storage_name, File(handle))
+    finally:
+        if source is None:
+            handle.close()
     Artifact.objects.update_or_create(
         job_id=attempt.job_id, name=name,
-        defaults={"attempt": attempt, "file": saved, "size": path.stat().st_size, "sha256": digest.hexdigest()},
+        defaults={"attempt": attempt, "file": saved, "size": size, "sha256": digest.hexdigest()},
     )  # fmt: skip
     return True

@@ -1,11 +1,12 @@
 from django.contrib import admin, messages
 
-from apps.nodes.models import Gpu, GpuSku, Node, NodeState
+from apps.nodes.models import Gpu, GpuSku, Node, NodeCredential, NodeState
 from apps.nodes.services import node_set_state
+from apps.tenants.audit import AuditedAdmin, action_reason
 
 
 @admin.register(GpuSku)
-class GpuSkuAdmin(admin.ModelAdmin):
+class GpuSkuAdmin(AuditedAdmin):
     list_display = ["name", "memory_mib", "description"]
     search_fields = ["name"]
 
@@ -19,24 +20,40 @@ class GpuInline(admin.TabularInline):
 
 def _set_state(state):
     def action(modeladmin, request, queryset):
+        why = action_reason(request, f"state set to {state}")
         for node in queryset:
             node_set_state(node=node, state=state)
+            modeladmin.audit(request, node, why)
         messages.info(request, f"{queryset.count()} node(s) now {state}")
 
     action.__name__ = f"make_{state}"
     action.short_description = f"Set state: {state}"
+    action.allowed_permissions = ["change"]
     return action
 
 
 @admin.register(Node)
-class NodeAdmin(admin.ModelAdmin):
-    list_display = ["name", "sku", "state", "last_heartbeat_at", "hostname"]
-    list_filter = ["state", "sku"]
+class NodeAdmin(AuditedAdmin):
+    list_display = ["name", "sku", "state", "isolation", "allow_unisolated_commands", "last_heartbeat_at", "hostname"]
+    list_filter = ["state", "sku", "isolation", "allow_unisolated_commands"]
     list_select_related = ["sku"]
     search_fields = ["name", "hostname"]
-    readonly_fields = ["state", "agent_instance", "last_heartbeat_at", "registered_at", "version"]
+    readonly_fields = ["state", "isolation", "agent_instance", "last_heartbeat_at", "registered_at", "version"]
     inlines = [GpuInline]
     actions = [_set_state(NodeState.CORDONED), _set_state(NodeState.DRAINING), _set_state(NodeState.READY)]
+
+
+@admin.register(NodeCredential)
+class NodeCredentialAdmin(admin.ModelAdmin):
+    """Issued with `manage.py create_node_credential NAME` (the secret is shown once, there);
+    here only looked at, and revoked by setting "revoked at" (or `--revoke`)."""
+
+    list_display = ["node_name", "key_id", "created_at", "expires_at", "revoked_at"]
+    search_fields = ["node_name", "key_id"]
+    readonly_fields = ["node_name", "key_id", "secret_sha256", "created_at"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
 
 
 @admin.register(Gpu)

@@ -26,7 +26,8 @@ class NodeSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Node
-        fields = ["name", "sku", "state", "labels", "hostname", "last_heartbeat_at", "gpus"]
+        fields = ["name", "sku", "state", "labels", "hostname", "isolation", "allow_unisolated_commands",
+                  "last_heartbeat_at", "gpus"]  # fmt: skip
 
 
 class NodeViewSet(viewsets.ReadOnlyModelViewSet):

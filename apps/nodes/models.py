@@ -37,6 +37,17 @@ class Node(models.Model):
     )
     registered_at = models.DateTimeField(auto_now_add=True)
     version = models.PositiveIntegerField(default=0)
+    isolation = models.CharField(
+        max_length=64, default="none",
+        help_text='How its agent fences jobs from each other and from itself, as the agent reports it; "none": it '
+                  "cannot (not root, no cgroups), and jobs that may run arbitrary commands are not placed here.",
+    )  # fmt: skip
+    allow_unisolated_commands = models.BooleanField(
+        default=False,
+        help_text="Operator opt-in: place jobs that may run arbitrary commands here even though its agent cannot "
+                  'isolate them (isolation "none"). Such a job can read what the agent can. '
+                  "GPUPLATFORM_TRUST_UNISOLATED_NODES=1 (set by `make run`) opts in every node.",
+    )  # fmt: skip
 
     class Meta:
         ordering = ["name"]
@@ -71,3 +82,21 @@ class Gpu(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node.name}:{self.index}"
+
+
+class NodeCredential(models.Model):
+    """A node agent's key to the agent API (docs/architecture.md, "Agent API"). Only a hash of its
+    secret is stored; `key_id` finds the row. Issued and revoked by `manage.py create_node_credential`."""
+
+    node_name = models.CharField(max_length=64, db_index=True, help_text="The only node this credential acts as.")
+    key_id = models.CharField(max_length=32, unique=True)
+    secret_sha256 = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["node_name", "-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.node_name} ({self.key_id})"

@@ -16,18 +16,9 @@ from django.utils import timezone
 
 from apps.nodes.models import Gpu, GpuSku, Node, NodeState
 from apps.platform import events
+from apps.platform.agent_protocol import GpuInfo
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class GpuInfo:
-    index: int
-    uuid: str
-    memory_mib: int = 0
-    healthy: bool = True
-    utilization_percent: int | None = None
-    memory_used_mib: int | None = None
 
 
 @dataclass(frozen=True)
@@ -37,6 +28,7 @@ class NodeInfo:
     gpus: list[GpuInfo]
     labels: dict = field(default_factory=dict)
     hostname: str = ""
+    isolation: str = "none"  # how the agent fences jobs (workers/isolation.py); "none": it cannot
 
 
 @transaction.atomic
@@ -47,6 +39,7 @@ def node_register(*, info: NodeInfo, agent_instance: str) -> Node:
     node, created = Node.objects.select_for_update().get_or_create(
         name=info.name, defaults={"sku": sku, "labels": info.labels, "hostname": info.hostname}
     )
+    node.isolation = info.isolation[:64] or "none"
     previous_instance = node.agent_instance
     node.sku, node.labels, node.hostname = sku, info.labels, info.hostname
     node.agent_instance = agent_instance

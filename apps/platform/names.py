@@ -7,6 +7,7 @@ from enum import StrEnum
 
 class Queue(StrEnum):
     CONTROL = "control"  # the dispatcher: dispatch and reconcile passes
+    WEBHOOKS = "webhooks"  # webhook sends, on their own worker: a slow receiver never holds the dispatcher
 
 
 def node_queue(node_name: str) -> str:
@@ -21,6 +22,7 @@ class Task(StrEnum):
     START_ATTEMPT = "workers.start_attempt"
     STOP_ATTEMPT = "workers.stop_attempt"
     WEBHOOKS_PUMP = "webhooks.pump"
+    WEBHOOKS_DELIVER = "webhooks.deliver"
 
 
 class StopReason(StrEnum):
@@ -34,6 +36,7 @@ class StopReason(StrEnum):
     LOST = "lost"  # the attempt was lost (node gone, lease expired): stop what is left of it
     TIMEOUT = "timeout"  # the runner: the job passed its max runtime
     AGENT_STOPPING = "agent stopping"  # the agent shuts down: retried elsewhere
+    AGENT_REPLACED = "agent replaced"  # another agent instance took the node: this one exits
     FENCED = "cut off from the platform"  # the agent missed its heartbeats: its jobs die at once
     UNASSIGNED = "not assigned here any more"  # the database no longer has it on this node
 
@@ -50,8 +53,9 @@ class EndReason(StrEnum):
     NOT_SETTLED = "members ended but the attempt was not settled"
 
 
-# What the agent reports as an infrastructure loss (retried), by the stop that caused it.
-LOST_BY_AGENT_STOP = {
+# What the agent reports as an infrastructure loss (retried), by the stop that caused it (keyed
+# by string: the runner looks up its `stop_reason`, which may also be the platform's word).
+LOST_BY_AGENT_STOP: dict[str, EndReason] = {
     StopReason.AGENT_STOPPING: EndReason.AGENT_STOPPED,
     StopReason.FENCED: EndReason.AGENT_FENCED,
     StopReason.UNASSIGNED: EndReason.AGENT_UNASSIGNED,

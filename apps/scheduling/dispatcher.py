@@ -10,7 +10,6 @@ the GPU allocation index refuse to the second.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -46,6 +45,10 @@ QUEUE_SCAN_LIMIT = 5000  # queued jobs handed to the policy per pass
 HELD = "held:"  # pseudo-pods for GPUs still held by attempts that have ended (processes stopping)
 STOPPING = "(stopping)"
 RESERVATION_KEY = "gpuplatform:dispatch:reservation"
+# On a node whose agent cannot isolate jobs (isolation "none") a job's code can read what the
+# agent can: only jobs that run the platform's own templates for tenants who may not run commands
+# tolerate it, unless the operator opted the node in (Node.allow_unisolated_commands).
+UNISOLATED_TAINT = "gpuplatform.io/unisolated=true:NoSchedule"
 
 
 @dataclass
@@ -86,7 +89,8 @@ def load_cluster(strategy: core.Strategy | str | None = None) -> ClusterSnapshot
     for node in nodes:
         gpus = {gpu.index: gpu for gpu in node.gpus.all()}
         size = max(gpus, default=-1) + 1
-        cluster.add_node(core.Node(name=node.name, gpus=size, gpu_model=node.sku.name, labels=node.labels))
+        cluster.add_node(core.Node(name=node.name, gpus=size, gpu_model=node.sku.name, labels=node.labels,
+                                   taints=_taints(node)))  # fmt: skip
         node_ids[node.name] = node.pk
         if node.state != NodeState.READY:
             cluster.cordon(node.name)
@@ -99,6 +103,17 @@ def load_cluster(strategy: core.Strategy | str | None = None) -> ClusterSnapshot
     snapshot = ClusterSnapshot(cluster=cluster, gpu_ids=gpu_ids, node_ids=node_ids)
     _restore_allocations(snapshot)
     return snapshot
+
+
+def _taints(node: Node) -> tuple[str, ...]:
+    opted_in = node.allow_unisolated_commands or settings.TRUST_UNISOLATED_NODES
+    return (UNISOLATED_TAINT,) if node.isolation == "none" and not opted_in else ()
+
+
+def _tolerations(job: Job) -> tuple[str, ...]:
+    """A job that may run arbitrary code (a command, or any job of a tenant allowed commands)
+    does not tolerate an unisolated node."""
+    return () if job.command or job.tenant.allow_commands else (UNISOLATED_TAINT,)
 
 
 def _restore_allocations(snapshot: ClusterSnapshot) -> None:
@@ -134,6 +149,7 @@ def _restore_allocations(snapshot: ClusterSnapshot) -> None:
                 gpu_models=(job.gpu_sku.name,) if job.gpu_sku_id and job.gpu_sku else (),
                 node_selector=job.node_selector or {},
                 preempted_for=(attempt.preempted_for or STOPPING) if stopping else None,
+                tolerations=_tolerations(job),
             )
         )  # fmt: skip
 
@@ -191,7 +207,7 @@ def queued_job(job: Job) -> policy.QueuedJob:
         submit=epoch(job.created_at) - job.priority_boost * settings.PRIORITY_BOOST_SECONDS,
         est_runtime_s=float(job.max_runtime_seconds),
         gpu_models=(job.gpu_sku.name,) if job.gpu_sku_id and job.gpu_sku else (), node_selector=job.node_selector or {},
-        preemptions=job.preemption_count,
+        preemptions=job.preemption_count, tolerations=_tolerations(job),
     )  # fmt: skip
 
 
@@ -290,13 +306,20 @@ def _apply_preempt(decision: policy.Preempt, for_job: Job | None) -> list[str]:
 
 
 def _reservation_reason(decision: policy.Reserve) -> str:
-    """The policy's words, with its clock (epoch seconds, "t=...") shown as a UTC time."""
-    def clock(match: re.Match) -> str:
-        return datetime.fromtimestamp(float(match.group(1)), tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
+    """The reservation in words, from the decision's fields: the policy's clock (epoch seconds)
+    shown as a UTC time, the policy's own sentence kept (to the second, as it rounds)."""
     nodes = ", ".join(decision.nodes[:4]) + (", ..." if len(decision.nodes) > 4 else "")
-    when = clock(re.match(r"(.*)", str(decision.at)))
-    return f"first in line: {nodes} held for it from {when}; " + re.sub(r"t=(\d+(?:\.\d+)?)", clock, decision.reason)
+    held = f"first in line: {nodes} held for it from {_utc(decision.at)}"
+    if not decision.shortage:  # decided without `explain`: the policy said only "reserved"
+        return f"{held}; {decision.reason}"
+    return (
+        f"{held}; first in line, reserved {len(decision.nodes)} node(s) from {_utc(round(decision.at))} "
+        f"(when running jobs end by their limits); now {decision.shortage}"
+    )
+
+
+def _utc(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _set_reason(job: Job, reason: str) -> None:

@@ -61,6 +61,20 @@ class Provider:
         raise NotImplementedError
 
 
+def _agent_environment(node_name: str) -> dict[str, str]:
+    """A local agent gets what one on another machine would: the web's URL, its own node
+    credential and data dir; never this process's database URL or secret key."""
+    from apps.nodes.credentials import issue_credential
+
+    _, credential = issue_credential(node_name=node_name)
+    return {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(ROOT),
+        "LOG_LEVEL": os.environ.get("LOG_LEVEL", "INFO"), "GPUPLATFORM_URL": settings.PLATFORM_URL,
+        "GPUPLATFORM_NODE_CREDENTIAL": credential,
+        "GPUPLATFORM_DATA_DIR": str(pathlib.Path(settings.DATA_DIR) / "agents" / node_name),
+    }  # fmt: skip
+
+
 class LocalProvider(Provider):
     """Starts fake node agents as local processes once their lag has passed."""
 
@@ -79,7 +93,8 @@ class LocalProvider(Provider):
             with open(logs / f"{request.node_name}.log", "ab") as out:
                 # Local "machines" stop with the dispatcher that started them (make run's Ctrl-C).
                 process = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,  # noqa: S603
-                                           stdin=subprocess.DEVNULL, start_new_session=True, env=os.environ.copy(),
+                                           stdin=subprocess.DEVNULL, start_new_session=True,
+                                           env=_agent_environment(request.node_name),
                                            preexec_fn=_stop_with_parent)  # fmt: skip
             ProvisionRequest.objects.filter(pk=request.pk).update(state=ProvisionState.RUNNING, pid=process.pid)
             log.info("provisioned node %s (%s x %s), pid %s", request.node_name, request.gpus, request.sku, process.pid)
@@ -95,6 +110,7 @@ class LocalProvider(Provider):
     def terminate(self, node: Node) -> None:
         request = ProvisionRequest.objects.filter(node_name=node.name, state=ProvisionState.RUNNING).first()
         Node.objects.filter(pk=node.pk).update(state=NodeState.TERMINATED, version=node.version + 1)
+        self._revoke(node)
         if request is None or request.pid is None:
             return
         try:
@@ -103,6 +119,16 @@ class LocalProvider(Provider):
             pass
         ProvisionRequest.objects.filter(pk=request.pk).update(state=ProvisionState.TERMINATED, ended_at=timezone.now())
         log.info("terminated node %s (pid %s)", node.name, request.pid)
+
+    def _revoke(self, node: Node) -> None:
+        """A machine given back keeps no way in: no agent API credential, no broker user."""
+        from apps.nodes.credentials import revoke_node
+
+        try:
+            revoke_node(node_name=node.name)
+        except Exception:  # Redis down: the credentials are revoked; the broker user outlives it
+            log.exception("node %s: its broker user could not be deleted; run "
+                          "`manage.py create_node_credential %s --revoke` again", node.name, node.name)  # fmt: skip
 
 
 def _stop_with_parent() -> None:  # runs in the child between fork and exec

@@ -20,10 +20,11 @@ def beat_schedule() -> dict:
             "options": {"queue": Queue.CONTROL, "expires": settings.RECONCILE_TICK_SECONDS * 2},
         },
         # Webhook outbox: one signed POST per job state change, retried with backoff (apps/webhooks).
+        # On the webhooks worker, not the dispatcher's: it fans out one deliver task per webhook.
         "webhooks": {
             "task": Task.WEBHOOKS_PUMP,
             "schedule": 2.0,
-            "options": {"queue": Queue.CONTROL, "expires": 4.0},
+            "options": {"queue": Queue.WEBHOOKS, "expires": 4.0},
         },
         # Per-SKU autoscaling (apps/scheduling/autoscaling.py); a no-op while every policy is off.
         "autoscale": {

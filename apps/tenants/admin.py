@@ -1,10 +1,18 @@
 from django.contrib import admin
+from django.contrib.admin.exceptions import NotRegistered
+from rest_framework.authtoken.models import TokenProxy
 
-from apps.tenants.models import Membership, Quota, Tenant, Tier
+from apps.tenants.audit import AuditedAdmin
+from apps.tenants.models import ApiToken, Membership, Quota, Tenant, Tier
+
+try:  # DRF's clear-text tokens are no longer used (apps/tenants/tokens.py); its app stays for a migration
+    admin.site.unregister(TokenProxy)
+except NotRegistered:
+    pass
 
 
 @admin.register(Tier)
-class TierAdmin(admin.ModelAdmin):
+class TierAdmin(AuditedAdmin):
     list_display = ["name", "rank", "level", "weight", "preemptible", "can_preempt", "max_queued_jobs", "submit_rate_per_minute"]
     search_fields = ["name"]
 
@@ -15,7 +23,7 @@ class QuotaInline(admin.StackedInline):
 
 
 @admin.register(Tenant)
-class TenantAdmin(admin.ModelAdmin):
+class TenantAdmin(AuditedAdmin):
     list_display = ["slug", "name", "tier", "allow_commands", "created_at"]
     list_filter = ["tier", "allow_commands"]
     list_select_related = ["tier"]
@@ -24,7 +32,7 @@ class TenantAdmin(admin.ModelAdmin):
 
 
 @admin.register(Membership)
-class MembershipAdmin(admin.ModelAdmin):
+class MembershipAdmin(AuditedAdmin):
     list_display = ["user", "tenant", "role"]
     list_filter = ["role", "tenant__tier"]
     list_select_related = ["user", "tenant"]
@@ -33,7 +41,24 @@ class MembershipAdmin(admin.ModelAdmin):
 
 
 @admin.register(Quota)
-class QuotaAdmin(admin.ModelAdmin):
+class QuotaAdmin(AuditedAdmin):
     list_display = ["tenant", "max_queued_jobs", "max_gpus", "submit_rate_per_minute", "gpu_hours_per_period"]
     list_select_related = ["tenant"]
     search_fields = ["tenant__slug"]
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    """Read only (the key is never stored): staff can see who holds which tokens, and revoke
+    nothing here but through `manage.py revoke_token` or the owner's /tokens/ page."""
+
+    list_display = ["user", "name", "prefix", "created_at", "expires_at", "last_used_at", "revoked_at"]
+    list_filter = ["revoked_at"]
+    list_select_related = ["user"]
+    search_fields = ["user__username", "name", "prefix"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False

@@ -103,3 +103,32 @@ class Quota(models.Model):
             "submit_burst": self.submit_burst or tier.submit_burst,
             "gpu_hours_per_period": self.gpu_hours_per_period,
         }
+
+
+class ApiToken(models.Model):
+    """An API token, kept as the SHA-256 of its key: the key itself is shown once, when made.
+
+    A plain SHA-256 is enough here (no slow password hash): the key is 32 random bytes, so there
+    is nothing to guess a dictionary from, and the lookup stays one indexed equality on the
+    submit path. Keys start with `gpp_` so that secret scanners can recognise a leaked one
+    (tokens carried over from DRF's table keep their old 40-hex keys until they expire)."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=64, help_text="The owner's label; one active token per name.")
+    prefix = models.CharField(max_length=16, help_text="The key's first characters, to recognise it by.")
+    digest = models.CharField(max_length=64, unique=True, help_text="SHA-256 of the key, hex.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="Empty: never expires.")
+    last_used_at = models.DateTimeField(null=True, blank=True, help_text="Kept to the minute.")
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["user", "name"], condition=models.Q(revoked_at__isnull=True), name="one_active_token_per_name"
+            )
+        ]
+
+    def __str__(self):
+        return f"{self.name} ({self.prefix}…)"

@@ -101,7 +101,7 @@ def submission_body(data: QueryDict, template: JobTemplate | None) -> dict:
 
 
 def _params(data: QueryDict, template: JobTemplate) -> dict:
-    params = {}
+    params: dict[str, object] = {}
     for name, spec in template.params_schema.items():
         kind = spec.get("type", "string")
         raw = data.get(PARAM_PREFIX + name, "")
@@ -128,6 +128,7 @@ def submit(*, membership: Membership, user, data: QueryDict, template: JobTempla
         submitted = submit_job(user=user, body=body, idempotency_key=data.get("idempotency_key") or None,
                                membership=membership)  # fmt: skip
     except ValidationError as error:
+        assert isinstance(error.detail, dict)  # a serializer's errors are always by field
         return _spread_errors(error.detail)
     except services.ServiceError as error:
         message = error.message

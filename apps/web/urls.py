@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from apps.web import views
+from apps.web import tokens, views
 
 urlpatterns = [
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
@@ -12,4 +12,6 @@ urlpatterns = [
     path("jobs/<uuid:job_id>/", views.job_detail, name="job-detail"),
     path("jobs/<uuid:job_id>/cancel/", views.job_cancel, name="job-cancel"),
     path("usage/", views.usage, name="usage-page"),
+    path("tokens/", tokens.token_list, name="token-list"),
+    path("tokens/<int:token_id>/revoke/", tokens.token_revoke, name="token-revoke"),
 ]

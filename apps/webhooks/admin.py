@@ -1,11 +1,30 @@
+from django import forms
 from django.contrib import admin, messages
 
+from apps.webhooks.guard import WebhookRefused, checked_address
 from apps.webhooks.models import Webhook, WebhookDelivery
 from apps.webhooks.services import webhook_create
 
 
+class WebhookForm(forms.ModelForm):
+    url = forms.URLField(max_length=500, assume_scheme="https", help_text=Webhook._meta.get_field("url").help_text)
+
+    class Meta:
+        model = Webhook
+        fields = ["tenant", "url", "active"]
+
+    def clean_url(self):
+        url = self.cleaned_data["url"]
+        try:
+            checked_address(url)  # the same check as webhook_create, shown next to the field
+        except WebhookRefused as refused:
+            raise forms.ValidationError(str(refused)) from None
+        return url
+
+
 @admin.register(Webhook)
 class WebhookAdmin(admin.ModelAdmin):
+    form = WebhookForm
     list_display = ["tenant", "url", "active", "created_at"]
     list_filter = ["active"]
     list_select_related = ["tenant"]
@@ -23,7 +42,8 @@ class WebhookAdmin(admin.ModelAdmin):
 
 @admin.register(WebhookDelivery)
 class WebhookDeliveryAdmin(admin.ModelAdmin):
-    """The delivery log: read only."""
+    """The delivery log: read only. `last_error` is in the platform's words (never a receiver's
+    body); tenants see only the status code (on /usage/)."""
 
     list_display = ["created_at", "webhook", "event_id", "state", "attempts", "last_status_code", "last_error",
                     "next_attempt_at", "delivered_at"]  # fmt: skip

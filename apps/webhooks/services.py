@@ -3,8 +3,15 @@
 An outbox: `deliveries_enqueue` reads the audit log (JobEvent) past each webhook's cursor and
 records one delivery per state change; `deliveries_send` posts them in order, signed, and
 schedules a retry with exponential backoff on any failure. Nothing in the job's own
-transaction depends on a receiver being up. `pump` does both; `manage.py deliver_webhooks`
-runs it in a loop.
+transaction depends on a receiver being up. `pump` does both in this process (tests, `manage.py
+deliver_webhooks --once`); in production the `webhooks.pump` beat task enqueues and hands each
+webhook with due deliveries to a `webhooks.deliver` task on the `webhooks` queue, whose own worker
+sends them (`webhook_deliver`), each send holding one of its receiver's slots (apps/webhooks/slots.py)
+so a slow receiver ties up a bounded number of threads and delays no one else.
+
+Where a webhook may point is apps/webhooks/guard.py (checked at creation and again at each send);
+how it is sent is apps/webhooks/sender.py (pinned to the checked address, no redirects, one
+deadline, the status code only).
 
 Signature: `X-Gpuplatform-Signature: sha256=<hex>`, the HMAC-SHA256 with the webhook's secret of
 `<X-Gpuplatform-Timestamp>.<body>`; receivers recompute it and refuse old timestamps.
@@ -17,8 +24,6 @@ import hmac
 import json
 import logging
 import time
-import urllib.error
-import urllib.request
 from datetime import datetime, timedelta
 
 from django.db import transaction
@@ -26,14 +31,17 @@ from django.db.models import F
 from django.utils import timezone
 
 from apps.jobs.models import JobEvent
+from apps.webhooks import sender
+from apps.webhooks.guard import WebhookRefused, checked_address, target_of
 from apps.webhooks.models import DeliveryState, Webhook, WebhookDelivery
+from apps.webhooks.slots import receiver_slot
 
 log = logging.getLogger(__name__)
 
 SETTLE_SECONDS = 2  # read only events this old: on PostgreSQL ids may commit out of order
 MAX_ATTEMPTS = 12
 MAX_BACKOFF_SECONDS = 600
-SEND_TIMEOUT_SECONDS = 5
+SEND_TIMEOUT_SECONDS = sender.TOTAL_SECONDS  # the whole exchange, connect to last byte
 CLAIM_SECONDS = 30  # a claimed delivery is not sent again by another pump within this
 BATCH = 200
 
@@ -49,7 +57,10 @@ def sign(secret: str, timestamp: str, body: bytes) -> str:
 
 
 def webhook_create(*, tenant, url: str) -> Webhook:
-    """A new webhook hears about state changes from now on, not the tenant's history."""
+    """A new webhook hears about state changes from now on, not the tenant's history. Refused
+    (WebhookRefused, our words) when the URL is not http(s) or its host resolves now to an address
+    the guard refuses; each send checks again, since the name may resolve elsewhere later."""
+    checked_address(url)
     latest = JobEvent.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
     return Webhook.objects.create(tenant=tenant, url=url, cursor=latest)
 
@@ -96,21 +107,42 @@ def _enqueue_for(webhook: Webhook, *, settled_before: datetime, now: datetime) -
 
 
 def deliveries_send(*, now: datetime | None = None) -> int:
-    """Send due deliveries, in event order per webhook: a delivery waiting on its backoff holds
-    back the later ones of the same webhook, so a receiver sees a job's states in order."""
+    """Send due deliveries here, webhook after webhook (tests and the one-process pump)."""
     now = now or timezone.now()
+    return sum(webhook_deliver(webhook_id=webhook_id, now=now) for webhook_id in webhooks_due(now=now))
+
+
+def webhooks_due(*, now: datetime) -> list[int]:
     waiting = WebhookDelivery.objects.filter(state=DeliveryState.PENDING, next_attempt_at__lte=now)
+    # order_by: the model's default ordering would put created_at into the DISTINCT, one row per delivery
+    return list(waiting.order_by("webhook_id").values_list("webhook_id", flat=True).distinct()[:BATCH])
+
+
+def webhook_deliver(*, webhook_id: int, now: datetime | None = None) -> int:
+    """Send one webhook's due deliveries in event order: a delivery waiting on its backoff holds
+    back the later ones of the same webhook, so a receiver sees a job's states in order. Each
+    send holds a slot of its receiver; with none free it stops, and the deliveries stay due."""
+    now = now or timezone.now()
     ok = 0
-    for webhook_id in waiting.values_list("webhook_id", flat=True).distinct()[:BATCH]:
-        for _ in range(BATCH):
-            head = (
-                WebhookDelivery.objects.filter(webhook_id=webhook_id, state=DeliveryState.PENDING)
-                .select_related("webhook").order_by("event_id").first()
-            )  # fmt: skip
-            if head is None or head.next_attempt_at > now or not _claim(head, now) or not _attempt(head, now):
+    for _ in range(BATCH):
+        head = (
+            WebhookDelivery.objects.filter(webhook_id=webhook_id, state=DeliveryState.PENDING)
+            .select_related("webhook").order_by("event_id").first()
+        )  # fmt: skip
+        if head is None or head.next_attempt_at > now:
+            break
+        with receiver_slot(origin_of(head.webhook.url)) as have_slot:
+            if not have_slot or not _claim(head, now) or not _attempt(head, now):
                 break
-            ok += 1
+        ok += 1
     return ok
+
+
+def origin_of(url: str) -> str:
+    try:
+        return target_of(url).origin
+    except WebhookRefused:
+        return url  # refused again at send; its own slot keeps it from anyone else's
 
 
 def _claim(delivery: WebhookDelivery, now: datetime) -> bool:
@@ -123,9 +155,10 @@ def _claim(delivery: WebhookDelivery, now: datetime) -> bool:
 
 
 def _attempt(delivery: WebhookDelivery, now: datetime) -> bool:
-    status, error = post(delivery)
+    outcome = post(delivery)
+    status, error = outcome.status, outcome.error
     attempts = delivery.attempts + 1
-    if status is not None and 200 <= status < 300:
+    if outcome.ok:
         WebhookDelivery.objects.filter(pk=delivery.pk).update(
             state=DeliveryState.DELIVERED, attempts=attempts, last_status_code=status, last_error="",
             delivered_at=timezone.now(),
@@ -141,10 +174,10 @@ def _attempt(delivery: WebhookDelivery, now: datetime) -> bool:
     return False
 
 
-def post(delivery: WebhookDelivery) -> tuple[int | None, str]:
+def post(delivery: WebhookDelivery) -> sender.Outcome:
     body = json.dumps(delivery.payload, separators=(",", ":"), sort_keys=True).encode()
     timestamp = str(int(time.time()))
-    request = urllib.request.Request(delivery.webhook.url, data=body, method="POST", headers={
+    return sender.post(delivery.webhook.url, body, {
         "Content-Type": "application/json",
         "User-Agent": "gpuplatform-webhooks/1",
         "X-Gpuplatform-Delivery": str(delivery.pk),
@@ -152,13 +185,6 @@ def post(delivery: WebhookDelivery) -> tuple[int | None, str]:
         "X-Gpuplatform-Timestamp": timestamp,
         "X-Gpuplatform-Signature": sign(delivery.webhook.secret, timestamp, body),
     })  # fmt: skip
-    try:
-        with urllib.request.urlopen(request, timeout=SEND_TIMEOUT_SECONDS) as response:  # noqa: S310 (http(s) URLField)
-            return response.status, ""
-    except urllib.error.HTTPError as error:
-        return error.code, f"HTTP {error.code}"
-    except (urllib.error.URLError, OSError) as error:
-        return None, str(getattr(error, "reason", error))
 
 
 def pump(*, now: datetime | None = None) -> int:

@@ -82,7 +82,7 @@ def private_redis(tmp_path, monkeypatch):
     from gpuplatform import embedded_redis
 
     server = embedded_redis.start(tmp_path / "redis", persist=False)
-    conn = redis.Redis(host="127.0.0.1", port=server.port, socket_timeout=0.5, socket_connect_timeout=0.5)
+    conn = redis.Redis.from_url(server.url, socket_timeout=0.5, socket_connect_timeout=0.5)
     monkeypatch.setattr(buckets, "client", lambda: conn)
     holder = {"server": server}
 

@@ -4,14 +4,14 @@ must be exactly what the ORM reads and writes, field by field, on SQLite and on 
 import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
-from rest_framework.authtoken.models import Token
 
 from apps.admission import estimates, rows
 from apps.jobs.models import Job, JobEvent, JobTemplate
 from apps.nodes.models import GpuSku
 from apps.scheduling.dispatcher import queue_position
-from apps.tenants.models import Membership, Quota, Tenant, Tier
+from apps.tenants.models import ApiToken, Membership, Quota, Tenant, Tier
 from apps.tenants.services import tenant_create, user_create
+from apps.tenants.tokens import digest_of
 from tests.admission.conftest import TRAIN
 
 
@@ -54,8 +54,8 @@ def test_the_membership_statement_also_reads_the_template_and_sku_named(cast):
 
 def test_the_token_and_its_user_read_as_drfs_lookup_reads_them(cast):
     bob, key = cast["bob"]
-    token, user = rows.token_user(key)
-    theirs = Token.objects.select_related("user").get(key=key)
+    token, user = rows.token_user(digest_of(key))
+    theirs = ApiToken.objects.select_related("user").get(digest=digest_of(key))
     assert values(token) == values(theirs) and values(user) == values(theirs.user)
     assert token.user is user and user == bob
     assert rows.token_user("no-such-token") is None and rows.token_submitter("no-such-token") is None
@@ -64,7 +64,7 @@ def test_the_token_and_its_user_read_as_drfs_lookup_reads_them(cast):
 def test_a_submits_token_lookup_reads_the_membership_as_membership_of_does(cast):
     bob, key = cast["bob"]
     Quota.objects.filter(tenant__slug="acme").update(max_queued_jobs=7, max_gpus={"H100-80GB": 4})
-    token, user, ours = rows.token_submitter(key, template="demo-train", sku="no-such-sku")
+    token, user, ours = rows.token_submitter(digest_of(key), template="demo-train", sku="no-such-sku")
     theirs = rows.membership_of(bob, template="demo-train", sku="no-such-sku")
     assert values(user) == values(bob) and ours.user is user
     for mine, other in ((ours, theirs), (ours.tenant, theirs.tenant), (ours.tenant.tier, theirs.tenant.tier),
@@ -73,7 +73,7 @@ def test_a_submits_token_lookup_reads_the_membership_as_membership_of_does(cast)
     assert values(ours.named["template", "demo-train"]) == values(JobTemplate.objects.get(name="demo-train"))
     assert ours.named == {("template", "demo-train"): ours.named["template", "demo-train"], ("sku", "no-such-sku"): None}
     staff, staff_key = cast["staff"]
-    token, user, membership = rows.token_submitter(staff_key, template="demo-train")
+    token, user, membership = rows.token_submitter(digest_of(staff_key), template="demo-train")
     assert user == staff and membership is None  # in no tenant: the rest of the row is NULL
 
 
@@ -195,9 +195,9 @@ def test_the_statements_run_on_djangos_own_cursor_on_every_backend(cast):
 
     bob, key = cast["bob"]
     with CaptureQueriesContext(connection) as ctx:  # recorded: every statement seen
-        rows.token_user(key)
+        rows.token_user(digest_of(key))
     assert len(ctx.captured_queries) == 1
-    assert rows.token_user(key)[1] == bob  # '%s' written as the backend wants it (and '%%' as '%')
+    assert rows.token_user(digest_of(key))[1] == bob  # '%s' written as the backend wants it (and '%%' as '%')
     job = Job(tenant=Tenant.objects.get(slug="acme"), user=bob, tier=Tier.objects.get(name="pro"), name="x")
     rows.insert_job_and_event(job, JobEvent(job=job, actor="user:bob", reason="submitted", to_state="queued"))
     with transaction.atomic():
@@ -205,5 +205,5 @@ def test_the_statements_run_on_djangos_own_cursor_on_every_backend(cast):
             with transaction.atomic(savepoint=False):
                 rows.insert_job_and_event(job, JobEvent(job=job, actor="user:bob", to_state="queued"))
         with pytest.raises(TransactionManagementError):  # a broken transaction takes no more statements
-            rows.token_user(key)
+            rows.token_user(digest_of(key))
     assert Job.objects.filter(pk=job.pk).count() == 1

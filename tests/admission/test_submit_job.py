@@ -121,3 +121,30 @@ def test_queue_order_is_one_order_for_the_dispatcher_queue_position_and_the_201(
     assert ordered[:2] == [made[2].pk, made[5].pk]
     Job.objects.filter(pk=made[2].pk).update(state="running", started_at=timezone.now())
     assert queue_position(Job.objects.get(pk=made[5].pk)) == 1
+
+
+def test_cgroup_limits_come_from_the_body_else_the_template_and_bad_ones_are_400_naming_the_field(
+    cast, as_user
+):
+    from apps.jobs.models import JobTemplate
+
+    JobTemplate.objects.filter(name="demo-train").update(memory_mib=2048, pids_max=512)
+    client = as_user("bob")
+    answer = client.post(
+        "/api/v1/jobs/", {**TRAIN, "memory_mib": 96, "cpu_weight": 300}, format="json"
+    )
+    assert answer.status_code == 201
+    body = answer.json()
+    assert (body["memory_mib"], body["pids_max"], body["cpu_weight"]) == (96, 512, 300)
+    job = Job.objects.get(pk=body["id"])
+    assert (job.memory_mib, job.pids_max, job.cpu_weight) == (96, 512, 300)
+    plain = client.post("/api/v1/jobs/", TRAIN, format="json").json()
+    assert (plain["memory_mib"], plain["pids_max"], plain["cpu_weight"]) == (2048, 512, 0)
+    for field, value in [("memory_mib", -1), ("memory_mib", 2**40), ("pids_max", 2**23),
+                         ("cpu_weight", 10001), ("cpu_weight", "lots"), ("pids_max", 1.5)]:  # fmt: skip
+        refused = client.post("/api/v1/jobs/", {**TRAIN, field: value}, format="json")
+        assert refused.status_code == 400 and field in refused.json(), (
+            field,
+            value,
+            refused.content,
+        )

@@ -1,5 +1,9 @@
 """Browser tests drive Debian's Chromium (`make browser` installs it; no browser download)
-through Playwright against the real platform shared with the CLI tests."""
+through Playwright against the real platform shared with the CLI tests.
+
+Every page they open is watched for Content-Security-Policy violations (the page's
+`securitypolicyviolation` events and Chromium's "Refused to ..." console errors): any one fails
+the test that saw it, so the policy in gpuplatform/settings.py is one the pages work under."""
 
 import os
 import pathlib
@@ -21,6 +25,47 @@ def platform(tmp_path_factory, request):
     return ui_platform(tmp_path_factory, request)
 
 
+# Reported to the test through a binding, so it survives every navigation of the context.
+CSP_LISTENER = """
+document.addEventListener("securitypolicyviolation", (e) => {
+  window.__cspViolation(`${e.violatedDirective} blocked ${e.blockedURI || "inline"} at ${e.documentURI}`);
+});
+"""
+CSP_VIOLATIONS: list[str] = []
+
+
+class CspWatchingBrowser:
+    """The browser, with every new context watched for CSP violations."""
+
+    def __init__(self, browser):
+        self._browser = browser
+
+    def __getattr__(self, name):
+        return getattr(self._browser, name)
+
+    def new_context(self, **kwargs):
+        context = self._browser.new_context(**kwargs)
+        context.expose_binding("__cspViolation", lambda source, text: CSP_VIOLATIONS.append(text))
+        context.add_init_script(CSP_LISTENER)
+        context.on("page", _watch_console)
+        return context
+
+
+def _watch_console(page) -> None:
+    def seen(message):
+        if message.type == "error" and "Content Security Policy" in message.text:
+            CSP_VIOLATIONS.append(f"console: {message.text}")
+
+    page.on("console", seen)
+
+
+@pytest.fixture(autouse=True)
+def no_csp_violation():
+    CSP_VIOLATIONS.clear()
+    yield
+    assert CSP_VIOLATIONS == [], "the pages broke their Content-Security-Policy:\n" + "\n".join(CSP_VIOLATIONS)
+
+
 @pytest.fixture(scope="session")
 def chromium():
     if not os.path.exists(CHROMIUM):
@@ -29,7 +74,7 @@ def chromium():
 
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
+        yield CspWatchingBrowser(browser)
         browser.close()
 
 

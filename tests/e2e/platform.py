@@ -60,13 +60,19 @@ def separate_redis_url(db_index: int) -> str:
 
 class Platform:
     """`own_redis`: start an embedded Redis of its own (which `restart_redis` can wipe) instead
-    of a database of the session's REDIS_URL; `env`: settings on top of FAST."""
+    of a database of the session's REDIS_URL; `env`: settings on top of FAST; `listen`: an
+    address besides 127.0.0.1 where the web and the platform's own Redis also listen, for agents
+    on other hosts (it needs `own_redis`: the session's Redis is not ours to rebind)."""
 
     def __init__(self, data_dir: pathlib.Path, *, name: str = "gpuplatform_e2e", redis_db: int = 1,
-                 own_redis: bool = False, env: dict[str, str] | None = None):  # fmt: skip
+                 own_redis: bool = False, env: dict[str, str] | None = None,
+                 listen: str | None = None):  # fmt: skip
+        if listen and not own_redis:
+            raise ValueError("listen needs own_redis")
         self.data_dir = data_dir
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.listen = listen
         self.processes: dict[str, subprocess.Popen] = {}
         self.killed: set[str] = set()  # processes stopped on purpose (not a failure to report)
         self.redis = None
@@ -74,16 +80,22 @@ class Platform:
             from gpuplatform import embedded_redis
 
             self.redis = embedded_redis.start(data_dir / "redis", persist=False)
+            self._listen_redis()
         self.env = dict(os.environ, **FAST)
         self.env.update(
             GPUPLATFORM_DATA_DIR=str(data_dir),
             DATABASE_URL=fresh_database_url(data_dir, name),
             REDIS_URL=self.redis.url if self.redis else separate_redis_url(redis_db),
             PYTHONPATH=str(ROOT),
+            GPUPLATFORM_URL=self.url,  # the agents the autoscaler's local provider starts reach it here
+            GPUPLATFORM_TRUST_UNISOLATED_NODES="1",  # unprivileged test agents: isolation "none"
             **(env or {}),
         )
+        if listen:
+            self.env.update(self._listen_settings())
         self.tokens: dict[str, str] = {}
         self.agents: dict[str, list[str]] = {}
+        self.agent_envs: dict[str, dict[str, str]] = {}
 
     # --- life cycle -------------------------------------------------------------------------
 
@@ -93,13 +105,19 @@ class Platform:
         seed = subprocess.run([sys.executable, "-m", "tests.e2e.seed"], cwd=ROOT, env=self.env, check=True,
                               capture_output=True, text=True)  # fmt: skip
         self.tokens = json.loads(seed.stdout.strip().splitlines()[-1])
-        self.spawn("web", [sys.executable, "-m", "gunicorn", "gpuplatform.wsgi", "--bind", f"127.0.0.1:{self.port}",
-                           "--workers", "2", "--threads", "4", "--timeout", "60"])  # fmt: skip
+        self.start_web()
         self.start_dispatcher("dispatcher")
         for node, (sku, gpus, labels) in agents.items():
             self.start_agent(node, sku, gpus, labels)
         self.wait_until(self.ready, timeout=90, what="web answering and every node registered")
         return self
+
+    def start_web(self) -> None:
+        """gunicorn with the Procfile's worker (uvicorn's, serving gpuplatform/asgi.py)."""
+        binds = [f"--bind={address}:{self.port}" for address in ("127.0.0.1", self.listen) if address]
+        self.spawn("web", [sys.executable, "-m", "gunicorn", "gpuplatform.asgi:application", "--worker-class",
+                           "gpuplatform.web_worker.Worker", *binds, "--workers", "2",
+                           "--threads", "4", "--timeout", "60"])  # fmt: skip
 
     def start_dispatcher(self, name: str = "dispatcher") -> None:
         """A dispatcher (Celery worker on the control queue with its own beat); several may run."""
@@ -116,21 +134,51 @@ class Platform:
         self.redis.process.kill()  # no shutdown save: whatever it held is gone
         self.redis.stop()
         self.redis = embedded_redis.start(self.data_dir / "redis", port=port, persist=False)
+        self._listen_redis()
+
+    def _listen_redis(self) -> None:
+        """The embedded Redis listens on loopback only; add `listen` at run time (CONFIG SET)."""
+        if self.listen:
+            import redis
+
+            redis.Redis.from_url(self.redis.url).config_set("bind", f"127.0.0.1 {self.listen}")
+
+    def _listen_settings(self) -> dict[str, str]:
+        """What the web needs to serve agents that come through `listen`: the Host they send, and
+        the broker address to hand them (contract: GPUPLATFORM_AGENT_REDIS_URL, no credentials)."""
+        hosts = os.environ.get("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
+        parts = urllib.parse.urlsplit(self.redis.url)
+        return {"ALLOWED_HOSTS": f"{hosts},{self.listen}",
+                "GPUPLATFORM_AGENT_REDIS_URL": f"redis://{self.listen}:{parts.port}{parts.path}"}  # fmt: skip
 
     def start_agent(self, node: str, sku: str, gpus: int, labels: str = "") -> None:
         argv = [sys.executable, "-m", "workers.agent", "--node", node, "--sku", sku, "--gpus", str(gpus), "--fake"]
         if labels:
             argv += ["--labels", labels]
         self.agents[node] = argv
-        self.spawn(f"agent-{node}", argv)
+        self.agent_envs[node] = self.agent_environment(node)
+        self.spawn(f"agent-{node}", argv, env=self.agent_envs[node])
+
+    def agent_environment(self, node: str) -> dict[str, str]:
+        """All an agent is given, as on another machine: the web's URL, its own credential (issued
+        as an operator would), its own data dir. No database, no secret key, no Redis URL."""
+        credential = self.manage("create_node_credential", node).strip().splitlines()[-1]
+        return {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(ROOT), "LOG_LEVEL": FAST["LOG_LEVEL"],
+            "GPUPLATFORM_URL": self.url, "GPUPLATFORM_NODE_CREDENTIAL": credential,
+            "GPUPLATFORM_DATA_DIR": str(self.agent_dir(node)),
+        }  # fmt: skip
+
+    def agent_dir(self, node: str) -> pathlib.Path:
+        return self.data_dir / "agents" / node
 
     def restart_agent(self, node: str) -> None:
-        self.spawn(f"agent-{node}", self.agents[node])
+        self.spawn(f"agent-{node}", self.agents[node], env=self.agent_envs[node])
 
-    def spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
+    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
         log = open(self.data_dir / f"{name}.log", "ab")  # noqa: SIM115 (lives as long as the process)
-        process = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)  # fmt: skip
+        process = subprocess.Popen(argv, cwd=ROOT, env=self.env if env is None else env, stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
         self.processes[name] = process
         self.killed.discard(name)
         return process

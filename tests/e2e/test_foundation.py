@@ -7,7 +7,7 @@ from datetime import datetime
 
 import pytest
 
-from tests.processes import alive
+from tests.processes import alive, group_cmdlines
 
 pytestmark = pytest.mark.e2e
 TRAIN = {"template": "demo-train", "gpu_sku": "H100-80GB"}
@@ -30,6 +30,27 @@ def test_a_demo_train_job_runs_and_its_results_come_back(platform):
     # The GPUs the job saw are exactly the ones its attempt holds.
     assert result["cuda_visible_devices"] == ",".join(map(str, placement["gpu_indices"]))
     assert result["steps"] == 5
+
+
+def test_no_platform_process_carries_a_secret_on_its_command_line(platform):
+    """`ps` shows every command line to every user: the web, its workers, the dispatcher and its
+    beat, the agents get their secrets through the environment or files only."""
+    import urllib.parse
+
+    secrets = {platform.env["SECRET_KEY"]}
+    for name in ("REDIS_URL", "DATABASE_URL"):
+        secrets.add(urllib.parse.urlsplit(platform.env[name]).password)
+    secrets |= {value for key, value in platform.env.items() if re.search("CREDENTIAL|TOKEN|PASSWORD|BASIC_AUTH", key)}
+    secrets = {secret for secret in secrets if secret and len(secret) >= 8}
+    assert urllib.parse.urlsplit(platform.env["REDIS_URL"]).password in secrets  # the run's Redis has one
+    seen = {}
+    for process in platform.processes.values():
+        if process.poll() is None:
+            seen.update(group_cmdlines(process.pid))
+    assert len(seen) >= len(platform.processes)
+    for pid, cmdline in seen.items():
+        for secret in secrets:
+            assert secret.encode() not in cmdline, f"pid {pid}: {cmdline!r} carries a secret"
 
 
 def test_jobs_that_need_more_than_a_node_never_share_a_gpu(platform):

@@ -13,8 +13,11 @@ GANG = {"template": "demo-train", "gpu_sku": "A100-40GB", "gpus": 2, "nodes": 2}
 
 
 def member_log(platform, job_id: str, attempt: int, rank: int) -> str:
-    path = platform.data_dir / "work" / job_id / f"attempt-{attempt}-rank-{rank}" / "job.log"
-    return path.read_text() if path.exists() else ""
+    for node in platform.agents:  # each agent has its own data dir, as on its own machine
+        path = platform.agent_dir(node) / "logs" / job_id / f"attempt-{attempt}-rank-{rank}.log"  # the agent's copy
+        if path.exists():
+            return path.read_text()
+    return ""
 
 
 def gang_env(platform, job_id: str, attempt: int, rank: int) -> dict[str, str]:

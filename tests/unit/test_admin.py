@@ -97,3 +97,14 @@ def test_a_drained_node_takes_nothing_new_and_preempts_what_runs_after_its_deadl
     later.refresh_from_db()
     assert job.state == "preempting" and later.state == "queued"
     assert Job.objects.get(pk=job.pk).reason.startswith("preempting: its node is drained")
+
+
+def test_a_templates_cgroup_limits_are_bounded_like_the_submit_bodys(db):
+    from apps.jobs.admin import JobTemplateForm
+
+    base = {"name": "t1", "argv": '["true"]', "params_schema": "{}", "version": 1,
+            "default_max_runtime_seconds": 60, "memory_mib": 0, "pids_max": 0}  # fmt: skip
+    assert JobTemplateForm(data={**base, "cpu_weight": 300}).is_valid()
+    form = JobTemplateForm(data={**base, "cpu_weight": 10001})
+    assert not form.is_valid() and list(form.errors) == ["cpu_weight"]
+    assert "memory_mib" in JobTemplateForm(data={**base, "cpu_weight": 0, "memory_mib": -1}).errors

@@ -7,9 +7,10 @@ from apps.scheduling import queues
 
 def test_queues_and_task_names_are_the_strings_celery_already_routes():
     assert Queue.CONTROL == "control" and node_queue("h1") == "node.h1"
+    assert Queue.WEBHOOKS == "webhooks"
     assert {task.value for task in Task} == {
         "scheduling.dispatch", "scheduling.reconcile", "scheduling.autoscale", "workers.start_attempt",
-        "workers.stop_attempt", "webhooks.pump",
+        "workers.stop_attempt", "webhooks.pump", "webhooks.deliver",
     }  # fmt: skip
 
 

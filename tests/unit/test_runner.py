@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from tests.processes import alive
+from workers.isolation import detect, unfenced
 from workers.runner import Runner
 
 
@@ -51,16 +52,24 @@ class Recorder:
     def sync_log(self, run):
         pass
 
-    def collect(self, run, name, path):
-        self.events.append(("artifact", name, path.read_text()))
+    def collect(self, run, name, source):
+        self.events.append(("artifact", name, source.read().decode()))
 
     def finish(self):
         return next((e for e in self.events if e[0] == "finished"), None)
 
 
-@pytest.fixture
-def runner(tmp_path):
-    return Runner(node="n1", data_dir=tmp_path, reporter=Recorder(), kill_grace=1.0)
+@pytest.fixture(params=["unfenced", "fenced"])
+def runner(request, tmp_path):
+    """Each runner test twice: jobs as the agent's own user, and fenced (own uid, cgroup and
+    mount namespace) where this test runs as root with cgroups."""
+    if request.param == "unfenced":
+        return Runner(node="n1", data_dir=tmp_path, reporter=Recorder(), kill_grace=1.0,
+                      isolation=unfenced("unit test of the unfenced path"))  # fmt: skip
+    fenced = detect("n1")
+    if not fenced.jailed:
+        pytest.skip(f"cannot fence jobs here: {fenced.reason}")
+    return Runner(node="n1", data_dir=tmp_path, reporter=Recorder(), kill_grace=1.0, isolation=fenced)
 
 
 def run_until_finished(runner, timeout=20):
@@ -116,15 +125,15 @@ def test_a_job_past_its_max_runtime_is_killed_with_reason_timeout(runner):
     assert time.monotonic() - started < 10
 
 
-def test_stopping_kills_the_whole_process_tree(runner, tmp_path):
-    pidfile = tmp_path / "child.pid"
-    code = f"import subprocess, time, pathlib; c = subprocess.Popen(['sleep', '300']); pathlib.Path({str(pidfile)!r}).write_text(str(c.pid)); time.sleep(300)"
+def test_stopping_kills_the_whole_process_tree(runner):
+    code = "import subprocess, time; c = subprocess.Popen(['sleep', '300']); print('child', c.pid, flush=True); time.sleep(300)"
     runner.launch(Work(argv=py(code)))
+    log_path = runner.runs[(1, 0)].log_path
     deadline = time.monotonic() + 10
-    while not pidfile.exists() and time.monotonic() < deadline:
+    while "child" not in log_path.read_text() and time.monotonic() < deadline:
         runner.tick()
         time.sleep(0.05)
-    child = int(pidfile.read_text())
+    child = int(log_path.read_text().split()[1])
     runner.stop(1, 0, "cancel")
     assert run_until_finished(runner)[2] == "cancel"
     time.sleep(0.2)

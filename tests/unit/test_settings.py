@@ -20,6 +20,7 @@ def check(env: dict) -> subprocess.CompletedProcess:
         ({}, "SECRET_KEY is required"),
         ({"SECRET_KEY": "x", "DATABASE_URL": "foo://bar"}, "DATABASE_URL"),
         ({"SECRET_KEY": "x", "REDIS_URL": "http://nope"}, "REDIS_URL"),
+        ({"SECRET_KEY": "x", "GPUPLATFORM_AGENT_REDIS_URL": "http://nope"}, "GPUPLATFORM_AGENT_REDIS_URL"),
         ({"SECRET_KEY": "x", "GPUPLATFORM_HEARTBEAT_SECONDS": "fast"}, "GPUPLATFORM_HEARTBEAT_SECONDS"),
         ({"SECRET_KEY": "x", "PORT": "99999"}, "PORT"),
         ({"SECRET_KEY": "x", "DEBUG": "maybe"}, "DEBUG"),

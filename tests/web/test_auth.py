@@ -3,6 +3,8 @@ the API says 401, Flower asks for basic auth."""
 
 import base64
 import os
+import pathlib
+import re
 import signal
 import socket
 import subprocess
@@ -44,10 +46,11 @@ def _free_port() -> int:
 @pytest.mark.e2e
 def test_flower_asks_for_basic_auth():
     port = _free_port()
-    env = dict(os.environ, FLOWER_UNAUTHENTICATED_API="false")
+    # As the Procfile runs it: the password in Flower's environment (FLOWER_BASIC_AUTH), where
+    # `ps` cannot show it, never on its command line.
+    env = dict(os.environ, FLOWER_UNAUTHENTICATED_API="false", FLOWER_BASIC_AUTH="ops:flower-test-pw")
     flower = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "gpuplatform", "flower", f"--port={port}", "--address=127.0.0.1",
-         "--basic-auth=ops:flower-test-pw"],
+        [sys.executable, "-m", "celery", "-A", "gpuplatform", "flower", f"--port={port}", "--address=127.0.0.1"],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     try:
@@ -65,6 +68,20 @@ def test_flower_asks_for_basic_auth():
         assert requests.get(url, auth=("ops", "wrong"), timeout=5).status_code == 401
         good = base64.b64encode(b"ops:flower-test-pw").decode()
         assert requests.get(url, headers={"Authorization": f"Basic {good}"}, timeout=10).status_code == 200
+        cmdline = pathlib.Path(f"/proc/{flower.pid}/cmdline").read_bytes()
+        assert b"flower" in cmdline and b"flower-test-pw" not in cmdline
+        ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+        assert "flower-test-pw" not in ps
     finally:
         os.killpg(flower.pid, signal.SIGTERM)
         flower.wait(15)
+
+
+def test_no_procfile_command_carries_a_secret():
+    """`ps` shows every command line to every user of the machine: secrets go through the
+    environment (or a file), never as arguments (a `$VAR` in a Procfile line is expanded into
+    the process's arguments)."""
+    procfile = (ROOT / "Procfile").read_text()
+    secrets = r"FLOWER_BASIC_AUTH|SECRET_KEY|REDIS_URL|DATABASE_URL|GPUPLATFORM_NODE_CREDENTIAL|GPUPLATFORM_AGENT_REDIS_URL"
+    assert not re.search(r"\$\{?(" + secrets + r")\b", procfile)
+    assert not re.search(r"--(broker|basic-auth|password|result-backend|credential)(=|\s)", procfile)

@@ -5,12 +5,17 @@ import json
 import time
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
 
 from apps.jobs.models import Job, JobState
 from apps.jobs.services import transition_job
 from tests.factories import client_for
+
+# The streams' poller (apps/jobs/event_hub.py) reads from its own thread and connection: the
+# tests' data must be committed for it to see.
+pytestmark = pytest.mark.django_db(transaction=True)
 
 GOOD = {"template": "demo-train", "params": {"steps": 3}, "gpus": 1, "gpu_sku": "H100-80GB"}
 
@@ -32,7 +37,16 @@ def parse(body: str) -> list[dict]:
 def stream(client, job_id, **headers) -> list[dict]:
     response = client.get(f"/api/v1/jobs/{job_id}/events/?timeout=2", HTTP_ACCEPT="text/event-stream", **headers)
     assert response.status_code == 200 and response["Content-Type"] == "text/event-stream"
-    return parse(b"".join(response.streaming_content).decode())
+    return parse(body_of(response))
+
+
+def body_of(response) -> str:
+    """The whole stream (an async iterator: the view serves it on the ASGI server's loop)."""
+
+    async def collect():
+        return b"".join([part async for part in response.streaming_content])
+
+    return async_to_sync(collect)().decode()
 
 
 @pytest.fixture

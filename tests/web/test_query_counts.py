@@ -11,6 +11,12 @@ from apps.tenants.models import Tenant
 from apps.webhooks import services
 from apps.webhooks.models import WebhookDelivery
 
+
+@pytest.fixture(autouse=True)
+def allow_loopback(settings):
+    settings.WEBHOOK_ALLOW_NETWORKS = "127.0.0.0/8"  # the webhooks below point at 127.0.0.1
+
+
 FORM = {"template": "demo-train", "param_steps": "2", "gpus": "1", "nodes": "1", "gpu_sku": ""}
 
 

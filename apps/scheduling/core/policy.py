@@ -23,9 +23,10 @@ It returns, in the order they were taken:
   `preempted_for=for_job_id` and `est_end` = signal + grace); `for_job_id` stays queued and holds
   the reservation, and a later pass starts it once the GPUs are free. It was checked (a dry run
   against the placement core) that it fits once the victims are gone.
-- `Reserve(job_id, nodes, at, reason)`: the first blocked job holds these nodes from `at` on
-  (EASY backfill; `config.reservations` > 1 gives that many blocked jobs one each); pass the
-  ids back as `held_reservation` next tick so the holds are kept.
+- `Reserve(job_id, nodes, at, reason, shortage)`: the first blocked job holds these nodes from
+  `at` on (EASY backfill; `config.reservations` > 1 gives that many blocked jobs one each); pass
+  the ids back as `held_reservation` next tick so the holds are kept. `shortage` is what it
+  still lacks now (with `explain`), for a caller that words the reservation itself.
 - `Wait(job_id, reason)`: still queued, with the reason shown to the user (only with `explain`).
 
 `decide` places the started jobs in `cluster` (victims stay until they stop), so a dispatcher

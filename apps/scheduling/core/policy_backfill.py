@@ -168,13 +168,14 @@ class Reservations:
                 )
                 return True
             self.add(resv)
-        reason = "reserved"
+        reason, shortage = "reserved", ""
         if p.explain:
+            shortage = p.shortage(job)
             reason = (
                 f"first in line, reserved {len(resv.need)} node(s) from t={resv.shadow:.0f} "
-                f"(when running jobs end by their limits); now {p.shortage(job)}"
+                f"(when running jobs end by their limits); now {shortage}"
             )
-        p.out.append(Reserve(job.job_id, tuple(sorted(resv.need)), resv.shadow, reason))
+        p.out.append(Reserve(job.job_id, tuple(sorted(resv.need)), resv.shadow, reason, shortage))
         return True
 
     # --- placing around reservations --------------------------------------------------------

@@ -175,6 +175,9 @@ class Reserve:
     nodes: tuple[str, ...]
     at: float
     reason: str
+    # What the job still lacks now (the policy's words; "" without `explain`), so a caller can
+    # word the reservation itself. Part of `reason` already, hence not in the repr.
+    shortage: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -189,9 +189,11 @@ class Simulation:
 
     def _handle(self, kind: int, payload: Any, t: float) -> None:
         if kind == FINISH:
-            self._finished(*payload, t)
+            job_id, attempt = payload
+            self._finished(job_id, attempt, t)
         elif kind == RELEASE:
-            self._released(*payload, t)
+            job_id, attempt, signal_t = payload
+            self._released(job_id, attempt, signal_t, t)
         elif kind == NODE_UP:
             self.scheduler.add_node(payload)
             self.billing[payload.name][1] = t

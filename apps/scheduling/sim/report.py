@@ -232,6 +232,7 @@ def targets(
         out.append(("mean JCT <= FIFO's", f"{dj / 3600:.2f} h vs {fj / 3600:.2f} h", dj <= fj))
     if s is not None:
         de, se = tier(d, "enterprise", "wait_p99"), tier(s, "enterprise", "wait_p99")
+        assert de is not None and se is not None  # every trace has enterprise jobs
         out.append(
             (
                 "enterprise p99 wait below slurm's",

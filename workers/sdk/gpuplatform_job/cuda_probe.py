@@ -9,7 +9,7 @@ from gpuplatform_job import output_dir, report_progress
 
 
 def main() -> int:
-    result = {"cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    result: dict[str, object] = {"cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
     try:
         import torch  # noqa: PLC0415 (optional, only on GPU machines)
 

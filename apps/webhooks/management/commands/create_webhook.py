@@ -1,10 +1,13 @@
-"""`python manage.py create_webhook SLUG URL`: a webhook for the tenant; prints its secret."""
+"""`python manage.py create_webhook SLUG URL`: a webhook for the tenant; prints its secret.
+Refused when the URL's host is (or resolves now to) a loopback, private, link-local, metadata or
+other non-public address, unless GPUPLATFORM_WEBHOOK_ALLOW_NETWORKS covers it."""
 
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.core.validators import URLValidator
 
 from apps.tenants.models import Tenant
+from apps.webhooks.guard import WebhookRefused
 from apps.webhooks.services import webhook_create
 
 
@@ -23,5 +26,8 @@ class Command(BaseCommand):
             URLValidator(schemes=["http", "https"])(url)
         except ValidationError:
             raise CommandError(f"not an http(s) URL: {url!r}") from None
-        webhook = webhook_create(tenant=tenant, url=url)
+        try:
+            webhook = webhook_create(tenant=tenant, url=url)
+        except WebhookRefused as refused:
+            raise CommandError(f"refused {url!r}: {refused}") from None
         self.stdout.write(f"webhook {webhook.pk} for {slug} -> {url}\nsecret:\n{webhook.secret}")

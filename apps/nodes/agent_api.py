@@ -1,0 +1,490 @@
+"""The agent API (`/internal/agent/v1/`): the only way a node agent speaks to the control plane.
+
+Authentication: `Authorization: Bearer <node credential>` (apps/nodes/credentials.py); a missing,
+unknown, revoked or expired credential is 401, checked against the database on every request.
+Authorisation, as Kubernetes' NodeRestriction: a credential acts as one node; it may register and
+heartbeat only that node (registering another node's name is 403), and read or report on only the
+attempt members placed on it, each request fenced by the attempt's token (`X-Attempt-Token`); any
+other member, or a wrong token, is 404 as if it did not exist. docs/architecture.md, "Agent API".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+import uuid
+from typing import cast
+
+from django.conf import settings
+from django.core.files import File
+from django.core.files.storage import default_storage
+from django.http import FileResponse
+from rest_framework import serializers, status
+from rest_framework.authentication import BaseAuthentication, get_authorization_header
+from rest_framework.exceptions import (
+    AuthenticationFailed,
+    NotFound,
+    PermissionDenied,
+    ValidationError,
+)
+from rest_framework.permissions import BasePermission
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from apps.jobs import services as jobs
+from apps.jobs.models import AttemptMember, JobAttempt
+from apps.jobs.selectors import assignment_for, open_members_on
+from apps.nodes.broker import node_broker_url
+from apps.nodes.credentials import credential_node
+from apps.nodes.services import NodeInfo, node_heartbeat, node_register
+from apps.platform import agent_protocol as wire
+from apps.scheduling.queues import START_ATTEMPT_TASK, STOP_ATTEMPT_TASK, node_queue
+
+CHUNK = 1 << 20
+
+
+# --- authentication and authorisation ------------------------------------------------------------
+
+
+class NodeIdentity:
+    """`request.user` of an agent API request: the node its credential acts as."""
+
+    is_authenticated = True
+    is_active = True
+    is_staff = False
+
+    def __init__(self, node_name: str):
+        self.node_name = node_name
+
+    def __str__(self) -> str:
+        return f"node:{self.node_name}"
+
+
+class NodeCredentialAuthentication(BaseAuthentication):
+    """`Authorization: Bearer gpn_...`. No cache: a revoked credential fails on its next request."""
+
+    def authenticate(self, request):
+        parts = get_authorization_header(request).split()
+        if not parts or parts[0].lower() != wire.AUTH_SCHEME.lower().encode():
+            return None
+        if len(parts) != 2:
+            raise AuthenticationFailed("Authorization wants 'Bearer <node credential>'.")
+        node = credential_node(parts[1].decode(errors="replace"))
+        if node is None:
+            raise AuthenticationFailed("Unknown, revoked or expired node credential.")
+        return NodeIdentity(node), None
+
+    def authenticate_header(self, request) -> str:
+        return f'{wire.AUTH_SCHEME} realm="gpuplatform-agent"'  # makes a refusal 401, not 403
+
+
+class IsNode(BasePermission):
+    def has_permission(self, request, view) -> bool:
+        return isinstance(request.user, NodeIdentity)
+
+
+class AgentView(APIView):
+    authentication_classes = [NodeCredentialAuthentication]
+    permission_classes = [IsNode]
+    throttle_classes: list = []
+    schema = None  # internal: not in the public API schema
+
+    @property
+    def node_name(self) -> str:
+        return cast(NodeIdentity, self.request.user).node_name  # IsNode let only a node in
+
+    def member(self, attempt_id: int, rank: int) -> AttemptMember:
+        """The member if it is placed on this node and the request carries its attempt's token;
+        anything else is 404, so a node learns nothing about members that are not its own."""
+        header = self.request.headers.get(wire.ATTEMPT_TOKEN_HEADER, "")
+        try:
+            token = uuid.UUID(header)
+        except ValueError:
+            raise NotFound() from None
+        member = (
+            AttemptMember.objects.select_related(
+                "attempt__job__template", "attempt__job__tier", "node"
+            )
+            .filter(
+                attempt_id=attempt_id, rank=rank, node__name=self.node_name, attempt__token=token
+            )
+            .first()
+        )
+        if member is None:
+            raise NotFound()
+        return member
+
+
+def _validated(serializer_class, data) -> dict:
+    serializer = serializer_class(data=data)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
+# --- node -----------------------------------------------------------------------------------------
+
+
+class GpuSerializer(serializers.Serializer):
+    index = serializers.IntegerField(min_value=0, max_value=63)
+    uuid = serializers.CharField(max_length=80)
+    memory_mib = serializers.IntegerField(min_value=0, default=0)
+    healthy = serializers.BooleanField(default=True)
+    utilization_percent = serializers.IntegerField(
+        min_value=0, max_value=100, required=False, allow_null=True
+    )
+    memory_used_mib = serializers.IntegerField(min_value=0, required=False, allow_null=True)
+
+
+def _gpus(data: list[dict]) -> list[wire.GpuInfo]:
+    return [wire.GpuInfo(**item) for item in data]
+
+
+class RegisterSerializer(serializers.Serializer):
+    node = serializers.CharField(max_length=64)
+    agent_instance = serializers.CharField(max_length=64)
+    sku = serializers.CharField(max_length=64)
+    hostname = serializers.CharField(max_length=255, allow_blank=True, default="")
+    labels = serializers.DictField(
+        child=serializers.CharField(max_length=200, allow_blank=True), default=dict
+    )
+    isolation = serializers.CharField(max_length=64, default="none")
+    gpus = GpuSerializer(many=True)
+
+
+class RegisterView(AgentView):
+    def post(self, request):
+        data = _validated(RegisterSerializer, request.data)
+        if data["node"] != self.node_name:
+            # 403, not 404: the node's own name is no secret to it, and the operator who gave an
+            # agent the wrong credential needs to read why it cannot start.
+            raise PermissionDenied(
+                f"this credential is for node {self.node_name!r}, not {data['node']!r}"
+            )
+        info = NodeInfo(name=self.node_name, sku=data["sku"], gpus=_gpus(data["gpus"]), labels=data["labels"],
+                        hostname=data["hostname"], isolation=data["isolation"])  # fmt: skip
+        node_register(info=info, agent_instance=data["agent_instance"])
+        return Response(agent_settings(self.node_name))
+
+
+def agent_settings(node_name: str) -> dict:
+    """What an agent needs from the control plane besides its credential (it has no settings)."""
+    return {
+        "node": node_name,
+        "queue": node_queue(node_name),
+        "broker_url": node_broker_url(node_name),
+        "start_task": START_ATTEMPT_TASK,
+        "stop_task": STOP_ATTEMPT_TASK,
+        "heartbeat_seconds": settings.HEARTBEAT_SECONDS,
+        "node_lost_after_heartbeats": settings.NODE_LOST_AFTER_HEARTBEATS,
+        "kill_grace_seconds": settings.KILL_GRACE_SECONDS,
+        "visibility_timeout": settings.CELERY_BROKER_TRANSPORT_OPTIONS.get(
+            "visibility_timeout", 3600
+        ),
+        "log_max_bytes": settings.AGENT_LOG_MAX_BYTES,
+        "artifact_max_bytes": settings.AGENT_ARTIFACT_MAX_BYTES,
+        "checkpoint_max_bytes": settings.AGENT_CHECKPOINT_MAX_BYTES,
+    }
+
+
+class HeartbeatSerializer(serializers.Serializer):
+    agent_instance = serializers.CharField(max_length=64)
+    gpus = GpuSerializer(many=True, default=list)
+
+
+class HeartbeatView(AgentView):
+    def post(self, request):
+        data = _validated(HeartbeatSerializer, request.data)
+        node = node_heartbeat(
+            name=self.node_name, agent_instance=data["agent_instance"], gpus=_gpus(data["gpus"])
+        )
+        if node is None:
+            return Response({"replaced": True, "members": []})
+        # What runs here rides along: the agent's sync costs no second request.
+        members = open_members_on(self.node_name)
+        return Response({"replaced": False, "members": [wire.to_wire(a) for a in members.values()]})
+
+
+class AssignmentsView(AgentView):
+    def get(self, request):
+        members = open_members_on(self.node_name)
+        return Response({"members": [wire.to_wire(a) for a in members.values()]})
+
+
+# --- one member -----------------------------------------------------------------------------------
+
+
+class MemberView(AgentView):
+    """The member's assignment: the agent checks every start or stop message against it."""
+
+    def get(self, request, attempt_id: int, rank: int):
+        member = self.member(attempt_id, rank)
+        work = dataclasses.replace(
+            assignment_for(member), resume_from=_resume_checkpoint(member.attempt)
+        )
+        return Response(wire.to_wire(work))
+
+
+def _resume_checkpoint(attempt: JobAttempt) -> str:
+    """The stored checkpoint an attempt resumes from: the newest its job stored (any node, this
+    or an earlier attempt), or ""."""
+    earlier = JobAttempt.objects.filter(job_id=attempt.job_id, number__lte=attempt.number)
+    prefix = f"checkpoints/{attempt.job_id}/"
+    names = earlier.exclude(checkpoint="").order_by("-number").values_list("checkpoint", flat=True)
+    return next((name for name in names if name.startswith(prefix)), "")
+
+
+class CheckpointReport(serializers.Serializer):
+    """A checkpoint a report names must be one this job stored through this API: a node must not
+    point a job at another job's checkpoint (its next attempt would download it)."""
+
+    checkpoint = serializers.CharField(max_length=500, allow_blank=True, default="")
+
+    def validate_checkpoint(self, value: str) -> str:
+        prefix = f"checkpoints/{self.context['job_id']}/"
+        if value and (not value.startswith(prefix) or ".." in value.split("/")):
+            raise serializers.ValidationError(
+                f"must be a checkpoint stored for this job ({prefix}...) or empty"
+            )
+        return value
+
+
+class ProgressReport(CheckpointReport):
+    progress = serializers.FloatField(min_value=0, max_value=1)
+
+
+class FinishedReport(CheckpointReport):
+    exit_code = serializers.IntegerField(allow_null=True, min_value=-255, max_value=255)
+    reason = serializers.CharField(max_length=300, allow_blank=True, default="")
+
+
+def _report(serializer_class, member: AttemptMember, data) -> dict:
+    serializer = serializer_class(data=data, context={"job_id": member.attempt.job_id})
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
+class StartedView(AgentView):
+    class Body(serializers.Serializer):
+        pid = serializers.IntegerField(min_value=0)
+
+    def post(self, request, attempt_id: int, rank: int):
+        self.member(attempt_id, rank)
+        data = _validated(self.Body, request.data)
+        accepted = jobs.attempt_member_started(
+            attempt_id=attempt_id, rank=rank, token=self._token(), pid=data["pid"]
+        )
+        return Response({"accepted": accepted})
+
+    def _token(self) -> str:
+        return self.request.headers[wire.ATTEMPT_TOKEN_HEADER]
+
+
+class ProgressView(StartedView):
+    def post(self, request, attempt_id: int, rank: int):
+        data = _report(ProgressReport, self.member(attempt_id, rank), request.data)
+        accepted = jobs.attempt_progress(attempt_id=attempt_id, token=self._token(), progress=data["progress"],
+                                         checkpoint=data["checkpoint"])  # fmt: skip
+        return Response({"accepted": accepted})
+
+
+class FinishedView(StartedView):
+    def post(self, request, attempt_id: int, rank: int):
+        data = _report(FinishedReport, self.member(attempt_id, rank), request.data)
+        accepted = jobs.attempt_member_finished(attempt_id=attempt_id, rank=rank, token=self._token(),
+                                                exit_code=data["exit_code"], reason=data["reason"],
+                                                checkpoint=data["checkpoint"])  # fmt: skip
+        return Response({"accepted": accepted})
+
+
+class LostView(StartedView):
+    class Body(serializers.Serializer):
+        reason = serializers.CharField(max_length=300)
+
+    def post(self, request, attempt_id: int, rank: int):
+        self.member(attempt_id, rank)
+        data = _validated(self.Body, request.data)
+        accepted = jobs.attempt_member_lost(attempt_id=attempt_id, rank=rank, token=self._token(),
+                                            reason=data["reason"])  # fmt: skip
+        return Response({"accepted": accepted})
+
+
+# --- files: log, artifacts, checkpoints -------------------------------------------------------------
+
+
+class TooLarge(Exception):
+    pass
+
+
+def _content_length(request) -> int | None:
+    try:
+        return int(request.META.get("CONTENT_LENGTH") or "")
+    except ValueError:
+        return None
+
+
+def _spool_body(request, limit: int):
+    """The raw request body in a temporary file, read in chunks (never whole in memory); TooLarge
+    past `limit` bytes, checked against Content-Length first and then against what arrives."""
+    length = _content_length(request)
+    if length is not None and length > limit:
+        raise TooLarge
+    spool = tempfile.SpooledTemporaryFile(max_size=8 * CHUNK)  # noqa: SIM115 (returned open)
+    size = 0
+    stream = request.stream  # DRF's documented stream of the body (None when it is empty)
+    while stream is not None and (chunk := stream.read(CHUNK)):
+        size += len(chunk)
+        if size > limit:
+            spool.close()
+            raise TooLarge
+        spool.write(chunk)
+    spool.seek(0)
+    return spool
+
+
+def _too_large(what: str, limit: int) -> Response:
+    return Response({"body": [f"{what} is larger than the {limit} byte limit"]},
+                    status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)  # fmt: skip
+
+
+def _replace(name: str, source) -> str:
+    """Put `source` under `name` in storage, replacing what was there (atomically on the file
+    system, so a reader never sees half a file)."""
+    try:
+        target = default_storage.path(name)
+    except NotImplementedError:
+        if default_storage.exists(name):
+            default_storage.delete(name)
+        return default_storage.save(name, File(source))
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=".upload.")
+    with os.fdopen(fd, "wb") as out:
+        while chunk := source.read(CHUNK):
+            out.write(chunk)
+    os.replace(tmp, target)
+    return name
+
+
+def _append(name: str, chunk: bytes) -> None:
+    try:
+        target = default_storage.path(name)
+    except NotImplementedError:
+        old = default_storage.open(name, "rb").read() if default_storage.exists(name) else b""
+        if default_storage.exists(name):
+            default_storage.delete(name)
+        from django.core.files.base import ContentFile
+
+        default_storage.save(name, ContentFile(old + chunk))
+        return
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    with open(target, "ab") as out:
+        out.write(chunk)
+
+
+def _stored_size(name: str) -> int:
+    return default_storage.size(name) if default_storage.exists(name) else 0
+
+
+class LogView(AgentView):
+    """PUT: the whole log so far (replaces it). POST with `X-Log-Offset: N`: a chunk appended where
+    the stored log ends; 409 with the stored `size` when N is not that end (the agent resends)."""
+
+    def _name(self, member: AttemptMember) -> str:
+        return wire.log_name(str(member.attempt.job_id), member.attempt.number, member.rank)
+
+    def put(self, request, attempt_id: int, rank: int):
+        name = self._name(self.member(attempt_id, rank))
+        try:
+            body = _spool_body(request, settings.AGENT_LOG_MAX_BYTES)
+        except TooLarge:
+            return _too_large("the log", settings.AGENT_LOG_MAX_BYTES)
+        with body:
+            _replace(name, body)
+        return Response({"size": _stored_size(name)})
+
+    def post(self, request, attempt_id: int, rank: int):
+        name = self._name(self.member(attempt_id, rank))
+        try:
+            offset = int(request.headers.get(wire.LOG_OFFSET_HEADER, ""))
+        except ValueError:
+            raise ValidationError(
+                {wire.LOG_OFFSET_HEADER: ["an integer byte offset is required"]}
+            ) from None
+        size = _stored_size(name)
+        if offset != size:
+            return Response({"size": size}, status=status.HTTP_409_CONFLICT)
+        limit = settings.AGENT_LOG_MAX_BYTES - size
+        try:
+            body = _spool_body(request, limit)
+        except TooLarge:
+            return _too_large("the log", settings.AGENT_LOG_MAX_BYTES)
+        with body:
+            _append(name, body.read())
+        return Response({"size": _stored_size(name)})
+
+
+def _safe_name(name: str, *, field: str) -> str:
+    parts = name.split("/")
+    if (
+        not name
+        or len(name) > 255
+        or "\\" in name
+        or "\0" in name
+        or any(p in ("", ".", "..") for p in parts)
+    ):
+        raise ValidationError({field: ["a relative path of plain names, at most 255 characters"]})
+    return name
+
+
+class ArtifactView(AgentView):
+    """PUT the file as the body; stored through the storage API (apps/jobs/services.artifact_store)."""
+
+    def put(self, request, attempt_id: int, rank: int, name: str):
+        member = self.member(attempt_id, rank)
+        name = _safe_name(name, field="name")
+        if rank != 0 and not name.startswith(f"rank-{rank}/"):
+            raise ValidationError({"name": [f"rank {rank}'s artifacts are named rank-{rank}/..."]})
+        try:
+            body = _spool_body(request, settings.AGENT_ARTIFACT_MAX_BYTES)
+        except TooLarge:
+            return _too_large("the artifact", settings.AGENT_ARTIFACT_MAX_BYTES)
+        with body:
+            stored = jobs.artifact_store(attempt_id=member.attempt_id, token=str(member.attempt.token), name=name,
+                                         source=body)  # fmt: skip
+        return Response(
+            {"stored": stored}, status=status.HTTP_201_CREATED if stored else status.HTTP_200_OK
+        )
+
+
+class CheckpointView(AgentView):
+    """PUT: store this member's checkpoint file (its name in `X-Checkpoint-Name`); answers the
+    stored name, which the agent then reports as the attempt's checkpoint. GET: the checkpoint
+    this member resumes from (the newest its job stored, from any node), or 204 if none."""
+
+    def put(self, request, attempt_id: int, rank: int):
+        member = self.member(attempt_id, rank)
+        filename = request.headers.get(wire.CHECKPOINT_NAME_HEADER, "checkpoint")
+        if "/" in filename:
+            raise ValidationError(
+                {wire.CHECKPOINT_NAME_HEADER: ["a file name, without directories"]}
+            )
+        _safe_name(filename, field=wire.CHECKPOINT_NAME_HEADER)
+        attempt = member.attempt
+        name = f"checkpoints/{attempt.job_id}/attempt-{attempt.number}/rank-{rank}/{filename}"
+        try:
+            body = _spool_body(request, settings.AGENT_CHECKPOINT_MAX_BYTES)
+        except TooLarge:
+            return _too_large("the checkpoint", settings.AGENT_CHECKPOINT_MAX_BYTES)
+        with body:
+            _replace(name, body)
+        return Response({"checkpoint": name}, status=status.HTTP_201_CREATED)
+
+    def get(self, request, attempt_id: int, rank: int):
+        name = _resume_checkpoint(self.member(attempt_id, rank).attempt)
+        if not name or not default_storage.exists(name):
+            return Response(status=status.HTTP_204_NO_CONTENT)
+        response = FileResponse(
+            default_storage.open(name, "rb"), content_type="application/octet-stream"
+        )
+        response[wire.CHECKPOINT_NAME_HEADER] = name.rsplit("/", 1)[-1]
+        return response

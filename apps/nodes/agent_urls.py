@@ -1,0 +1,20 @@
+"""`/internal/agent/v1/`: the node agents' API (apps/nodes/agent_api.py)."""
+
+from django.urls import path
+
+from apps.nodes import agent_api as views
+
+member = "members/<int:attempt_id>/<int:rank>/"
+urlpatterns = [
+    path("register/", views.RegisterView.as_view(), name="agent-register"),
+    path("heartbeat/", views.HeartbeatView.as_view(), name="agent-heartbeat"),
+    path("assignments/", views.AssignmentsView.as_view(), name="agent-assignments"),
+    path(member, views.MemberView.as_view(), name="agent-member"),
+    path(member + "started/", views.StartedView.as_view(), name="agent-started"),
+    path(member + "progress/", views.ProgressView.as_view(), name="agent-progress"),
+    path(member + "finished/", views.FinishedView.as_view(), name="agent-finished"),
+    path(member + "lost/", views.LostView.as_view(), name="agent-lost"),
+    path(member + "log/", views.LogView.as_view(), name="agent-log"),
+    path(member + "checkpoint/", views.CheckpointView.as_view(), name="agent-checkpoint"),
+    path(member + "artifacts/<path:name>", views.ArtifactView.as_view(), name="agent-artifact"),
+]

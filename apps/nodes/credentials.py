@@ -1,0 +1,77 @@
+"""Node credentials: what a node agent authenticates to the agent API with.
+
+A credential is `gpn_<key id>.<secret>`. Only the secret's SHA-256 is stored (the secret is 256
+random bits, so a plain hash cannot be brute-forced the way a password's could); the key id finds
+the row. Every request reads the row again, so a revoke or an expiry takes effect at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import secrets
+from datetime import timedelta
+
+from django.utils import timezone
+
+from apps.nodes.models import NodeCredential
+from apps.platform.agent_protocol import CREDENTIAL_PREFIX
+
+log = logging.getLogger(__name__)
+
+
+def _digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def issue_credential(
+    *, node_name: str, expires_days: float | None = None
+) -> tuple[NodeCredential, str]:
+    """A new credential for `node_name`; the returned text is the only time the secret exists."""
+    key_id, secret = secrets.token_hex(8), secrets.token_urlsafe(32)
+    expires = timezone.now() + timedelta(days=expires_days) if expires_days else None
+    row = NodeCredential.objects.create(node_name=node_name, key_id=key_id, secret_sha256=_digest(secret),
+                                        expires_at=expires)  # fmt: skip
+    return row, f"{CREDENTIAL_PREFIX}{key_id}.{secret}"
+
+
+def revoke_credentials(*, node_name: str) -> int:
+    """End every live credential of the node now; returns how many."""
+    return NodeCredential.objects.filter(node_name=node_name, revoked_at=None).update(
+        revoked_at=timezone.now()
+    )
+
+
+def revoke_node(*, node_name: str) -> int:
+    """Cut a node off: every credential of it ends now (the agent API answers 401 from its next
+    request) and its broker user is deleted (its open Redis connections close, so its agent
+    cannot consume another message). Returns how many credentials ended. A Redis error comes
+    up after the credentials are revoked (the caller says so)."""
+    from apps.nodes import broker  # redis and the broker keys, only where a node is revoked
+
+    count = revoke_credentials(node_name=node_name)
+    try:
+        broker.broker_username(node_name)
+    except ValueError:
+        return count  # a name no broker user can carry: it never had one to end
+    broker.revoke_node_broker(node_name)
+    return count
+
+
+def credential_node(text: str) -> str | None:
+    """The node a presented credential acts as, or None (unknown, wrong secret, revoked, expired)."""
+    if not text.startswith(CREDENTIAL_PREFIX):
+        return None
+    key_id, sep, secret = text[len(CREDENTIAL_PREFIX) :].partition(".")
+    if not sep or not key_id or not secret:
+        return None
+    row = NodeCredential.objects.filter(key_id=key_id).only("node_name", "secret_sha256", "expires_at",
+                                                            "revoked_at").first()  # fmt: skip
+    if row is None or not hmac.compare_digest(row.secret_sha256, _digest(secret)):
+        return None
+    if row.revoked_at is not None or (
+        row.expires_at is not None and row.expires_at <= timezone.now()
+    ):
+        return None
+    return row.node_name

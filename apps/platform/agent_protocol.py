@@ -1,0 +1,82 @@
+"""The agent API's wire types (pure Python: the node agent imports this, never Django).
+
+Both ends build and read these dicts through the functions here, so a field added on one side
+is added on the other. Endpoints and their rules: docs/architecture.md, "Agent API".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+API_PREFIX = "/internal/agent/v1"
+AUTH_SCHEME = "Bearer"  # Authorization: Bearer <node credential>
+ATTEMPT_TOKEN_HEADER = "X-Attempt-Token"  # the fencing token of the member a request is about
+LOG_OFFSET_HEADER = "X-Log-Offset"  # a log chunk's first byte: appended only where the log ends
+CHECKPOINT_NAME_HEADER = "X-Checkpoint-Name"  # the checkpoint file's own name (no directories)
+CREDENTIAL_PREFIX = "gpn_"
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    uuid: str
+    memory_mib: int = 0
+    healthy: bool = True
+    utilization_percent: int | None = None
+    memory_used_mib: int | None = None
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """Everything a node agent needs to run one member of an attempt."""
+
+    job_id: str
+    attempt_id: int
+    attempt_number: int
+    rank: int
+    token: str
+    argv: list[str]
+    params: dict
+    gpu_indices: list[int]
+    world_size: int
+    master_addr: str
+    master_port: int
+    max_runtime_seconds: int
+    checkpoint: str
+    stop_requested: str
+    active: bool
+    grace_seconds: int = 30  # checkpoint signal -> SIGTERM on preemption
+    checkpoint_signal: str = "SIGUSR1"
+    # The member's cgroup limits on a fencing node (workers/isolation.py); 0: the node's default
+    # (GPUPLATFORM_JOB_MEMORY_MIB, GPUPLATFORM_JOB_PIDS_MAX, GPUPLATFORM_JOB_CPU_WEIGHT). From
+    # the job's fields of these names: its submit body's, else its template's.
+    memory_mib: int = 0
+    pids_max: int = 0
+    cpu_weight: int = 0  # cgroup v2 scale, 1..10000 (100 the default)
+    # The stored checkpoint it resumes from: "" none, None not looked up (in lists; fetch to know).
+    resume_from: str | None = None
+
+
+def to_wire(value) -> dict:
+    return dataclasses.asdict(value)
+
+
+def gpu_from_wire(data: dict) -> GpuInfo:
+    return _from_wire(GpuInfo, data)
+
+
+def assignment_from_wire(data: dict) -> Assignment:
+    return _from_wire(Assignment, data)
+
+
+def _from_wire(cls, data: dict):
+    """Known fields only: a newer server may send more than this agent knows."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def log_name(job_id: str, attempt_number: int, rank: int) -> str:
+    """Where a member's log lives in the platform's storage (the web reads it there)."""
+    suffix = "" if rank == 0 else f".rank-{rank}"
+    return f"logs/{job_id}/attempt-{attempt_number}{suffix}.log"

@@ -1,0 +1,118 @@
+"""Attack tests: real jobs, run through the Runner as root, trying to reach what they must not.
+
+Each skips with the reason where this machine cannot fence jobs (not root, no cgroups)."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+
+import pytest
+
+from tests.unit.test_runner import Recorder, Work
+from workers.isolation import detect
+from workers.runner import Runner
+
+
+@dataclass
+class Job(Work):
+    """An assignment with the resource fields the fence reads (0: the node's default)."""
+
+    memory_mib: int = 0
+    pids_max: int = 0
+    cpu_weight: int = 0
+
+
+class Keyed(Recorder):
+    """The recorder, with the member each end belongs to (several jobs run at once here)."""
+
+    def finished(self, run, exit_code, reason, checkpoint):
+        self.events.append(("finished", exit_code, reason, run.key))
+
+
+def fenced_runner(data_dir, *, node: str | None = None, fake_gpus: int = 0, **kwargs) -> Runner:
+    node = node or f"iso-{uuid.uuid4().hex[:8]}"
+    isolation = detect(node)
+    if not isolation.jailed:
+        pytest.skip(
+            f"this machine cannot fence jobs ({isolation.reason}): the attack tests need root and cgroups"
+        )
+    return Runner(node=node, data_dir=data_dir, reporter=Keyed(), kill_grace=1.0, isolation=isolation,
+                  fake_gpus=fake_gpus, **kwargs)  # fmt: skip
+
+
+@pytest.fixture
+def runner(tmp_path):
+    runner = fenced_runner(tmp_path / "agent", fake_gpus=4)
+    yield runner
+    runner.kill_all("test over")
+    for _ in range(100):
+        runner.tick()
+        if not runner.runs and not runner.reaping:
+            break
+        time.sleep(0.05)
+    remove_node_cgroups(runner)
+
+
+def remove_node_cgroups(runner: Runner) -> None:
+    """The test node's own (empty) cgroup dirs, so test runs leave no clutter in /sys/fs/cgroup."""
+    cgroups = runner.isolation.cgroups
+    for base in ([cgroups.v2_base] if cgroups.v2_base else []) + list(cgroups.v1_bases.values()):
+        try:
+            base.rmdir()
+        except OSError:
+            pass
+
+
+def py(code: str) -> list[str]:
+    return ["{python}", "-c", code]
+
+
+def report(code: str) -> str:
+    """A job body that prints `RESULT <json of the dict named result>` as its last line."""
+    return f"import json, os, sys\nresult = {{}}\n{code}\nprint('RESULT', json.dumps(result), flush=True)\n"
+
+
+def launch(runner: Runner, code: str, **fields) -> tuple[int, int]:
+    attempt = fields.pop("attempt_id", None) or (max((k[0] for k in runner.runs), default=0) + 1)
+    job = Job(argv=py(code), attempt_id=attempt, job_id=f"job-{attempt}", **fields)
+    assert runner.launch(job)
+    return (attempt, job.rank)
+
+
+def finish(runner: Runner, key: tuple[int, int], timeout: float = 30) -> tuple:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        runner.tick()
+        done = [e for e in runner.reporter.events if e[0] == "finished" and e[3] == key]
+        if done:
+            return done[0][:3]
+        time.sleep(0.05)
+    raise AssertionError(f"{key} did not finish within {timeout}s: {runner.reporter.events}")
+
+
+def log_of(runner: Runner, key: tuple[int, int]) -> str:
+    attempt, rank = key
+    path = runner.data_dir / "logs" / f"job-{attempt}" / f"attempt-1-rank-{rank}.log"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def result_of(runner: Runner, key: tuple[int, int]) -> dict:
+    lines = [line for line in log_of(runner, key).splitlines() if line.startswith("RESULT ")]
+    assert lines, f"no RESULT line in the job's log:\n{log_of(runner, key)}"
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def wait_for_line(runner: Runner, key: tuple[int, int], prefix: str, timeout: float = 20) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        runner.tick()
+        for line in log_of(runner, key).split("\n")[
+            :-1
+        ]:  # whole lines only: print writes in pieces
+            if line.startswith(prefix):
+                return line[len(prefix) :].strip()
+        time.sleep(0.05)
+    raise AssertionError(f"no {prefix!r} line from {key}:\n{log_of(runner, key)}")

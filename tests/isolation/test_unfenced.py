@@ -1,0 +1,54 @@
+"""Where the agent cannot fence (not root, no cgroups, or turned off), it says so: `detect()`
+answers "none" with the reason, the agent warns loudly, and jobs run as today."""
+
+import logging
+import os
+
+from tests.unit.test_runner import Recorder, Work, py, run_until_finished
+from workers import isolation
+from workers.runner import Runner
+
+
+def test_an_agent_that_is_not_root_cannot_fence(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    found = isolation.detect("n1")
+    assert found.name == "none" and not found.jailed and "not root" in found.reason
+
+
+def test_the_operator_can_turn_fencing_off(monkeypatch):
+    monkeypatch.setenv("GPUPLATFORM_ISOLATION", "none")
+    assert isolation.detect("n1").name == "none"
+
+
+def test_a_machine_without_cgroups_cannot_fence(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(isolation, "find_cgroups", lambda node: None)
+    assert isolation.detect("n1").reason == "no cgroups the agent may create"
+
+
+def test_an_unfenced_agent_warns_loudly_and_runs_jobs_as_itself(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="workers.isolation"):
+        runner = Runner(node="n1", data_dir=tmp_path, reporter=Recorder(), kill_grace=1.0,
+                        isolation=isolation.unfenced("the agent is not root"))  # fmt: skip
+    assert "RUNS JOBS UNFENCED (isolation: none): the agent is not root" in caplog.text
+    assert runner.isolation.name == "none"
+    code = "import os; from gpuplatform_job import output_dir; (output_dir() / 'uid').write_text(str(os.getuid()))"
+    runner.launch(Work(argv=py(code)))
+    assert run_until_finished(runner) == ("finished", 0, "")
+    assert ("artifact", "uid", str(os.getuid())) in runner.reporter.events
+    assert (tmp_path).stat().st_mode & 0o777 == 0o700  # its data dir is its own all the same
+
+
+def test_uid_leases_are_host_wide_and_a_restarted_node_takes_its_own_back(tmp_path):
+    one = isolation.UidPool(base=5000, count=3, lease_dir=tmp_path / "uids")
+    other = isolation.UidPool(
+        base=5000, count=3, lease_dir=tmp_path / "uids"
+    )  # another agent, same host
+    a = one.lease(node="n1", member="1-0")
+    b = other.lease(node="n2", member="2-0")
+    c = one.lease(node="n1", member="3-0")
+    assert len({a, b, c}) == 3
+    assert (
+        one.release_node("n1", keep={c}) == 1
+    )  # what n1's dead agent left, not n2's, not a live one
+    assert one.lease(node="n1", member="4-0") == a

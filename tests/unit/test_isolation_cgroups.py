@@ -1,0 +1,77 @@
+"""The cgroup files a member's limits are written to, on pure cgroup v2 and on a hybrid host
+(plain dirs stand in for cgroupfs: the names and values are what is checked here; the attack
+tests in tests/isolation check that the kernel enforces them)."""
+
+import pathlib
+
+from workers.isolation import Cgroups, Limits, Settings, _mounts, _under
+
+
+def fake_v2(tmp_path) -> pathlib.Path:
+    base = tmp_path / "v2" / "gpuplatform" / "n1"
+    base.mkdir(parents=True)
+    return base
+
+
+def test_pure_v2_writes_memory_max_pids_max_and_cpu_weight_in_one_group(tmp_path):
+    cgroups = Cgroups(v2_base=fake_v2(tmp_path), v1_bases={}, pure_v2=True)
+    group = cgroups.create(
+        "7-0", Limits(memory_mib=512, pids_max=64, cpu_weight=300), deny_devices=[(195, 1)]
+    )
+    assert (group.v2 / "memory.max").read_text() == str(512 * 2**20)
+    assert (group.v2 / "pids.max").read_text() == "64"
+    assert (group.v2 / "cpu.weight").read_text() == "300"
+    assert not (
+        group.v2 / "devices.deny"
+    ).exists()  # v2 has no devices file: the namespace hides them
+    assert group.procs_files == [str(group.v2 / "cgroup.procs")]
+
+
+def test_hybrid_writes_v1_limits_and_denies_other_gpus(tmp_path):
+    v1 = {}
+    for controller in ("memory", "pids", "cpu", "devices", "freezer"):
+        v1[controller] = tmp_path / controller / "gpuplatform" / "n1"
+        v1[controller].mkdir(parents=True)
+    cgroups = Cgroups(v2_base=fake_v2(tmp_path), v1_bases=v1, pure_v2=False)
+    group = cgroups.create(
+        "7-0", Limits(memory_mib=256, pids_max=32, cpu_weight=200), deny_devices=[(195, 0)]
+    )
+    assert (group.v1["memory"] / "memory.limit_in_bytes").read_text() == str(256 * 2**20)
+    assert not (group.v1["memory"] / "memory.memsw.limit_in_bytes").exists()  # written only where the kernel has it
+    assert (group.v1["pids"] / "pids.max").read_text() == "32"
+    assert (group.v1["cpu"] / "cpu.shares").read_text() == "2048"
+    assert (group.v1["devices"] / "devices.deny").read_text() == "c 195:0 rwm"
+    assert len(group.procs_files) == 6  # the v2 group and every v1 one
+
+
+def test_leftovers_are_the_groups_not_kept(tmp_path):
+    base = fake_v2(tmp_path)
+    for name in ("1-0", "2-0", "3-1"):
+        (base / name).mkdir()
+    cgroups = Cgroups(v2_base=base, v1_bases={}, pure_v2=True)
+    assert [group.v2.name for group in cgroups.leftovers({"2-0"})] == ["1-0", "3-1"]
+
+
+def test_a_members_limits_come_from_its_assignment_else_the_nodes_defaults(monkeypatch):
+    monkeypatch.setenv("GPUPLATFORM_JOB_PIDS_MAX", "99")
+    settings = Settings.from_env()
+
+    class Asked:
+        memory_mib, pids_max, cpu_weight = 1024, 0, 50000
+
+    assert Limits.of(Asked(), settings) == Limits(memory_mib=1024, pids_max=99, cpu_weight=10000)
+    assert Limits.of(object(), settings) == Limits(memory_mib=0, pids_max=99, cpu_weight=100)
+
+
+def test_the_agents_own_group_is_found_under_each_mount():
+    v2, v1 = _mounts()  # whatever this machine has; the paths must be real directories
+    if v2 is not None:
+        assert v2.is_dir()
+    for mount, root in v1.values():
+        assert mount.is_dir() and root.startswith("/")
+    assert _under(pathlib.Path("/sys/fs/cgroup/memory"), "/", "/a/b") == pathlib.Path(
+        "/sys/fs/cgroup/memory/a/b"
+    )
+    assert _under(pathlib.Path("/sys/fs/cgroup/memory"), "/a", "/a/b") == pathlib.Path(
+        "/sys/fs/cgroup/memory/b"
+    )

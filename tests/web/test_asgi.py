@@ -1,0 +1,97 @@
+"""gpuplatform/asgi.py's bridge to the WSGI views: the request body reaches wsgi.input, a small
+response goes out in one piece, a large one in chunks and is closed, lifespan is answered."""
+
+import asyncio
+
+from gpuplatform.asgi import GATHER_BYTES, build
+
+
+def call(app, scope: dict, body_parts: list[bytes]) -> list[dict]:
+    incoming = [{"type": "http.request", "body": part, "more_body": i < len(body_parts) - 1}
+                for i, part in enumerate(body_parts)]  # fmt: skip
+    sent = []
+
+    async def receive():
+        return incoming.pop(0) if incoming else {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(app(scope, receive, send))
+    return sent
+
+
+def http(path: str, method: str = "GET") -> dict:
+    return {"type": "http", "method": method, "path": path, "raw_path": path.encode(), "root_path": "",
+            "query_string": b"a=1", "headers": [(b"content-type", b"text/plain"), (b"x-thing", b"yes")],
+            "http_version": "1.1", "scheme": "http", "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 5555)}  # fmt: skip
+
+
+def test_a_post_body_reaches_the_view_and_the_answer_goes_out_whole():
+    seen = {}
+
+    def wsgi(environ, start_response):
+        seen.update(body=environ["wsgi.input"].read(), thing=environ["HTTP_X_THING"], query=environ["QUERY_STRING"],
+                    addr=environ["REMOTE_ADDR"], method=environ["REQUEST_METHOD"])  # fmt: skip
+        start_response("201 Created", [("Content-Type", "application/json"), ("X-Id", "7")])
+        return [b'{"ok":', b" true}"]
+
+    sent = call(build(wsgi, threads=2), http("/api/v1/jobs/", "POST"), [b"hello ", b"world"])
+    assert seen == {
+        "body": b"hello world",
+        "thing": "yes",
+        "query": "a=1",
+        "addr": "127.0.0.1",
+        "method": "POST",
+    }
+    assert sent[0] == {"type": "http.response.start", "status": 201,
+                       "headers": [(b"content-type", b"application/json"), (b"x-id", b"7")]}  # fmt: skip
+    assert sent[1:] == [{"type": "http.response.body", "body": b'{"ok": true}'}]
+
+
+def test_a_large_answer_goes_out_in_chunks_and_is_closed():
+    closed = []
+
+    class Body:
+        def __iter__(self):
+            for _ in range(8):
+                yield b"x" * (GATHER_BYTES // 4)
+
+        def close(self):
+            closed.append(True)
+
+    def wsgi(environ, start_response):
+        start_response("200 OK", [("Content-Type", "application/octet-stream")])
+        return Body()
+
+    sent = call(build(wsgi, threads=2), http("/api/v1/jobs/1/artifacts/big.bin"), [b""])
+    bodies = [m for m in sent if m["type"] == "http.response.body"]
+    assert len(bodies) > 2 and bodies[-1] == {"type": "http.response.body", "body": b""}
+    assert all(m.get("more_body") for m in bodies[:-1])
+    assert sum(len(m["body"]) for m in bodies) == 8 * (GATHER_BYTES // 4)
+    assert closed == [True]
+
+
+def test_a_client_gone_before_its_body_came_is_not_served():
+    calls = []
+
+    def wsgi(environ, start_response):
+        calls.append(1)
+        start_response("200 OK", [])
+        return [b""]
+
+    assert call(build(wsgi, threads=1), http("/", "POST"), []) == [] and calls == []
+
+
+def test_lifespan_is_answered():
+    messages = [{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}]
+    sent = []
+
+    async def receive():
+        return messages.pop(0)
+
+    async def send(message):
+        sent.append(message["type"])
+
+    asyncio.run(build(lambda e, s: [], threads=1)({"type": "lifespan"}, receive, send))
+    assert sent == ["lifespan.startup.complete", "lifespan.shutdown.complete"]

@@ -1,0 +1,145 @@
+"""The agent's side of the agent API (`/internal/agent/v1/`, apps/nodes/agent_api.py), over HTTP
+with `requests`. No Django: the agent holds only the web's URL and its node credential."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pathlib
+import tempfile
+import urllib.parse
+from typing import BinaryIO
+
+import requests
+
+from apps.platform import agent_protocol as wire
+
+log = logging.getLogger(__name__)
+
+
+class ApiError(RuntimeError):
+    """The control plane answered something other than what the call expects (or not at all)."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
+
+
+class CredentialRefused(ApiError):
+    """401: the credential is unknown, revoked or expired. The agent keeps retrying (and fences)."""
+
+
+class TooLarge(ApiError):
+    """413: past the platform's size cap for a log, an artifact or a checkpoint."""
+
+
+class AgentApi:
+    def __init__(self, base_url: str, credential: str, *, session=None, timeout: float = 30.0):
+        self.base = base_url.rstrip("/") + wire.API_PREFIX
+        self.timeout = timeout
+        self.session = session if session is not None else requests.Session()
+        self.session.headers["Authorization"] = f"{wire.AUTH_SCHEME} {credential}"
+
+    # --- plumbing ---------------------------------------------------------------------------
+
+    def _call(self, method: str, path: str, *, token: str | None = None, headers: dict | None = None,
+              ok=(200, 201, 204), **kwargs):  # fmt: skip
+        headers = dict(headers or {})
+        if token is not None:
+            headers[wire.ATTEMPT_TOKEN_HEADER] = token
+        try:
+            response = self.session.request(
+                method, self.base + path, headers=headers, timeout=self.timeout, **kwargs
+            )
+        except requests.RequestException as error:
+            raise ApiError(f"{method} {path}: {error}") from error
+        if response.status_code in ok:
+            return response
+        detail = response.text[:300]
+        if response.status_code == 401:
+            raise CredentialRefused(f"{method} {path}: 401 {detail}", 401)
+        if response.status_code == 413:
+            raise TooLarge(f"{method} {path}: 413 {detail}", 413)
+        raise ApiError(f"{method} {path}: {response.status_code} {detail}", response.status_code)
+
+    @staticmethod
+    def _member(a: wire.Assignment) -> str:
+        return f"/members/{a.attempt_id}/{a.rank}/"
+
+    # --- node -----------------------------------------------------------------------------------
+
+    def register(self, *, node: str, agent_instance: str, sku: str, gpus: list[wire.GpuInfo], labels: dict,
+                 hostname: str, isolation: str) -> dict:  # fmt: skip
+        body = {"node": node, "agent_instance": agent_instance, "sku": sku, "labels": labels, "hostname": hostname,
+                "isolation": isolation, "gpus": [wire.to_wire(g) for g in gpus]}  # fmt: skip
+        return self._call("POST", "/register/", json=body).json()
+
+    def heartbeat(self, *, agent_instance: str, gpus: list[wire.GpuInfo]) -> dict | None:
+        """The members open on this node (as `assignments()`), or None when another agent
+        instance has taken this node over (this one must stop)."""
+        body = {"agent_instance": agent_instance, "gpus": [wire.to_wire(g) for g in gpus]}
+        answer = self._call("POST", "/heartbeat/", json=body).json()
+        return None if answer["replaced"] else _by_key(answer["members"])
+
+    def assignments(self) -> dict[tuple[int, int], wire.Assignment]:
+        return _by_key(self._call("GET", "/assignments/").json()["members"])
+
+    def assignment(self, attempt_id: int, rank: int, token: str) -> wire.Assignment | None:
+        """The member if the platform has it placed on this node under this token, else None."""
+        response = self._call("GET", f"/members/{attempt_id}/{rank}/", token=token, ok=(200, 404))
+        return wire.assignment_from_wire(response.json()) if response.status_code == 200 else None
+
+    # --- reports (each fenced by the attempt token) -------------------------------------------------
+
+    def report(self, a: wire.Assignment, kind: str, **body) -> bool:
+        """started / progress / finished / lost. False: refused (stale token, ended, not placed here)."""
+        response = self._call(
+            "POST", self._member(a) + f"{kind}/", token=a.token, json=body, ok=(200, 404)
+        )
+        return response.status_code == 200 and bool(response.json().get("accepted"))
+
+    def append_log(self, a: wire.Assignment, offset: int, chunk: bytes) -> tuple[bool, int]:
+        """(appended, the stored log's size): not appended when the stored log does not end at `offset`."""
+        response = self._call("POST", self._member(a) + "log/", token=a.token, data=chunk, ok=(200, 409),
+                              headers={wire.LOG_OFFSET_HEADER: str(offset),
+                                       "Content-Type": "application/octet-stream"})  # fmt: skip
+        return response.status_code == 200, int(response.json()["size"])
+
+    # Uploads pass the open file itself: requests streams it with its Content-Length (Django reads
+    # no chunked request body), never reading it whole into memory.
+
+    def put_artifact(self, a: wire.Assignment, name: str, source: BinaryIO) -> bool:
+        path = self._member(a) + "artifacts/" + urllib.parse.quote(name, safe="/")
+        response = self._call("PUT", path, token=a.token, data=source,
+                              headers={"Content-Type": "application/octet-stream"})  # fmt: skip
+        return bool(response.json().get("stored"))
+
+    def put_checkpoint(self, a: wire.Assignment, filename: str, source: BinaryIO) -> str:
+        """Store the member's checkpoint file; returns its name in the platform's storage."""
+        response = self._call("PUT", self._member(a) + "checkpoint/", token=a.token, data=source,
+                              headers={wire.CHECKPOINT_NAME_HEADER: filename,
+                                       "Content-Type": "application/octet-stream"})  # fmt: skip
+        return response.json()["checkpoint"]
+
+    def get_checkpoint(self, a: wire.Assignment, dest_dir: pathlib.Path) -> str:
+        """Download the checkpoint this member resumes from into dest_dir; its path, or "" if none."""
+        response = self._call(
+            "GET", self._member(a) + "checkpoint/", token=a.token, stream=True, ok=(200, 204)
+        )
+        if response.status_code == 204:
+            return ""
+        name = pathlib.PurePosixPath(
+            response.headers.get(wire.CHECKPOINT_NAME_HEADER) or "checkpoint"
+        ).name
+        dest_dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=dest_dir, prefix=".download.")
+        with os.fdopen(fd, "wb") as out:
+            for chunk in response.iter_content(1 << 20):
+                out.write(chunk)
+        target = dest_dir / (name if name not in ("", ".", "..") else "checkpoint")
+        os.replace(tmp, target)
+        return str(target)
+
+
+def _by_key(members: list[dict]) -> dict[tuple[int, int], wire.Assignment]:
+    return {(m["attempt_id"], m["rank"]): wire.assignment_from_wire(m) for m in members}

@@ -1,0 +1,143 @@
+"""The launcher between the agent and a fenced job: `python -m workers.jail SPEC_FD STATUS_FD`.
+
+It starts as root, reads its spec (JSON) from an inherited fd (never argv: the spec holds the
+job's environment), joins the member's cgroups, enters a mount namespace of its own (a fresh
+tmpfs on /tmp, /var/tmp and /dev/shm; only the paths the job needs made reachable; other GPUs'
+device files covered), drops to the job's uid and gid with no supplementary groups, asks to die
+with the agent, and execs the job. Any failure before the exec is written to STATUS_FD, which
+closes on a successful exec (as subprocess does), and the launcher exits 127.
+Only the standard library and ctypes: it runs once per job, so it starts fast.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import sys
+
+CLONE_NEWNS = 0x00020000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 4096, 16384, 1 << 18
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+SIGKILL = 9
+libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"{what}: {os.strerror(error)}")
+
+
+def mount(
+    source: str, target: str, fstype: str | None, flags: int, data: str | None = None
+) -> None:
+    _check(libc.mount(source.encode(), target.encode(), fstype.encode() if fstype else None, flags,
+                      data.encode() if data else None), f"mount {target}")  # fmt: skip
+
+
+def join_cgroups(procs_files: list[str]) -> None:
+    for path in procs_files:
+        with open(path, "w") as handle:
+            handle.write(str(os.getpid()))
+
+
+def _inside(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def _hidden_top(path: str, private: list[str]) -> str | None:
+    """The mount that will hide `path` from the job: a private dir it lies in, else its
+    highest ancestor others may not traverse (an 0700 data dir, /root); None: reachable as is."""
+    for top in private:
+        if _inside(path, top):
+            return top
+    current = "/"
+    for part in path.strip("/").split("/")[:-1]:
+        current = os.path.join(current, part)
+        if not os.stat(current).st_mode & 0o001:
+            return current
+    return None
+
+
+def _mount_point(path: str, like_dir: bool) -> None:
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    if like_dir:
+        os.makedirs(path, mode=0o755, exist_ok=True)
+    elif not os.path.exists(path):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o444))
+
+
+def enter_namespace(spec: dict) -> None:
+    """A mount namespace where the job's own paths sit where the agent sees them (same
+    names inside and out), on fresh tmpfs over everything that hid them, and nothing else."""
+    private = spec["private"]
+    exposed = [os.path.abspath(p) for p in spec["expose"] if os.path.exists(p)]
+    covered = {path: _hidden_top(path, private) for path in exposed}  # decided while still visible
+    tops = {top for top in covered.values() if top}
+    tops |= {top for top in private if os.path.isdir(top)}
+    _check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    mount("none", "/", None, MS_REC | MS_PRIVATE)  # nothing we mount reaches the host
+    # Hold every exposed path open before covering its ancestor makes its name unreachable
+    # (opened inside the new namespace: a bind's source must be one of its mounts).
+    held = {path: os.open(path, os.O_PATH | os.O_CLOEXEC) for path in exposed}
+    for top in sorted(tops, key=len):
+        if any(other != top and _inside(top, other) for other in tops):
+            continue  # already under a fresh tmpfs: made below
+        mode = "1777" if top in private else "0755"
+        mount("tmpfs", top, "tmpfs", MS_NOSUID | MS_NODEV, f"mode={mode},size={spec['tmp_size']}")
+    for path in sorted(exposed, key=len):
+        if covered[path] is None and not any(_inside(path, top) for top in tops):
+            continue
+        _mount_point(path, os.path.isdir(f"/proc/self/fd/{held[path]}"))
+        mount(f"/proc/self/fd/{held[path]}", path, None, MS_BIND | MS_REC)
+    for path in spec["hide"]:  # other GPUs' device files: a root-only empty file over each
+        if os.path.lexists(path):  # (one under a fresh tmpfs is gone already)
+            mount(_blank(), path, None, MS_BIND)
+    for fd in held.values():
+        os.close(fd)
+
+
+def _blank() -> str:
+    """An empty root-only file on the job's own /dev/shm (a tmpfs of this namespace by now)."""
+    path = "/dev/shm/.gpuplatform-hidden"
+    os.close(os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o000))
+    os.chmod(path, 0o000)
+    return path
+
+
+def become(uid: int, gid: int) -> None:
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    # Changing uid cleared the parent-death signal: ask again, then check the agent is still
+    # there (it may have died before we asked, and then no signal would ever come).
+    _check(libc.prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
+    _check(
+        libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)"
+    )  # no setuid way back
+
+
+def main(argv: list[str]) -> int:
+    spec_fd, status_fd = int(argv[0]), int(argv[1])
+    with os.fdopen(spec_fd, "rb") as handle:
+        spec = json.loads(handle.read())
+    status = os.fdopen(status_fd, "w")
+    os.set_inheritable(status_fd, False)  # closes at exec: the agent reads EOF as "it runs"
+    try:
+        join_cgroups(spec["cgroup_procs"])
+        enter_namespace(spec)
+        become(spec["uid"], spec["gid"])
+        if os.getppid() != spec["agent_pid"]:
+            raise OSError("the agent is gone")
+        os.chdir(spec["cwd"])
+        os.execvpe(spec["argv"][0], spec["argv"], spec["env"])
+    except Exception as error:  # noqa: BLE001 (any failure: the job did not start)
+        status.write(f"{error}"[:500])
+        status.flush()
+        return 127
+    return 127  # not reached: exec replaced us
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
