@@ -35,6 +35,7 @@ def template_form(template: JobTemplate, **changes) -> dict:
         "name": template.name, "description": template.description, "argv": json.dumps(template.argv),
         "params_schema": json.dumps(template.params_schema), "version": template.version,
         "default_max_runtime_seconds": template.default_max_runtime_seconds,
+        "memory_mib": template.memory_mib, "pids_max": template.pids_max, "cpu_weight": template.cpu_weight,
         **({"checkpointable": "on"} if template.checkpointable else {}),
         **({"cacheable": "on"} if template.cacheable else {}),
     }  # fmt: skip
