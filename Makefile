@@ -22,7 +22,7 @@ lint test bench chaos: export SECRET_KEY ?= make-check-not-a-secret
 
 lint: install
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check apps/scheduling/core
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy apps gpuplatform workers  # normal mode; strict on apps/scheduling/core (pyproject.toml)
 	$(BIN)/python manage.py check
 	$(BIN)/python manage.py makemigrations --check --dry-run

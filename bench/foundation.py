@@ -57,7 +57,10 @@ def all_jobs(platform):
 
 def wait_until_ended(platform, count: int, interval: float) -> None:
     def ended() -> bool:
-        counts = [platform.get("bob", f"/api/v1/jobs/?state={s}").json()["count"] for s in ("succeeded", "failed")]
+        counts = [
+            platform.get("bob", f"/api/v1/jobs/?state={s}").json()["count"]
+            for s in ("succeeded", "failed")
+        ]
         return sum(counts) >= count
 
     platform.wait_until(ended, timeout=1800, what=f"{count} jobs ended", interval=interval)
@@ -79,7 +82,16 @@ def start_platform(data_dir: pathlib.Path, nodes: dict, name: str):
     # Production timings for liveness: the tests' fast heartbeats lose live nodes under this load.
     platform.env["GPUPLATFORM_HEARTBEAT_SECONDS"] = "2"
     platform.start(nodes)
-    platform.manage("set_quota", "acme", "--max-queued-jobs", "100000", "--submit-rate", "1000000", "--submit-burst", "100000")
+    platform.manage(
+        "set_quota",
+        "acme",
+        "--max-queued-jobs",
+        "100000",
+        "--submit-rate",
+        "1000000",
+        "--submit-burst",
+        "100000",
+    )
     return platform, redis_server
 
 
@@ -131,8 +143,15 @@ def peer_drain(count: int, data_dir: pathlib.Path) -> dict:
         wall = time.monotonic() - opened
         attempts = [job["attempts"][-1] for job in all_jobs(platform)]
         # First start to last end: the agents are already up then, like Slurm's partition UP.
-        drain = max(ts(a["ended_at"]) for a in attempts) - min(ts(a["started_at"]) for a in attempts)
-        return {"n": count, "drain_seconds": drain, "jobs_per_second": count / drain, "wall_seconds": wall}
+        drain = max(ts(a["ended_at"]) for a in attempts) - min(
+            ts(a["started_at"]) for a in attempts
+        )
+        return {
+            "n": count,
+            "drain_seconds": drain,
+            "jobs_per_second": count / drain,
+            "wall_seconds": wall,
+        }
 
 
 def main() -> int:
@@ -140,7 +159,11 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="20 latency samples, 200 jobs drained")
     args = parser.parse_args()
     n_latency, n_drain = (20, 200) if args.quick else (100, 2000)
-    backend = "PostgreSQL" if os.environ.get("DATABASE_URL", "").startswith("postgres") else "SQLite (embedded default)"
+    backend = (
+        "PostgreSQL"
+        if os.environ.get("DATABASE_URL", "").startswith("postgres")
+        else "SQLite (embedded default)"
+    )
     with tempfile.TemporaryDirectory(prefix="gpuplatform-bench-") as tmp:
         lat = latency(n_latency, pathlib.Path(tmp))
         print(f"latency: {lat}", flush=True)
@@ -157,13 +180,13 @@ Command: `{command}` ({backend}, Redis, gunicorn 2x4, one dispatcher, fake GPU a
 
 | figure | value |
 |---|---|
-| submit-to-running latency, idle cluster, p50 over {lat['n']} jobs | {lat['p50'] * 1000:.0f} ms |
-| submit-to-running latency, idle cluster, p95 over {lat['n']} jobs | {lat['p95'] * 1000:.0f} ms |
-| jobs started per second, 8 nodes x 8 GPUs draining {tp['n']} one-GPU jobs that exit at once | {tp['starts_per_second']:.1f} /s |
-| time from first submit to last start ({tp['n']} jobs) | {tp['drain_seconds']:.1f} s |
-| submits per second while filling the queue (8 client threads) | {tp['submits_per_second']:.1f} /s |
-| jobs retried or failed during the drain | {len(tp['retried'])} |
-| Slurm's b4 shape: {peer['n']} one-GPU jobs queued first, then drained by 4 nodes x 4 GPUs | {peer['jobs_per_second']:.1f} jobs/s ({peer['drain_seconds']:.1f} s from the first start to the last end) |
+| submit-to-running latency, idle cluster, p50 over {lat["n"]} jobs | {lat["p50"] * 1000:.0f} ms |
+| submit-to-running latency, idle cluster, p95 over {lat["n"]} jobs | {lat["p95"] * 1000:.0f} ms |
+| jobs started per second, 8 nodes x 8 GPUs draining {tp["n"]} one-GPU jobs that exit at once | {tp["starts_per_second"]:.1f} /s |
+| time from first submit to last start ({tp["n"]} jobs) | {tp["drain_seconds"]:.1f} s |
+| submits per second while filling the queue (8 client threads) | {tp["submits_per_second"]:.1f} /s |
+| jobs retried or failed during the drain | {len(tp["retried"])} |
+| Slurm's b4 shape: {peer["n"]} one-GPU jobs queued first, then drained by 4 nodes x 4 GPUs | {peer["jobs_per_second"]:.1f} jobs/s ({peer["drain_seconds"]:.1f} s from the first start to the last end) |
 
 Latency is measured from the job's `created_at` to its attempt's `started_at` (server clocks,
 no client overhead): dispatch trigger on commit, placement, the start message to the node queue,

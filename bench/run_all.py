@@ -34,11 +34,16 @@ def main() -> int:
         if only and name not in only:
             continue
         print(f"== bench.{name}", flush=True)
-        rc = subprocess.call([sys.executable, "-m", f"bench.{name}", *MODULES.get(name, [])], cwd=ROOT)
+        rc = subprocess.call(
+            [sys.executable, "-m", f"bench.{name}", *MODULES.get(name, [])], cwd=ROOT
+        )
         if rc:
             failed.append(name)
-    parts = ["# Benchmarks\n", "Produced by `make bench` (`python -m bench.run_all`) on the 2-core, "
-             "24 GB development machine. Each section names the command behind its figures.\n"]
+    parts = [
+        "# Benchmarks\n",
+        "Produced by `make bench` (`python -m bench.run_all`) on the 2-core, "
+        "24 GB development machine. Each section names the command behind its figures.\n",
+    ]
     parts += [p.read_text() for p in sorted(SECTIONS.glob("*.md"))]
     (ROOT / "docs" / "benchmarks.md").write_text("\n".join(parts))
     if failed:

@@ -24,7 +24,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpuplatform: {error}", file=sys.stderr)
         return 2
     except ApiError as error:
-        print(f"gpuplatform: the API answered {error.status}: {_brief(error.body)}", file=sys.stderr)
+        print(
+            f"gpuplatform: the API answered {error.status}: {_brief(error.body)}", file=sys.stderr
+        )
         if error.retry_after:
             print(f"gpuplatform: retry after {error.retry_after} s", file=sys.stderr)
         return 3
@@ -70,7 +72,9 @@ def parser() -> argparse.ArgumentParser:
         command.set_defaults(run=run)
         if name == "wait":
             command.add_argument("--timeout", type=float, help="give up after this many seconds")
-            command.add_argument("--quiet", "-q", action="store_true", help="print only the final state")
+            command.add_argument(
+                "--quiet", "-q", action="store_true", help="print only the final state"
+            )
         if name == "artifacts":
             command.add_argument("--download", metavar="DIR", help="save every artifact into DIR")
     return top
@@ -80,7 +84,9 @@ def _client(args) -> Client:
     url, token = load_settings(args.profile)
     token = args.token or token
     if not token:
-        raise ConfigError("no API token: use --token, set GPUPLATFORM_TOKEN or write the config file")
+        raise ConfigError(
+            "no API token: use --token, set GPUPLATFORM_TOKEN or write the config file"
+        )
     return Client(args.url or url, token)
 
 
@@ -117,7 +123,9 @@ def cmd_list(client: Client, args) -> int:
         print(json.dumps(page, indent=2))
         return 0
     for job in page["results"]:
-        print(f"{job['id']}  {job['state']:<10} {round(100 * job['progress']):>3}%  {job['tier']:<10} {job['name']}")
+        print(
+            f"{job['id']}  {job['state']:<10} {round(100 * job['progress']):>3}%  {job['tier']:<10} {job['name']}"
+        )
     if page.get("next"):
         print(f"... {page['count']} in all; --page for more")
     return 0
@@ -128,14 +136,18 @@ def cmd_show(client: Client, args) -> int:
     if args.json:
         print(json.dumps(job, indent=2))
         return 0
-    print(f"{job['id']}  {job['name']}\nstate {job['state']}  progress {round(100 * job['progress'])}%")
+    print(
+        f"{job['id']}  {job['name']}\nstate {job['state']}  progress {round(100 * job['progress'])}%"
+    )
     if job.get("queue_position"):
         print(f"queue position {job['queue_position']}")
     if job.get("reason"):
         print(f"reason: {job['reason']}")
     for attempt in job["attempts"]:
         where = ", ".join(f"{p['node']}:{p['gpu_indices']}" for p in attempt["placements"])
-        print(f"  attempt {attempt['number']} {attempt['state']} on {where} exit={attempt['exit_code']}")
+        print(
+            f"  attempt {attempt['number']} {attempt['state']} on {where} exit={attempt['exit_code']}"
+        )
     return 0
 
 
@@ -154,7 +166,9 @@ def cmd_wait(client: Client, args) -> int:
     return _follow(client, args.job_id, quiet=args.quiet, timeout=args.timeout, as_json=args.json)
 
 
-def _follow(client: Client, job_id: str, *, quiet: bool, timeout: float | None, as_json: bool) -> int:
+def _follow(
+    client: Client, job_id: str, *, quiet: bool, timeout: float | None, as_json: bool
+) -> int:
     def show(event: Event) -> None:
         if quiet:
             return
@@ -171,7 +185,12 @@ def _follow(client: Client, job_id: str, *, quiet: bool, timeout: float | None, 
     except TimeoutError as error:
         print(f"gpuplatform: {error}", file=sys.stderr)
         return 1
-    _out(as_json, job, f"{job['id']} {job['state']}" + (f" exit={job['exit_code']}" if job["exit_code"] is not None else ""))
+    _out(
+        as_json,
+        job,
+        f"{job['id']} {job['state']}"
+        + (f" exit={job['exit_code']}" if job["exit_code"] is not None else ""),
+    )
     return 0 if job["state"] == "succeeded" else 1
 
 

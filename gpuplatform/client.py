@@ -116,8 +116,12 @@ class Client:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
         return self._json("POST", "/api/v1/jobs/", body, headers=headers)
 
-    def list(self, *, state: str | None = None, tier: str | None = None, page: int | None = None) -> dict:
-        query = urllib.parse.urlencode({k: v for k, v in {"state": state, "tier": tier, "page": page}.items() if v})
+    def list(
+        self, *, state: str | None = None, tier: str | None = None, page: int | None = None
+    ) -> dict:
+        query = urllib.parse.urlencode(
+            {k: v for k, v in {"state": state, "tier": tier, "page": page}.items() if v}
+        )
         return self._json("GET", "/api/v1/jobs/" + (f"?{query}" if query else ""))
 
     def get(self, job_id: str) -> dict:
@@ -137,7 +141,10 @@ class Client:
         target = pathlib.Path(directory) / pathlib.PurePosixPath(name).name
         target.parent.mkdir(parents=True, exist_ok=True)
         quoted = urllib.parse.quote(name)
-        with self._request("GET", f"/api/v1/jobs/{job_id}/artifacts/{quoted}") as response, open(target, "wb") as out:
+        with (
+            self._request("GET", f"/api/v1/jobs/{job_id}/artifacts/{quoted}") as response,
+            open(target, "wb") as out,
+        ):
             while chunk := response.read(1 << 16):
                 out.write(chunk)
         return target
@@ -147,7 +154,9 @@ class Client:
 
     # --- live status ----------------------------------------------------------------------------
 
-    def events(self, job_id: str, *, last_event_id: str | None = None, timeout: float = 30) -> Iterator[Event]:
+    def events(
+        self, job_id: str, *, last_event_id: str | None = None, timeout: float = 30
+    ) -> Iterator[Event]:
         """One connection's worth of events (the server closes after `timeout` seconds)."""
         headers = {"Accept": "text/event-stream"}
         if last_event_id:
@@ -156,7 +165,9 @@ class Client:
         with self._request("GET", path, headers=headers, timeout=timeout + 30) as response:
             yield from parse_sse(response)
 
-    def follow(self, job_id: str, *, deadline: float | None = None, stream_seconds: float = 30) -> Iterator[Event]:
+    def follow(
+        self, job_id: str, *, deadline: float | None = None, stream_seconds: float = 30
+    ) -> Iterator[Event]:
         """Every event of the job until it ends, reconnecting where the last stream stopped."""
         last_id = None
         while deadline is None or time.monotonic() < deadline:

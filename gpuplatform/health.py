@@ -9,7 +9,10 @@ from apps.scheduling.redis import client
 def healthz(request):
     checks = {"database": _database_ok(), "redis": _redis_ok()}
     ok = all(checks.values())
-    return JsonResponse({"ok": ok, **{k: "ok" if v else "down" for k, v in checks.items()}}, status=200 if ok else 503)
+    return JsonResponse(
+        {"ok": ok, **{k: "ok" if v else "down" for k, v in checks.items()}},
+        status=200 if ok else 503,
+    )
 
 
 def _database_ok() -> bool:

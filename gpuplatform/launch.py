@@ -42,8 +42,13 @@ def main() -> int:
     data = data_dir()
     env = dict(os.environ, GPUPLATFORM_DATA_DIR=str(data))
     env["PATH"] = f"{pathlib.Path(sys.executable).parent}:{env.get('PATH', '')}"
-    env.setdefault("SECRET_KEY", stored_secret(data / "secret_key", lambda: secrets.token_urlsafe(50)))
-    env.setdefault("FLOWER_BASIC_AUTH", "admin:" + stored_secret(data / "flower_password", lambda: secrets.token_urlsafe(12)))
+    env.setdefault(
+        "SECRET_KEY", stored_secret(data / "secret_key", lambda: secrets.token_urlsafe(50))
+    )
+    env.setdefault(
+        "FLOWER_BASIC_AUTH",
+        "admin:" + stored_secret(data / "flower_password", lambda: secrets.token_urlsafe(12)),
+    )
     port, flower_port = env.setdefault("PORT", "8000"), env.setdefault("FLOWER_PORT", "5555")
     # The Procfile's agents get only this URL and their own credential file (`env -i`: none of
     # this process's secrets). They run unprivileged here, isolation "none": this developer
@@ -90,7 +95,9 @@ def issue_agent_credentials(data: pathlib.Path, env: dict) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         directory.chmod(0o700)
         manage("create_node_credential", node, "--revoke", env=env, capture=True)
-        credential = manage("create_node_credential", node, env=env, capture=True).strip().splitlines()[-1]
+        credential = (
+            manage("create_node_credential", node, env=env, capture=True).strip().splitlines()[-1]
+        )
         path = directory / "credential"
         path.touch(mode=0o600)
         path.chmod(0o600)
@@ -104,7 +111,9 @@ def redacted(url: str) -> str:
     parts = urllib.parse.urlsplit(url)
     if not parts.password:
         return url
-    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")))
+    return urllib.parse.urlunsplit(
+        parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@"))
+    )
 
 
 def banner(port: str, flower_port: str, env: dict, demo: str) -> str:
@@ -116,8 +125,8 @@ gpuplatform is starting.
   API         http://127.0.0.1:{port}/api/v1/     (Authorization: Token <token>)
   API schema  http://127.0.0.1:{port}/api/schema/
   Health      http://127.0.0.1:{port}/healthz     Metrics http://127.0.0.1:{port}/metrics
-  Flower      http://127.0.0.1:{flower_port}/            (basic auth {env['FLOWER_BASIC_AUTH']})
-  Redis       {redacted(env['REDIS_URL'])}
+  Flower      http://127.0.0.1:{flower_port}/            (basic auth {env["FLOWER_BASIC_AUTH"]})
+  Redis       {redacted(env["REDIS_URL"])}
   Database    {database}
 
 Demo users and API tokens:

@@ -15,7 +15,13 @@ class JsonLinesFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        line.update({key: str(getattr(record, key)) for key in CONTEXT if getattr(record, key, None) is not None})
+        line.update(
+            {
+                key: str(getattr(record, key))
+                for key in CONTEXT
+                if getattr(record, key, None) is not None
+            }
+        )
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
         return json.dumps(line)

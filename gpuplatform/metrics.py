@@ -65,8 +65,14 @@ def job_metrics() -> Iterator[Metric]:
     for state in JobState.values:
         jobs.add_metric([state], counts.get(state, 0))
     yield jobs
-    depth = GaugeMetricFamily("gpuplatform_queue_depth", "Queued jobs by tier and SKU", labels=["tier", "sku"])
-    queued = Job.objects.filter(state=JobState.QUEUED).values_list("tier__name", "gpu_sku__name").annotate(n=Count("pk"))
+    depth = GaugeMetricFamily(
+        "gpuplatform_queue_depth", "Queued jobs by tier and SKU", labels=["tier", "sku"]
+    )
+    queued = (
+        Job.objects.filter(state=JobState.QUEUED)
+        .values_list("tier__name", "gpu_sku__name")
+        .annotate(n=Count("pk"))
+    )
     for tier, sku, n in queued:
         depth.add_metric([tier, sku or "any"], n)
     yield depth
@@ -74,7 +80,9 @@ def job_metrics() -> Iterator[Metric]:
     preempted = CounterMetricFamily("gpuplatform_preemptions", "Attempts ended by preemption")
     preempted.add_metric([], JobAttempt.objects.filter(state=AttemptState.PREEMPTED).count())
     yield preempted
-    lost = CounterMetricFamily("gpuplatform_attempts_lost", "Attempts lost to infrastructure failures")
+    lost = CounterMetricFamily(
+        "gpuplatform_attempts_lost", "Attempts lost to infrastructure failures"
+    )
     lost.add_metric([], JobAttempt.objects.filter(state=AttemptState.LOST).count())
     yield lost
 
@@ -82,7 +90,9 @@ def job_metrics() -> Iterator[Metric]:
 def wait_histogram() -> Metric:
     """Time from submit to first start of every job that has started, per tier."""
     wait = ExpressionWrapper(F("started_at") - F("created_at"), output_field=DurationField())
-    aggregates = {f"le_{b}": Count("pk", filter=Q(wait__lte=timedelta(seconds=b))) for b in WAIT_BUCKETS}
+    aggregates = {
+        f"le_{b}": Count("pk", filter=Q(wait__lte=timedelta(seconds=b))) for b in WAIT_BUCKETS
+    }
     rows = (
         Job.objects.filter(started_at__isnull=False)
         .annotate(wait=wait)
@@ -115,8 +125,14 @@ def fleet_metrics() -> Iterator[Metric]:
     for sku, n in ready.values_list("node__sku__name").annotate(n=Count("pk")):
         usable.add_metric([sku], n)
     yield usable
-    allocated = GaugeMetricFamily("gpuplatform_gpus_allocated", "Allocated GPUs by SKU", labels=["sku"])
-    held = GpuAllocation.objects.filter(released_at=None).values_list("gpu__node__sku__name").annotate(n=Count("pk"))
+    allocated = GaugeMetricFamily(
+        "gpuplatform_gpus_allocated", "Allocated GPUs by SKU", labels=["sku"]
+    )
+    held = (
+        GpuAllocation.objects.filter(released_at=None)
+        .values_list("gpu__node__sku__name")
+        .annotate(n=Count("pk"))
+    )
     for sku, n in held:
         allocated.add_metric([sku], n)
     yield allocated
@@ -126,10 +142,14 @@ def fleet_metrics() -> Iterator[Metric]:
         nodes.add_metric([state], by_state.get(state, 0))
     yield nodes
     age = GaugeMetricFamily(
-        "gpuplatform_node_heartbeat_age_seconds", "Seconds since each node's last heartbeat", labels=["node"]
+        "gpuplatform_node_heartbeat_age_seconds",
+        "Seconds since each node's last heartbeat",
+        labels=["node"],
     )
     now = timezone.now()
-    for name, last in Node.objects.exclude(last_heartbeat_at=None).values_list("name", "last_heartbeat_at"):
+    for name, last in Node.objects.exclude(last_heartbeat_at=None).values_list(
+        "name", "last_heartbeat_at"
+    ):
         if last is not None:
             age.add_metric([name], max(0.0, (now - last).total_seconds()))
     yield age
@@ -154,17 +174,23 @@ def _fragmentation() -> float | None:
 def control_metrics() -> Iterator[Metric]:
     dispatch = _redis_hash(DISPATCH_KEY)
     if dispatch:
-        last = GaugeMetricFamily("gpuplatform_dispatch_last_seconds", "Duration of the last dispatcher pass")
+        last = GaugeMetricFamily(
+            "gpuplatform_dispatch_last_seconds", "Duration of the last dispatcher pass"
+        )
         last.add_metric([], float(dispatch.get("last_seconds", 0)))
         yield last
         passes = CounterMetricFamily("gpuplatform_dispatch_passes", "Dispatcher passes run")
         passes.add_metric([], int(dispatch.get("passes_total", 0)))
         yield passes
-        spent = CounterMetricFamily("gpuplatform_dispatch_seconds", "Seconds spent in dispatcher passes")
+        spent = CounterMetricFamily(
+            "gpuplatform_dispatch_seconds", "Seconds spent in dispatcher passes"
+        )
         spent.add_metric([], float(dispatch.get("seconds_total", 0)))
         yield spent
     rejections = CounterMetricFamily(
-        "gpuplatform_admission_rejections", "Submissions refused by admission control", labels=["reason"]
+        "gpuplatform_admission_rejections",
+        "Submissions refused by admission control",
+        labels=["reason"],
     )
     for reason, n in sorted(_redis_hash(REJECTIONS_KEY).items()):
         rejections.add_metric([reason], int(n))
@@ -176,7 +202,9 @@ def admission_counters() -> Metric:
     """Admission's own shared counters (apps/admission/counters.py), e.g. submissions admitted
     or refused while Redis was down, `<what>:<tier>`."""
     family = CounterMetricFamily(
-        "gpuplatform_admission_events", "Admission control events by name and tier", labels=["event", "tier"]
+        "gpuplatform_admission_events",
+        "Admission control events by name and tier",
+        labels=["event", "tier"],
     )
     for name, value in sorted(counters().items()):
         event, _, tier = name.partition(":")
@@ -187,17 +215,29 @@ def admission_counters() -> Metric:
 def autoscale_metrics() -> Iterator[Metric]:
     """Per autoscaled SKU: nodes now, desired by the last decision, provisions pending, and the
     last decision's reason (docs/autoscaling.md)."""
-    current = GaugeMetricFamily("gpuplatform_autoscale_nodes", "Nodes of an autoscaled SKU now", labels=["sku"])
-    desired = GaugeMetricFamily("gpuplatform_autoscale_desired_nodes", "Desired nodes (last decision)", labels=["sku"])
-    pending = GaugeMetricFamily("gpuplatform_autoscale_pending_nodes", "Nodes asked for, not yet there", labels=["sku"])
+    current = GaugeMetricFamily(
+        "gpuplatform_autoscale_nodes", "Nodes of an autoscaled SKU now", labels=["sku"]
+    )
+    desired = GaugeMetricFamily(
+        "gpuplatform_autoscale_desired_nodes", "Desired nodes (last decision)", labels=["sku"]
+    )
+    pending = GaugeMetricFamily(
+        "gpuplatform_autoscale_pending_nodes", "Nodes asked for, not yet there", labels=["sku"]
+    )
     decision = GaugeMetricFamily(
-        "gpuplatform_autoscale_last_decision", "The last decision (value: its time)", labels=["sku", "mode", "reason"]
+        "gpuplatform_autoscale_last_decision",
+        "The last decision (value: its time)",
+        labels=["sku", "mode", "reason"],
     )
     for policy in AutoscalePolicy.objects.select_related("sku"):
         sku = policy.sku.name
-        nodes = Node.objects.filter(sku=policy.sku).exclude(state__in=[NodeState.LOST, NodeState.TERMINATED])
+        nodes = Node.objects.filter(sku=policy.sku).exclude(
+            state__in=[NodeState.LOST, NodeState.TERMINATED]
+        )
         current.add_metric([sku], nodes.count())
-        waiting = ProvisionRequest.objects.filter(sku=policy.sku, state=ProvisionState.PENDING).count()
+        waiting = ProvisionRequest.objects.filter(
+            sku=policy.sku, state=ProvisionState.PENDING
+        ).count()
         pending.add_metric([sku], waiting)
         last = ScaleEvent.objects.filter(sku=policy.sku).first()
         if last is not None:
@@ -228,7 +268,9 @@ def _scraper_allowed(request) -> bool:
 
 def metrics(request):
     if not _scraper_allowed(request):
-        response = HttpResponse("a bearer token is required\n", status=401, content_type="text/plain")
+        response = HttpResponse(
+            "a bearer token is required\n", status=401, content_type="text/plain"
+        )
         response["WWW-Authenticate"] = 'Bearer realm="metrics"'
         return response
     registry = CollectorRegistry(auto_describe=False)

@@ -28,7 +28,9 @@ if not SECRET_KEY:
 if HTTPS and (len(SECRET_KEY) < 50 or len(set(SECRET_KEY)) < 5):
     # Django's own bar (check --deploy, security.W009): a short key is guessable offline from
     # any signed cookie. `make run` stores a 67-character one.
-    raise ImproperlyConfigured("SECRET_KEY must be at least 50 characters (5 distinct) with GPUPLATFORM_HTTPS=1")
+    raise ImproperlyConfigured(
+        "SECRET_KEY must be at least 50 characters (5 distinct) with GPUPLATFORM_HTTPS=1"
+    )
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
@@ -112,7 +114,9 @@ SQLITE_OPTIONS = {
 def _database() -> dict:
     url = env_str("DATABASE_URL")
     if not url:
-        DATA_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)  # the database lives here: never world-readable
+        DATA_DIR.mkdir(
+            mode=0o700, parents=True, exist_ok=True
+        )  # the database lives here: never world-readable
         return {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": DATA_DIR / "db.sqlite3",
@@ -144,7 +148,9 @@ def _redis_url() -> str:
         # anything that really talks to Redis reports it as down.
         return "redis://127.0.0.1:1/0"
     if not url.startswith(("redis://", "rediss://", "unix://")):
-        raise ImproperlyConfigured(f"REDIS_URL must start with redis://, rediss:// or unix://: {url!r}")
+        raise ImproperlyConfigured(
+            f"REDIS_URL must start with redis://, rediss:// or unix://: {url!r}"
+        )
     return url
 
 
@@ -166,7 +172,9 @@ def _broker_ssl(url: str) -> dict | None:
 # the web does (an agent on another machine): scheme, host, port and query; never credentials.
 AGENT_REDIS_URL = env_str("GPUPLATFORM_AGENT_REDIS_URL")
 if AGENT_REDIS_URL and not AGENT_REDIS_URL.startswith(("redis://", "rediss://")):
-    raise ImproperlyConfigured(f"GPUPLATFORM_AGENT_REDIS_URL must start with redis:// or rediss://: {AGENT_REDIS_URL!r}")
+    raise ImproperlyConfigured(
+        f"GPUPLATFORM_AGENT_REDIS_URL must start with redis:// or rediss://: {AGENT_REDIS_URL!r}"
+    )
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -283,7 +291,9 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_SEND_SENT_EVENT = True
 CELERY_WORKER_SEND_TASK_EVENTS = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("GPUPLATFORM_VISIBILITY_TIMEOUT", 3600, minimum=1)}
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": env_int("GPUPLATFORM_VISIBILITY_TIMEOUT", 3600, minimum=1)
+}
 CELERY_TASK_DEFAULT_QUEUE = "control"
 CELERY_TASK_ROUTES = {"webhooks.*": {"queue": "webhooks"}}  # their own worker (Procfile `webhooks`)
 CELERY_TIMEZONE = "UTC"
@@ -291,13 +301,19 @@ CELERY_TIMEZONE = "UTC"
 # Webhooks (apps/webhooks/guard.py): networks an operator lets receivers sit on (self-hosted
 # receivers on a private network); everything not public is refused otherwise.
 WEBHOOK_ALLOW_NETWORKS = parse_networks(env_str(ALLOW_SETTING))
-WEBHOOK_RECEIVER_CONCURRENCY = env_int("GPUPLATFORM_WEBHOOK_RECEIVER_CONCURRENCY", 2, minimum=1, maximum=100)
+WEBHOOK_RECEIVER_CONCURRENCY = env_int(
+    "GPUPLATFORM_WEBHOOK_RECEIVER_CONCURRENCY", 2, minimum=1, maximum=100
+)
 
 # Platform knobs.
 HEARTBEAT_SECONDS = env_float("GPUPLATFORM_HEARTBEAT_SECONDS", 2.0, minimum=0.1, maximum=300)
 NODE_LOST_AFTER_HEARTBEATS = env_int("GPUPLATFORM_NODE_LOST_AFTER", 3, minimum=2, maximum=100)
-DISPATCH_TICK_SECONDS = env_float("GPUPLATFORM_DISPATCH_TICK_SECONDS", 2.0, minimum=0.1, maximum=300)
-RECONCILE_TICK_SECONDS = env_float("GPUPLATFORM_RECONCILE_TICK_SECONDS", 2.0, minimum=0.1, maximum=300)
+DISPATCH_TICK_SECONDS = env_float(
+    "GPUPLATFORM_DISPATCH_TICK_SECONDS", 2.0, minimum=0.1, maximum=300
+)
+RECONCILE_TICK_SECONDS = env_float(
+    "GPUPLATFORM_RECONCILE_TICK_SECONDS", 2.0, minimum=0.1, maximum=300
+)
 STARTING_TIMEOUT_SECONDS = env_float("GPUPLATFORM_STARTING_TIMEOUT", 60.0, minimum=1)
 KILL_GRACE_SECONDS = env_float("GPUPLATFORM_KILL_GRACE_SECONDS", 5.0, minimum=0)
 MAX_RUNTIME_LIMIT_SECONDS = env_int("GPUPLATFORM_MAX_RUNTIME_LIMIT", 7 * 24 * 3600, minimum=1)
@@ -310,7 +326,9 @@ RETRY_BACKOFF_SECONDS = env_float("GPUPLATFORM_RETRY_BACKOFF_SECONDS", 5.0, mini
 RETRY_BACKOFF_MAX_SECONDS = env_float("GPUPLATFORM_RETRY_BACKOFF_MAX", 300.0, minimum=0)
 # Admission (docs/admission.md): which tiers keep submitting while Redis is down (the others
 # get 503), each user's share of its tenant's submit rate, and the result cache's default TTL.
-RATE_LIMIT_FAIL_OPEN_TIERS = env_list("GPUPLATFORM_RATE_LIMIT_FAIL_OPEN_TIERS", ["enterprise", "pro"])
+RATE_LIMIT_FAIL_OPEN_TIERS = env_list(
+    "GPUPLATFORM_RATE_LIMIT_FAIL_OPEN_TIERS", ["enterprise", "pro"]
+)
 USER_SUBMIT_SHARE = env_float("GPUPLATFORM_USER_SUBMIT_SHARE", 1.0, minimum=0.01, maximum=1)
 RESULT_CACHE_TTL_SECONDS = env_int("GPUPLATFORM_RESULT_CACHE_TTL", 24 * 3600, minimum=0)
 # The agent API (docs/architecture.md, "Agent API"): the most a member may upload as its log, one
@@ -331,10 +349,14 @@ TOKEN_EXPIRY_DAYS = env_int("GPUPLATFORM_TOKEN_DAYS", 90, minimum=0)
 MIGRATED_TOKEN_DAYS = env_int("GPUPLATFORM_MIGRATED_TOKEN_DAYS", 30, minimum=1)
 FLOWER_PORT = env_int("FLOWER_PORT", 5555, minimum=1, maximum=65535)
 PORT = env_int("PORT", 8000, minimum=1, maximum=65535)
-PLATFORM_URL = env_str("GPUPLATFORM_URL") or f"http://127.0.0.1:{PORT}"  # for the agents the autoscaler starts
+PLATFORM_URL = (
+    env_str("GPUPLATFORM_URL") or f"http://127.0.0.1:{PORT}"
+)  # for the agents the autoscaler starts
 # fair: levels, weighted fair share, aging, backfill, preemption (docs/scheduling.md);
 # level-fifo: tier level then submit time; fifo; slurm: our rendering of Slurm's multifactor.
-AUTOSCALE_TICK_SECONDS = env_float("GPUPLATFORM_AUTOSCALE_TICK_SECONDS", 10.0, minimum=0.5, maximum=3600)
+AUTOSCALE_TICK_SECONDS = env_float(
+    "GPUPLATFORM_AUTOSCALE_TICK_SECONDS", 10.0, minimum=0.5, maximum=3600
+)
 AUTOSCALE_PROVIDER = env_choice("GPUPLATFORM_AUTOSCALE_PROVIDER", "local", ["local"])
 SCHEDULING_POLICY = env_choice(
     "GPUPLATFORM_POLICY", "fair", ["fair", "fair-reclaim", "level-fifo", "fifo", "slurm"]

@@ -43,14 +43,18 @@ ENV = {"GPUPLATFORM_HEARTBEAT_SECONDS": "1", "GPUPLATFORM_RETRY_BACKOFF_SECONDS"
        "GPUPLATFORM_RETRY_BACKOFF_MAX": "4", "LOG_LEVEL": "INFO"}  # fmt: skip
 
 
-def start_platform(data_dir: pathlib.Path, *, name: str, nodes: int, gpus: int, env: dict | None = None):
+def start_platform(
+    data_dir: pathlib.Path, *, name: str, nodes: int, gpus: int, env: dict | None = None
+):
     """A platform with its own Redis (so it can be wiped), `nodes` fake nodes and two dispatchers."""
     os.environ.setdefault("SECRET_KEY", "chaos-only-not-a-secret")
     sys.path.insert(0, str(ROOT))
     from tests.e2e.platform import Platform
 
     platform = Platform(data_dir, name=name, own_redis=True, env={**ENV, **(env or {})})
-    platform.start({f"chaos-{i}": ("H100-80GB", gpus, f"rack=r{i % 2}") for i in range(1, nodes + 1)})
+    platform.start(
+        {f"chaos-{i}": ("H100-80GB", gpus, f"rack=r{i % 2}") for i in range(1, nodes + 1)}
+    )
     platform.start_dispatcher("dispatcher-b")
     for tenant in TENANTS:
         platform.manage("set_quota", tenant, "--max-queued-jobs", "100000", "--submit-rate", "100000",
@@ -147,9 +151,15 @@ class Faults:
             return
         self._next = now + self.rng.uniform(*self.gap)
         planned = bool(self._plan)
-        kind = self._plan.pop(0) if planned else self.rng.choices(["agent", "dispatcher", "redis"], [6, 2, 2])[0]
+        kind = (
+            self._plan.pop(0)
+            if planned
+            else self.rng.choices(["agent", "dispatcher", "redis"], [6, 2, 2])[0]
+        )
         if getattr(self, f"_{kind}")() is False and planned:
-            self._plan.insert(0, kind)  # not possible right now (e.g. one dispatcher down): next time
+            self._plan.insert(
+                0, kind
+            )  # not possible right now (e.g. one dispatcher down): next time
 
     def _down(self) -> set[str]:
         return {name for _, name in self.pending}
@@ -199,7 +209,9 @@ class Faults:
 def audit(platform, *, since: float = 0.0, kills: list[float] | None = None) -> dict:
     argv = [sys.executable, "-m", "scripts.chaos_audit", "--since", str(since),
             "--kills", ",".join(str(k) for k in kills or [])]  # fmt: skip
-    out = subprocess.run(argv, cwd=ROOT, env=platform.env, check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        argv, cwd=ROOT, env=platform.env, check=True, capture_output=True, text=True
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -223,7 +235,9 @@ def two_dispatchers(platform, jobs: int, *, seed: int, timeout: float) -> dict:
     return result
 
 
-def chaos(platform, jobs: int, *, seed: int, timeout: float, gap=(2.0, 5.0), gang_share: float = 0.05) -> dict:
+def chaos(
+    platform, jobs: int, *, seed: int, timeout: float, gap=(2.0, 5.0), gang_share: float = 0.05
+) -> dict:
     """Phase 2: `jobs` jobs while agents, a dispatcher and Redis are killed at random."""
     since, started, before = time.time(), time.monotonic(), sum(counts(platform).values())
     faults = Faults(platform, random.Random(seed), gap=gap)
@@ -267,22 +281,36 @@ def report(title: str, result: dict, expected: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scripts.chaos", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dispatch-jobs", type=int, default=1000, help="phase 1: jobs for two dispatchers (0 skips)")
+    parser = argparse.ArgumentParser(
+        prog="python -m scripts.chaos", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--dispatch-jobs",
+        type=int,
+        default=1000,
+        help="phase 1: jobs for two dispatchers (0 skips)",
+    )
     parser.add_argument("--jobs", type=int, default=250, help="phase 2: jobs under chaos")
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--gpus", type=int, default=4, help="GPUs per node")
     parser.add_argument("--seed", type=int, default=6)
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per phase")
-    parser.add_argument("--keep", action="store_true", help="keep the platform's data dir (logs, database)")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the platform's data dir (logs, database)"
+    )
     args = parser.parse_args(argv)
     data_dir = pathlib.Path(tempfile.mkdtemp(prefix="gpuplatform-chaos-"))
-    print(f"chaos: platform under {data_dir} ({args.nodes} nodes x {args.gpus} fake H100s, 2 dispatchers)", flush=True)
+    print(
+        f"chaos: platform under {data_dir} ({args.nodes} nodes x {args.gpus} fake H100s, 2 dispatchers)",
+        flush=True,
+    )
     platform = start_platform(data_dir, name="gpuplatform_chaos", nodes=args.nodes, gpus=args.gpus)
     problems: list[str] = []
     try:
         if args.dispatch_jobs:
-            result = two_dispatchers(platform, args.dispatch_jobs, seed=args.seed, timeout=args.timeout)
+            result = two_dispatchers(
+                platform, args.dispatch_jobs, seed=args.seed, timeout=args.timeout
+            )
             problems += report("two dispatchers, no faults", result, args.dispatch_jobs)
         result = chaos(platform, args.jobs, seed=args.seed + 1, timeout=args.timeout)
         problems += report("chaos", result, args.jobs)

@@ -33,7 +33,9 @@ def epoch(moment) -> float:
     return moment.timestamp() if moment else datetime.now(UTC).timestamp()
 
 
-def audit(since: float = 0.0, kills: list[float] | None = None, data_dir: pathlib.Path | None = None) -> dict:
+def audit(
+    since: float = 0.0, kills: list[float] | None = None, data_dir: pathlib.Path | None = None
+) -> dict:
     from apps.jobs.models import ATTEMPT_TERMINAL, AttemptMember, GpuAllocation, Job, JobAttempt
 
     after = datetime.fromtimestamp(since, tz=UTC)
@@ -41,9 +43,9 @@ def audit(since: float = 0.0, kills: list[float] | None = None, data_dir: pathli
     attempts = JobAttempt.objects.filter(job__in=jobs)
     # A job's processes: each member from its start to its report of being gone.
     runs: dict[str, list[tuple[float, float, int]]] = defaultdict(list)
-    for job_id, number, started, ended in AttemptMember.objects.filter(attempt__in=attempts, started_at__isnull=False).values_list(
-        "attempt__job_id", "attempt__number", "started_at", "ended_at"
-    ):
+    for job_id, number, started, ended in AttemptMember.objects.filter(
+        attempt__in=attempts, started_at__isnull=False
+    ).values_list("attempt__job_id", "attempt__number", "started_at", "ended_at"):
         runs[str(job_id)].append((epoch(started), epoch(ended), number))
     jobs_run_twice = sum(1 for spans in runs.values() if _attempts_overlap(spans))
     # Live attempts per job: the database's own view (placed until ended).
@@ -51,7 +53,9 @@ def audit(since: float = 0.0, kills: list[float] | None = None, data_dir: pathli
     for job_id, created, ended in attempts.values_list("job_id", "created_at", "ended_at"):
         lives[str(job_id)].append((epoch(created), epoch(ended)))
     by_gpu: dict[int, list[tuple[float, float]]] = defaultdict(list)
-    for gpu, allocated, released in GpuAllocation.objects.values_list("gpu_id", "allocated_at", "released_at"):
+    for gpu, allocated, released in GpuAllocation.objects.values_list(
+        "gpu_id", "allocated_at", "released_at"
+    ):
         by_gpu[gpu].append((epoch(allocated), epoch(released)))
     starts = sorted(epoch(t) for t in attempts.values_list("created_at", flat=True))
     return {
@@ -61,7 +65,9 @@ def audit(since: float = 0.0, kills: list[float] | None = None, data_dir: pathli
         "gangs": jobs.filter(nodes__gt=1).count(),
         "attempts": attempts.count(),
         "attempts_by_state": dict(Counter(attempts.values_list("state", flat=True))),
-        "most_attempts_of_a_job": max(Counter(attempts.values_list("job_id", flat=True)).values(), default=0),
+        "most_attempts_of_a_job": max(
+            Counter(attempts.values_list("job_id", flat=True)).values(), default=0
+        ),
         "allocations": GpuAllocation.objects.filter(attempt__in=attempts).count(),
         "jobs_with_two_attempts_running_at_once": jobs_run_twice,
         "jobs_with_two_live_attempts": sum(1 for spans in lives.values() if overlaps(spans)),
@@ -74,7 +80,11 @@ def audit(since: float = 0.0, kills: list[float] | None = None, data_dir: pathli
             ended_at=None, attempt__state__in=ATTEMPT_TERMINAL
         ).count(),
         "members_started_twice": _logs_started_twice(data_dir) if data_dir else None,
-        "takeover_seconds": [round(_next_after(starts, kill) - kill, 2) for kill in kills or [] if _next_after(starts, kill)],
+        "takeover_seconds": [
+            round(_next_after(starts, kill) - kill, 2)
+            for kill in kills or []
+            if _next_after(starts, kill)
+        ],
     }
 
 
@@ -103,8 +113,12 @@ def _logs_started_twice(data_dir: pathlib.Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scripts.chaos_audit")
-    parser.add_argument("--since", type=float, default=0.0, help="only jobs submitted after this epoch time")
-    parser.add_argument("--kills", default="", help="epoch times a dispatcher was killed (comma-separated)")
+    parser.add_argument(
+        "--since", type=float, default=0.0, help="only jobs submitted after this epoch time"
+    )
+    parser.add_argument(
+        "--kills", default="", help="epoch times a dispatcher was killed (comma-separated)"
+    )
     args = parser.parse_args(argv)
     import django
 

@@ -22,7 +22,9 @@ def forbidden_imports(path: pathlib.Path) -> list[str]:
             names = [node.module]
         else:
             continue
-        found += [f"{path}:{node.lineno} imports {n}" for n in names if n.split(".")[0] in FORBIDDEN]
+        found += [
+            f"{path}:{node.lineno} imports {n}" for n in names if n.split(".")[0] in FORBIDDEN
+        ]
     return found
 
 

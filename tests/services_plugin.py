@@ -18,7 +18,9 @@ _redis = None
 if not os.environ.get("REDIS_URL"):
     from gpuplatform import embedded_redis
 
-    _redis = embedded_redis.start(pathlib.Path(os.environ["GPUPLATFORM_DATA_DIR"]) / "redis", persist=False)
+    _redis = embedded_redis.start(
+        pathlib.Path(os.environ["GPUPLATFORM_DATA_DIR"]) / "redis", persist=False
+    )
     os.environ["REDIS_URL"] = _redis.url
     os.environ["GPUPLATFORM_EMBEDDED_REDIS_PORT"] = str(_redis.port)
     atexit.register(_redis.stop)

@@ -49,11 +49,20 @@ def parse_labels(text: str) -> dict[str, str]:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m workers.agent", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m workers.agent", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--node", required=True, help="node name, unique in the cluster")
     parser.add_argument("--sku", required=True, help='GPU SKU of this node, e.g. "H100-80GB"')
-    parser.add_argument("--gpus", type=int, required=True, help="GPUs to offer (fake count, or at most what NVML finds)")
-    parser.add_argument("--fake", action="store_true", help="declare GPUs that do not exist (no NVML)")
+    parser.add_argument(
+        "--gpus",
+        type=int,
+        required=True,
+        help="GPUs to offer (fake count, or at most what NVML finds)",
+    )
+    parser.add_argument(
+        "--fake", action="store_true", help="declare GPUs that do not exist (no NVML)"
+    )
     parser.add_argument("--labels", type=parse_labels, default={}, help="k=v,k=v (rack, zone, ...)")
     parser.add_argument("--concurrency", type=int, default=4, help="Celery threads for hand-offs")
     parser.add_argument("--credential-file", type=pathlib.Path, default=None,
@@ -79,7 +88,9 @@ class Config:
     def from_env(cls, args: argparse.Namespace, environ=os.environ) -> Config:
         url = environ.get("GPUPLATFORM_URL", "")
         if not url.startswith(("http://", "https://")):
-            raise SystemExit("agent: GPUPLATFORM_URL must be the web's base URL, e.g. http://10.0.0.1:8000")
+            raise SystemExit(
+                "agent: GPUPLATFORM_URL must be the web's base URL, e.g. http://10.0.0.1:8000"
+            )
         if args.credential_file is not None:
             credential = args.credential_file.read_text().strip()
         else:

@@ -13,7 +13,11 @@ class NoGpuError(RuntimeError):
 
 def fake_gpus(node: str, count: int, memory_mib: int = 81920) -> list[GpuInfo]:
     return [
-        GpuInfo(index=i, uuid=f"GPU-fake-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{node}/{i}')}", memory_mib=memory_mib)
+        GpuInfo(
+            index=i,
+            uuid=f"GPU-fake-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{node}/{i}')}",
+            memory_mib=memory_mib,
+        )
         for i in range(count)
     ]
 

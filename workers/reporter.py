@@ -18,7 +18,6 @@ log = logging.getLogger(__name__)
 LOG_CHUNK = 4 << 20  # bytes of log per request
 
 
-
 class HttpReporter(Reporter):
     def __init__(self, api: AgentApi):
         self.api = api
@@ -81,7 +80,9 @@ class HttpReporter(Reporter):
         if isinstance(source, str | os.PathLike):
             opened = run.open_job_file(source)
             if opened is None:
-                log.warning("artifact %s of %s is not a plain file of the job's; skipped", name, run.key)
+                log.warning(
+                    "artifact %s of %s is not a plain file of the job's; skipped", name, run.key
+                )
                 return
             with opened:
                 self._put_artifact(run, name, opened)
@@ -111,7 +112,11 @@ class HttpReporter(Reporter):
             return run.extra.get("checkpoint_stored", "")
         source = run.open_job_file(checkpoint)  # below its work or checkpoint dir, still the job's
         if source is None:
-            log.warning("checkpoint %s of %s is not a plain file of the job's; not stored", checkpoint, run.key)
+            log.warning(
+                "checkpoint %s of %s is not a plain file of the job's; not stored",
+                checkpoint,
+                run.key,
+            )
             return run.extra.get("checkpoint_stored", "")
         with source:
             info = os.fstat(source.fileno())

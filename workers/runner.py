@@ -102,6 +102,7 @@ class Reporter:
 
     def started(self, run: Run) -> bool | None:
         """False: the attempt ended before its process started (the runner stops it)."""
+
     def progress(self, run: Run, progress: float, checkpoint: str) -> None: ...
     def finished(self, run: Run, exit_code: int | None, reason: str, checkpoint: str) -> None: ...
     def lost(self, run: Run, reason: str) -> None: ...
@@ -197,7 +198,10 @@ class Runner:
             if not run or run.finished or run.stop_reason:
                 return
             run.stop_reason = why or "stop"
-            plan: list[tuple[int, float | None]] = [(signal.SIGTERM, self.kill_grace), (signal.SIGKILL, None)]
+            plan: list[tuple[int, float | None]] = [
+                (signal.SIGTERM, self.kill_grace),
+                (signal.SIGKILL, None),
+            ]
             if why == StopReason.PREEMPT:
                 checkpoint_signal = getattr(
                     signal, run.assignment.checkpoint_signal, signal.SIGUSR1
@@ -396,7 +400,9 @@ class Runner:
             resume = str(run.checkpoint_dir / "checkpoint.json")
         return resume
 
-    def _environment(self, run: Run, output: pathlib.Path, control: pathlib.Path, resume: str) -> dict[str, str]:
+    def _environment(
+        self, run: Run, output: pathlib.Path, control: pathlib.Path, resume: str
+    ) -> dict[str, str]:
         a = run.assignment
         env = {k: os.environ[k] for k in ENV_PASSTHROUGH if k in os.environ}
         env.update(

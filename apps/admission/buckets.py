@@ -113,7 +113,12 @@ def _run(buckets: list[Bucket], *, take: bool, conn: redis.Redis | None = None) 
     raw = _script(conn)(keys=[b.key for b in buckets], args=[*args, 1 if take else 0])
     values = [float(v) for v in raw[1:]]
     states = [
-        BucketState(bucket=b, tokens=values[3 * i], seconds_to_token=values[3 * i + 1], seconds_to_full=values[3 * i + 2])
+        BucketState(
+            bucket=b,
+            tokens=values[3 * i],
+            seconds_to_token=values[3 * i + 1],
+            seconds_to_full=values[3 * i + 2],
+        )
         for i, b in enumerate(buckets)
     ]
     return TakeResult(taken=bool(int(raw[0])), states=states)

@@ -52,7 +52,11 @@ def cache_key(spec: JobSpec, tenant: Tenant) -> str | None:
 
 
 def ttl_seconds(template) -> int:
-    policy = TemplateCachePolicy.objects.filter(template=template).values_list("ttl_seconds", flat=True).first()
+    policy = (
+        TemplateCachePolicy.objects.filter(template=template)
+        .values_list("ttl_seconds", flat=True)
+        .first()
+    )
     return settings.RESULT_CACHE_TTL_SECONDS if policy is None else policy
 
 
@@ -60,8 +64,13 @@ def fresh_origin(tenant: Tenant, key: str, template) -> Job | None:
     """The newest succeeded origin with this key still within the template's TTL."""
     since = timezone.now() - timedelta(seconds=ttl_seconds(template))
     link = (
-        CachedJob.objects.filter(tenant=tenant, key=key, role=CacheRole.ORIGIN, job__state=JobState.SUCCEEDED,
-                                 job__finished_at__gte=since)  # fmt: skip
+        CachedJob.objects.filter(
+            tenant=tenant,
+            key=key,
+            role=CacheRole.ORIGIN,
+            job__state=JobState.SUCCEEDED,
+            job__finished_at__gte=since,
+        )  # fmt: skip
         .select_related("job")
         .order_by("-job__finished_at")
         .first()
@@ -71,7 +80,9 @@ def fresh_origin(tenant: Tenant, key: str, template) -> Job | None:
 
 def active_origin(tenant: Tenant, key: str) -> Job | None:
     link = (
-        CachedJob.objects.filter(tenant=tenant, key=key, role=CacheRole.ORIGIN, job__state__in=JOB_ACTIVE)
+        CachedJob.objects.filter(
+            tenant=tenant, key=key, role=CacheRole.ORIGIN, job__state__in=JOB_ACTIVE
+        )
         .select_related("job")
         .order_by("created_at")
         .first()
@@ -89,8 +100,12 @@ def link_hit(job: Job, *, tenant: Tenant, key: str, origin: Job) -> None:
 def share_artifacts(origin: Job, job: Job) -> None:
     """New Artifact rows naming the same stored files: nothing is copied, nothing rewritten."""
     Artifact.objects.bulk_create(
-        [Artifact(job=job, attempt=None, name=a.name, file=a.file.name, size=a.size, sha256=a.sha256)
-         for a in origin.artifacts.all()]  # fmt: skip
+        [
+            Artifact(
+                job=job, attempt=None, name=a.name, file=a.file.name, size=a.size, sha256=a.sha256
+            )
+            for a in origin.artifacts.all()
+        ]  # fmt: skip
     )
 
 
@@ -99,7 +114,9 @@ def link_origin(job: Job, *, tenant: Tenant, key: str) -> None:
 
 
 def link_follower(job: Job, *, tenant: Tenant, key: str, origin: Job) -> None:
-    CachedJob.objects.create(job=job, tenant=tenant, key=key, role=CacheRole.FOLLOWER, source=origin)
+    CachedJob.objects.create(
+        job=job, tenant=tenant, key=key, role=CacheRole.FOLLOWER, source=origin
+    )
     reason = follower_reason(job, origin_id=origin.pk)
     Job.objects.filter(pk=job.pk).update(reason=reason)
     job.reason = reason
@@ -115,7 +132,9 @@ def queued_followers() -> dict:
     """{follower job id: origin job id}: jobs the dispatcher must not place (they run nothing
     of their own)."""
     return dict(
-        CachedJob.objects.filter(role=CacheRole.FOLLOWER, job__state=JobState.QUEUED).values_list("job_id", "source_id")
+        CachedJob.objects.filter(role=CacheRole.FOLLOWER, job__state=JobState.QUEUED).values_list(
+            "job_id", "source_id"
+        )
     )
 
 
@@ -167,5 +186,7 @@ def _hand_over(origin: Job, followers: list[Job]) -> None:
     Job.objects.filter(pk=heir.pk, state=JobState.QUEUED).update(reason=reason)
     record_event(heir, actor=ACTOR, reason=reason, kind="cache")
     for follower in rest:
-        Job.objects.filter(pk=follower.pk, state=JobState.QUEUED).update(reason=follower_reason(follower, heir.pk))
+        Job.objects.filter(pk=follower.pk, state=JobState.QUEUED).update(
+            reason=follower_reason(follower, heir.pk)
+        )
     trigger_dispatch()

@@ -48,23 +48,45 @@ class Queued(NamedTuple):
     order: tuple = ()  # its place in queue order (apps/jobs/queue_order.py sort_key)
 
 
-def queued_row(pk, sku, gpus, nodes, max_runtime_seconds, template_id, level, rank, created_at) -> Queued:
-    return Queued(pk, sku or ANY, gpus, nodes, max_runtime_seconds, template_id, sort_key(level, rank, created_at))
+def queued_row(
+    pk, sku, gpus, nodes, max_runtime_seconds, template_id, level, rank, created_at
+) -> Queued:
+    return Queued(
+        pk,
+        sku or ANY,
+        gpus,
+        nodes,
+        max_runtime_seconds,
+        template_id,
+        sort_key(level, rank, created_at),
+    )
 
 
 class Estimator:
     def __init__(self, *, now: datetime, capacity: dict[str, int], running: list[tuple[str, datetime, int]],
                  queue: list[Queued], typical: dict[int, float]):  # fmt: skip
-        self.now, self.capacity, self.running, self.queue, self.typical = now, capacity, running, queue, typical
-        self._pools: dict[str, tuple[dict, Replay]] = {}  # pool -> (starts, the replay at the queue's end)
+        self.now, self.capacity, self.running, self.queue, self.typical = (
+            now,
+            capacity,
+            running,
+            queue,
+            typical,
+        )
+        self._pools: dict[
+            str, tuple[dict, Replay]
+        ] = {}  # pool -> (starts, the replay at the queue's end)
         self._index: dict | None = None
         self._newest: datetime | None = None
-        self.window_ids: set | frozenset = frozenset()  # the ids the last queue window read, all in the replay
+        self.window_ids: set | frozenset = (
+            frozenset()
+        )  # the ids the last queue window read, all in the replay
 
     @classmethod
     def load(cls) -> Estimator:
         now = timezone.now()
-        queue = [queued_row(*row) for row in rows.queue(QUEUE_LIMIT)]  # queue_order()'s first, without the ORM
+        queue = [
+            queued_row(*row) for row in rows.queue(QUEUE_LIMIT)
+        ]  # queue_order()'s first, without the ORM
         held = _held()
         templates = {j.template_id for j in queue} | {a.job.template_id for a, _ in held}
         typical = _typical_runtimes({t for t in templates if t})
@@ -131,13 +153,23 @@ class Estimator:
                 return index + 1
         return None
 
-    def _replay(self, pool: str, queue: list[Queued], state: Replay | None = None) -> tuple[dict, Replay]:
+    def _replay(
+        self, pool: str, queue: list[Queued], state: Replay | None = None
+    ) -> tuple[dict, Replay]:
         """The pool's replay (apps/scheduling/core/estimate.py), in seconds from `now`."""
         if state is None:
             capacity = self.capacity.get(pool, 0) if pool != ANY else sum(self.capacity.values())
-            held = [((end - self.now).total_seconds(), n) for sku, end, n in self.running if pool in (ANY, sku)]
+            held = [
+                ((end - self.now).total_seconds(), n)
+                for sku, end, n in self.running
+                if pool in (ANY, sku)
+            ]
             state = Replay.start(0.0, capacity, held)
-        waiting = (Waiting(job.pk, job.gpus * job.nodes, self.runtime(job)) for job in queue if job.sku == pool)
+        waiting = (
+            Waiting(job.pk, job.gpus * job.nodes, self.runtime(job))
+            for job in queue
+            if job.sku == pool
+        )
         starts = {pk: self.now + timedelta(seconds=offset) for pk, offset in state.starts(waiting)}
         return starts, state
 
@@ -145,7 +177,9 @@ class Estimator:
 # --- the 201 answer of a submit -------------------------------------------------------------------
 
 REUSE_SECONDS = 1.0  # how old a web process's loaded replay may be when it answers a submit
-ARRIVAL_SLACK = timedelta(seconds=0.1)  # created_at is taken just before the commit; a later one is caught by the count (and reloads)
+ARRIVAL_SLACK = timedelta(
+    seconds=0.1
+)  # created_at is taken just before the commit; a later one is caught by the count (and reloads)
 
 
 class QueueCounts:
@@ -169,7 +203,13 @@ class QueueCounts:
         for tier in set(self.counts) | set(since):
             counted, (new, new_before) = self.counts.get(tier, 0), since.get(tier, (0, 0))
             total += counted + new
-            theirs = tier_key(*self.tiers[tier]) if tier in self.tiers else mine if tier == job.tier_id else None
+            theirs = (
+                tier_key(*self.tiers[tier])
+                if tier in self.tiers
+                else mine
+                if tier == job.tier_id
+                else None
+            )
             if theirs is None:
                 continue
             if theirs < mine:
@@ -247,11 +287,17 @@ def for_new_job(job: Job) -> tuple[int | None, datetime | None]:
 def _exactly(job: Job) -> tuple[int | None, datetime | None]:
     with _shared.lock:
         cached = _shared.estimator
-        if cached is None or not cached.queue or time.monotonic() - _shared.loaded_at > REUSE_SECONDS:
+        if (
+            cached is None
+            or not cached.queue
+            or time.monotonic() - _shared.loaded_at > REUSE_SECONDS
+        ):
             cached = None
         since = cached.newest() - ARRIVAL_SLACK if cached is not None else FAR_FUTURE
         seen = cached.window_ids if cached is not None else frozenset()
-        found, total, window_ids = rows.queue_window(since, seen)  # one statement: one snapshot of the queue
+        found, total, window_ids = rows.queue_window(
+            since, seen
+        )  # one statement: one snapshot of the queue
         short = total <= QUEUE_LIMIT
         if short and cached is not None:
             known = cached.index()
@@ -302,7 +348,9 @@ def _runtime(job: Queued | Job, typical: dict[int, float]) -> float:
 def _held() -> list[tuple[JobAttempt, dict[str, int]]]:
     """Every attempt holding GPUs, with how many per SKU."""
     held: defaultdict[int, defaultdict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for attempt_id, sku in GpuAllocation.objects.filter(released_at=None).values_list("attempt_id", "gpu__node__sku__name"):
+    for attempt_id, sku in GpuAllocation.objects.filter(released_at=None).values_list(
+        "attempt_id", "gpu__node__sku__name"
+    ):
         held[attempt_id][sku] += 1
     attempts = JobAttempt.objects.filter(pk__in=list(held)).select_related("job")
     return [(attempt, dict(held[attempt.pk])) for attempt in attempts]
@@ -312,8 +360,12 @@ def _typical_runtimes(template_ids: set[int]) -> dict[int, float]:
     typical = {}
     for template_id in template_ids:
         rows = (
-            JobAttempt.objects.filter(job__template_id=template_id, state=AttemptState.SUCCEEDED,
-                                      started_at__isnull=False, ended_at__isnull=False)  # fmt: skip
+            JobAttempt.objects.filter(
+                job__template_id=template_id,
+                state=AttemptState.SUCCEEDED,
+                started_at__isnull=False,
+                ended_at__isnull=False,
+            )  # fmt: skip
             .order_by("-ended_at")
             .values_list("started_at", "ended_at")[:50]
         )

@@ -30,7 +30,9 @@ def clean_key(key: str | None) -> str | None:
         return None
     key = key.strip()
     if not key or len(key) > MAX_KEY_LENGTH:
-        raise ServiceError(f"Idempotency-Key must be 1 to {MAX_KEY_LENGTH} characters", field="Idempotency-Key")
+        raise ServiceError(
+            f"Idempotency-Key must be 1 to {MAX_KEY_LENGTH} characters", field="Idempotency-Key"
+        )
     return key
 
 

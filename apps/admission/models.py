@@ -9,14 +9,20 @@ class IdempotencyKey(models.Model):
     """A client's `Idempotency-Key`, scoped to its tenant. The unique constraint is what makes
     concurrent replays exact: only one insert of (tenant, key) can ever win."""
 
-    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="idempotency_keys")
+    tenant = models.ForeignKey(
+        "tenants.Tenant", on_delete=models.CASCADE, related_name="idempotency_keys"
+    )
     key = models.CharField(max_length=255)
     body_sha256 = models.CharField(max_length=64)
     job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="+")
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["tenant", "key"], name="idempotency_key_once_per_tenant")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "key"], name="idempotency_key_once_per_tenant"
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.tenant_id}:{self.key}"
@@ -32,7 +38,9 @@ class CachedJob(models.Model):
     """A cacheable job's place in the result cache. `key` hashes template, template version,
     params and tenant, so nothing is ever shared across tenants or template versions."""
 
-    job = models.OneToOneField("jobs.Job", on_delete=models.CASCADE, primary_key=True, related_name="cache_link")
+    job = models.OneToOneField(
+        "jobs.Job", on_delete=models.CASCADE, primary_key=True, related_name="cache_link"
+    )
     tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="+")
     key = models.CharField(max_length=64)
     role = models.CharField(max_length=16, choices=CacheRole.choices)
@@ -52,7 +60,9 @@ class CachedJob(models.Model):
 class TemplateCachePolicy(models.Model):
     """How long a template's results may be served from cache (settings' default otherwise)."""
 
-    template = models.OneToOneField("jobs.JobTemplate", on_delete=models.CASCADE, related_name="cache_policy")
+    template = models.OneToOneField(
+        "jobs.JobTemplate", on_delete=models.CASCADE, related_name="cache_policy"
+    )
     ttl_seconds = models.PositiveIntegerField(help_text="0 turns the cache off for this template.")
 
     def __str__(self) -> str:

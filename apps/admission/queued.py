@@ -23,7 +23,9 @@ from django.db.models import Count
 
 from apps.jobs.models import Job, JobState
 
-PREFIX = "gpuplatform_queued_count"  # the triggers' (and PostgreSQL's function's) names start with it
+PREFIX = (
+    "gpuplatform_queued_count"  # the triggers' (and PostgreSQL's function's) names start with it
+)
 
 
 def _names() -> dict:
@@ -43,9 +45,7 @@ def _names() -> dict:
 
 # A job counts in its tenant's row while its state is queued. An update counts when it moves
 # the job into or out of the queue, or moves a queued job to another tenant.
-_UPDATE_WHEN = (
-    "(OLD.{state} = {q}) <> (NEW.{state} = {q}) OR (NEW.{state} = {q} AND OLD.{tenant} <> NEW.{tenant})"
-)
+_UPDATE_WHEN = "(OLD.{state} = {q}) <> (NEW.{state} = {q}) OR (NEW.{state} = {q} AND OLD.{tenant} <> NEW.{tenant})"
 
 
 def _sqlite_triggers(n: dict) -> dict[str, str]:
@@ -77,7 +77,8 @@ def _postgresql_triggers(n: dict) -> dict[str, str]:
     run = f"FOR EACH ROW WHEN ({{when}}) EXECUTE FUNCTION {PREFIX}()"
     return {
         f"{PREFIX}_insert": "AFTER INSERT ON {jobs} " + run.replace("{when}", "NEW.{state} = {q}"),
-        f"{PREFIX}_update": "AFTER UPDATE OF {state}, {tenant} ON {jobs} " + run.replace("{when}", _UPDATE_WHEN),
+        f"{PREFIX}_update": "AFTER UPDATE OF {state}, {tenant} ON {jobs} "
+        + run.replace("{when}", _UPDATE_WHEN),
         f"{PREFIX}_delete": "AFTER DELETE ON {jobs} " + run.replace("{when}", "OLD.{state} = {q}"),
     }
 
@@ -86,7 +87,10 @@ def installed() -> set[str]:
     """Names of this module's triggers present on the jobs table."""
     with connection.cursor() as cursor:
         if connection.vendor == "sqlite":
-            cursor.execute("SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = %s", [Job._meta.db_table])
+            cursor.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = %s",
+                [Job._meta.db_table],
+            )
         elif connection.vendor == "postgresql":
             cursor.execute("SELECT tgname FROM pg_trigger WHERE tgrelid = %s::regclass AND NOT tgisinternal",
                            [Job._meta.db_table])  # fmt: skip
@@ -103,7 +107,9 @@ def install() -> list[str]:
     """Create the missing triggers; if any was missing, count the queue again. Returns the
     names created. Runs after every migrate (apps.py)."""
     if not supported():
-        raise NotImplementedError(f"queued-job counts need SQLite or PostgreSQL, not {connection.vendor}")
+        raise NotImplementedError(
+            f"queued-job counts need SQLite or PostgreSQL, not {connection.vendor}"
+        )
     n = _names()
     with transaction.atomic():
         if connection.vendor == "postgresql":

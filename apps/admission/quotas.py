@@ -48,7 +48,9 @@ def gpus_in_use(tenant_ids=None) -> dict[int, dict[str, int]]:
     if tenant_ids is not None:
         rows = rows.filter(attempt__job__tenant_id__in=tenant_ids)
     use: dict[int, dict[str, int]] = defaultdict(dict)
-    for tenant_id, sku, n in rows.values_list("attempt__job__tenant_id", "gpu__node__sku__name").annotate(n=Count("pk")):
+    for tenant_id, sku, n in rows.values_list(
+        "attempt__job__tenant_id", "gpu__node__sku__name"
+    ).annotate(n=Count("pk")):
         use[tenant_id][sku] = n
     return use
 
@@ -67,8 +69,16 @@ class DispatchGate:
 
     @classmethod
     def load(cls) -> DispatchGate:
-        capped = Quota.objects.exclude(max_gpus={}).exclude(max_gpus__isnull=True).select_related("tenant")
-        caps = {q.tenant_id: {k: int(v) for k, v in (q.max_gpus or {}).items()} for q in capped if q.max_gpus}
+        capped = (
+            Quota.objects.exclude(max_gpus={})
+            .exclude(max_gpus__isnull=True)
+            .select_related("tenant")
+        )
+        caps = {
+            q.tenant_id: {k: int(v) for k, v in (q.max_gpus or {}).items()}
+            for q in capped
+            if q.max_gpus
+        }
         return cls(
             caps=caps,
             slugs={q.tenant_id: q.tenant.slug for q in capped},
@@ -86,7 +96,9 @@ class DispatchGate:
             return False
         reason = f"waiting: {reason}"[:300]
         if job.reason != reason:
-            Job.objects.filter(pk=job.pk, state=JobState.QUEUED, version=job.version).update(reason=reason)
+            Job.objects.filter(pk=job.pk, state=JobState.QUEUED, version=job.version).update(
+                reason=reason
+            )
             job.reason = reason
         return True
 
@@ -97,7 +109,9 @@ class DispatchGate:
         if not caps:
             return None
         need = self._need(job, placement) if placement is not None else None
-        return gpu_cap_blocks(job, self.in_use.get(job.tenant_id, {}), caps, self.slugs[job.tenant_id], need)
+        return gpu_cap_blocks(
+            job, self.in_use.get(job.tenant_id, {}), caps, self.slugs[job.tenant_id], need
+        )
 
     def placed(self, job: Job, placement) -> None:
         """Count a start of this pass against its tenant's caps."""
@@ -110,7 +124,9 @@ class DispatchGate:
     def _need(self, job: Job, placement) -> dict[str, int]:
         need: dict[str, int] = {}
         for assignment in placement.assignments:
-            sku = self.node_skus.get(assignment.node) or (job.gpu_sku.name if job.gpu_sku_id and job.gpu_sku else "")
+            sku = self.node_skus.get(assignment.node) or (
+                job.gpu_sku.name if job.gpu_sku_id and job.gpu_sku else ""
+            )
             need[sku] = need.get(sku, 0) + len(assignment.gpu_indices)
         return need
 
@@ -122,7 +138,11 @@ def period_bounds(now: datetime | None = None) -> tuple[datetime, datetime]:
     """The current quota period: the calendar month in UTC, [start, end)."""
     now = (now or timezone.now()).astimezone(UTC)
     start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    end = start.replace(year=start.year + 1, month=1) if start.month == 12 else start.replace(month=start.month + 1)
+    end = (
+        start.replace(year=start.year + 1, month=1)
+        if start.month == 12
+        else start.replace(month=start.month + 1)
+    )
     return start, end
 
 
@@ -135,7 +155,9 @@ def gpu_hours_used(tenant: Tenant, now: datetime | None = None) -> float:
     )
     seconds = 0.0
     for allocated_at, released_at in rows.values_list("allocated_at", "released_at"):
-        seconds += max(0.0, (min(released_at or now, now) - max(allocated_at, start)).total_seconds())
+        seconds += max(
+            0.0, (min(released_at or now, now) - max(allocated_at, start)).total_seconds()
+        )
     return seconds / 3600.0
 
 

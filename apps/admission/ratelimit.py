@@ -41,7 +41,9 @@ def submit_buckets(tenant: Tenant, user, limits: dict) -> list[buckets.Bucket]:
     share = settings.USER_SUBMIT_SHARE
     return [
         buckets.Bucket(f"{buckets.PREFIX}tenant:{tenant.pk}", rate, burst),
-        buckets.Bucket(f"{buckets.PREFIX}user:{user.pk}", rate * share, max(1, math.floor(burst * share))),
+        buckets.Bucket(
+            f"{buckets.PREFIX}user:{user.pk}", rate * share, max(1, math.floor(burst * share))
+        ),
     ]
 
 
@@ -77,10 +79,22 @@ def check_submit(*, tenant: Tenant, user, limits: dict) -> RateDecision:
 def _redis_down(tenant: Tenant, error: Exception) -> RateDecision:
     tier = tenant.tier.name
     if tier in settings.RATE_LIMIT_FAIL_OPEN_TIERS:
-        log.warning("rate limiter: redis unavailable (%s); tier %s fails open, admitting %s", error, tier, tenant.slug)
+        log.warning(
+            "rate limiter: redis unavailable (%s); tier %s fails open, admitting %s",
+            error,
+            tier,
+            tenant.slug,
+        )
         bump(f"rate_limit_redis_down_admitted:{tier}")
-        return RateDecision(admitted=True, headers={"X-RateLimit-Degraded": "redis unavailable; admitted"})
-    log.warning("rate limiter: redis unavailable (%s); tier %s fails closed, refusing %s", error, tier, tenant.slug)
+        return RateDecision(
+            admitted=True, headers={"X-RateLimit-Degraded": "redis unavailable; admitted"}
+        )
+    log.warning(
+        "rate limiter: redis unavailable (%s); tier %s fails closed, refusing %s",
+        error,
+        tier,
+        tenant.slug,
+    )
     bump(f"rate_limit_redis_down_refused:{tier}")
     raise AdmissionUnavailable(
         "submissions are paused: the rate limiter is unavailable", field="rate_limit",

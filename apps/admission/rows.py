@@ -67,7 +67,9 @@ class Reader:
         if values[self.pk_index] is None:
             return None
         db = _db()
-        converted = [_convert(value, c, db) for value, c in zip(values, self.converters, strict=True)]
+        converted = [
+            _convert(value, c, db) for value, c in zip(values, self.converters, strict=True)
+        ]
         return self.model.from_db(db.alias, self.attnames, converted)
 
 
@@ -132,7 +134,11 @@ def _saved(instance: M) -> M:
     `Model.from_db` (so no longer "adding"), with the related objects the original had in hand."""
     model = type(instance)
     fields = model._meta.concrete_fields
-    saved = model.from_db(DEFAULT_DB_ALIAS, [f.attname for f in fields], [getattr(instance, f.attname) for f in fields])
+    saved = model.from_db(
+        DEFAULT_DB_ALIAS,
+        [f.attname for f in fields],
+        [getattr(instance, f.attname) for f in fields],
+    )
     for field in fields:
         if isinstance(field, ForeignKey) and field.is_cached(instance):
             setattr(saved, field.name, getattr(instance, field.name))
@@ -194,7 +200,11 @@ def _statements(vendor: str) -> dict:
     jobs, events = Inserter(Job), Inserter(JobEvent)
     state, tier_id, created = col(Job, "state"), col(Job, "tier"), col(Job, "created_at")
     in_queue_order = queue_order.order_sql(
-        {"tier__level": f"r.{col(Tier, 'level')}", "tier__rank": f"r.{col(Tier, 'rank')}", "created_at": f"j.{created}"}
+        {
+            "tier__level": f"r.{col(Tier, 'level')}",
+            "tier__rank": f"r.{col(Tier, 'rank')}",
+            "created_at": f"j.{created}",
+        }
     )
     since_count = (
         f"(SELECT COUNT(*) FROM {_q(job.db_table)} j WHERE j.{state} = %s AND j.{tier_id} = r.{col(Tier, 'id')} "
@@ -295,7 +305,9 @@ def _one(sql: str, params: list):
         return cursor.fetchone()
 
 
-def membership_of(user, *, template: str | None = None, sku: str | None = None) -> Membership | None:
+def membership_of(
+    user, *, template: str | None = None, sku: str | None = None
+) -> Membership | None:
     """The user's membership with its tenant, the tenant's tier and quota, as
     `Membership.objects.select_related("tenant__tier", "tenant__quota")` would give it, and in
     the same statement the template and the SKU of these names: `membership.named` is
@@ -350,7 +362,9 @@ def token_submitter(digest: str, *, template: str | None = None, sku: str | None
         return None
     readers = s["token_readers"]
     token, user = _token_and_user(_built(readers, row))
-    membership = _membership(_built(s["readers"], row[sum(r.width for r in readers) :]), template=template, sku=sku)
+    membership = _membership(
+        _built(s["readers"], row[sum(r.width for r in readers) :]), template=template, sku=sku
+    )
     if membership is not None:
         membership.user = user
     return token, user, membership
@@ -422,7 +436,9 @@ def queued_and_ahead(job: Job) -> tuple[int, int]:
     """(jobs queued, jobs queued ahead of `job` in queue order)."""
     mine = queue_order.tier_key(job.tier.level, job.tier.rank)
     total = ahead = 0
-    for level, rank, n, n_before in _all(statements()["queued_per_tier"], [_moment(job.created_at), "queued"]):
+    for level, rank, n, n_before in _all(
+        statements()["queued_per_tier"], [_moment(job.created_at), "queued"]
+    ):
         theirs = queue_order.tier_key(level, rank)
         total += n
         if theirs < mine:
@@ -448,7 +464,9 @@ def queued_since(newest, before) -> dict:
     `queued_by_tier` gave it (None: since the start)."""
     if newest is None:
         newest = _moment(EPOCH)
-    found = _all(statements()["queued_since"], ["queued", newest, "queued", newest, _moment(before)])  # a row a tier
+    found = _all(
+        statements()["queued_since"], ["queued", newest, "queued", newest, _moment(before)]
+    )  # a row a tier
     return {tier: (n, n_before) for tier, n, n_before in found if n}
 
 
@@ -468,7 +486,11 @@ def queue_window(moment, seen: set | frozenset = frozenset()) -> tuple[list[tupl
     found = _all(s["queue_window"], ["queued", _moment(moment)])
     total = next(row[2] for row in found if row[0] is None)
     found = [row for row in found if row[0] is not None]
-    return _queue_rows([row for row in found if row[0] not in seen], s), int(total), {row[0] for row in found}
+    return (
+        _queue_rows([row for row in found if row[0] not in seen], s),
+        int(total),
+        {row[0] for row in found},
+    )
 
 
 def _queue_rows(found: list[tuple], s: dict) -> list[tuple]:
@@ -492,7 +514,9 @@ def _queue_rows(found: list[tuple], s: dict) -> list[tuple]:
             when = when.replace(tzinfo=zone)
         elif not isinstance(when, datetime):
             when = _convert(when, created_conv, db)
-        out.append((uuid.UUID(row[0]) if to_uuid else _convert(row[0], pk_conv, db), *row[1:8], when))
+        out.append(
+            (uuid.UUID(row[0]) if to_uuid else _convert(row[0], pk_conv, db), *row[1:8], when)
+        )
     return out
 
 
@@ -509,14 +533,18 @@ def insert_params(job: Job, event: JobEvent) -> tuple[list, list]:
     return s["job"].params(job), s["event"].params(event)
 
 
-def insert_job_and_event(job: Job, event: JobEvent, params: tuple[list, list] | None = None) -> tuple[Job, JobEvent]:
+def insert_job_and_event(
+    job: Job, event: JobEvent, params: tuple[list, list] | None = None
+) -> tuple[Job, JobEvent]:
     """Both rows (`params`: insert_params' for them); on PostgreSQL in one statement (a
     data-modifying WITH: one round trip). Returns them as saved (`_saved`)."""
     s = statements()
     job_params, event_params = params or insert_params(job, event)
     with _cursor() as cursor:
         if _db().vendor == "postgresql":
-            cursor.execute(f"WITH new_job AS ({s['job'].sql}) {s['event'].sql}", job_params + event_params)
+            cursor.execute(
+                f"WITH new_job AS ({s['job'].sql}) {s['event'].sql}", job_params + event_params
+            )
         else:
             cursor.execute(s["job"].sql, job_params)
             cursor.execute(s["event"].sql, event_params)

@@ -66,9 +66,13 @@ class Admission:
         """Steps 1 and 2. Never raises for the rate limit: the caller first takes `headers`
         (they go on every answer), then calls `raise_if_refused`."""
         key = idempotency.clean_key(idempotency_key)
-        digest = idempotency.body_digest(body) if key is not None else ""  # only a key is compared with it
+        digest = (
+            idempotency.body_digest(body) if key is not None else ""
+        )  # only a key is compared with it
         admission = cls(tenant=tenant, user=user, key=key, digest=digest, limits=limits_of(tenant))
-        admission.job = idempotency.replay(tenant=tenant, key=admission.key, digest=admission.digest)
+        admission.job = idempotency.replay(
+            tenant=tenant, key=admission.key, digest=admission.digest
+        )
         if admission.job is None:
             admission.rate = check_submit(tenant=tenant, user=user, limits=admission.limits)
             admission.headers = dict(admission.rate.headers)
@@ -85,15 +89,25 @@ class Admission:
     def submit(self, spec: JobSpec) -> Job:
         """Step 4. A concurrent request that recorded the same key first wins; this one then
         answers as its replay."""
-        job, event = jobs.new_job(tenant=self.tenant, user=self.user, spec=spec)  # made before any lock
+        job, event = jobs.new_job(
+            tenant=self.tenant, user=self.user, spec=spec
+        )  # made before any lock
         if self.key is None and _in_one_statement() and not cache.cache_key(spec, self.tenant):
-            saved = _admit_in_one_statement(tenant=self.tenant, spec=spec, limits=self.limits, job=job, event=event)
+            saved = _admit_in_one_statement(
+                tenant=self.tenant, spec=spec, limits=self.limits, job=job, event=event
+            )
             if saved is not None:
                 self.job, self.created = saved, True
                 return saved
-        built = (job, event, rows.insert_params(job, event))  # so that the lock covers the statements alone
+        built = (
+            job,
+            event,
+            rows.insert_params(job, event),
+        )  # so that the lock covers the statements alone
         try:
-            with write_turn() as turn:  # SQLite: submissions queue for its one write lock (writer.py)
+            with (
+                write_turn() as turn
+            ):  # SQLite: submissions queue for its one write lock (writer.py)
                 self.job, self.created = _admit(tenant=self.tenant, user=self.user, spec=spec, key=self.key,
                                                 digest=self.digest, limits=self.limits, turn=turn, built=built)  # fmt: skip
         except IntegrityError:
@@ -107,7 +121,9 @@ def _in_one_statement() -> bool:
     return connection.vendor == "postgresql" and not connection.in_atomic_block
 
 
-def _admit_in_one_statement(*, tenant: Tenant, spec: JobSpec, limits: dict, job: Job, event) -> Job | None:
+def _admit_in_one_statement(
+    *, tenant: Tenant, spec: JobSpec, limits: dict, job: Job, event
+) -> Job | None:
     """The usual submit on PostgreSQL (no Idempotency-Key, a template that is not cached) in
     one statement, committed on its own (rows.admit): the cap's check on the tenant's kept
     count, under that row's lock, and the job and its event. The transaction of `_admit` took

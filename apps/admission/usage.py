@@ -36,4 +36,7 @@ def bucket_state(tenant: Tenant, user, limits: dict) -> dict:
 
 def gpu_caps(tenant: Tenant, limits: dict) -> dict:
     in_use = gpus_in_use([tenant.pk]).get(tenant.pk, {})
-    return {sku: {"cap": cap, "in_use": in_use.get(sku, 0)} for sku, cap in sorted(limits["max_gpus"].items())}
+    return {
+        sku: {"cap": cap, "in_use": in_use.get(sku, 0)}
+        for sku, cap in sorted(limits["max_gpus"].items())
+    }

@@ -44,7 +44,9 @@ def _keep_open(database: str) -> None:
         return
     try:
         keeper = sqlite3.connect(database, check_same_thread=False, isolation_level=None)
-        keeper.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()  # opens the file and the WAL index
+        keeper.execute(
+            "SELECT 1 FROM sqlite_master LIMIT 1"
+        ).fetchall()  # opens the file and the WAL index
     except sqlite3.Error:
         return  # only a cost saving: requests work the same without it
     _kept[pid] = keeper

@@ -26,7 +26,11 @@ class JobTemplateForm(forms.ModelForm):
         from apps.jobs.serializers import MAX_CPU_WEIGHT, MAX_MEMORY_MIB, MAX_PIDS
 
         data = super().clean()
-        for name, most in [("memory_mib", MAX_MEMORY_MIB), ("pids_max", MAX_PIDS), ("cpu_weight", MAX_CPU_WEIGHT)]:
+        for name, most in [
+            ("memory_mib", MAX_MEMORY_MIB),
+            ("pids_max", MAX_PIDS),
+            ("cpu_weight", MAX_CPU_WEIGHT),
+        ]:
             if (data.get(name) or 0) > most:
                 self.add_error(name, f"must be at most {most} (0: the node's default)")
         return data
@@ -79,7 +83,11 @@ def cancel_jobs(modeladmin, request, queryset):
     done = 0
     for job in queryset:
         try:
-            services.job_cancel(job=job, actor=f"staff:{request.user.username}", reason=action_reason(request, "cancelled by support"))
+            services.job_cancel(
+                job=job,
+                actor=f"staff:{request.user.username}",
+                reason=action_reason(request, "cancelled by support"),
+            )
             done += 1
         except services.ServiceError as error:
             messages.warning(request, f"{job.name}: {error.message}")
@@ -89,20 +97,33 @@ def cancel_jobs(modeladmin, request, queryset):
 @admin.action(description="Requeue selected jobs", permissions=["change"])
 def requeue_jobs(modeladmin, request, queryset):
     for job in queryset:
-        services.job_requeue(job=job, actor=f"staff:{request.user.username}", reason=action_reason(request, "requeued by support"))
+        services.job_requeue(
+            job=job,
+            actor=f"staff:{request.user.username}",
+            reason=action_reason(request, "requeued by support"),
+        )
     messages.info(request, f"requeued {queryset.count()} job(s)")
 
 
-@admin.action(description="Preempt selected jobs now (checkpoint, then requeue)", permissions=["change"])
+@admin.action(
+    description="Preempt selected jobs now (checkpoint, then requeue)", permissions=["change"]
+)
 def preempt_jobs(modeladmin, request, queryset):
     for job in queryset:
         try:
-            services.job_preempt(job=job, actor=f"staff:{request.user.username}", reason=action_reason(request, "preempted by support"))
+            services.job_preempt(
+                job=job,
+                actor=f"staff:{request.user.username}",
+                reason=action_reason(request, "preempted by support"),
+            )
         except services.ServiceError as error:
             messages.warning(request, f"{job.name}: {error.message}")
 
 
-@admin.action(description="Bump priority of selected jobs (+1: an hour ahead in the queue order)", permissions=["change"])
+@admin.action(
+    description="Bump priority of selected jobs (+1: an hour ahead in the queue order)",
+    permissions=["change"],
+)
 def bump_priority(modeladmin, request, queryset):
     for job in queryset:
         services.job_bump_priority(job=job, actor=f"staff:{request.user.username}")
@@ -118,8 +139,24 @@ class JobAdmin(admin.ModelAdmin):
     why): the form is read only for everyone, so "change job" (support's) means the actions."""
 
     action_form = ReasonActionForm
-    list_display = ["name", "tenant", "tier", "state", "gpus", "nodes", "gpu_sku", "progress", "created_at"]
-    list_filter = ["state", "tier", "gpu_sku", "tenant", ("attempts__members__node", admin.RelatedOnlyFieldListFilter)]
+    list_display = [
+        "name",
+        "tenant",
+        "tier",
+        "state",
+        "gpus",
+        "nodes",
+        "gpu_sku",
+        "progress",
+        "created_at",
+    ]
+    list_filter = [
+        "state",
+        "tier",
+        "gpu_sku",
+        "tenant",
+        ("attempts__members__node", admin.RelatedOnlyFieldListFilter),
+    ]
     list_select_related = ["tenant", "tier", "gpu_sku"]
     search_fields = ["id", "name", "tenant__slug", "user__username"]
     readonly_fields = ["state", "version", "progress", "reason", "exit_code", "cache_hit", "attempts_count", "preemption_count",

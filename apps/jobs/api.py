@@ -63,7 +63,9 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     filterset_class = JobFilter
 
     def get_queryset(self):
-        if getattr(self, "swagger_fake_view", False):  # the OpenAPI document's generation: no caller
+        if getattr(
+            self, "swagger_fake_view", False
+        ):  # the OpenAPI document's generation: no caller
             return Job.objects.none()
         return job_queryset(self.request.user)
 
@@ -71,9 +73,16 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         """A submit's token lookup also reads its submitter (apps/tenants/auth.py)."""
         authenticators = super().get_authenticators()
         request = getattr(self, "request", None)  # none where the schema is generated
-        if request is None or getattr(self, "swagger_fake_view", False) or getattr(self, "action_map", {}).get(request.method.lower()) != "create":
+        if (
+            request is None
+            or getattr(self, "swagger_fake_view", False)
+            or getattr(self, "action_map", {}).get(request.method.lower()) != "create"
+        ):
             return authenticators
-        return [SubmitterAuthentication() if type(a) is TokenAuthentication else a for a in authenticators]
+        return [
+            SubmitterAuthentication() if type(a) is TokenAuthentication else a
+            for a in authenticators
+        ]
 
     def get_serializer_context(self):
         context = super().get_serializer_context()
@@ -114,8 +123,13 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             # back (tests/admission/test_submit_queries.py); its queue position and start
             # estimate come from apps.admission.estimates.for_new_job.
             position, start = estimates.for_new_job(job)
-            return Response(created_representation(job, position=position, start=start), status=status.HTTP_201_CREATED)
-        return Response(JobSerializer(job_queryset(request.user).get(pk=job.pk)).data, status=status.HTTP_200_OK)
+            return Response(
+                created_representation(job, position=position, start=start),
+                status=status.HTTP_201_CREATED,
+            )
+        return Response(
+            JobSerializer(job_queryset(request.user).get(pk=job.pk)).data, status=status.HTTP_200_OK
+        )
 
     def _body(self):
         if self.parse_error is not None:
@@ -143,7 +157,9 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         return HttpResponse(b"".join(chunks), content_type="text/plain; charset=utf-8")
 
     @extend_schema(responses={200: ArtifactSerializer(many=True)})
-    @action(detail=True, methods=["get"], pagination_class=None, filterset_class=None)  # a plain list
+    @action(
+        detail=True, methods=["get"], pagination_class=None, filterset_class=None
+    )  # a plain list
     def artifacts(self, request, pk=None):
         job = self.get_object()
         return Response(ArtifactSerializer(job.artifacts.all(), many=True).data)
@@ -155,4 +171,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         artifact = job.artifacts.filter(name=name).first()
         if artifact is None or not default_storage.exists(artifact.file.name):
             raise Http404("no such artifact")
-        return FileResponse(default_storage.open(artifact.file.name, "rb"), as_attachment=True, filename=artifact.name.rsplit("/", 1)[-1])
+        return FileResponse(
+            default_storage.open(artifact.file.name, "rb"),
+            as_attachment=True,
+            filename=artifact.name.rsplit("/", 1)[-1],
+        )

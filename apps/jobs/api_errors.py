@@ -12,7 +12,9 @@ from apps.scheduling.figures import record_admission_rejection
 
 def exception_handler(exc, context):
     if isinstance(exc, ParseError):
-        return Response({"body": [f"malformed request body: {exc.detail}"]}, status=status.HTTP_400_BAD_REQUEST)
+        return Response(
+            {"body": [f"malformed request body: {exc.detail}"]}, status=status.HTTP_400_BAD_REQUEST
+        )
     if isinstance(exc, ServiceError):
         _count_refused_submit(exc, context)
         response = Response({exc.field or "detail": [exc.message]}, status=exc.status)
@@ -20,7 +22,9 @@ def exception_handler(exc, context):
             response["Retry-After"] = str(exc.retry_after)
         return response
     if isinstance(exc, RecursionError):
-        return Response({"body": ["request body is nested too deeply"]}, status=status.HTTP_400_BAD_REQUEST)
+        return Response(
+            {"body": ["request body is nested too deeply"]}, status=status.HTTP_400_BAD_REQUEST
+        )
     return drf_exception_handler(exc, context)
 
 
@@ -30,4 +34,6 @@ def _count_refused_submit(exc: ServiceError, context) -> None:
     if getattr(view, "action", None) != "create" or exc.status not in (403, 409, 429, 503):
         return
     name = type(exc).__name__
-    record_admission_rejection("".join(f"_{c.lower()}" if c.isupper() else c for c in name).lstrip("_"))
+    record_admission_rejection(
+        "".join(f"_{c.lower()}" if c.isupper() else c for c in name).lstrip("_")
+    )

@@ -31,7 +31,9 @@ class ArgvField(serializers.ListField):
     """A command as an argv list. A string is refused: it would need a shell to split it."""
 
     def __init__(self, **kwargs):
-        kwargs.setdefault("child", StrictCharField(max_length=4096, allow_blank=False, trim_whitespace=False))
+        kwargs.setdefault(
+            "child", StrictCharField(max_length=4096, allow_blank=False, trim_whitespace=False)
+        )
         kwargs.setdefault("min_length", 1)
         kwargs.setdefault("max_length", 256)
         super().__init__(**kwargs)
@@ -60,5 +62,7 @@ class LabelMapField(serializers.DictField):
             raise serializers.ValidationError("at most 32 labels")
         for key in data:
             if not key or len(key) > 63:
-                raise serializers.ValidationError(f"label key {key[:70]!r} must be 1..63 characters")
+                raise serializers.ValidationError(
+                    f"label key {key[:70]!r} must be 1..63 characters"
+                )
         return super().to_internal_value(data)

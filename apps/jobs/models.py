@@ -58,9 +58,15 @@ class JobTemplate(models.Model):
     default_max_runtime_seconds = models.PositiveIntegerField(default=3600)
     # The cgroup limits of each member on a fencing node (workers/isolation.py) when the job asks
     # for none; 0: the node's default (GPUPLATFORM_JOB_MEMORY_MIB, ..._PIDS_MAX, ..._CPU_WEIGHT).
-    memory_mib = models.PositiveIntegerField(default=0, help_text="memory.max per member in MiB; 0: the node's default.")
-    pids_max = models.PositiveIntegerField(default=0, help_text="pids.max per member; 0: the node's default.")
-    cpu_weight = models.PositiveIntegerField(default=0, help_text="cpu.weight (1-10000) per member; 0: the node's default.")
+    memory_mib = models.PositiveIntegerField(
+        default=0, help_text="memory.max per member in MiB; 0: the node's default."
+    )
+    pids_max = models.PositiveIntegerField(
+        default=0, help_text="pids.max per member; 0: the node's default."
+    )
+    cpu_weight = models.PositiveIntegerField(
+        default=0, help_text="cpu.weight (1-10000) per member; 0: the node's default."
+    )
 
     class Meta:
         ordering = ["name"]
@@ -73,20 +79,33 @@ class Job(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     name = models.CharField(max_length=100)
     # No index of its own: (tenant, -created_at) below starts with it.
-    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="jobs", db_index=False)
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs")
+    tenant = models.ForeignKey(
+        "tenants.Tenant", on_delete=models.PROTECT, related_name="jobs", db_index=False
+    )
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs"
+    )
     # No index of its own: every job's insert and state change paid for one, and jobs are never
     # looked up by tier alone (the queue's order index starts with state); only deleting a tier
     # or a SKU (both protected) scans the jobs table for one.
-    tier = models.ForeignKey("tenants.Tier", on_delete=models.PROTECT, related_name="jobs", db_index=False)
+    tier = models.ForeignKey(
+        "tenants.Tier", on_delete=models.PROTECT, related_name="jobs", db_index=False
+    )
     template = models.ForeignKey(JobTemplate, null=True, blank=True, on_delete=models.PROTECT)
     params = models.JSONField(default=dict, blank=True)
     command = models.JSONField(null=True, blank=True)
     gpus = models.PositiveSmallIntegerField(default=1, help_text="GPUs per node.")
-    nodes = models.PositiveSmallIntegerField(default=1, help_text="Gang size; 1 is a single-node job.")
+    nodes = models.PositiveSmallIntegerField(
+        default=1, help_text="Gang size; 1 is a single-node job."
+    )
     gpu_sku = models.ForeignKey(
-        "nodes.GpuSku", null=True, blank=True, on_delete=models.PROTECT, related_name="jobs", db_index=False,
-        help_text="Empty: any SKU."
+        "nodes.GpuSku",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="jobs",
+        db_index=False,
+        help_text="Empty: any SKU.",
     )
     node_selector = models.JSONField(default=dict, blank=True)
     max_runtime_seconds = models.PositiveIntegerField(default=3600)
@@ -94,7 +113,8 @@ class Job(models.Model):
     cacheable = models.BooleanField(default=False)
     priority_boost = models.SmallIntegerField(default=0)
     retry_on_failure = models.BooleanField(
-        default=False, help_text="Retry a user error (non-zero exit) too, not only infrastructure failures."
+        default=False,
+        help_text="Retry a user error (non-zero exit) too, not only infrastructure failures.",
     )
     # Cgroup limits per member on a fencing node: the job's request, else its template's (copied
     # at submit); 0: the node's default. Not a placement request: the scheduler does not count them.
@@ -111,7 +131,9 @@ class Job(models.Model):
     exit_code = models.IntegerField(null=True, blank=True)
     cache_hit = models.BooleanField(default=False)
     not_before = models.DateTimeField(
-        null=True, blank=True, help_text="A retry waits out its backoff: the dispatcher places it from then on."
+        null=True,
+        blank=True,
+        help_text="A retry waits out its backoff: the dispatcher places it from then on.",
     )
     attempts_count = models.PositiveSmallIntegerField(default=0)
     preemption_count = models.PositiveSmallIntegerField(default=0)
@@ -140,7 +162,9 @@ class JobAttempt(models.Model):
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts")
     number = models.PositiveSmallIntegerField()
-    state = models.CharField(max_length=16, choices=AttemptState.choices, default=AttemptState.STARTING)
+    state = models.CharField(
+        max_length=16, choices=AttemptState.choices, default=AttemptState.STARTING
+    )
     token = models.UUIDField(default=uuid.uuid4, editable=False)
     version = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -150,11 +174,15 @@ class JobAttempt(models.Model):
     exit_code = models.IntegerField(null=True, blank=True)
     reason = models.CharField(max_length=300, blank=True)
     checkpoint = models.CharField(max_length=500, blank=True)
-    checkpoint_at = models.DateTimeField(null=True, blank=True, help_text="When the last checkpoint was saved.")
+    checkpoint_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the last checkpoint was saved."
+    )
     stop_requested = models.CharField(
         max_length=32, blank=True, help_text='Why the agents should stop it: "cancel", "lost", ...'
     )
-    preempted_for = models.CharField(max_length=64, blank=True, help_text="The job it is being preempted for.")
+    preempted_for = models.CharField(
+        max_length=64, blank=True, help_text="The job it is being preempted for."
+    )
 
     class Meta:
         ordering = ["job", "number"]
@@ -179,7 +207,9 @@ class AttemptMember(models.Model):
     rank = models.PositiveSmallIntegerField(default=0)
     node = models.ForeignKey("nodes.Node", on_delete=models.PROTECT, related_name="members")
     gpu_indices = models.JSONField(default=list)
-    state = models.CharField(max_length=16, choices=AttemptState.choices, default=AttemptState.STARTING)
+    state = models.CharField(
+        max_length=16, choices=AttemptState.choices, default=AttemptState.STARTING
+    )
     pid = models.IntegerField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -187,7 +217,9 @@ class AttemptMember(models.Model):
 
     class Meta:
         ordering = ["attempt", "rank"]
-        constraints = [models.UniqueConstraint(fields=["attempt", "rank"], name="member_unique_rank")]
+        constraints = [
+            models.UniqueConstraint(fields=["attempt", "rank"], name="member_unique_rank")
+        ]
 
     def __str__(self) -> str:
         return f"{self.attempt} rank {self.rank} on {self.node_id}"
@@ -222,7 +254,9 @@ class JobEvent(models.Model):
     kind = models.CharField(max_length=16, default="state")
     from_state = models.CharField(max_length=16, blank=True)
     to_state = models.CharField(max_length=16, blank=True)
-    actor = models.CharField(max_length=100, help_text='"user:alice", "system:dispatcher", "agent:n1"')
+    actor = models.CharField(
+        max_length=100, help_text='"user:alice", "system:dispatcher", "agent:n1"'
+    )
     reason = models.CharField(max_length=300, blank=True)
     data = models.JSONField(default=dict, blank=True)
 

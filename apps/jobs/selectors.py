@@ -45,7 +45,7 @@ def assignment(attempt_id: int, rank: int, token: str) -> Assignment | None:
 
 def open_members_on(node_name: str) -> dict[tuple[int, int], Assignment]:
     """Members placed on this node whose process has not been reported gone."""
-    members = AttemptMember.objects.select_related("attempt__job__template", "attempt__job__tier", "node").filter(
-        node__name=node_name, ended_at=None
-    )
+    members = AttemptMember.objects.select_related(
+        "attempt__job__template", "attempt__job__tier", "node"
+    ).filter(node__name=node_name, ended_at=None)
     return {(m.attempt_id, m.rank): assignment_for(m) for m in members}

@@ -90,7 +90,9 @@ class JobSubmitSerializer(serializers.Serializer):
 
     def validate_max_runtime_seconds(self, value: int) -> int:
         if value > settings.MAX_RUNTIME_LIMIT_SECONDS:
-            raise serializers.ValidationError(f"must be at most {settings.MAX_RUNTIME_LIMIT_SECONDS}")
+            raise serializers.ValidationError(
+                f"must be at most {settings.MAX_RUNTIME_LIMIT_SECONDS}"
+            )
         return value
 
     def validate(self, attrs):
@@ -98,12 +100,16 @@ class JobSubmitSerializer(serializers.Serializer):
         if template is None and command is None:
             raise serializers.ValidationError({"template": ["give a template or a command"]})
         if template is not None and command is not None:
-            raise serializers.ValidationError({"command": ["give either a template or a command, not both"]})
+            raise serializers.ValidationError(
+                {"command": ["give either a template or a command, not both"]}
+            )
         if template is not None:
             try:
                 attrs["params"] = validate_params(template.params_schema, attrs.get("params", {}))
             except ParamsError as error:
-                raise serializers.ValidationError({"params": {k: [v] for k, v in error.errors.items()}}) from None
+                raise serializers.ValidationError(
+                    {"params": {k: [v] for k, v in error.errors.items()}}
+                ) from None
         elif attrs.get("params"):
             raise serializers.ValidationError({"params": ["params are only for templates"]})
         return attrs
@@ -120,7 +126,8 @@ def spec_from(data: dict, *, default_tier: Tier) -> JobSpec:
     template = data.get("template")
     command: list[str] = data.get("command") or []  # validated: a template or a command
     derived = {
-        "name": data.get("name") or (template.name if template else command[0].rsplit("/", 1)[-1])[:100],
+        "name": data.get("name")
+        or (template.name if template else command[0].rsplit("/", 1)[-1])[:100],
         "tier": data.get("tier") or default_tier,
         "template": template,
         "params": data.get("params", {}),
@@ -128,9 +135,14 @@ def spec_from(data: dict, *, default_tier: Tier) -> JobSpec:
         "gpu_sku": data.get("gpu_sku"),
         "max_runtime_seconds": data.get("max_runtime_seconds")
         or (template.default_max_runtime_seconds if template else 3600),
-        "checkpointable": data.get("checkpointable", template.checkpointable if template else False),
+        "checkpointable": data.get(
+            "checkpointable", template.checkpointable if template else False
+        ),
         "cacheable": data.get("cacheable", template.cacheable if template else False),
-        **{name: data.get(name) or (getattr(template, name) if template else 0) for name in LIMIT_FIELDS},
+        **{
+            name: data.get(name) or (getattr(template, name) if template else 0)
+            for name in LIMIT_FIELDS
+        },
     }
     plain = {name: data[name] for name in SPEC_FIELDS if name not in derived and name in data}
     return JobSpec(**derived, **plain)
@@ -167,7 +179,10 @@ class AttemptSerializer(serializers.ModelSerializer):
                   "checkpoint"]  # fmt: skip
 
     def get_placements(self, attempt: JobAttempt) -> list[dict]:
-        return [{"node": m.node.name, "gpu_indices": m.gpu_indices, "rank": m.rank} for m in attempt.members.all()]
+        return [
+            {"node": m.node.name, "gpu_indices": m.gpu_indices, "rank": m.rank}
+            for m in attempt.members.all()
+        ]
 
 
 class JobSerializer(serializers.ModelSerializer):
@@ -206,7 +221,6 @@ class JobSerializer(serializers.ModelSerializer):
             self.context["estimator"] = Estimator.load()
         estimate = self.context["estimator"].estimate(job)
         return serializers.DateTimeField().to_representation(estimate) if estimate else None
-
 
 
 class CreatedJobSerializer(JobSerializer):

@@ -50,6 +50,7 @@ from apps.tenants.models import Quota, Tenant, Tier
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class JobSpec:
     """A validated submission (the API's input serializer builds it). Each field is the Job
@@ -109,7 +110,9 @@ def transition_job(job: Job, *, to: str, expect: Iterable[str] | None = None, ac
     job.state, job.version = to, job.version + 1
     for name, value in fields.items():
         setattr(job, name, value)
-    record_event(job, actor=actor, reason=reason, from_state=from_state, to_state=to, attempt=attempt)
+    record_event(
+        job, actor=actor, reason=reason, from_state=from_state, to_state=to, attempt=attempt
+    )
     log.info("job %s %s -> %s by %s: %s", job.pk, from_state, to, actor, reason,
              extra={"job_id": job.pk, "attempt_id": attempt.pk if attempt else None})  # fmt: skip
     if to in JOB_TERMINAL:
@@ -117,13 +120,15 @@ def transition_job(job: Job, *, to: str, expect: Iterable[str] | None = None, ac
     return True
 
 
-def transition_attempt(attempt: JobAttempt, *, to: str, expect: Iterable[str] | None = None, **fields) -> bool:
+def transition_attempt(
+    attempt: JobAttempt, *, to: str, expect: Iterable[str] | None = None, **fields
+) -> bool:
     """The attempt's guarded update; `expect` as for transition_job, from the attempt table."""
     expect = attempt_sources(to) if expect is None else tuple(expect)
     check_attempt_move(expect, to)
-    updated = JobAttempt.objects.filter(pk=attempt.pk, state__in=expect, version=attempt.version).update(
-        state=to, version=F("version") + 1, **fields
-    )
+    updated = JobAttempt.objects.filter(
+        pk=attempt.pk, state__in=expect, version=attempt.version
+    ).update(state=to, version=F("version") + 1, **fields)
     if updated:
         attempt.state, attempt.version = to, attempt.version + 1
         for name, value in fields.items():
@@ -156,7 +161,9 @@ def job_submit(*, tenant: Tenant, user, spec: JobSpec, limits: dict | None = Non
     the caller asks for the dispatch pass itself (apps/admission/dispatch.py coalesces them)."""
     if not locked:
         # Lock the tenant row so concurrent submits of one tenant count queued jobs one at a time.
-        tenant = Tenant.objects.select_for_update(no_key=True).select_related("tier").get(pk=tenant.pk)
+        tenant = (
+            Tenant.objects.select_for_update(no_key=True).select_related("tier").get(pk=tenant.pk)
+        )
     job = enqueue_job(tenant=tenant, user=user, spec=spec, limits=limits, built=built)
     if dispatch:
         trigger_dispatch()
@@ -186,20 +193,29 @@ def enqueue_job(*, tenant: Tenant, user, spec: JobSpec, limits: dict | None = No
 def check_allowed(tenant: Tenant, spec: JobSpec) -> None:
     """What the tenant may submit at all: its tier or below, commands only where allowed."""
     if spec.tier.rank > tenant.tier.rank:
-        raise NotAllowed(f"tenant {tenant.slug} may not submit at tier {spec.tier.name}", field="tier")
+        raise NotAllowed(
+            f"tenant {tenant.slug} may not submit at tier {spec.tier.name}", field="tier"
+        )
     if spec.command is not None and not tenant.allow_commands:
-        raise NotAllowed(f"tenant {tenant.slug} may only run templates, not commands", field="command")
+        raise NotAllowed(
+            f"tenant {tenant.slug} may only run templates, not commands", field="command"
+        )
 
 
 def queue_full(tenant: Tenant, queued: int, limits: dict) -> QueueFull:
-    return QueueFull(f"tenant {tenant.slug} has {queued} of {limits['max_queued_jobs']} jobs queued", retry_after=30)
+    return QueueFull(
+        f"tenant {tenant.slug} has {queued} of {limits['max_queued_jobs']} jobs queued",
+        retry_after=30,
+    )
 
 
 def new_job(*, tenant: Tenant, user, spec: JobSpec) -> tuple[Job, JobEvent]:
     """The queued job of a submission and its audit event, not yet saved. Every field of the
     spec is the job's field of that name (tests/admission/test_submit_job.py holds it so)."""
     job = Job(tenant=tenant, user=user, reason="waiting for the dispatcher", **spec_fields(spec))
-    event = JobEvent(job=job, actor=f"user:{user.username}", reason="submitted", to_state=JobState.QUEUED)
+    event = JobEvent(
+        job=job, actor=f"user:{user.username}", reason="submitted", to_state=JobState.QUEUED
+    )
     return job, event
 
 
@@ -292,12 +308,20 @@ def job_place(*, job: Job, members: list[MemberPlacement], actor: str = "system:
         return None
     now = timezone.now()
     attempt = JobAttempt.objects.create(
-        job=job, number=number, lease_expires_at=now + timedelta(seconds=settings.STARTING_TIMEOUT_SECONDS)
+        job=job,
+        number=number,
+        lease_expires_at=now + timedelta(seconds=settings.STARTING_TIMEOUT_SECONDS),
     )
     for rank, member in enumerate(members):
-        AttemptMember.objects.create(attempt=attempt, rank=rank, node_id=member.node_id, gpu_indices=member.gpu_indices)
-        GpuAllocation.objects.bulk_create([GpuAllocation(attempt=attempt, gpu_id=g) for g in member.gpu_ids])
-    JobEvent.objects.filter(job=job, to_state=JobState.STARTING, attempt=None).update(attempt=attempt)
+        AttemptMember.objects.create(
+            attempt=attempt, rank=rank, node_id=member.node_id, gpu_indices=member.gpu_indices
+        )
+        GpuAllocation.objects.bulk_create(
+            [GpuAllocation(attempt=attempt, gpu_id=g) for g in member.gpu_ids]
+        )
+    JobEvent.objects.filter(job=job, to_state=JobState.STARTING, attempt=None).update(
+        attempt=attempt
+    )
     events.emit(events.AttemptPlaced(attempt=attempt))
     return attempt
 
@@ -325,21 +349,31 @@ def _member(attempt_id: int, rank: int, token: str) -> AttemptMember | None:
         .first()
     )
     if member is None:
-        log.warning("report for unknown attempt %s rank %s or stale token; ignored", attempt_id, rank)
+        log.warning(
+            "report for unknown attempt %s rank %s or stale token; ignored", attempt_id, rank
+        )
     return member
 
 
 @transaction.atomic
 def attempt_member_started(*, attempt_id: int, rank: int, token: str, pid: int) -> bool:
     member = _member(attempt_id, rank, token)
-    if member is None or member.state != AttemptState.STARTING or member.attempt.state not in ATTEMPT_ACTIVE:
+    if (
+        member is None
+        or member.state != AttemptState.STARTING
+        or member.attempt.state not in ATTEMPT_ACTIVE
+    ):
         return False
     now = timezone.now()
-    AttemptMember.objects.filter(pk=member.pk).update(state=AttemptState.RUNNING, pid=pid, started_at=now)
+    AttemptMember.objects.filter(pk=member.pk).update(
+        state=AttemptState.RUNNING, pid=pid, started_at=now
+    )
     attempt = member.attempt
     if attempt.members.exclude(state=AttemptState.RUNNING).exists():
         return True  # a gang starts when its last member is up
-    lease = now + timedelta(seconds=settings.HEARTBEAT_SECONDS * settings.NODE_LOST_AFTER_HEARTBEATS)
+    lease = now + timedelta(
+        seconds=settings.HEARTBEAT_SECONDS * settings.NODE_LOST_AFTER_HEARTBEATS
+    )
     if transition_attempt(attempt, to=AttemptState.RUNNING, started_at=now, lease_expires_at=lease):
         job = attempt.job
         transition_job(job, to=JobState.RUNNING, actor=f"agent:{member.node.name}", reason="all members started",
@@ -355,11 +389,19 @@ def attempt_progress(*, attempt_id: int, token: str, progress: float, checkpoint
     progress = min(1.0, max(0.0, float(progress)))
     if int(progress * PROGRESS_SAMPLES) > int(attempt.job.progress * PROGRESS_SAMPLES):
         # A sample per 5% for the job page's progress chart (at most 20 rows an attempt).
-        record_event(attempt.job, actor="agent", kind="progress", attempt=attempt, data={"progress": progress})
+        record_event(
+            attempt.job,
+            actor="agent",
+            kind="progress",
+            attempt=attempt,
+            data={"progress": progress},
+        )
     if checkpoint:
         # Every progress report that names a checkpoint moves its time: the policy's victim cost
         # is the work done since the last one.
-        JobAttempt.objects.filter(pk=attempt.pk).update(checkpoint=checkpoint[:500], checkpoint_at=timezone.now())
+        JobAttempt.objects.filter(pk=attempt.pk).update(
+            checkpoint=checkpoint[:500], checkpoint_at=timezone.now()
+        )
     Job.objects.filter(pk=attempt.job_id, state__in=JOB_PLACED).update(progress=progress)
     return True
 
@@ -381,8 +423,12 @@ def attempt_member_finished(*, attempt_id: int, rank: int, token: str, exit_code
     attempt = JobAttempt.objects.select_related("job").get(pk=member.attempt_id)
     if attempt.stop_requested == StopReason.CANCEL:
         member_state = AttemptState.CANCELLED
-    AttemptMember.objects.filter(pk=member.pk).update(state=member_state, exit_code=exit_code, ended_at=now)
-    GpuAllocation.objects.filter(attempt=attempt, gpu__node_id=member.node_id, released_at=None).update(released_at=now)
+    AttemptMember.objects.filter(pk=member.pk).update(
+        state=member_state, exit_code=exit_code, ended_at=now
+    )
+    GpuAllocation.objects.filter(
+        attempt=attempt, gpu__node_id=member.node_id, released_at=None
+    ).update(released_at=now)
     if checkpoint:
         JobAttempt.objects.filter(pk=attempt.pk).update(checkpoint=checkpoint[:500])
         attempt.checkpoint = checkpoint[:500]
@@ -392,11 +438,15 @@ def attempt_member_finished(*, attempt_id: int, rank: int, token: str, exit_code
     return True
 
 
-def _settle_attempt(attempt: JobAttempt, member: AttemptMember, *, ok: bool, exit_code, reason: str) -> None:
+def _settle_attempt(
+    attempt: JobAttempt, member: AttemptMember, *, ok: bool, exit_code, reason: str
+) -> None:
     actor = f"agent:{member.node.name}"
     job = attempt.job
     if attempt.stop_requested == StopReason.CANCEL:
-        end_attempt(attempt, state=AttemptState.CANCELLED, reason=EndReason.CANCELLED, exit_code=exit_code)
+        end_attempt(
+            attempt, state=AttemptState.CANCELLED, reason=EndReason.CANCELLED, exit_code=exit_code
+        )
         return
     if attempt.stop_requested == StopReason.PREEMPT:
         _settle_preempted(attempt, actor=actor, exit_code=exit_code)
@@ -424,7 +474,9 @@ def _settle_preempted(attempt: JobAttempt, *, actor: str, exit_code) -> None:
     if attempt.members.filter(ended_at=None).exists():
         return
     job = attempt.job
-    end_attempt(attempt, state=AttemptState.PREEMPTED, reason=EndReason.PREEMPTED, exit_code=exit_code)
+    end_attempt(
+        attempt, state=AttemptState.PREEMPTED, reason=EndReason.PREEMPTED, exit_code=exit_code
+    )
     checkpoint = attempt.checkpoint or "none"
     transition_job(job, to=JobState.QUEUED, expect=JOB_PLACED, actor=actor, attempt=attempt,
                    reason=f"preempted; requeued, resumes from checkpoint {checkpoint}",
@@ -438,16 +490,25 @@ def job_preempt(*, job: Job, actor: str, reason: str, for_job_id: str = "") -> J
     job = Job.objects.select_for_update().get(pk=job.pk)
     attempt = active_attempt(job)
     if job.state not in (JobState.STARTING, JobState.RUNNING) or attempt is None:
-        raise ServiceError(f"only a starting or running job can be preempted, this one is {job.state}", field="state")
+        raise ServiceError(
+            f"only a starting or running job can be preempted, this one is {job.state}",
+            field="state",
+        )
     transition_attempt(attempt, to=AttemptState.PREEMPTING, preempted_for=for_job_id)
-    if not transition_job(job, to=JobState.PREEMPTING, actor=actor, reason=f"preempting: {reason}", attempt=attempt):
+    if not transition_job(
+        job, to=JobState.PREEMPTING, actor=actor, reason=f"preempting: {reason}", attempt=attempt
+    ):
         raise ServiceError("job changed while preempting; try again", field="state")
     request_stop(attempt, why=StopReason.PREEMPT)
     return job
 
 
-def end_attempt(attempt: JobAttempt, *, state: str, reason: str = "", exit_code: int | None = None) -> bool:
-    return transition_attempt(attempt, to=state, ended_at=timezone.now(), reason=reason[:300], exit_code=exit_code)
+def end_attempt(
+    attempt: JobAttempt, *, state: str, reason: str = "", exit_code: int | None = None
+) -> bool:
+    return transition_attempt(
+        attempt, to=state, ended_at=timezone.now(), reason=reason[:300], exit_code=exit_code
+    )
 
 
 def stop_rest_of_gang(attempt: JobAttempt, *, why: str) -> None:
@@ -468,7 +529,9 @@ def attempt_lost(*, attempt: JobAttempt, reason: str, actor: str) -> None:
     never_started = attempt.members.filter(ended_at=None, started_at=None)
     nodes = list(never_started.values_list("node_id", flat=True))
     never_started.update(state=AttemptState.LOST, ended_at=now)
-    GpuAllocation.objects.filter(attempt=attempt, gpu__node_id__in=nodes, released_at=None).update(released_at=now)
+    GpuAllocation.objects.filter(attempt=attempt, gpu__node_id__in=nodes, released_at=None).update(
+        released_at=now
+    )
     stop_rest_of_gang(attempt, why=StopReason.LOST)
     job = attempt.job
     if job.state not in JOB_PLACED:
@@ -498,10 +561,15 @@ def attempt_orphaned(*, attempt_id: int, actor: str) -> bool:
 
 def retry_backoff(failures: int) -> float:
     """Seconds the n-th retry waits: base, 2 x base, 4 x base, ..., at most the max."""
-    return min(settings.RETRY_BACKOFF_MAX_SECONDS, settings.RETRY_BACKOFF_SECONDS * 2 ** max(0, failures - 1))
+    return min(
+        settings.RETRY_BACKOFF_MAX_SECONDS,
+        settings.RETRY_BACKOFF_SECONDS * 2 ** max(0, failures - 1),
+    )
 
 
-def retry_or_fail(job: Job, attempt: JobAttempt, *, actor: str, why: str, exit_code: int | None = None) -> bool:
+def retry_or_fail(
+    job: Job, attempt: JobAttempt, *, actor: str, why: str, exit_code: int | None = None
+) -> bool:
     """After a failed try: queue the job again behind its backoff, or fail it once it has failed
     MAX_ATTEMPTS times. Preempted and cancelled attempts are not failures and do not count."""
     failures = job.attempts.filter(state__in=[AttemptState.LOST, AttemptState.FAILED]).count()
@@ -527,9 +595,9 @@ def attempt_member_lost(*, attempt_id: int, rank: int, token: str, reason: str) 
         return False
     now = timezone.now()
     AttemptMember.objects.filter(pk=member.pk).update(state=AttemptState.LOST, ended_at=now)
-    GpuAllocation.objects.filter(attempt_id=attempt_id, gpu__node_id=member.node_id, released_at=None).update(
-        released_at=now
-    )
+    GpuAllocation.objects.filter(
+        attempt_id=attempt_id, gpu__node_id=member.node_id, released_at=None
+    ).update(released_at=now)
     if member.attempt.state in ATTEMPT_ACTIVE:
         attempt_lost(attempt=member.attempt, reason=reason, actor=f"agent:{member.node.name}")
     trigger_dispatch()

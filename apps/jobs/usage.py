@@ -18,7 +18,9 @@ class CurrentUse:
 
 def current_use(tenant: Tenant) -> CurrentUse:
     by_state = dict(
-        Job.objects.filter(tenant=tenant, state__in=[JobState.QUEUED, JobState.STARTING, JobState.RUNNING])
+        Job.objects.filter(
+            tenant=tenant, state__in=[JobState.QUEUED, JobState.STARTING, JobState.RUNNING]
+        )
         .values_list("state")
         .annotate(n=Count("pk"))
     )
@@ -28,4 +30,6 @@ def current_use(tenant: Tenant) -> CurrentUse:
         .annotate(n=Count("pk"))
     )
     running = by_state.get(JobState.RUNNING, 0) + by_state.get(JobState.STARTING, 0)
-    return CurrentUse(queued_jobs=by_state.get(JobState.QUEUED, 0), running_jobs=running, gpus_in_use=gpus_in_use)
+    return CurrentUse(
+        queued_jobs=by_state.get(JobState.QUEUED, 0), running_jobs=running, gpus_in_use=gpus_in_use
+    )

@@ -14,7 +14,15 @@ class GpuSkuAdmin(AuditedAdmin):
 class GpuInline(admin.TabularInline):
     model = Gpu
     extra = 0
-    readonly_fields = ["index", "uuid", "memory_mib", "health", "utilization_percent", "memory_used_mib", "updated_at"]
+    readonly_fields = [
+        "index",
+        "uuid",
+        "memory_mib",
+        "health",
+        "utilization_percent",
+        "memory_used_mib",
+        "updated_at",
+    ]
     can_delete = False
 
 
@@ -34,13 +42,32 @@ def _set_state(state):
 
 @admin.register(Node)
 class NodeAdmin(AuditedAdmin):
-    list_display = ["name", "sku", "state", "isolation", "allow_unisolated_commands", "last_heartbeat_at", "hostname"]
+    list_display = [
+        "name",
+        "sku",
+        "state",
+        "isolation",
+        "allow_unisolated_commands",
+        "last_heartbeat_at",
+        "hostname",
+    ]
     list_filter = ["state", "sku", "isolation", "allow_unisolated_commands"]
     list_select_related = ["sku"]
     search_fields = ["name", "hostname"]
-    readonly_fields = ["state", "isolation", "agent_instance", "last_heartbeat_at", "registered_at", "version"]
+    readonly_fields = [
+        "state",
+        "isolation",
+        "agent_instance",
+        "last_heartbeat_at",
+        "registered_at",
+        "version",
+    ]
     inlines = [GpuInline]
-    actions = [_set_state(NodeState.CORDONED), _set_state(NodeState.DRAINING), _set_state(NodeState.READY)]
+    actions = [
+        _set_state(NodeState.CORDONED),
+        _set_state(NodeState.DRAINING),
+        _set_state(NodeState.READY),
+    ]
 
 
 @admin.register(NodeCredential)
@@ -62,4 +89,12 @@ class GpuAdmin(admin.ModelAdmin):
     list_filter = ["health", "node__sku"]
     list_select_related = ["node"]
     search_fields = ["uuid", "node__name"]
-    readonly_fields = ["node", "index", "uuid", "memory_mib", "health", "utilization_percent", "memory_used_mib"]
+    readonly_fields = [
+        "node",
+        "index",
+        "uuid",
+        "memory_mib",
+        "health",
+        "utilization_percent",
+        "memory_used_mib",
+    ]

@@ -13,7 +13,15 @@ class GpuSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Gpu
-        fields = ["index", "uuid", "memory_mib", "health", "utilization_percent", "memory_used_mib", "allocated_to"]
+        fields = [
+            "index",
+            "uuid",
+            "memory_mib",
+            "health",
+            "utilization_percent",
+            "memory_used_mib",
+            "allocated_to",
+        ]
 
     def get_allocated_to(self, gpu: Gpu) -> int | None:
         held = gpu.live_allocations  # type: ignore[attr-defined]  # prefetched (to_attr) by the view
@@ -37,6 +45,8 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
 
     def get_queryset(self):
         live = GpuAllocation.objects.filter(released_at=None)
-        gpus = Gpu.objects.prefetch_related(Prefetch("allocations", queryset=live, to_attr="live_allocations"))
+        gpus = Gpu.objects.prefetch_related(
+            Prefetch("allocations", queryset=live, to_attr="live_allocations")
+        )
         nodes = Node.objects.select_related("sku").prefetch_related(Prefetch("gpus", queryset=gpus))
         return nodes.exclude(state=NodeState.TERMINATED)  # given back by the autoscaler

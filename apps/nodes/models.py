@@ -30,10 +30,14 @@ class Node(models.Model):
     state = models.CharField(max_length=16, choices=NodeState.choices, default=NodeState.READY)
     labels = models.JSONField(default=dict, blank=True)
     hostname = models.CharField(max_length=255, blank=True)
-    agent_instance = models.CharField(max_length=64, blank=True, help_text="Id of the agent run now serving it.")
+    agent_instance = models.CharField(
+        max_length=64, blank=True, help_text="Id of the agent run now serving it."
+    )
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     drain_deadline = models.DateTimeField(
-        null=True, blank=True, help_text="Draining: jobs still running then are preempted (and resume elsewhere)."
+        null=True,
+        blank=True,
+        help_text="Draining: jobs still running then are preempted (and resume elsewhere).",
     )
     registered_at = models.DateTimeField(auto_now_add=True)
     version = models.PositiveIntegerField(default=0)
@@ -77,7 +81,9 @@ class Gpu(models.Model):
 
     class Meta:
         ordering = ["node", "index"]
-        constraints = [models.UniqueConstraint(fields=["node", "index"], name="gpu_unique_index_per_node")]
+        constraints = [
+            models.UniqueConstraint(fields=["node", "index"], name="gpu_unique_index_per_node")
+        ]
         verbose_name = "GPU"
 
     def __str__(self) -> str:
@@ -88,7 +94,9 @@ class NodeCredential(models.Model):
     """A node agent's key to the agent API (docs/architecture.md, "Agent API"). Only a hash of its
     secret is stored; `key_id` finds the row. Issued and revoked by `manage.py create_node_credential`."""
 
-    node_name = models.CharField(max_length=64, db_index=True, help_text="The only node this credential acts as.")
+    node_name = models.CharField(
+        max_length=64, db_index=True, help_text="The only node this credential acts as."
+    )
     key_id = models.CharField(max_length=32, unique=True)
     secret_sha256 = models.CharField(max_length=64)
     created_at = models.DateTimeField(auto_now_add=True)

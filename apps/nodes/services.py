@@ -35,7 +35,9 @@ class NodeInfo:
 def node_register(*, info: NodeInfo, agent_instance: str) -> Node:
     """Create or update the node and its GPUs. A new agent instance on a known node means the
     previous agent died: whatever it was running is lost (the new agent kills the orphans)."""
-    sku, _ = GpuSku.objects.get_or_create(name=info.sku, defaults={"memory_mib": max((g.memory_mib for g in info.gpus), default=0)})
+    sku, _ = GpuSku.objects.get_or_create(
+        name=info.sku, defaults={"memory_mib": max((g.memory_mib for g in info.gpus), default=0)}
+    )
     node, created = Node.objects.select_for_update().get_or_create(
         name=info.name, defaults={"sku": sku, "labels": info.labels, "hostname": info.hostname}
     )
@@ -100,12 +102,16 @@ def node_heartbeat(*, name: str, agent_instance: str, gpus: list[GpuInfo]) -> No
 
 def _renew_leases(node: Node, now) -> None:
     """The attempts running here keep their leases (apps/jobs/handlers.py, in this transaction)."""
-    lease = now + timedelta(seconds=settings.HEARTBEAT_SECONDS * settings.NODE_LOST_AFTER_HEARTBEATS)
+    lease = now + timedelta(
+        seconds=settings.HEARTBEAT_SECONDS * settings.NODE_LOST_AFTER_HEARTBEATS
+    )
     events.emit(events.NodeAlive(node_id=node.pk, lease_until=lease))
 
 
 def lost_cutoff():
-    return timezone.now() - timedelta(seconds=settings.HEARTBEAT_SECONDS * settings.NODE_LOST_AFTER_HEARTBEATS)
+    return timezone.now() - timedelta(
+        seconds=settings.HEARTBEAT_SECONDS * settings.NODE_LOST_AFTER_HEARTBEATS
+    )
 
 
 def mark_silent_nodes_lost() -> list[str]:
@@ -140,7 +146,9 @@ def node_set_state(*, node: Node, state: str, drain_seconds: float | None = None
     if state == NodeState.DRAINING:
         seconds = settings.DRAIN_DEADLINE_SECONDS if drain_seconds is None else drain_seconds
         deadline = timezone.now() + timedelta(seconds=seconds)
-    Node.objects.filter(pk=node.pk).update(state=state, version=node.version + 1, drain_deadline=deadline)
+    Node.objects.filter(pk=node.pk).update(
+        state=state, version=node.version + 1, drain_deadline=deadline
+    )
     node.refresh_from_db()
     return node
 

@@ -7,7 +7,9 @@ from enum import StrEnum
 
 class Queue(StrEnum):
     CONTROL = "control"  # the dispatcher: dispatch and reconcile passes
-    WEBHOOKS = "webhooks"  # webhook sends, on their own worker: a slow receiver never holds the dispatcher
+    WEBHOOKS = (
+        "webhooks"  # webhook sends, on their own worker: a slow receiver never holds the dispatcher
+    )
 
 
 def node_queue(node_name: str) -> str:

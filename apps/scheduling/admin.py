@@ -5,7 +5,15 @@ from apps.scheduling.models import AutoscalePolicy, ProvisionRequest, ScaleEvent
 
 @admin.register(AutoscalePolicy)
 class AutoscalePolicyAdmin(admin.ModelAdmin):
-    list_display = ["sku", "mode", "gpus_per_node", "min_nodes", "max_nodes", "provision_lag_seconds", "cooldown_seconds"]
+    list_display = [
+        "sku",
+        "mode",
+        "gpus_per_node",
+        "min_nodes",
+        "max_nodes",
+        "provision_lag_seconds",
+        "cooldown_seconds",
+    ]
     list_select_related = ["sku"]
 
 
@@ -14,7 +22,17 @@ class ProvisionRequestAdmin(admin.ModelAdmin):
     list_display = ["node_name", "sku", "provider", "state", "requested_at", "ready_at", "ended_at"]
     list_filter = ["state", "sku", "provider"]
     list_select_related = ["sku"]
-    readonly_fields = ["sku", "node_name", "provider", "state", "gpus", "requested_at", "ready_at", "pid", "ended_at"]
+    readonly_fields = [
+        "sku",
+        "node_name",
+        "provider",
+        "state",
+        "gpus",
+        "requested_at",
+        "ready_at",
+        "pid",
+        "ended_at",
+    ]
 
     def has_add_permission(self, request):
         return False

@@ -35,7 +35,11 @@ def scaler_for(policy: AutoscalePolicy) -> core.Autoscaler:
     )  # fmt: skip
     key = (policy.sku.name, policy.mode, limits, policy.provision_lag_seconds)
     if key not in _scalers:
-        scaler = core.Autoscaler({policy.sku.name: limits}, mode=policy.mode, provision_lag_s=policy.provision_lag_seconds)
+        scaler = core.Autoscaler(
+            {policy.sku.name: limits},
+            mode=policy.mode,
+            provision_lag_s=policy.provision_lag_seconds,
+        )
         _learn_history(scaler, policy)
         _scalers[key] = scaler
     return _scalers[key]
@@ -43,9 +47,9 @@ def scaler_for(policy: AutoscalePolicy) -> core.Autoscaler:
 
 def _learn_history(scaler: core.Autoscaler, policy: AutoscalePolicy) -> None:
     since = timezone.now() - timedelta(days=1)
-    for created, gpus, nodes in Job.objects.filter(gpu_sku=policy.sku, created_at__gte=since).values_list(
-        "created_at", "gpus", "nodes"
-    ):
+    for created, gpus, nodes in Job.objects.filter(
+        gpu_sku=policy.sku, created_at__gte=since
+    ).values_list("created_at", "gpus", "nodes"):
         scaler.observe_arrival(policy.sku.name, created.timestamp(), core.Demand(gpus, nodes))
 
 
@@ -56,10 +60,9 @@ def fleet(policy: AutoscalePolicy, now) -> list[core.NodeStatus]:
         .exclude(state__in=[NodeState.LOST, NodeState.TERMINATED])
         .annotate(gpu_count=Count("gpus", distinct=True))
     )
-    members = (
-        AttemptMember.objects.filter(node__in=nodes, ended_at=None, attempt__state__in=ATTEMPT_ACTIVE)
-        .select_related("attempt__job__tier")
-    )
+    members = AttemptMember.objects.filter(
+        node__in=nodes, ended_at=None, attempt__state__in=ATTEMPT_ACTIVE
+    ).select_related("attempt__job__tier")
     busy: dict[int, list] = {}
     for member in members:
         busy.setdefault(member.node_id, []).append(member)
@@ -68,7 +71,10 @@ def fleet(policy: AutoscalePolicy, now) -> list[core.NodeStatus]:
         running = busy.get(node.pk, [])
         used = sum(len(m.gpu_indices) for m in running)
         freeing = tuple(
-            ((m.attempt.started_at or now).timestamp() + m.attempt.job.max_runtime_seconds, len(m.gpu_indices))
+            (
+                (m.attempt.started_at or now).timestamp() + m.attempt.job.max_runtime_seconds,
+                len(m.gpu_indices),
+            )
             for m in running
         )
         idle_since, ever_used = (None, True) if running else _idle_since(node)
@@ -85,13 +91,20 @@ def fleet(policy: AutoscalePolicy, now) -> list[core.NodeStatus]:
 
 def _idle_since(node: Node):
     """(idle since, whether it ever ran something): an idle node's last member ended then."""
-    last = AttemptMember.objects.filter(node=node).exclude(ended_at=None).order_by("-ended_at").first()
-    return max(filter(None, [node.registered_at, last.ended_at if last else None])), last is not None
+    last = (
+        AttemptMember.objects.filter(node=node).exclude(ended_at=None).order_by("-ended_at").first()
+    )
+    return max(
+        filter(None, [node.registered_at, last.ended_at if last else None])
+    ), last is not None
 
 
 def demand(policy: AutoscalePolicy) -> list[core.Demand]:
     queued = Job.objects.filter(state=JobState.QUEUED).filter(Q(gpu_sku=policy.sku))
-    return [core.Demand(gpus=j.gpus, nodes=j.nodes, est_runtime_s=float(j.max_runtime_seconds)) for j in queued]
+    return [
+        core.Demand(gpus=j.gpus, nodes=j.nodes, est_runtime_s=float(j.max_runtime_seconds))
+        for j in queued
+    ]
 
 
 def autoscale_once() -> list[ScaleEvent]:
@@ -101,8 +114,12 @@ def autoscale_once() -> list[ScaleEvent]:
     now = timezone.now()
     for policy in AutoscalePolicy.objects.exclude(mode=AutoscaleMode.OFF).select_related("sku"):
         scaler = scaler_for(policy)
-        pending = [core.Pending(count=1, ready_at=r.ready_at.timestamp()) for r in provider.pending(policy)]
-        decision = scaler.decide(now.timestamp(), policy.sku.name, fleet(policy, now), demand(policy), pending)
+        pending = [
+            core.Pending(count=1, ready_at=r.ready_at.timestamp()) for r in provider.pending(policy)
+        ]
+        decision = scaler.decide(
+            now.timestamp(), policy.sku.name, fleet(policy, now), demand(policy), pending
+        )
         events.append(_apply(policy, provider, decision))
     return events
 
@@ -118,7 +135,11 @@ def _apply(policy: AutoscalePolicy, provider, decision: core.ScaleDecision) -> S
         provider.terminate(Node.objects.get(name=name))
     last = ScaleEvent.objects.filter(sku=policy.sku).first()
     changed = decision.provision or decision.drain or decision.terminate
-    if changed or last is None or (last.desired, last.reason) != (decision.desired, decision.reason[:500]):
+    if (
+        changed
+        or last is None
+        or (last.desired, last.reason) != (decision.desired, decision.reason[:500])
+    ):
         last = ScaleEvent.objects.create(
             sku=policy.sku, current=decision.current, pending=decision.pending, desired=decision.desired,
             provision=decision.provision, drain=list(decision.drain), terminate=list(decision.terminate),

@@ -84,7 +84,9 @@ def load_cluster(strategy: core.Strategy | str | None = None) -> ClusterSnapshot
     GPUs marked unusable, and every GPU held by an attempt restored as a pod."""
     cluster = core.ClusterManager(strategy=strategy) if strategy else core.ClusterManager()
     gpu_ids, node_ids = {}, {}
-    nodes = Node.objects.exclude(state__in=[NodeState.LOST, NodeState.TERMINATED]).select_related("sku")
+    nodes = Node.objects.exclude(state__in=[NodeState.LOST, NodeState.TERMINATED]).select_related(
+        "sku"
+    )
     nodes = nodes.prefetch_related("gpus")
     for node in nodes:
         gpus = {gpu.index: gpu for gpu in node.gpus.all()}
@@ -119,19 +121,29 @@ def _tolerations(job: Job) -> tuple[str, ...]:
 def _restore_allocations(snapshot: ClusterSnapshot) -> None:
     now = timezone.now()
     held: dict[int, dict[str, list[int]]] = {}
-    rows = GpuAllocation.objects.filter(released_at=None).values_list("attempt_id", "gpu__node__name", "gpu__index")
+    rows = GpuAllocation.objects.filter(released_at=None).values_list(
+        "attempt_id", "gpu__node__name", "gpu__index"
+    )
     for attempt_id, node, index in rows:
         if node in snapshot.node_ids:
             held.setdefault(attempt_id, {}).setdefault(node, []).append(index)
-    attempts = JobAttempt.objects.filter(pk__in=held).select_related("job__tenant", "job__tier", "job__gpu_sku")
+    attempts = JobAttempt.objects.filter(pk__in=held).select_related(
+        "job__tenant", "job__tier", "job__gpu_sku"
+    )
     for attempt in attempts:
         by_node = held[attempt.pk]
         job = attempt.job
-        live = attempt.state in ATTEMPT_ACTIVE and job.state in (JobState.STARTING, JobState.RUNNING, JobState.PREEMPTING)
+        live = attempt.state in ATTEMPT_ACTIVE and job.state in (
+            JobState.STARTING,
+            JobState.RUNNING,
+            JobState.PREEMPTING,
+        )
         name = str(job.pk) if live else f"{HELD}{attempt.pk}"
         placement = core.Placement(
-            assignments=[core.Assignment(node=n, gpu_indices=sorted(ix), gpu_milli=[core.MILLI] * len(ix))
-                         for n, ix in sorted(by_node.items())]  # fmt: skip
+            assignments=[
+                core.Assignment(node=n, gpu_indices=sorted(ix), gpu_milli=[core.MILLI] * len(ix))
+                for n, ix in sorted(by_node.items())
+            ]  # fmt: skip
         )
         per_node = max(len(ix) for ix in by_node.values())
         snapshot.cluster.add_pod(core.Pod(name=name, gpus=per_node, nodes=len(by_node)), placement)
@@ -157,10 +169,16 @@ def _restore_allocations(snapshot: ClusterSnapshot) -> None:
 def tier_policies() -> dict[str, policy.TierPolicy]:
     return {
         tier.name: policy.TierPolicy(
-            name=tier.name, level=tier.level, weight=float(tier.weight), preemptible=tier.preemptible,
-            can_preempt=tier.can_preempt, guaranteed_share=tier.guaranteed_share,
-            borrowing_limit=tier.borrowing_limit, age_limit_s=float(tier.age_limit_seconds),
-            min_runtime_s=float(tier.min_runtime_seconds), max_preemptions=tier.max_preemptions,
+            name=tier.name,
+            level=tier.level,
+            weight=float(tier.weight),
+            preemptible=tier.preemptible,
+            can_preempt=tier.can_preempt,
+            guaranteed_share=tier.guaranteed_share,
+            borrowing_limit=tier.borrowing_limit,
+            age_limit_s=float(tier.age_limit_seconds),
+            min_runtime_s=float(tier.min_runtime_seconds),
+            max_preemptions=tier.max_preemptions,
             preempt_wait_s=float(tier.preempt_wait_seconds),
         )  # fmt: skip
         for tier in Tier.objects.all()
@@ -178,9 +196,9 @@ def policy_config(tiers) -> policy.PolicyConfig:
 def arriving_nodes() -> list[policy.ArrivingNode]:
     """Nodes the autoscaler asked for that have not registered yet (preemption may wait)."""
     registered = Node.objects.values("name")
-    pending = ProvisionRequest.objects.filter(state__in=[ProvisionState.PENDING, ProvisionState.RUNNING]).exclude(
-        node_name__in=registered
-    )
+    pending = ProvisionRequest.objects.filter(
+        state__in=[ProvisionState.PENDING, ProvisionState.RUNNING]
+    ).exclude(node_name__in=registered)
     return [
         policy.ArrivingNode(ready_at=epoch(r.ready_at), gpu_model=r.sku.name, gpus=r.gpus)
         for r in pending.select_related("sku")
@@ -217,13 +235,24 @@ def tenant_usage(now, half_life_s: float) -> dict[str, policy.TenantUsage]:
     rows = (
         JobAttempt.objects.filter(started_at__isnull=False)
         .filter(Q(ended_at__isnull=True) | Q(ended_at__gte=since))
-        .values_list("job__tenant__slug", "job__tier__name", "started_at", "ended_at", "job__gpus", "job__nodes")
+        .values_list(
+            "job__tenant__slug",
+            "job__tier__name",
+            "started_at",
+            "ended_at",
+            "job__gpus",
+            "job__nodes",
+        )
     )
     runs: dict[str, tuple[str, list]] = {}
     for tenant, tier, started, ended, gpus, nodes in rows:
-        runs.setdefault(tenant, (tier, []))[1].append((epoch(started), epoch(ended or now), gpus * nodes))
+        runs.setdefault(tenant, (tier, []))[1].append(
+            (epoch(started), epoch(ended or now), gpus * nodes)
+        )
     return {
-        tenant: policy.TenantUsage(tier=tier, gpu_seconds=policy.decayed_gpu_seconds(spans, epoch(now), half_life_s))
+        tenant: policy.TenantUsage(
+            tier=tier, gpu_seconds=policy.decayed_gpu_seconds(spans, epoch(now), half_life_s)
+        )
         for tenant, (tier, spans) in runs.items()
     }
 
@@ -234,8 +263,12 @@ def dispatch_once() -> DispatchResult:
     now = timezone.now()
     tiers = tier_policies()
     config = policy_config(tiers)
-    gate = DispatchGate.load()  # admission: per-tenant GPU caps, coalesced followers (apps/admission)
-    jobs = {str(job.pk): job for job in ordered_queue() if job.tier.name in tiers and not gate.hold(job)}
+    gate = (
+        DispatchGate.load()
+    )  # admission: per-tenant GPU caps, coalesced followers (apps/admission)
+    jobs = {
+        str(job.pk): job for job in ordered_queue() if job.tier.name in tiers and not gate.hold(job)
+    }
     snapshot = load_cluster(strategy=placement_strategy(jobs.values()))
     _drop_moved(jobs, snapshot)
     decisions = policy.decide(
@@ -294,14 +327,24 @@ def _apply_start(job: Job, decision: policy.Start, snapshot: ClusterSnapshot) ->
 
 def _apply_preempt(decision: policy.Preempt, for_job: Job | None) -> list[str]:
     done = []
-    for victim in Job.objects.filter(pk__in=[v for v in decision.victim_ids if not v.startswith(HELD)]):
+    for victim in Job.objects.filter(
+        pk__in=[v for v in decision.victim_ids if not v.startswith(HELD)]
+    ):
         try:
-            job_preempt(job=victim, actor="system:dispatcher", reason=decision.reason, for_job_id=decision.for_job_id)
+            job_preempt(
+                job=victim,
+                actor="system:dispatcher",
+                reason=decision.reason,
+                for_job_id=decision.for_job_id,
+            )
             done.append(str(victim.pk))
         except ServiceError as error:
             log.info("could not preempt %s: %s", victim.pk, error.message)
     if for_job is not None:
-        _set_reason(for_job, f"waiting for {len(done)} preempted job(s) to checkpoint and stop: {decision.reason}")
+        _set_reason(
+            for_job,
+            f"waiting for {len(done)} preempted job(s) to checkpoint and stop: {decision.reason}",
+        )
     return done
 
 
@@ -325,7 +368,9 @@ def _utc(epoch: float) -> str:
 def _set_reason(job: Job, reason: str) -> None:
     reason = reason[:300]
     if job.reason != reason:
-        Job.objects.filter(pk=job.pk, state=JobState.QUEUED, version=job.version).update(reason=reason)
+        Job.objects.filter(pk=job.pk, state=JobState.QUEUED, version=job.version).update(
+            reason=reason
+        )
 
 
 def _held_reservation(jobs: dict) -> str | None:

@@ -16,9 +16,15 @@ class AutoscalePolicy(models.Model):
     gpus_per_node = models.PositiveSmallIntegerField(default=8)
     min_nodes = models.PositiveIntegerField(default=0)
     max_nodes = models.PositiveIntegerField(default=4)
-    cooldown_seconds = models.PositiveIntegerField(default=600, help_text="Idle this long before a node goes.")
-    provision_lag_seconds = models.PositiveIntegerField(default=300, help_text="How long a new node takes to arrive.")
-    gpu_hour_budget = models.PositiveIntegerField(null=True, blank=True, help_text="Per calendar month; empty: none.")
+    cooldown_seconds = models.PositiveIntegerField(
+        default=600, help_text="Idle this long before a node goes."
+    )
+    provision_lag_seconds = models.PositiveIntegerField(
+        default=300, help_text="How long a new node takes to arrive."
+    )
+    gpu_hour_budget = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Per calendar month; empty: none."
+    )
     labels = models.JSONField(default=dict, blank=True, help_text="Labels for the nodes it adds.")
 
     class Meta:
@@ -42,10 +48,14 @@ class ProvisionState(models.TextChoices):
 
 
 class ProvisionRequest(models.Model):
-    sku = models.ForeignKey("nodes.GpuSku", on_delete=models.CASCADE, related_name="provision_requests")
+    sku = models.ForeignKey(
+        "nodes.GpuSku", on_delete=models.CASCADE, related_name="provision_requests"
+    )
     node_name = models.CharField(max_length=64, unique=True)
     provider = models.CharField(max_length=32)
-    state = models.CharField(max_length=16, choices=ProvisionState.choices, default=ProvisionState.PENDING)
+    state = models.CharField(
+        max_length=16, choices=ProvisionState.choices, default=ProvisionState.PENDING
+    )
     gpus = models.PositiveSmallIntegerField()
     requested_at = models.DateTimeField(auto_now_add=True)
     ready_at = models.DateTimeField(help_text="When the node is expected (requested + lag).")

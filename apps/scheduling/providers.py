@@ -39,7 +39,9 @@ class Provider:
         now = timezone.now()
         return [
             ProvisionRequest.objects.create(
-                sku=policy.sku, provider=self.name, gpus=policy.gpus_per_node,
+                sku=policy.sku,
+                provider=self.name,
+                gpus=policy.gpus_per_node,
                 node_name=f"auto-{_slug(policy.sku.name)}-{uuid.uuid4().hex[:6]}",
                 ready_at=now + timedelta(seconds=policy.provision_lag_seconds),
             )  # fmt: skip
@@ -50,8 +52,9 @@ class Provider:
         """Asked for and not yet a registered node (a started agent takes a moment to register)."""
         registered = Node.objects.filter(sku=policy.sku).values("name")
         return list(
-            ProvisionRequest.objects.filter(sku=policy.sku, state__in=[ProvisionState.PENDING, ProvisionState.RUNNING])
-            .exclude(node_name__in=registered)
+            ProvisionRequest.objects.filter(
+                sku=policy.sku, state__in=[ProvisionState.PENDING, ProvisionState.RUNNING]
+            ).exclude(node_name__in=registered)
         )
 
     def advance(self) -> None:
@@ -82,10 +85,14 @@ class LocalProvider(Provider):
 
     def advance(self) -> None:
         self._fail_stragglers()
-        due = ProvisionRequest.objects.filter(state=ProvisionState.PENDING, ready_at__lte=timezone.now())
+        due = ProvisionRequest.objects.filter(
+            state=ProvisionState.PENDING, ready_at__lte=timezone.now()
+        )
         for request in due.select_related("sku"):
             policy = request.sku.autoscale
-            labels = ",".join(f"{k}={v}" for k, v in {**policy.labels, "autoscaled": "true"}.items())
+            labels = ",".join(
+                f"{k}={v}" for k, v in {**policy.labels, "autoscaled": "true"}.items()
+            )
             argv = [sys.executable, "-m", "workers.agent", "--node", request.node_name, "--sku", request.sku.name,
                     "--gpus", str(request.gpus), "--fake", "--labels", labels]  # fmt: skip
             logs = pathlib.Path(settings.DATA_DIR) / "autoscaled"
@@ -96,8 +103,16 @@ class LocalProvider(Provider):
                                            stdin=subprocess.DEVNULL, start_new_session=True,
                                            env=_agent_environment(request.node_name),
                                            preexec_fn=_stop_with_parent)  # fmt: skip
-            ProvisionRequest.objects.filter(pk=request.pk).update(state=ProvisionState.RUNNING, pid=process.pid)
-            log.info("provisioned node %s (%s x %s), pid %s", request.node_name, request.gpus, request.sku, process.pid)
+            ProvisionRequest.objects.filter(pk=request.pk).update(
+                state=ProvisionState.RUNNING, pid=process.pid
+            )
+            log.info(
+                "provisioned node %s (%s x %s), pid %s",
+                request.node_name,
+                request.gpus,
+                request.sku,
+                process.pid,
+            )
 
     def _fail_stragglers(self, grace_s: float = 120.0) -> None:
         """A started agent that never registered (crashed on start) stops counting as coming."""
@@ -108,7 +123,9 @@ class LocalProvider(Provider):
         ).update(state=ProvisionState.FAILED, ended_at=timezone.now())
 
     def terminate(self, node: Node) -> None:
-        request = ProvisionRequest.objects.filter(node_name=node.name, state=ProvisionState.RUNNING).first()
+        request = ProvisionRequest.objects.filter(
+            node_name=node.name, state=ProvisionState.RUNNING
+        ).first()
         Node.objects.filter(pk=node.pk).update(state=NodeState.TERMINATED, version=node.version + 1)
         self._revoke(node)
         if request is None or request.pid is None:
@@ -117,7 +134,9 @@ class LocalProvider(Provider):
             os.kill(request.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
-        ProvisionRequest.objects.filter(pk=request.pk).update(state=ProvisionState.TERMINATED, ended_at=timezone.now())
+        ProvisionRequest.objects.filter(pk=request.pk).update(
+            state=ProvisionState.TERMINATED, ended_at=timezone.now()
+        )
         log.info("terminated node %s (pid %s)", node.name, request.pid)
 
     def _revoke(self, node: Node) -> None:

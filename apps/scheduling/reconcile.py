@@ -29,7 +29,9 @@ def expire_leases() -> int:
     count = 0
     for attempt in stale:
         log.warning("attempt %s lease expired in state %s", attempt, attempt.state)
-        attempt_lost(attempt=attempt, reason=f"lease expired while {attempt.state}", actor="system:reconcile")
+        attempt_lost(
+            attempt=attempt, reason=f"lease expired while {attempt.state}", actor="system:reconcile"
+        )
         count += 1
     return count
 
@@ -38,7 +40,9 @@ def settle_orphans() -> int:
     """An attempt still active whose members have all ended was never settled (a report's write
     lost to a race): its agent may keep renewing the lease, so settle it now."""
     running = AttemptMember.objects.filter(ended_at=None).values("attempt_id")
-    orphans = JobAttempt.objects.filter(state__in=ATTEMPT_ACTIVE, members__isnull=False).exclude(pk__in=running)
+    orphans = JobAttempt.objects.filter(state__in=ATTEMPT_ACTIVE, members__isnull=False).exclude(
+        pk__in=running
+    )
     count = 0
     for attempt_id in orphans.values_list("pk", flat=True).distinct():
         log.warning("attempt %s is active but all its members ended; settling it", attempt_id)

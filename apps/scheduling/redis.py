@@ -30,12 +30,16 @@ class LeaderLock:
     def acquire(self) -> bool:
         if not client().set(self.key, self.token, nx=True, px=self.ttl_ms):
             return False
-        self.fence = int(cast(int, client().incr(f"{self.key}:fence")))  # a sync client: never an Awaitable
+        self.fence = int(
+            cast(int, client().incr(f"{self.key}:fence"))
+        )  # a sync client: never an Awaitable
         return True
 
     def extend(self) -> bool:
         """Renew the lease if we still hold it; False if it lapsed (someone else may hold it)."""
-        return bool(client().eval(_EXTEND, 1, self.key, self.token, str(self.ttl_ms)))  # the same bytes on the wire
+        return bool(
+            client().eval(_EXTEND, 1, self.key, self.token, str(self.ttl_ms))
+        )  # the same bytes on the wire
 
     def release(self) -> None:
         client().eval(_RELEASE, 1, self.key, self.token)

@@ -13,7 +13,16 @@ except NotRegistered:
 
 @admin.register(Tier)
 class TierAdmin(AuditedAdmin):
-    list_display = ["name", "rank", "level", "weight", "preemptible", "can_preempt", "max_queued_jobs", "submit_rate_per_minute"]
+    list_display = [
+        "name",
+        "rank",
+        "level",
+        "weight",
+        "preemptible",
+        "can_preempt",
+        "max_queued_jobs",
+        "submit_rate_per_minute",
+    ]
     search_fields = ["name"]
 
 
@@ -42,7 +51,13 @@ class MembershipAdmin(AuditedAdmin):
 
 @admin.register(Quota)
 class QuotaAdmin(AuditedAdmin):
-    list_display = ["tenant", "max_queued_jobs", "max_gpus", "submit_rate_per_minute", "gpu_hours_per_period"]
+    list_display = [
+        "tenant",
+        "max_queued_jobs",
+        "max_gpus",
+        "submit_rate_per_minute",
+        "gpu_hours_per_period",
+    ]
     list_select_related = ["tenant"]
     search_fields = ["tenant__slug"]
 
@@ -52,7 +67,15 @@ class ApiTokenAdmin(admin.ModelAdmin):
     """Read only (the key is never stored): staff can see who holds which tokens, and revoke
     nothing here but through `manage.py revoke_token` or the owner's /tokens/ page."""
 
-    list_display = ["user", "name", "prefix", "created_at", "expires_at", "last_used_at", "revoked_at"]
+    list_display = [
+        "user",
+        "name",
+        "prefix",
+        "created_at",
+        "expires_at",
+        "last_used_at",
+        "revoked_at",
+    ]
     list_filter = ["revoked_at"]
     list_select_related = ["user"]
     search_fields = ["user__username", "name", "prefix"]

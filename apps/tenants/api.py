@@ -18,7 +18,16 @@ _BUCKET = {
 }  # fmt: skip
 USAGE_SCHEMA = {  # the answer below, for the OpenAPI document (gpuplatform/openapi.py)
     "type": "object",
-    "required": ["tenant", "tier", "role", "limits", "usage", "rate_limits", "gpu_hours", "gpu_caps"],
+    "required": [
+        "tenant",
+        "tier",
+        "role",
+        "limits",
+        "usage",
+        "rate_limits",
+        "gpu_hours",
+        "gpu_caps",
+    ],
     "properties": {
         "tenant": {"type": "string"},
         "tier": {"type": "string"},
@@ -38,7 +47,11 @@ USAGE_SCHEMA = {  # the answer below, for the OpenAPI document (gpuplatform/open
             "properties": {
                 "queued_jobs": _COUNT,
                 "running_jobs": _COUNT,
-                "gpus_in_use": {"type": "object", "additionalProperties": _COUNT, "description": "per GPU SKU"},
+                "gpus_in_use": {
+                    "type": "object",
+                    "additionalProperties": _COUNT,
+                    "description": "per GPU SKU",
+                },
             },
         },
         "rate_limits": {
@@ -49,13 +62,20 @@ USAGE_SCHEMA = {  # the answer below, for the OpenAPI document (gpuplatform/open
         },
         "gpu_hours": {
             "type": "object",
-            "properties": {"used": {"type": "number"}, "limit": {"type": "number", "nullable": True},
-                           "period": {"type": "string"}, "period_start": {"type": "string", "format": "date-time"},
-                           "resets_at": {"type": "string", "format": "date-time"}},
+            "properties": {
+                "used": {"type": "number"},
+                "limit": {"type": "number", "nullable": True},
+                "period": {"type": "string"},
+                "period_start": {"type": "string", "format": "date-time"},
+                "resets_at": {"type": "string", "format": "date-time"},
+            },
         },  # fmt: skip
         "gpu_caps": {
             "type": "object",
-            "additionalProperties": {"type": "object", "properties": {"cap": _COUNT, "in_use": _COUNT}},
+            "additionalProperties": {
+                "type": "object",
+                "properties": {"cap": _COUNT, "in_use": _COUNT},
+            },
         },
     },
 }

@@ -74,7 +74,9 @@ def apply_tier_policy(Tier) -> None:
 
 def ensure_templates(JobTemplate) -> None:
     for spec in TEMPLATES:
-        JobTemplate.objects.get_or_create(name=spec["name"], defaults={k: v for k, v in spec.items() if k != "name"})
+        JobTemplate.objects.get_or_create(
+            name=spec["name"], defaults={k: v for k, v in spec.items() if k != "name"}
+        )
 
 
 def ensure_defaults() -> None:

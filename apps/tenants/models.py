@@ -10,7 +10,9 @@ class Tier(models.Model):
 
     name = models.SlugField(max_length=32, unique=True)
     rank = models.PositiveSmallIntegerField(unique=True, help_text="Higher is a better tier.")
-    level = models.PositiveSmallIntegerField(default=0, help_text="Strict priority level; higher first.")
+    level = models.PositiveSmallIntegerField(
+        default=0, help_text="Strict priority level; higher first."
+    )
     weight = models.PositiveIntegerField(default=1, help_text="Fair-share weight within its level.")
     preemptible = models.BooleanField(default=True, help_text="Its jobs may be preempted.")
     can_preempt = models.BooleanField(default=False, help_text="Its jobs may preempt lower tiers.")
@@ -19,19 +21,27 @@ class Tier(models.Model):
     submit_burst = models.PositiveIntegerField(default=20)
     preemption_grace_seconds = models.PositiveIntegerField(default=30)
     # Fair-share policy settings (docs/scheduling.md has the formulas).
-    guaranteed_share = models.FloatField(default=0.0, help_text="Fraction of all GPUs it may reclaim by preemption.")
+    guaranteed_share = models.FloatField(
+        default=0.0, help_text="Fraction of all GPUs it may reclaim by preemption."
+    )
     borrowing_limit = models.FloatField(
-        null=True, blank=True, help_text="Fraction above its guarantee it may hold; empty: no limit."
+        null=True,
+        blank=True,
+        help_text="Fraction above its guarantee it may hold; empty: no limit.",
     )
     age_limit_seconds = models.PositiveIntegerField(
-        default=24 * 3600, help_text="A job waiting this long goes ahead of every younger job of its level."
+        default=24 * 3600,
+        help_text="A job waiting this long goes ahead of every younger job of its level.",
     )
     min_runtime_seconds = models.PositiveIntegerField(
         default=15 * 60, help_text="A job must run this long before it may be preempted."
     )
-    max_preemptions = models.PositiveSmallIntegerField(default=3, help_text="A job is preempted at most this often.")
+    max_preemptions = models.PositiveSmallIntegerField(
+        default=3, help_text="A job is preempted at most this often."
+    )
     preempt_wait_seconds = models.PositiveIntegerField(
-        default=0, help_text="Wait instead of preempting when the autoscaler brings a fitting node this soon."
+        default=0,
+        help_text="Wait instead of preempting when the autoscaler brings a fitting node this soon.",
     )
     description = models.CharField(max_length=200, blank=True)
 
@@ -67,7 +77,9 @@ class Role(models.TextChoices):
 class Membership(models.Model):
     """A user's place in a tenant. One tenant per user in v1 (see docs/architecture.md)."""
 
-    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="membership")
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="membership"
+    )
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
     role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
 
@@ -85,7 +97,9 @@ class Quota(models.Model):
     tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="quota")
     max_queued_jobs = models.PositiveIntegerField(null=True, blank=True)
     max_gpus = models.JSONField(
-        default=dict, blank=True, help_text='Most GPUs in use at once per SKU, e.g. {"H100-80GB": 16}.'
+        default=dict,
+        blank=True,
+        help_text='Most GPUs in use at once per SKU, e.g. {"H100-80GB": 16}.',
     )
     submit_rate_per_minute = models.PositiveIntegerField(null=True, blank=True)
     submit_burst = models.PositiveIntegerField(null=True, blank=True)
@@ -97,7 +111,9 @@ class Quota(models.Model):
     def effective(self) -> dict:
         tier = self.tenant.tier
         return {
-            "max_queued_jobs": self.max_queued_jobs if self.max_queued_jobs is not None else tier.max_queued_jobs,
+            "max_queued_jobs": self.max_queued_jobs
+            if self.max_queued_jobs is not None
+            else tier.max_queued_jobs,
             "max_gpus": dict(self.max_gpus or {}),
             "submit_rate_per_minute": self.submit_rate_per_minute or tier.submit_rate_per_minute,
             "submit_burst": self.submit_burst or tier.submit_burst,
@@ -113,9 +129,15 @@ class ApiToken(models.Model):
     submit path. Keys start with `gpp_` so that secret scanners can recognise a leaked one
     (tokens carried over from DRF's table keep their old 40-hex keys until they expire)."""
 
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
-    name = models.CharField(max_length=64, help_text="The owner's label; one active token per name.")
-    prefix = models.CharField(max_length=16, help_text="The key's first characters, to recognise it by.")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    name = models.CharField(
+        max_length=64, help_text="The owner's label; one active token per name."
+    )
+    prefix = models.CharField(
+        max_length=16, help_text="The key's first characters, to recognise it by."
+    )
     digest = models.CharField(max_length=64, unique=True, help_text="SHA-256 of the key, hex.")
     created_at = models.DateTimeField(auto_now_add=True)
     expires_at = models.DateTimeField(null=True, blank=True, help_text="Empty: never expires.")
@@ -126,7 +148,9 @@ class ApiToken(models.Model):
         ordering = ["-created_at"]
         constraints = [
             models.UniqueConstraint(
-                fields=["user", "name"], condition=models.Q(revoked_at__isnull=True), name="one_active_token_per_name"
+                fields=["user", "name"],
+                condition=models.Q(revoked_at__isnull=True),
+                name="one_active_token_per_name",
             )
         ]
 

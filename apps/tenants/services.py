@@ -14,10 +14,14 @@ class TenantError(Exception):
 
 
 @transaction.atomic
-def tenant_create(*, slug: str, tier_name: str, allow_commands: bool = False, name: str = "") -> Tenant:
+def tenant_create(
+    *, slug: str, tier_name: str, allow_commands: bool = False, name: str = ""
+) -> Tenant:
     tier = Tier.objects.filter(name=tier_name).first()
     if tier is None:
-        raise TenantError(f"unknown tier {tier_name!r} (known: {', '.join(Tier.objects.values_list('name', flat=True))})")
+        raise TenantError(
+            f"unknown tier {tier_name!r} (known: {', '.join(Tier.objects.values_list('name', flat=True))})"
+        )
     tenant, _ = Tenant.objects.update_or_create(
         slug=slug, defaults={"tier": tier, "allow_commands": allow_commands, "name": name or slug}
     )

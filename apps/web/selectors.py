@@ -29,14 +29,21 @@ class SkuCapacity:
 def capacity_by_sku() -> list[SkuCapacity]:
     """Healthy GPUs on nodes taking new work, and how many of them no attempt holds now."""
     usable = {"node__state": NodeState.READY, "health": GpuHealth.HEALTHY}
-    total = dict(Gpu.objects.filter(**usable).values_list("node__sku__name").annotate(n=Count("pk")))
+    total = dict(
+        Gpu.objects.filter(**usable).values_list("node__sku__name").annotate(n=Count("pk"))
+    )
     held = dict(
-        GpuAllocation.objects.filter(released_at=None, **{f"gpu__{k}": v for k, v in usable.items()})
+        GpuAllocation.objects.filter(
+            released_at=None, **{f"gpu__{k}": v for k, v in usable.items()}
+        )
         .values_list("gpu__node__sku__name")
         .annotate(n=Count("pk"))
     )
     names = GpuSku.objects.values_list("name", flat=True)
-    return [SkuCapacity(sku=n, total=total.get(n, 0), free=total.get(n, 0) - held.get(n, 0)) for n in names]
+    return [
+        SkuCapacity(sku=n, total=total.get(n, 0), free=total.get(n, 0) - held.get(n, 0))
+        for n in names
+    ]
 
 
 def log_tail(job: Job, max_bytes: int = LOG_TAIL_BYTES) -> str:
@@ -74,7 +81,9 @@ def tenant_use(tenant: Tenant) -> dict:
     use = current_use(tenant)
     caps = [CapUse("queued jobs", use.queued_jobs, limits["max_queued_jobs"])]
     for sku in sorted(set(use.gpus_in_use) | set(limits["max_gpus"])):
-        caps.append(CapUse(f"{sku} GPUs in use", use.gpus_in_use.get(sku, 0), limits["max_gpus"].get(sku)))
+        caps.append(
+            CapUse(f"{sku} GPUs in use", use.gpus_in_use.get(sku, 0), limits["max_gpus"].get(sku))
+        )
     return {
         "limits": limits,
         "caps": caps,
@@ -91,7 +100,9 @@ class DayHours:
     percent: int  # of the busiest day shown, for the bar
 
 
-def gpu_hours_by_day(tenant: Tenant, *, days: int = 14, now: datetime | None = None) -> list[DayHours]:
+def gpu_hours_by_day(
+    tenant: Tenant, *, days: int = 14, now: datetime | None = None
+) -> list[DayHours]:
     """GPU hours the tenant's attempts held, per UTC day, over the last `days` days."""
     now = now or timezone.now()
     first = (now - timedelta(days=days - 1)).date()
@@ -109,23 +120,30 @@ def gpu_hours_by_day(tenant: Tenant, *, days: int = 14, now: datetime | None = N
 def _spread(hours: dict[date, float], begin: datetime, end: datetime) -> None:
     """Add the interval [begin, end) to the per-day totals, split at midnights."""
     while begin < end:
-        midnight = datetime.combine(begin.date() + timedelta(days=1), datetime.min.time(), tzinfo=begin.tzinfo)
+        midnight = datetime.combine(
+            begin.date() + timedelta(days=1), datetime.min.time(), tzinfo=begin.tzinfo
+        )
         stop = min(end, midnight)
         if begin.date() in hours:
             hours[begin.date()] += (stop - begin).total_seconds() / 3600
         begin = stop
 
 
-
 def progress_chart(job, width: int = 300, height: int = 60) -> dict | None:
     """SVG polyline points of the job's progress over time, from its 5% progress samples."""
-    samples = list(job.events.filter(kind="progress").order_by("created_at").values_list("created_at", "data"))
+    samples = list(
+        job.events.filter(kind="progress").order_by("created_at").values_list("created_at", "data")
+    )
     if not samples or job.started_at is None:
         return None
     start = job.started_at.timestamp()
-    points = [(start, 0.0)] + [(at.timestamp(), float(data.get("progress", 0))) for at, data in samples]
+    points = [(start, 0.0)] + [
+        (at.timestamp(), float(data.get("progress", 0))) for at, data in samples
+    ]
     if job.finished_at is not None:
         points.append((job.finished_at.timestamp(), job.progress))
     span = max(points[-1][0] - start, 1e-6)
-    coords = " ".join(f"{(t - start) / span * width:.1f},{height - p * height:.1f}" for t, p in points)
+    coords = " ".join(
+        f"{(t - start) / span * width:.1f},{height - p * height:.1f}" for t, p in points
+    )
     return {"points": coords, "width": width, "height": height, "seconds": round(span)}

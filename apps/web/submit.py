@@ -46,7 +46,9 @@ class ParamField:
 
     @property
     def input_type(self) -> str:
-        return {"integer": "number", "number": "number", "boolean": "checkbox"}.get(self.kind, "text")
+        return {"integer": "number", "number": "number", "boolean": "checkbox"}.get(
+            self.kind, "text"
+        )
 
     @property
     def step(self) -> str:
@@ -77,7 +79,7 @@ def param_fields(template: JobTemplate | None, data: QueryDict | None = None,
 
 
 def _number(raw: str, kind: str):
-    """"3" -> 3, "0.5" -> 0.5; anything else stays a string so the serializer names the field."""
+    """ "3" -> 3, "0.5" -> 0.5; anything else stays a string so the serializer names the field."""
     try:
         return int(raw) if kind == "integer" else float(raw)
     except ValueError:
@@ -122,7 +124,9 @@ class Outcome:
     param_errors: dict[str, list[str]] = field(default_factory=dict)
 
 
-def submit(*, membership: Membership, user, data: QueryDict, template: JobTemplate | None) -> Outcome:
+def submit(
+    *, membership: Membership, user, data: QueryDict, template: JobTemplate | None
+) -> Outcome:
     body = submission_body(data, template)
     try:
         submitted = submit_job(user=user, body=body, idempotency_key=data.get("idempotency_key") or None,
@@ -142,7 +146,9 @@ def _spread_errors(errors: dict) -> Outcome:
     outcome = Outcome()
     for key, value in errors.items():
         if key == "params" and isinstance(value, dict):
-            outcome.param_errors = {name: [str(m) for m in messages] for name, messages in value.items()}
+            outcome.param_errors = {
+                name: [str(m) for m in messages] for name, messages in value.items()
+            }
         elif key == "non_field_errors":
             outcome.errors["form"] = [str(m) for m in value]
         else:

@@ -105,7 +105,9 @@ def job_new(request):
     if request.method == "POST":
         if membership is None or not membership.can_submit:
             return HttpResponseForbidden("Your role may not submit jobs.")
-        outcome = submit.submit(membership=membership, user=request.user, data=request.POST, template=template)
+        outcome = submit.submit(
+            membership=membership, user=request.user, data=request.POST, template=template
+        )
         if outcome.job is not None:
             return redirect("job-detail", job_id=outcome.job.pk)
     context = {
@@ -140,7 +142,7 @@ def usage(request):
                                                limits=context["use"]["limits"])  # fmt: skip
         context["days"] = selectors.gpu_hours_by_day(membership.tenant)
         context["webhooks"] = Webhook.objects.filter(tenant=membership.tenant)
-        context["deliveries"] = (
-            WebhookDelivery.objects.filter(webhook__tenant=membership.tenant).select_related("webhook", "event")[:20]
-        )
+        context["deliveries"] = WebhookDelivery.objects.filter(
+            webhook__tenant=membership.tenant
+        ).select_related("webhook", "event")[:20]
     return render(request, "web/usage.html", context)

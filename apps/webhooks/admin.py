@@ -7,7 +7,9 @@ from apps.webhooks.services import webhook_create
 
 
 class WebhookForm(forms.ModelForm):
-    url = forms.URLField(max_length=500, assume_scheme="https", help_text=Webhook._meta.get_field("url").help_text)
+    url = forms.URLField(
+        max_length=500, assume_scheme="https", help_text=Webhook._meta.get_field("url").help_text
+    )
 
     class Meta:
         model = Webhook
@@ -37,7 +39,10 @@ class WebhookAdmin(admin.ModelAdmin):
             return
         created = webhook_create(tenant=obj.tenant, url=obj.url)
         obj.pk, obj.secret, obj.cursor = created.pk, created.secret, created.cursor
-        messages.info(request, "The webhook hears about state changes from now on; its secret is shown on its page.")
+        messages.info(
+            request,
+            "The webhook hears about state changes from now on; its secret is shown on its page.",
+        )
 
 
 @admin.register(WebhookDelivery)

@@ -12,11 +12,16 @@ def new_secret() -> str:
 
 class Webhook(models.Model):
     tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="webhooks")
-    url = models.URLField(max_length=500, help_text="http(s) URL that receives a POST per job state change.")
-    secret = models.CharField(max_length=128, default=new_secret, help_text="HMAC-SHA256 key of the signature header.")
+    url = models.URLField(
+        max_length=500, help_text="http(s) URL that receives a POST per job state change."
+    )
+    secret = models.CharField(
+        max_length=128, default=new_secret, help_text="HMAC-SHA256 key of the signature header."
+    )
     active = models.BooleanField(default=True)
     cursor = models.BigIntegerField(
-        default=0, help_text="Last audit event (JobEvent id) turned into deliveries; only later ones are sent."
+        default=0,
+        help_text="Last audit event (JobEvent id) turned into deliveries; only later ones are sent.",
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -39,7 +44,9 @@ class WebhookDelivery(models.Model):
     webhook = models.ForeignKey(Webhook, on_delete=models.CASCADE, related_name="deliveries")
     event = models.ForeignKey("jobs.JobEvent", on_delete=models.CASCADE, related_name="+")
     payload = models.JSONField()
-    state = models.CharField(max_length=16, choices=DeliveryState.choices, default=DeliveryState.PENDING)
+    state = models.CharField(
+        max_length=16, choices=DeliveryState.choices, default=DeliveryState.PENDING
+    )
     attempts = models.PositiveSmallIntegerField(default=0)
     next_attempt_at = models.DateTimeField(db_index=True)
     last_status_code = models.PositiveSmallIntegerField(null=True, blank=True)
@@ -50,7 +57,9 @@ class WebhookDelivery(models.Model):
     class Meta:
         ordering = ["-created_at", "-pk"]
         verbose_name_plural = "webhook deliveries"
-        constraints = [models.UniqueConstraint(fields=["webhook", "event"], name="delivery_once_per_event")]
+        constraints = [
+            models.UniqueConstraint(fields=["webhook", "event"], name="delivery_once_per_event")
+        ]
         indexes = [models.Index(fields=["state", "next_attempt_at"])]
 
     def __str__(self) -> str:

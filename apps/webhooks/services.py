@@ -83,7 +83,9 @@ def deliveries_enqueue(*, now: datetime | None = None) -> int:
     now = now or timezone.now()
     created = 0
     for webhook in Webhook.objects.filter(active=True):
-        created += _enqueue_for(webhook, settled_before=now - timedelta(seconds=SETTLE_SECONDS), now=now)
+        created += _enqueue_for(
+            webhook, settled_before=now - timedelta(seconds=SETTLE_SECONDS), now=now
+        )
     return created
 
 
@@ -97,10 +99,15 @@ def _enqueue_for(webhook: Webhook, *, settled_before: datetime, now: datetime) -
     if not events:
         return 0
     # The guarded cursor move makes a second pump that read the same cursor give up here.
-    if not Webhook.objects.filter(pk=webhook.pk, cursor=webhook.cursor).update(cursor=events[-1].pk):
+    if not Webhook.objects.filter(pk=webhook.pk, cursor=webhook.cursor).update(
+        cursor=events[-1].pk
+    ):
         return 0
     WebhookDelivery.objects.bulk_create(
-        [WebhookDelivery(webhook=webhook, event=e, payload=payload_for(e), next_attempt_at=now) for e in events],
+        [
+            WebhookDelivery(webhook=webhook, event=e, payload=payload_for(e), next_attempt_at=now)
+            for e in events
+        ],
         ignore_conflicts=True,
     )
     return len(events)
@@ -109,13 +116,17 @@ def _enqueue_for(webhook: Webhook, *, settled_before: datetime, now: datetime) -
 def deliveries_send(*, now: datetime | None = None) -> int:
     """Send due deliveries here, webhook after webhook (tests and the one-process pump)."""
     now = now or timezone.now()
-    return sum(webhook_deliver(webhook_id=webhook_id, now=now) for webhook_id in webhooks_due(now=now))
+    return sum(
+        webhook_deliver(webhook_id=webhook_id, now=now) for webhook_id in webhooks_due(now=now)
+    )
 
 
 def webhooks_due(*, now: datetime) -> list[int]:
     waiting = WebhookDelivery.objects.filter(state=DeliveryState.PENDING, next_attempt_at__lte=now)
     # order_by: the model's default ordering would put created_at into the DISTINCT, one row per delivery
-    return list(waiting.order_by("webhook_id").values_list("webhook_id", flat=True).distinct()[:BATCH])
+    return list(
+        waiting.order_by("webhook_id").values_list("webhook_id", flat=True).distinct()[:BATCH]
+    )
 
 
 def webhook_deliver(*, webhook_id: int, now: datetime | None = None) -> int:

@@ -19,7 +19,9 @@ DELIVER_EXPIRES_SECONDS = 30  # a deliver not started by then is superseded by l
 def pump_task() -> None:
     deliveries_enqueue()
     for webhook_id in webhooks_due(now=timezone.now()):
-        deliver_task.apply_async((webhook_id,), queue=Queue.WEBHOOKS, expires=DELIVER_EXPIRES_SECONDS)
+        deliver_task.apply_async(
+            (webhook_id,), queue=Queue.WEBHOOKS, expires=DELIVER_EXPIRES_SECONDS
+        )
 
 
 @shared_task(name=DELIVER_TASK, ignore_result=True)

@@ -10,7 +10,12 @@ from apps.tenants.models import Tenant
 from apps.tenants.services import quota_set
 from tests.factories import client_for, make_cast, make_node
 
-INFER = {"template": "demo-infer", "params": {"prompt": "hello", "max_tokens": 4}, "gpus": 1, "gpu_sku": "H100-80GB"}
+INFER = {
+    "template": "demo-infer",
+    "params": {"prompt": "hello", "max_tokens": 4},
+    "gpus": 1,
+    "gpu_sku": "H100-80GB",
+}
 TRAIN = {"template": "demo-train", "params": {"steps": 2}, "gpus": 1, "gpu_sku": "H100-80GB"}
 
 
@@ -23,7 +28,9 @@ def fresh_buckets():
 
 
 def generous(slug: str) -> None:
-    quota_set(tenant=Tenant.objects.get(slug=slug), submit_rate_per_minute=100_000, submit_burst=100_000)
+    quota_set(
+        tenant=Tenant.objects.get(slug=slug), submit_rate_per_minute=100_000, submit_burst=100_000
+    )
 
 
 @pytest.fixture
@@ -43,7 +50,13 @@ def as_user(cast):
     return client
 
 
-def run_to_end(job_id, *, exit_code: int = 0, output: bytes | None = b'{"text": "a GPU job"}', tmp: pathlib.Path):
+def run_to_end(
+    job_id,
+    *,
+    exit_code: int = 0,
+    output: bytes | None = b'{"text": "a GPU job"}',
+    tmp: pathlib.Path,
+):
     """Play the agent: start the placed attempt, store its output, report its end."""
     attempt = JobAttempt.objects.filter(job_id=job_id).order_by("-number").first()
     assert attempt is not None, "the job was never placed"
@@ -52,8 +65,12 @@ def run_to_end(job_id, *, exit_code: int = 0, output: bytes | None = b'{"text": 
     if output is not None and exit_code == 0:
         path = tmp / f"{job_id}-output.json"
         path.write_bytes(output)
-        artifact_store(attempt_id=attempt.pk, token=str(attempt.token), name="output.json", path=path)
-    attempt_member_finished(attempt_id=attempt.pk, rank=member.rank, token=str(attempt.token), exit_code=exit_code)
+        artifact_store(
+            attempt_id=attempt.pk, token=str(attempt.token), name="output.json", path=path
+        )
+    attempt_member_finished(
+        attempt_id=attempt.pk, rank=member.rank, token=str(attempt.token), exit_code=exit_code
+    )
     return Job.objects.get(pk=job_id)
 
 

@@ -37,7 +37,9 @@ def test_the_second_identical_request_is_a_hit_with_no_attempt_and_no_gpu(as_use
     assert placed_ids() == set()
     listed = as_user("alice").get(f"/api/v1/jobs/{hit['id']}/artifacts/").json()
     assert [a["name"] for a in listed] == ["output.json"]
-    body = b"".join(as_user("alice").get(f"/api/v1/jobs/{hit['id']}/artifacts/output.json").streaming_content)
+    body = b"".join(
+        as_user("alice").get(f"/api/v1/jobs/{hit['id']}/artifacts/output.json").streaming_content
+    )
     assert body == b'{"text": "a GPU job"}'
     # Shared, not copied: the hit's row names the origin's stored file.
     files = set(Job.objects.get(pk=hit["id"]).artifacts.values_list("file", flat=True))
@@ -72,9 +74,13 @@ def test_a_template_version_bump_or_an_expired_ttl_invalidates(as_user, tmp_path
     assert submit(as_user("bob"))["state"] == "queued"
 
     JobTemplate.objects.filter(name="demo-infer").update(version=1)
-    TemplateCachePolicy.objects.create(template=JobTemplate.objects.get(name="demo-infer"), ttl_seconds=1)
+    TemplateCachePolicy.objects.create(
+        template=JobTemplate.objects.get(name="demo-infer"), ttl_seconds=1
+    )
     Job.objects.filter(cache_link__role="origin", state=JobState.SUCCEEDED).update(
-        finished_at=Job.objects.get(cache_link__role="origin", state=JobState.SUCCEEDED).finished_at.replace(year=2000)
+        finished_at=Job.objects.get(
+            cache_link__role="origin", state=JobState.SUCCEEDED
+        ).finished_at.replace(year=2000)
     )
     assert submit(as_user("bob"))["state"] == "queued"
 
@@ -90,7 +96,9 @@ def test_an_identical_request_while_one_runs_joins_it_and_finishes_with_it(as_us
     run_to_end(origin["id"], tmp=tmp_path)
     done = as_user("alice").get(f"/api/v1/jobs/{follower['id']}/").json()
     assert (done["state"], done["cache_hit"], done["attempts"]) == ("succeeded", True, [])
-    assert [a["name"] for a in as_user("alice").get(f"/api/v1/jobs/{follower['id']}/artifacts/").json()] == ["output.json"]
+    assert [
+        a["name"] for a in as_user("alice").get(f"/api/v1/jobs/{follower['id']}/artifacts/").json()
+    ] == ["output.json"]
 
 
 def test_cancelling_a_follower_leaves_the_leader_running(as_user, tmp_path):
@@ -109,8 +117,14 @@ def test_cancelling_the_leader_hands_over_to_its_oldest_follower(as_user, tmp_pa
     heir, other = submit(as_user("bob")), submit(as_user("alice"))
     as_user("bob").post(f"/api/v1/jobs/{origin['id']}/cancel/")
 
-    assert Job.objects.get(pk=heir["id"]).reason == f"took over from cancelled identical job {origin['id']}"
-    assert Job.objects.get(pk=other["id"]).reason == f"joined identical job {heir['id']}; finishes with it"
+    assert (
+        Job.objects.get(pk=heir["id"]).reason
+        == f"took over from cancelled identical job {origin['id']}"
+    )
+    assert (
+        Job.objects.get(pk=other["id"]).reason
+        == f"joined identical job {heir['id']}; finishes with it"
+    )
     # The cancelled leader's GPU is released when its agent reports; play that, then dispatch.
     attempt = JobAttempt.objects.get(job_id=origin["id"])
     from apps.jobs.services import attempt_member_finished
@@ -135,11 +149,15 @@ def test_a_failed_leader_fails_its_followers_saying_why(as_user, tmp_path):
 def test_ten_identical_concurrent_requests_run_once(live_server, tmp_path):
     people = make_cast()
     make_node("h1", "H100-80GB", 8)
-    quota_set(tenant=Tenant.objects.get(slug="acme"), submit_rate_per_minute=100_000, submit_burst=100_000)
+    quota_set(
+        tenant=Tenant.objects.get(slug="acme"), submit_rate_per_minute=100_000, submit_burst=100_000
+    )
     headers = {"Authorization": f"Token {people['bob'][1]}"}
 
     def submit_once(_):
-        return requests.post(f"{live_server.url}/api/v1/jobs/", json=INFER, headers=headers, timeout=120).json()
+        return requests.post(
+            f"{live_server.url}/api/v1/jobs/", json=INFER, headers=headers, timeout=120
+        ).json()
 
     with concurrent.futures.ThreadPoolExecutor(10) as pool:
         jobs = list(pool.map(submit_once, range(10)))
@@ -148,5 +166,7 @@ def test_ten_identical_concurrent_requests_run_once(live_server, tmp_path):
     assert roles == ["follower"] * 9 + ["origin"]
     [origin] = placed_ids()
     run_to_end(origin, tmp=tmp_path)
-    assert Job.objects.filter(pk__in=[j["id"] for j in jobs], state=JobState.SUCCEEDED).count() == 10
+    assert (
+        Job.objects.filter(pk__in=[j["id"] for j in jobs], state=JobState.SUCCEEDED).count() == 10
+    )
     assert JobAttempt.objects.count() == 1

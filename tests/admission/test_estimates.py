@@ -12,11 +12,19 @@ def ts(text: str) -> datetime:
 
 def test_a_queued_job_is_estimated_to_start_when_the_gpus_ahead_of_it_free_up(as_user):
     bob = as_user("bob")
-    running = bob.post("/api/v1/jobs/", {**TRAIN, "gpus": 8, "max_runtime_seconds": 600}, format="json").json()
+    running = bob.post(
+        "/api/v1/jobs/", {**TRAIN, "gpus": 8, "max_runtime_seconds": 600}, format="json"
+    ).json()
     placed_ids()
-    first = bob.post("/api/v1/jobs/", {**TRAIN, "gpus": 6, "max_runtime_seconds": 300}, format="json").json()
-    second = bob.post("/api/v1/jobs/", {**TRAIN, "gpus": 4, "max_runtime_seconds": 100}, format="json").json()
-    small = bob.post("/api/v1/jobs/", {**TRAIN, "gpus": 2, "max_runtime_seconds": 100}, format="json").json()
+    first = bob.post(
+        "/api/v1/jobs/", {**TRAIN, "gpus": 6, "max_runtime_seconds": 300}, format="json"
+    ).json()
+    second = bob.post(
+        "/api/v1/jobs/", {**TRAIN, "gpus": 4, "max_runtime_seconds": 100}, format="json"
+    ).json()
+    small = bob.post(
+        "/api/v1/jobs/", {**TRAIN, "gpus": 2, "max_runtime_seconds": 100}, format="json"
+    ).json()
 
     placed_at = JobAttempt.objects.get(job_id=running["id"]).created_at
     first_at = ts(bob.get(f"/api/v1/jobs/{first['id']}/").json()["estimated_start_at"])
@@ -25,7 +33,9 @@ def test_a_queued_job_is_estimated_to_start_when_the_gpus_ahead_of_it_free_up(as
     # ends (no backfill), and the 2-GPU one with it (nothing starts before a job ahead of it).
     assert abs(first_at - (placed_at + timedelta(seconds=600))) < timedelta(seconds=1)
     assert ts(listed[second["id"]]["estimated_start_at"]) - first_at == timedelta(seconds=300)
-    assert ts(listed[small["id"]]["estimated_start_at"]) == ts(listed[second["id"]]["estimated_start_at"])
+    assert ts(listed[small["id"]]["estimated_start_at"]) == ts(
+        listed[second["id"]]["estimated_start_at"]
+    )
     assert listed[running["id"]]["estimated_start_at"] is None  # not queued
 
 

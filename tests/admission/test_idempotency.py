@@ -21,8 +21,11 @@ def submit(client, body, key):
 
 def test_a_replay_returns_the_same_job_with_200(as_user):
     first = submit(as_user("bob"), TRAIN, "order-1")
-    again = submit(as_user("bob"), {"gpus": 1, "params": {"steps": 2}, "gpu_sku": "H100-80GB", "template": "demo-train"},
-                   "order-1")  # fmt: skip (same body, other key order)
+    again = submit(
+        as_user("bob"),
+        {"gpus": 1, "params": {"steps": 2}, "gpu_sku": "H100-80GB", "template": "demo-train"},
+        "order-1",
+    )  # fmt: skip (same body, other key order)
     assert (first.status_code, again.status_code) == (201, 200)
     assert again.json()["id"] == first.json()["id"]
     assert Job.objects.count() == 1
@@ -60,11 +63,15 @@ def test_an_empty_or_huge_key_is_refused(as_user):
 def test_concurrent_replays_create_exactly_one_job(live_server, settings):
     people = make_cast()
     make_node("h1", "H100-80GB", 8)
-    quota_set(tenant=Tenant.objects.get(slug="acme"), submit_rate_per_minute=100_000, submit_burst=100_000)
+    quota_set(
+        tenant=Tenant.objects.get(slug="acme"), submit_rate_per_minute=100_000, submit_burst=100_000
+    )
     headers = {"Authorization": f"Token {people['bob'][1]}", "Idempotency-Key": "retry-storm"}
 
     def submit_once(_):
-        response = requests.post(f"{live_server.url}/api/v1/jobs/", json=TRAIN, headers=headers, timeout=120)
+        response = requests.post(
+            f"{live_server.url}/api/v1/jobs/", json=TRAIN, headers=headers, timeout=120
+        )
         return response.status_code, response.json()["id"]
 
     with concurrent.futures.ThreadPoolExecutor(20) as pool:

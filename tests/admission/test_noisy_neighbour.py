@@ -45,7 +45,9 @@ def platform(tmp_path_factory):
         ))  # fmt: skip
         platform.tokens["nora"] = out.strip().splitlines()[-1]
         for slug in ("initech", "globex"):
-            platform.manage("set_quota", slug, "--submit-rate", str(RATE), "--submit-burst", str(BURST))
+            platform.manage(
+                "set_quota", slug, "--submit-rate", str(RATE), "--submit-burst", str(BURST)
+            )
         yield platform
     finally:
         platform.stop()
@@ -84,7 +86,9 @@ def test_a_tenant_at_ten_times_its_rate_does_not_slow_a_quiet_tenant_of_its_tier
     time.sleep(BURST)  # both buckets full again
 
     noisy_codes, noisy_ids, busy_codes, busy_ids = [], [], [], []
-    noisy = threading.Thread(target=paced, args=(platform, "nora", 10, PHASE + 1, noisy_codes, noisy_ids))
+    noisy = threading.Thread(
+        target=paced, args=(platform, "nora", 10, PHASE + 1, noisy_codes, noisy_ids)
+    )
     noisy.start()
     try:
         time.sleep(0.5)
@@ -94,7 +98,10 @@ def test_a_tenant_at_ten_times_its_rate_does_not_slow_a_quiet_tenant_of_its_tier
     beside = waits(platform, busy_ids)
     waits(platform, noisy_ids)  # the noisy tenant's admitted jobs ran too
 
-    figures = {"alone": (statistics.median(alone), p95(alone)), "beside A": (statistics.median(beside), p95(beside))}
+    figures = {
+        "alone": (statistics.median(alone), p95(alone)),
+        "beside A": (statistics.median(beside), p95(beside)),
+    }
     print("B's queue wait (median, p95) in seconds:", {k: tuple(round(v, 3) for v in f) for k, f in figures.items()},
           f"A: {noisy_codes.count(201)} admitted, {noisy_codes.count(429)} refused")  # fmt: skip
     assert set(quiet_codes) == {201} and set(busy_codes) == {201}  # B never gets a 429
@@ -102,4 +109,3 @@ def test_a_tenant_at_ten_times_its_rate_does_not_slow_a_quiet_tenant_of_its_tier
     assert noisy_codes.count(201) <= BURST + PHASE + 3  # A got its own rate, no more
     assert figures["beside A"][0] <= 1.2 * figures["alone"][0] + 0.25
     assert figures["beside A"][1] <= 1.2 * figures["alone"][1] + 1.0
-

@@ -12,7 +12,9 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def platform(tmp_path_factory):
-    platform = Platform(tmp_path_factory.mktemp("admission"), name="gpuplatform_admission_e2e", redis_db=5)
+    platform = Platform(
+        tmp_path_factory.mktemp("admission"), name="gpuplatform_admission_e2e", redis_db=5
+    )
     try:
         platform.start({"adm-h1": ("H100-80GB", 8, "")})
         platform.manage("set_quota", "acme", "--max-gpus", "H100-80GB=6", "--submit-rate", "100000",

@@ -31,7 +31,9 @@ def test_the_count_follows_every_way_a_job_enters_or_leaves_the_queue(as_user, c
     assert kept("acme") == 1
     job_cancel(job=Job.objects.get(pk=ids[0]), actor="user:bob")  # out
     assert kept("acme") == 0
-    Job.objects.filter(pk=ids[1]).update(state=JobState.QUEUED)  # any write at all: the ORM, raw SQL
+    Job.objects.filter(pk=ids[1]).update(
+        state=JobState.QUEUED
+    )  # any write at all: the ORM, raw SQL
     globex = Tenant.objects.get(slug="globex")
     Job.objects.filter(pk=ids[1]).update(tenant=globex)  # a queued job moved to another tenant
     assert (kept("acme"), kept("globex")) == (0, 2)
@@ -47,7 +49,9 @@ def test_install_puts_a_lost_trigger_back_and_counts_the_queue_again(as_user):
     name = f"{queued.PREFIX}_insert"
     with connection.cursor() as cursor:  # what a table rebuilt by an SQLite migration would leave
         table = connection.ops.quote_name(Job._meta.db_table)
-        cursor.execute(f"DROP TRIGGER {name}" + (f" ON {table}" if connection.vendor == "postgresql" else ""))
+        cursor.execute(
+            f"DROP TRIGGER {name}" + (f" ON {table}" if connection.vendor == "postgresql" else "")
+        )
     bob.post("/api/v1/jobs/", {**TRAIN, "gpus": 64}, format="json")  # not counted: no trigger
     assert queued.differences() and name not in queued.installed()
     assert queued.install() == [name]
@@ -78,16 +82,24 @@ def test_a_submit_outside_a_transaction_checks_the_cap_and_inserts_in_one_statem
     quota_set(tenant=Tenant.objects.get(slug="acme"), max_queued_jobs=2)
     bob = client_for(people["bob"][1])
     body = {**TRAIN, "gpus": 64}
-    assert bob.post("/api/v1/jobs/", body, format="json").status_code == 201  # the first makes the row
+    assert (
+        bob.post("/api/v1/jobs/", body, format="json").status_code == 201
+    )  # the first makes the row
     with CaptureQueriesContext(connection) as ctx:
         response = bob.post("/api/v1/jobs/", body, format="json")
     assert response.status_code == 201, response.content
     writes = [q["sql"] for q in ctx.captured_queries if "INSERT" in q["sql"].upper()]
     if connection.vendor == "postgresql":
         assert len(writes) == 1 and "WITH c AS (UPDATE" in writes[0], writes
-        assert not [q for q in ctx.captured_queries if q["sql"].upper().startswith(("BEGIN", "COMMIT"))]
+        assert not [
+            q for q in ctx.captured_queries if q["sql"].upper().startswith(("BEGIN", "COMMIT"))
+        ]
     refused = bob.post("/api/v1/jobs/", body, format="json")
-    assert refused.status_code == 429 and "has 2 of 2 jobs queued" in str(refused.json()["detail"]), refused.content
-    assert Job.objects.filter(tenant__slug="acme", state=JobState.QUEUED).count() == 2 == kept("acme")
+    assert refused.status_code == 429 and "has 2 of 2 jobs queued" in str(
+        refused.json()["detail"]
+    ), refused.content
+    assert (
+        Job.objects.filter(tenant__slug="acme", state=JobState.QUEUED).count() == 2 == kept("acme")
+    )
     Job.objects.filter(tenant__slug="acme").update(state=JobState.CANCELLED)  # room again
     assert bob.post("/api/v1/jobs/", body, format="json").status_code == 201 and kept("acme") == 1

@@ -32,7 +32,10 @@ def test_over_the_burst_it_answers_429_and_waiting_retry_after_is_enough(as_user
     settings.USER_SUBMIT_SHARE = 1
     limit("acme", rate=30, burst=2)  # one token every 2 s
     bob = as_user("bob")
-    assert [bob.post("/api/v1/jobs/", TRAIN, format="json").status_code for _ in range(2)] == [201, 201]
+    assert [bob.post("/api/v1/jobs/", TRAIN, format="json").status_code for _ in range(2)] == [
+        201,
+        201,
+    ]
 
     refused = bob.post("/api/v1/jobs/", TRAIN, format="json")
     assert refused.status_code == 429
@@ -48,7 +51,9 @@ def test_over_the_burst_it_answers_429_and_waiting_retry_after_is_enough(as_user
 def test_a_user_gets_only_a_share_of_the_tenants_rate(as_user, settings):
     settings.USER_SUBMIT_SHARE = 0.5
     limit("acme", rate=60, burst=4)
-    codes = [as_user("bob").post("/api/v1/jobs/", TRAIN, format="json").status_code for _ in range(3)]
+    codes = [
+        as_user("bob").post("/api/v1/jobs/", TRAIN, format="json").status_code for _ in range(3)
+    ]
     assert codes == [201, 201, 429]  # bob's own bucket: burst 2
     assert as_user("alice").post("/api/v1/jobs/", TRAIN, format="json").status_code == 201
 
@@ -63,9 +68,13 @@ def test_a_noisy_tenant_is_refused_while_a_quiet_one_of_the_same_tier_is_never(c
     codes = {"loud": [], "quiet": []}
     started = time.monotonic()
     for tick in range(40):  # 4 s: the loud tenant at 10/s (5x its rate), the quiet one at 1/s
-        codes["loud"].append(loud.post("/api/v1/jobs/", {**TRAIN, "tier": "pro"}, format="json").status_code)
+        codes["loud"].append(
+            loud.post("/api/v1/jobs/", {**TRAIN, "tier": "pro"}, format="json").status_code
+        )
         if tick % 10 == 0:
-            codes["quiet"].append(quiet.post("/api/v1/jobs/", {**TRAIN, "tier": "pro"}, format="json").status_code)
+            codes["quiet"].append(
+                quiet.post("/api/v1/jobs/", {**TRAIN, "tier": "pro"}, format="json").status_code
+            )
         time.sleep(max(0.0, started + (tick + 1) * 0.1 - time.monotonic()))
 
     assert set(codes["quiet"]) == {201}
@@ -102,8 +111,12 @@ def test_with_redis_stopped_open_tiers_are_admitted_and_closed_ones_get_503_then
     assert as_user("bob").post("/api/v1/jobs/", TRAIN, format="json").status_code == 201
 
     server.stop()
-    admitted = as_user("bob").post("/api/v1/jobs/", TRAIN, format="json")  # acme: enterprise, fails open
-    refused = as_user("dave").post("/api/v1/jobs/", {**TRAIN, "tier": "free"}, format="json")  # globex: free
+    admitted = as_user("bob").post(
+        "/api/v1/jobs/", TRAIN, format="json"
+    )  # acme: enterprise, fails open
+    refused = as_user("dave").post(
+        "/api/v1/jobs/", {**TRAIN, "tier": "free"}, format="json"
+    )  # globex: free
 
     assert admitted.status_code == 201
     assert admitted["X-RateLimit-Degraded"]

@@ -16,12 +16,17 @@ from tests.admission.conftest import TRAIN
 
 
 def values(instance) -> dict:
-    return {field.attname: getattr(instance, field.attname) for field in type(instance)._meta.concrete_fields}
+    return {
+        field.attname: getattr(instance, field.attname)
+        for field in type(instance)._meta.concrete_fields
+    }
 
 
 def test_the_membership_comes_with_its_tenant_tier_and_quota_as_the_orm_reads_them(cast):
     bob = cast["bob"][0]
-    Quota.objects.filter(tenant__slug="acme").update(max_queued_jobs=7, gpu_hours_per_period=12, max_gpus={"H100-80GB": 4})
+    Quota.objects.filter(tenant__slug="acme").update(
+        max_queued_jobs=7, gpu_hours_per_period=12, max_gpus={"H100-80GB": 4}
+    )
     ours = rows.membership_of(bob)
     theirs = Membership.objects.select_related("tenant__tier", "tenant__quota").get(user=bob)
     assert values(ours) == values(theirs)
@@ -46,7 +51,9 @@ def test_a_tenant_without_a_quota_row_and_a_user_without_a_tenant(cast):
 def test_the_membership_statement_also_reads_the_template_and_sku_named(cast):
     bob = cast["bob"][0]
     membership = rows.membership_of(bob, template="demo-train", sku="no-such-sku")
-    assert values(membership.named["template", "demo-train"]) == values(JobTemplate.objects.get(name="demo-train"))
+    assert values(membership.named["template", "demo-train"]) == values(
+        JobTemplate.objects.get(name="demo-train")
+    )
     assert membership.named["sku", "no-such-sku"] is None
     assert values(membership.tenant) == values(Tenant.objects.get(slug="acme"))
     assert rows.membership_of(bob).named == {}
@@ -58,20 +65,29 @@ def test_the_token_and_its_user_read_as_drfs_lookup_reads_them(cast):
     theirs = ApiToken.objects.select_related("user").get(digest=digest_of(key))
     assert values(token) == values(theirs) and values(user) == values(theirs.user)
     assert token.user is user and user == bob
-    assert rows.token_user("no-such-token") is None and rows.token_submitter("no-such-token") is None
+    assert (
+        rows.token_user("no-such-token") is None and rows.token_submitter("no-such-token") is None
+    )
 
 
 def test_a_submits_token_lookup_reads_the_membership_as_membership_of_does(cast):
     bob, key = cast["bob"]
     Quota.objects.filter(tenant__slug="acme").update(max_queued_jobs=7, max_gpus={"H100-80GB": 4})
-    token, user, ours = rows.token_submitter(digest_of(key), template="demo-train", sku="no-such-sku")
+    token, user, ours = rows.token_submitter(
+        digest_of(key), template="demo-train", sku="no-such-sku"
+    )
     theirs = rows.membership_of(bob, template="demo-train", sku="no-such-sku")
     assert values(user) == values(bob) and ours.user is user
     for mine, other in ((ours, theirs), (ours.tenant, theirs.tenant), (ours.tenant.tier, theirs.tenant.tier),
                         (ours.tenant.quota, theirs.tenant.quota)):  # fmt: skip
         assert values(mine) == values(other)
-    assert values(ours.named["template", "demo-train"]) == values(JobTemplate.objects.get(name="demo-train"))
-    assert ours.named == {("template", "demo-train"): ours.named["template", "demo-train"], ("sku", "no-such-sku"): None}
+    assert values(ours.named["template", "demo-train"]) == values(
+        JobTemplate.objects.get(name="demo-train")
+    )
+    assert ours.named == {
+        ("template", "demo-train"): ours.named["template", "demo-train"],
+        ("sku", "no-such-sku"): None,
+    }
     staff, staff_key = cast["staff"]
     token, user, membership = rows.token_submitter(digest_of(staff_key), template="demo-train")
     assert user == staff and membership is None  # in no tenant: the rest of the row is NULL
@@ -93,13 +109,19 @@ def test_an_inserted_job_and_event_read_back_as_written(cast):
               checkpointable=True, cacheable=False, retry_on_failure=True, reason="waiting")  # fmt: skip
     event = JobEvent(job=job, actor="user:bob", reason="submitted", to_state="queued")
     unsaved = job
-    job, event = rows.insert_job_and_event(job, event)  # the rows as saved (Model.from_db), not the ones given
+    job, event = rows.insert_job_and_event(
+        job, event
+    )  # the rows as saved (Model.from_db), not the ones given
     assert not job._state.adding and job.created_at is not None
     assert values(job) == values(unsaved) and job.tenant is tenant and event.job is job
     assert values(Job.objects.get(pk=job.pk)) == values(job)
     stored = JobEvent.objects.get(job=job)
-    assert {k: v for k, v in values(stored).items() if k != "id"} == {k: v for k, v in values(event).items() if k != "id"}
-    command = Job(name="cmd", tenant=tenant, user=bob, tier=tenant.tier, command=["python", "-c", "print(1)"])
+    assert {k: v for k, v in values(stored).items() if k != "id"} == {
+        k: v for k, v in values(event).items() if k != "id"
+    }
+    command = Job(
+        name="cmd", tenant=tenant, user=bob, tier=tenant.tier, command=["python", "-c", "print(1)"]
+    )
     rows.insert_job_and_event(command, JobEvent(job=command, actor="user:bob", to_state="queued"))
     assert Job.objects.get(pk=command.pk).command == ["python", "-c", "print(1)"]
 
@@ -112,7 +134,11 @@ def test_the_count_of_jobs_ahead_is_the_queue_position(cast):
     bob, dave = cast["bob"][0], cast["dave"][0]
     acme, globex = Tenant.objects.get(slug="acme"), Tenant.objects.get(slug="globex")
     enterprise, pro = Tier.objects.get(name="enterprise"), Tier.objects.get(name="pro")
-    jobs = queued(globex, pro, dave, 3) + queued(acme, enterprise, bob, 2) + queued(globex, pro, dave, 1)
+    jobs = (
+        queued(globex, pro, dave, 3)
+        + queued(acme, enterprise, bob, 2)
+        + queued(globex, pro, dave, 1)
+    )
     Job.objects.filter(pk=jobs[1].pk).update(state="running")
     for job in Job.objects.filter(state="queued"):
         total, ahead = rows.queued_and_ahead(job)
@@ -120,7 +146,9 @@ def test_the_count_of_jobs_ahead_is_the_queue_position(cast):
     assert rows.queued_kept(acme) == 2 and rows.queued_kept(globex) == 3  # kept by the triggers
 
 
-def test_a_long_queue_answers_positions_from_counts_and_the_jobs_queued_since(cast, as_user, monkeypatch):
+def test_a_long_queue_answers_positions_from_counts_and_the_jobs_queued_since(
+    cast, as_user, monkeypatch
+):
     """Past QUEUE_LIMIT the 201's position comes from per-tier counts taken at most once a
     second plus the jobs queued since: exact, but for jobs that left the queue meanwhile."""
     monkeypatch.setattr(estimates, "QUEUE_LIMIT", 3)
@@ -129,15 +157,22 @@ def test_a_long_queue_answers_positions_from_counts_and_the_jobs_queued_since(ca
     globex, pro = Tenant.objects.get(slug="globex"), Tier.objects.get(name="pro")
     queued(globex, pro, dave, 4)
     bob, dave_client = as_user("bob"), as_user("dave")
-    first = bob.post("/api/v1/jobs/", TRAIN, format="json").json()  # enterprise: ahead of every pro job
+    first = bob.post(
+        "/api/v1/jobs/", TRAIN, format="json"
+    ).json()  # enterprise: ahead of every pro job
     assert first["queue_position"] == 1 and first["estimated_start_at"] is not None
     assert estimates._long.counts is not None  # the queue is long: counts loaded
     answers = [dave_client.post("/api/v1/jobs/", TRAIN, format="json").json() for _ in range(3)]
     assert [a["queue_position"] for a in answers] == [6, 7, 8]
     assert all(a["estimated_start_at"] is None for a in answers)
     for answer in answers:
-        assert dave_client.get(f"/api/v1/jobs/{answer['id']}/").json()["queue_position"] == answer["queue_position"]
-    second = bob.post("/api/v1/jobs/", TRAIN, format="json").json()  # behind the first enterprise job only
+        assert (
+            dave_client.get(f"/api/v1/jobs/{answer['id']}/").json()["queue_position"]
+            == answer["queue_position"]
+        )
+    second = bob.post(
+        "/api/v1/jobs/", TRAIN, format="json"
+    ).json()  # behind the first enterprise job only
     assert second["queue_position"] == 2
     # Within the counts' second, a job that left the queue still counts as ahead; a GET is exact.
     Job.objects.filter(pk=first["id"]).update(state="cancelled", finished_at=timezone.now())
@@ -157,16 +192,27 @@ def test_the_201_is_what_the_job_serializer_says_of_the_created_job(cast, as_use
         assert answer.status_code == 201, answer.content
         created = answer.json()
         job = Job.objects.get(pk=created["id"])
-        context = {"queue_positions": {job.pk: created["queue_position"]}, "estimator": _Fixed(created)}
+        context = {
+            "queue_positions": {job.pk: created["queue_position"]},
+            "estimator": _Fixed(created),
+        }
         assert created == JobSerializer(job, context=context).data
         assert list(created) == list(JobSerializer(job, context=context).data)  # the same order too
         return created
 
     bob = as_user("bob")
-    for body in [TRAIN, {"command": ["python", "-c", "print(1)"], "gpus": 0}, {**TRAIN, "gpu_sku": None, "name": "any"}]:
+    for body in [
+        TRAIN,
+        {"command": ["python", "-c", "print(1)"], "gpus": 0},
+        {**TRAIN, "gpu_sku": None, "name": "any"},
+    ]:
         same(bob.post("/api/v1/jobs/", body, format="json"))
-    unknown = bob.post("/api/v1/jobs/", {**TRAIN, "template": "no-such", "gpu_sku": "no-such"}, format="json")
-    assert unknown.status_code == 400 and set(unknown.json()) >= {"template", "gpu_sku"}, unknown.json()
+    unknown = bob.post(
+        "/api/v1/jobs/", {**TRAIN, "template": "no-such", "gpu_sku": "no-such"}, format="json"
+    )
+    assert unknown.status_code == 400 and set(unknown.json()) >= {"template", "gpu_sku"}, (
+        unknown.json()
+    )
     origin = same(bob.post("/api/v1/jobs/", INFER, format="json"))
     placed_ids()
     run_to_end(origin["id"], tmp=tmp_path)
@@ -177,7 +223,9 @@ class _Fixed:
     def __init__(self, created):
         from django.utils.dateparse import parse_datetime
 
-        self.start = parse_datetime(created["estimated_start_at"]) if created["estimated_start_at"] else None
+        self.start = (
+            parse_datetime(created["estimated_start_at"]) if created["estimated_start_at"] else None
+        )
 
     def estimate(self, job):
         return self.start
@@ -197,13 +245,28 @@ def test_the_statements_run_on_djangos_own_cursor_on_every_backend(cast):
     with CaptureQueriesContext(connection) as ctx:  # recorded: every statement seen
         rows.token_user(digest_of(key))
     assert len(ctx.captured_queries) == 1
-    assert rows.token_user(digest_of(key))[1] == bob  # '%s' written as the backend wants it (and '%%' as '%')
-    job = Job(tenant=Tenant.objects.get(slug="acme"), user=bob, tier=Tier.objects.get(name="pro"), name="x")
-    rows.insert_job_and_event(job, JobEvent(job=job, actor="user:bob", reason="submitted", to_state="queued"))
+    assert (
+        rows.token_user(digest_of(key))[1] == bob
+    )  # '%s' written as the backend wants it (and '%%' as '%')
+    job = Job(
+        tenant=Tenant.objects.get(slug="acme"),
+        user=bob,
+        tier=Tier.objects.get(name="pro"),
+        name="x",
+    )
+    rows.insert_job_and_event(
+        job, JobEvent(job=job, actor="user:bob", reason="submitted", to_state="queued")
+    )
     with transaction.atomic():
-        with pytest.raises(IntegrityError):  # Django's, as services.Admission expects: the same id again
+        with pytest.raises(
+            IntegrityError
+        ):  # Django's, as services.Admission expects: the same id again
             with transaction.atomic(savepoint=False):
-                rows.insert_job_and_event(job, JobEvent(job=job, actor="user:bob", to_state="queued"))
-        with pytest.raises(TransactionManagementError):  # a broken transaction takes no more statements
+                rows.insert_job_and_event(
+                    job, JobEvent(job=job, actor="user:bob", to_state="queued")
+                )
+        with pytest.raises(
+            TransactionManagementError
+        ):  # a broken transaction takes no more statements
             rows.token_user(digest_of(key))
     assert Job.objects.filter(pk=job.pk).count() == 1

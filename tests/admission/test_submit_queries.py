@@ -29,7 +29,9 @@ MOST_COLD = 9  # one that loads the replay (first submit, or the queue lost a jo
 
 def table_statements(ctx) -> list[str]:
     control = ("BEGIN", "SAVEPOINT", "RELEASE", "COMMIT", "ROLLBACK")
-    return [q["sql"] for q in ctx.captured_queries if not q["sql"].lstrip().upper().startswith(control)]
+    return [
+        q["sql"] for q in ctx.captured_queries if not q["sql"].lstrip().upper().startswith(control)
+    ]
 
 
 def submit(client, body=TRAIN):
@@ -49,7 +51,9 @@ def test_a_submit_runs_a_bounded_number_of_statements_whatever_the_queue(as_user
     # happen inside the loop, so: never more than a cold submit, and the usual one stays at MOST.
     assert max(counts) <= MOST_COLD, counts
     assert sorted(counts)[len(counts) // 2] <= MOST, counts
-    assert counts.count(MOST_COLD) <= 3 and min(counts[-5:]) == min(counts[:5])  # 30 more jobs: no growth
+    assert counts.count(MOST_COLD) <= 3 and min(counts[-5:]) == min(
+        counts[:5]
+    )  # 30 more jobs: no growth
 
 
 def test_the_201_answer_is_what_a_get_of_the_job_says(as_user):
@@ -58,9 +62,15 @@ def test_the_201_answer_is_what_a_get_of_the_job_says(as_user):
     submit(bob)
     created, _ = submit(bob, {**TRAIN, "gpus": 2, "name": "second"})
     fetched = bob.get(f"/api/v1/jobs/{created['id']}/").json()
-    assert created.pop("estimated_start_at") is not None and fetched.pop("estimated_start_at") is not None
+    assert (
+        created.pop("estimated_start_at") is not None
+        and fetched.pop("estimated_start_at") is not None
+    )
     assert created == fetched
-    assert JobEvent.objects.filter(job_id=created["id"], to_state="queued", reason="submitted").count() == 1
+    assert (
+        JobEvent.objects.filter(job_id=created["id"], to_state="queued", reason="submitted").count()
+        == 1
+    )
 
 
 def test_the_answer_counts_a_job_that_left_the_queue_since_the_last_submit(as_user):
@@ -83,4 +93,6 @@ def test_the_queued_job_cap_reads_the_kept_count_not_the_queue(as_user):
     for _ in range(3):
         _, statements = submit(bob)
     assert any("admission_queuedcount" in sql for sql in statements), "\n".join(statements)
-    assert not [sql for sql in statements if "COUNT(" in sql.upper() and '"tenant_id" =' in sql], "\n".join(statements)
+    assert not [sql for sql in statements if "COUNT(" in sql.upper() and '"tenant_id" =' in sql], (
+        "\n".join(statements)
+    )

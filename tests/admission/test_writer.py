@@ -9,7 +9,9 @@ from django.db import connection, transaction
 
 from apps.admission import writer
 
-pytestmark = pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite's write turns and WAL")
+pytestmark = pytest.mark.skipif(
+    connection.vendor != "sqlite", reason="SQLite's write turns and WAL"
+)
 
 
 def wal_of() -> pathlib.Path:

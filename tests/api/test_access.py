@@ -17,7 +17,11 @@ def bobs_job(as_user):
     job.attempts_count = 1
     job.save(update_fields=["attempts_count"])
     default_storage.save(f"logs/{job_id}/attempt-1.log", ContentFile(b"secret training log\n"))
-    Artifact.objects.create(job=job, name="result.json", file=default_storage.save(f"artifacts/{job_id}/result.json", ContentFile(b"{}")))
+    Artifact.objects.create(
+        job=job,
+        name="result.json",
+        file=default_storage.save(f"artifacts/{job_id}/result.json", ContentFile(b"{}")),
+    )
     return job_id
 
 

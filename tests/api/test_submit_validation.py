@@ -43,7 +43,11 @@ BAD_INPUTS = [
     ("param-negative", body(params={"steps": -5}), "params"),
     ("param-huge", body(params={"steps": 10**9}), "params"),
     ("params-not-object", body(params=[1, 2]), "params"),
-    ("shell-string-command", body(template=DROP, params=DROP, command="python train.py && rm -rf /"), "command"),
+    (
+        "shell-string-command",
+        body(template=DROP, params=DROP, command="python train.py && rm -rf /"),
+        "command",
+    ),
     ("command-non-strings", body(template=DROP, params=DROP, command=["python", 3]), "command"),
     ("command-empty", body(template=DROP, params=DROP, command=[]), "command"),
     ("name-too-long", body(name="x" * 101), "name"),
@@ -72,7 +76,15 @@ def test_it_rejects_bad_input_naming_the_field(as_user, case, data, field):
 
 @pytest.mark.parametrize(
     "raw",
-    [b"{not json", b"", b"[1, 2, 3]", b'"a string"', b"null", b'{"gpus": NaN}', b"[" * 100000 + b"]" * 100000],
+    [
+        b"{not json",
+        b"",
+        b"[1, 2, 3]",
+        b'"a string"',
+        b"null",
+        b'{"gpus": NaN}',
+        b"[" * 100000 + b"]" * 100000,
+    ],
     ids=["malformed", "empty", "list", "string", "null", "nan", "deeply-nested"],
 )
 def test_it_rejects_a_malformed_body_with_400(as_user, raw):
@@ -88,7 +100,9 @@ def test_a_tier_above_the_tenants_is_forbidden(as_user):
 
 
 def test_a_command_needs_the_tenants_permission(as_user):
-    response = as_user("dave").post("/api/v1/jobs/", body(template=DROP, params=DROP, command=["python3", "-V"]), format="json")
+    response = as_user("dave").post(
+        "/api/v1/jobs/", body(template=DROP, params=DROP, command=["python3", "-V"]), format="json"
+    )
     assert response.status_code == 403
     assert "command" in response.json()
 
@@ -124,7 +138,15 @@ def test_refused_submissions_are_counted_by_reason_in_metrics(as_user, cast):
 
     quota_set(tenant=Tenant.objects.get(slug="acme"), max_queued_jobs=0)
     assert as_user("bob").post("/api/v1/jobs/", GOOD, format="json").status_code == 429
-    assert as_user("dave").post("/api/v1/jobs/", body(tier="enterprise"), format="json").status_code == 403
-    families = {f.name: f for f in text_string_to_metric_families(as_user(None).get("/metrics").content.decode())}
-    counted = {s.labels["reason"]: s.value for s in families["gpuplatform_admission_rejections"].samples}
+    assert (
+        as_user("dave").post("/api/v1/jobs/", body(tier="enterprise"), format="json").status_code
+        == 403
+    )
+    families = {
+        f.name: f
+        for f in text_string_to_metric_families(as_user(None).get("/metrics").content.decode())
+    }
+    counted = {
+        s.labels["reason"]: s.value for s in families["gpuplatform_admission_rejections"].samples
+    }
     assert counted.get("queue_full", 0) >= 1 and counted.get("not_allowed", 0) >= 1

@@ -49,13 +49,21 @@ def test_a_submit_reads_token_user_and_membership_in_one_statement(as_user):
         response = as_user("bob").post("/api/v1/jobs/", GOOD, format="json")
     assert response.status_code == 201, response.content
     reads = [q["sql"] for q in ctx.captured_queries]
-    token_reads = [sql for sql in reads if "tenants_apitoken" in sql and sql.lstrip().upper().startswith("SELECT")]
+    token_reads = [
+        sql
+        for sql in reads
+        if "tenants_apitoken" in sql and sql.lstrip().upper().startswith("SELECT")
+    ]
     assert len(token_reads) == 1 and "tenants_membership" in token_reads[0], reads
-    assert sum("tenants_membership" in sql for sql in reads) == 1, reads  # not read again by the view
+    assert sum("tenants_membership" in sql for sql in reads) == 1, (
+        reads
+    )  # not read again by the view
 
 
 def test_who_may_submit_is_decided_from_that_read(as_user, cast):
-    assert as_user("carol").post("/api/v1/jobs/", GOOD, format="json").status_code == 403  # a viewer
+    assert (
+        as_user("carol").post("/api/v1/jobs/", GOOD, format="json").status_code == 403
+    )  # a viewer
     response = as_user("staff").post("/api/v1/jobs/", GOOD, format="json")
     assert response.status_code == 403 and "no tenant" in response.json()["detail"]
     created = as_user("dave").post("/api/v1/jobs/", GOOD, format="json").json()
@@ -74,7 +82,9 @@ def test_a_body_read_ahead_of_parsing_changes_no_answer(as_user):
     padded = json.dumps(GOOD) + " " * PEEK_LIMIT
     created = bob.post("/api/v1/jobs/", padded, content_type="application/json")
     assert created.status_code == 201 and created.json()["template"] == "demo-train"
-    form = bob.post("/api/v1/jobs/", {"template": "no-such", "gpus": 1})  # multipart: not read ahead either
+    form = bob.post(
+        "/api/v1/jobs/", {"template": "no-such", "gpus": 1}
+    )  # multipart: not read ahead either
     assert form.status_code == 400 and "template" in form.json()
 
 

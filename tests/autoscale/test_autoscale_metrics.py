@@ -11,10 +11,18 @@ def test_metrics_show_the_autoscalers_state(client, db):
 
     sku = GpuSku.objects.create(name="L4-24GB")
     AutoscalePolicy.objects.create(sku=sku, mode="reactive", gpus_per_node=2, max_nodes=3)
-    ProvisionRequest.objects.create(sku=sku, node_name="auto-1", provider="local", gpus=2, ready_at=timezone.now())
-    ScaleEvent.objects.create(sku=sku, current=0, pending=0, desired=1, provision=1, reason="1 node(s) for queued work")
-    families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").content.decode())}
+    ProvisionRequest.objects.create(
+        sku=sku, node_name="auto-1", provider="local", gpus=2, ready_at=timezone.now()
+    )
+    ScaleEvent.objects.create(
+        sku=sku, current=0, pending=0, desired=1, provision=1, reason="1 node(s) for queued work"
+    )
+    families = {
+        f.name: f for f in text_string_to_metric_families(client.get("/metrics").content.decode())
+    }
     [desired] = families["gpuplatform_autoscale_desired_nodes"].samples
     assert (desired.labels["sku"], desired.value) == ("L4-24GB", 1)
     assert families["gpuplatform_autoscale_pending_nodes"].samples[0].value == 1
-    assert "queued work" in families["gpuplatform_autoscale_last_decision"].samples[0].labels["reason"]
+    assert (
+        "queued work" in families["gpuplatform_autoscale_last_decision"].samples[0].labels["reason"]
+    )

@@ -14,7 +14,9 @@ H100 = SkuLimits(gpus_per_node=8, min_nodes=0, max_nodes=20, cooldown_s=600)
 
 def busy(name, ends_at=None, gpus=8, preemptible_only=False):
     freeing = ((ends_at, gpus),) if ends_at is not None else ()
-    return NodeStatus(name, gpus=gpus, free_gpus=0, preemptible_only=preemptible_only, freeing=freeing)
+    return NodeStatus(
+        name, gpus=gpus, free_gpus=0, preemptible_only=preemptible_only, freeing=freeing
+    )
 
 
 def test_a_gang_demand_scales_by_whole_nodes():
@@ -22,10 +24,14 @@ def test_a_gang_demand_scales_by_whole_nodes():
     decision = scaler.decide(0, "H100", [], [Demand(gpus=8, nodes=4)])
     assert decision.provision == 4
     # Two members of one gang never share a node, even if they would fit on one.
-    decision = Autoscaler({"H100": H100}, mode="reactive").decide(0, "H100", [], [Demand(gpus=3, nodes=2)])
+    decision = Autoscaler({"H100": H100}, mode="reactive").decide(
+        0, "H100", [], [Demand(gpus=3, nodes=2)]
+    )
     assert decision.provision == 2
     # Two single-node jobs do share.
-    decision = Autoscaler({"H100": H100}, mode="reactive").decide(0, "H100", [], [Demand(3), Demand(3)])
+    decision = Autoscaler({"H100": H100}, mode="reactive").decide(
+        0, "H100", [], [Demand(3), Demand(3)]
+    )
     assert decision.provision == 1
 
 
@@ -51,7 +57,9 @@ def test_a_long_queue_beyond_the_lag_asks_for_nodes():
 
 def test_nodes_being_provisioned_count():
     scaler = Autoscaler({"H100": H100}, mode="reactive", provision_lag_s=300)
-    decision = scaler.decide(0, "H100", [], [Demand(gpus=8)] * 3, pending=[Pending(count=2, ready_at=200)])
+    decision = scaler.decide(
+        0, "H100", [], [Demand(gpus=8)] * 3, pending=[Pending(count=2, ready_at=200)]
+    )
     assert decision.provision == 1
 
 
@@ -75,7 +83,9 @@ def test_scale_down_never_removes_a_node_with_non_preemptible_work():
 
 def test_no_scale_down_before_the_cooldown():
     scaler = Autoscaler({"H100": H100}, mode="reactive", provision_lag_s=300)
-    decision = scaler.decide(100, "H100", [NodeStatus("idle", gpus=8, free_gpus=8, idle_since=0)], [])
+    decision = scaler.decide(
+        100, "H100", [NodeStatus("idle", gpus=8, free_gpus=8, idle_since=0)], []
+    )
     assert decision.terminate == () and decision.drain == ()
 
 
@@ -102,7 +112,9 @@ def test_no_flapping_on_a_sawtooth_load():
         now = step * 60.0
         queue = [Demand(8, est_runtime_s=600)] * (4 if (step // 3) % 2 == 0 else 0)
         decision = scaler.decide(now, "H100", nodes, queue)
-        nodes = nodes + [NodeStatus(f"n{step}-{i}", 8, 8, idle_since=now) for i in range(decision.provision)]
+        nodes = nodes + [
+            NodeStatus(f"n{step}-{i}", 8, 8, idle_since=now) for i in range(decision.provision)
+        ]
         nodes = [n for n in nodes if n.name not in decision.terminate]
         desired.append(decision.desired)
         if last is not None and decision.desired != last:
@@ -201,7 +213,9 @@ def test_booting_nodes_nothing_wants_any_more_are_cancelled():
     """cancel_booting: a node asked for a queued job that then started elsewhere is given back
     before it arrives (the latest due first), so billing stops at the cancel."""
     for cancel in (False, True):
-        scaler = Autoscaler({"H100": H100}, mode="reactive", provision_lag_s=300, cancel_booting=cancel)
+        scaler = Autoscaler(
+            {"H100": H100}, mode="reactive", provision_lag_s=300, cancel_booting=cancel
+        )
         assert scaler.decide(0, "H100", [], [Demand(8)] * 2).provision == 2
         # The queue ran on a node that freed up; the two requests are still booting.
         nodes = [busy("a", ends_at=3600)]

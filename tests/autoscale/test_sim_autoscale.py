@@ -25,7 +25,9 @@ def simulate(unused_cooldown_s):
     hook = AutoscaleHook(settings, 8)
     hook.install(sim)
     sim.run()
-    used = {name for job in sim.jobs for _, _, names, _ in job.segments for name in names.split(";")}
+    used = {
+        name for job in sim.jobs for _, _, names, _ in job.segments for name in names.split(";")
+    }
     never = {name: b for name, b in sim.billing.items() if name not in used}
     return sim, never
 
@@ -96,7 +98,9 @@ def test_cancelled_booting_nodes_never_arrive_and_are_paid_until_the_cancel():
     assert len(cancelled) == hook.cancelled
     for requested, _up, down, _gpus in cancelled.values():
         assert requested <= down < requested + 300  # given back while still booting
-    used = {name for job in sim.jobs for _, _, names, _ in job.segments for name in names.split(";")}
+    used = {
+        name for job in sim.jobs for _, _, names, _ in job.segments for name in names.split(";")
+    }
     assert not used & set(cancelled)
     assert sim.paid_gpu_hours() < plain.paid_gpu_hours()
 
@@ -128,5 +132,5 @@ def test_the_clairvoyant_reference_has_the_node_ready_at_the_submission():
     AutoscaleHook(settings, 8).install(sim)
     sim.run()
     assert sim.by_id["j"].start == 600.0
-    (requested, up, _down, _gpus), = sim.billing.values()
+    ((requested, up, _down, _gpus),) = sim.billing.values()
     assert (requested, up) == (300.0, 600.0)

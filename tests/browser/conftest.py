@@ -16,7 +16,9 @@ from tests.e2e.platform import ROOT
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
-SCREENSHOTS = pathlib.Path(os.environ.get("GPUPLATFORM_SCREENSHOTS", ROOT / "docs" / "screenshots" / "latest"))
+SCREENSHOTS = pathlib.Path(
+    os.environ.get("GPUPLATFORM_SCREENSHOTS", ROOT / "docs" / "screenshots" / "latest")
+)
 PASSWORD = "e2e-password"  # tests/e2e/seed.py
 
 
@@ -63,7 +65,9 @@ def _watch_console(page) -> None:
 def no_csp_violation():
     CSP_VIOLATIONS.clear()
     yield
-    assert CSP_VIOLATIONS == [], "the pages broke their Content-Security-Policy:\n" + "\n".join(CSP_VIOLATIONS)
+    assert CSP_VIOLATIONS == [], "the pages broke their Content-Security-Policy:\n" + "\n".join(
+        CSP_VIOLATIONS
+    )
 
 
 @pytest.fixture(scope="session")

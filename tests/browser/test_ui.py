@@ -62,7 +62,9 @@ def test_a_customer_submits_watches_and_downloads_a_demo_train_job(sign_in, plat
 
 
 def test_the_pages_read_on_a_phone(sign_in, shoot):
-    page = sign_in("bob", viewport={"width": 390, "height": 844}, device_scale_factor=1, is_mobile=True)
+    page = sign_in(
+        "bob", viewport={"width": 390, "height": 844}, device_scale_factor=1, is_mobile=True
+    )
     page.goto("/jobs/")
     width = page.evaluate("document.documentElement.scrollWidth")
     assert width <= 400, f"the jobs page scrolls sideways on a phone ({width}px)"

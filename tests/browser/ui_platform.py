@@ -16,10 +16,14 @@ NODES = {
 _platform: Platform | None = None
 
 
-def ui_platform(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Platform:
+def ui_platform(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Platform:
     global _platform
     if _platform is None:
-        platform = Platform(tmp_path_factory.mktemp("ui-platform"), name="gpuplatform_ui", redis_db=2)
+        platform = Platform(
+            tmp_path_factory.mktemp("ui-platform"), name="gpuplatform_ui", redis_db=2
+        )
         try:
             platform.manage("collectstatic", "--noinput", "-v", "0")
             platform.start(NODES)

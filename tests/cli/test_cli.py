@@ -15,7 +15,12 @@ pytestmark = pytest.mark.e2e
 
 
 def cli(platform, *args, user="bob", env=None, timeout=120):
-    env = dict(os.environ, GPUPLATFORM_URL=platform.url, GPUPLATFORM_TOKEN=platform.tokens[user], **(env or {}))
+    env = dict(
+        os.environ,
+        GPUPLATFORM_URL=platform.url,
+        GPUPLATFORM_TOKEN=platform.tokens[user],
+        **(env or {}),
+    )
     return subprocess.run([sys.executable, "-m", "gpuplatform.cli", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=timeout)  # fmt: skip
 
@@ -31,7 +36,12 @@ def test_the_cli_round_trips_a_job(platform, tmp_path):
     assert waited.returncode == 0, waited.stdout + waited.stderr
     out = waited.stdout
     # Every state in order, the job's own output, and the final word.
-    assert out.index("] queued") < out.index("] starting") < out.index("] running") < out.index("] succeeded")
+    assert (
+        out.index("] queued")
+        < out.index("] starting")
+        < out.index("] running")
+        < out.index("] succeeded")
+    )
     assert "| step 4/4" in out and out.strip().endswith(f"{job_id} succeeded exit=0")
 
     shown = cli(platform, "show", job_id).stdout

@@ -19,7 +19,9 @@ def scrape(platform) -> dict:
 def test_the_event_stream_shows_every_state_in_order_across_reconnects(platform):
     client = Client(platform.url, platform.tokens["alice"])
     before = scrape(platform)
-    job = client.submit(template="demo-train", params={"steps": 8, "step_seconds": 0.4}, gpus=1, gpu_sku="A100-40GB")
+    job = client.submit(
+        template="demo-train", params={"steps": 8, "step_seconds": 0.4}, gpus=1, gpu_sku="A100-40GB"
+    )
     # One-second streams: the ~4 s job spans several connections, resumed with Last-Event-ID.
     events = list(client.follow(job["id"], stream_seconds=1, deadline=None))
     states = [e.data["to"] for e in events if e.event == "state"]
@@ -27,7 +29,9 @@ def test_the_event_stream_shows_every_state_in_order_across_reconnects(platform)
     progress = [e.data["progress"] for e in events if e.event == "progress"]
     assert progress == sorted(progress) and progress[-1] == 1.0 and len(set(progress)) >= 3
     lines = [e.data["line"] for e in events if e.event == "log"]
-    assert [line for line in lines if line.startswith("step ")] == [f"step {n}/8 loss={1.0 / n:.4f}" for n in range(1, 9)]
+    assert [line for line in lines if line.startswith("step ")] == [
+        f"step {n}/8 loss={1.0 / n:.4f}" for n in range(1, 9)
+    ]
     assert events[-1].event == "end" and events[-1].data["state"] == "succeeded"
 
     after = scrape(platform)
@@ -38,7 +42,9 @@ def test_the_event_stream_shows_every_state_in_order_across_reconnects(platform)
 
 
 def test_the_stream_is_404_for_another_tenant(platform):
-    job = Client(platform.url, platform.tokens["bob"]).submit(template="demo-train", params={"steps": 1}, gpus=1)
+    job = Client(platform.url, platform.tokens["bob"]).submit(
+        template="demo-train", params={"steps": 1}, gpus=1
+    )
     with pytest.raises(ApiError) as refused:
         list(Client(platform.url, platform.tokens["dave"]).events(job["id"], timeout=1))
     assert refused.value.status == 404

@@ -25,17 +25,23 @@ def test_a_receiver_down_for_a_while_gets_every_state_change_signed_and_in_order
     platform.env["GPUPLATFORM_WEBHOOK_ALLOW_NETWORKS"] = "127.0.0.0/8"
     try:
         out = platform.manage("create_webhook", "globex", url)
-        pump = platform.spawn("webhooks", [sys.executable, "manage.py", "deliver_webhooks", "--interval", "0.5"])
+        pump = platform.spawn(
+            "webhooks", [sys.executable, "manage.py", "deliver_webhooks", "--interval", "0.5"]
+        )
     finally:
         del platform.env["GPUPLATFORM_WEBHOOK_ALLOW_NETWORKS"]  # only the pump started above has it
     secret = out.strip().splitlines()[-1]
     try:
-        job = platform.submit("dave", template="demo-train", params={"steps": 3, "step_seconds": 0.1}, gpus=1)
+        job = platform.submit(
+            "dave", template="demo-train", params={"steps": 3, "step_seconds": 0.1}, gpus=1
+        )
         platform.wait_for_state(job["id"], "succeeded")
         time.sleep(4)  # the receiver is still down: the first tries fail and back off
         receiver = Receiver(port)
         try:
-            platform.wait_until(lambda: len(receiver.received) >= 4, timeout=60, what="4 webhook deliveries")
+            platform.wait_until(
+                lambda: len(receiver.received) >= 4, timeout=60, what="4 webhook deliveries"
+            )
         finally:
             receiver.stop()
     finally:

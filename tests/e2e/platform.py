@@ -114,7 +114,9 @@ class Platform:
 
     def start_web(self) -> None:
         """gunicorn with the Procfile's worker (uvicorn's, serving gpuplatform/asgi.py)."""
-        binds = [f"--bind={address}:{self.port}" for address in ("127.0.0.1", self.listen) if address]
+        binds = [
+            f"--bind={address}:{self.port}" for address in ("127.0.0.1", self.listen) if address
+        ]
         self.spawn("web", [sys.executable, "-m", "gunicorn", "gpuplatform.asgi:application", "--worker-class",
                            "gpuplatform.web_worker.Worker", *binds, "--workers", "2",
                            "--threads", "4", "--timeout", "60"])  # fmt: skip
@@ -152,7 +154,18 @@ class Platform:
                 "GPUPLATFORM_AGENT_REDIS_URL": f"redis://{self.listen}:{parts.port}{parts.path}"}  # fmt: skip
 
     def start_agent(self, node: str, sku: str, gpus: int, labels: str = "") -> None:
-        argv = [sys.executable, "-m", "workers.agent", "--node", node, "--sku", sku, "--gpus", str(gpus), "--fake"]
+        argv = [
+            sys.executable,
+            "-m",
+            "workers.agent",
+            "--node",
+            node,
+            "--sku",
+            sku,
+            "--gpus",
+            str(gpus),
+            "--fake",
+        ]
         if labels:
             argv += ["--labels", labels]
         self.agents[node] = argv
@@ -175,7 +188,9 @@ class Platform:
     def restart_agent(self, node: str) -> None:
         self.spawn(f"agent-{node}", self.agents[node], env=self.agent_envs[node])
 
-    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+    def spawn(
+        self, name: str, argv: list[str], env: dict[str, str] | None = None
+    ) -> subprocess.Popen:
         log = open(self.data_dir / f"{name}.log", "ab")  # noqa: SIM115 (lives as long as the process)
         process = subprocess.Popen(argv, cwd=ROOT, env=self.env if env is None else env, stdout=log,
                                    stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
@@ -249,7 +264,11 @@ class Platform:
             last = self.job(job_id)
             return last["state"] in states
 
-        self.wait_until(reached, timeout=timeout, what=f"job {job_id} in {states} (last: {last.get('state')} {last.get('reason')})")
+        self.wait_until(
+            reached,
+            timeout=timeout,
+            what=f"job {job_id} in {states} (last: {last.get('state')} {last.get('reason')})",
+        )
         return last
 
     def nodes(self) -> dict[str, dict]:
@@ -270,8 +289,14 @@ class Platform:
             if condition():
                 return
             for name, process in self.processes.items():
-                if process.poll() is not None and name in ("web", "dispatcher") and name not in self.killed:
-                    raise AssertionError(f"{name} exited ({process.returncode}):\n{self.logs(name)}")
+                if (
+                    process.poll() is not None
+                    and name in ("web", "dispatcher")
+                    and name not in self.killed
+                ):
+                    raise AssertionError(
+                        f"{name} exited ({process.returncode}):\n{self.logs(name)}"
+                    )
             time.sleep(interval)
         tails = "\n".join(f"--- {name}\n{self.logs(name, 1500)}" for name in self.processes)
         raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{tails}")

@@ -21,7 +21,17 @@ from apps.tenants.models import Tier  # noqa: E402
 
 Tier.objects.filter(name="free").update(min_runtime_seconds=0, preemption_grace_seconds=5)
 tokens = {}
-for username, slug, role in [("alice", "acme", "admin"), ("bob", "acme", "member"), ("carol", "acme", "viewer"), ("dave", "globex", "member"), ("erin", "hobby", "member")]:
-    tokens[username] = user_create(username=username, tenant_slug=slug, role=role, password="e2e-password")[1]
-tokens["staff"] = user_create(username="staff", tenant_slug=None, staff=True, password="e2e-password")[1]
+for username, slug, role in [
+    ("alice", "acme", "admin"),
+    ("bob", "acme", "member"),
+    ("carol", "acme", "viewer"),
+    ("dave", "globex", "member"),
+    ("erin", "hobby", "member"),
+]:
+    tokens[username] = user_create(
+        username=username, tenant_slug=slug, role=role, password="e2e-password"
+    )[1]
+tokens["staff"] = user_create(
+    username="staff", tenant_slug=None, staff=True, password="e2e-password"
+)[1]
 print(json.dumps(tokens))

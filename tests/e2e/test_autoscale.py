@@ -15,7 +15,9 @@ SKU = "L4-24GB"
 
 @pytest.fixture(scope="module")
 def scaling_platform(tmp_path_factory):
-    platform = Platform(tmp_path_factory.mktemp("autoscale"), name="gpuplatform_e2e_autoscale", redis_db=3)
+    platform = Platform(
+        tmp_path_factory.mktemp("autoscale"), name="gpuplatform_e2e_autoscale", redis_db=3
+    )
     platform.env["GPUPLATFORM_AUTOSCALE_TICK_SECONDS"] = "1"
     try:
         platform.start({})
@@ -43,9 +45,13 @@ def test_a_burst_brings_nodes_after_the_lag_and_idle_nodes_go_away(scaling_platf
         assert platform.wait_for_state(job_id, "succeeded", timeout=120)["state"] == "succeeded"
 
     # Idle past the cooldown, the nodes are given back and their agents stop.
-    platform.wait_until(lambda: platform.nodes() == {}, timeout=60, what="the idle nodes to be terminated")
+    platform.wait_until(
+        lambda: platform.nodes() == {}, timeout=60, what="the idle nodes to be terminated"
+    )
     pids = _autoscaled_pids(platform)
-    platform.wait_until(lambda: not any(alive(p) for p in pids), timeout=30, what="autoscaled agents to exit")
+    platform.wait_until(
+        lambda: not any(alive(p) for p in pids), timeout=30, what="autoscaled agents to exit"
+    )
     events = platform.manage("shell", "-c", "from apps.scheduling.models import ScaleEvent; "
                              "print([(e.provision, len(e.terminate)) for e in ScaleEvent.objects.order_by('created_at')])")  # fmt: skip
     decisions = eval(events.strip().splitlines()[-1])  # noqa: S307 (our own repr of ints)

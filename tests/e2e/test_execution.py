@@ -7,7 +7,10 @@ pytestmark = pytest.mark.e2e
 
 def test_an_enterprise_job_preempts_a_free_job_which_resumes_from_its_checkpoint(platform):
     train = {"template": "demo-train", "gpu_sku": "H100-80GB", "gpus": 2}
-    free = [platform.submit("erin", **train, params={"steps": 60, "step_seconds": 0.1})["id"] for _ in range(2)]
+    free = [
+        platform.submit("erin", **train, params={"steps": 60, "step_seconds": 0.1})["id"]
+        for _ in range(2)
+    ]
     for job_id in free:
         platform.wait_for_state(job_id, "running")
     platform.wait_until(lambda: all(platform.job(j)["progress"] >= 0.1 for j in free), timeout=30,
@@ -32,4 +35,6 @@ def test_an_enterprise_job_preempts_a_free_job_which_resumes_from_its_checkpoint
     result = platform.get("erin", f"/api/v1/jobs/{victims[0]}/artifacts/result.json").json()
     assert result["resumed_from_step"] > 0  # resumed at its checkpoint step, not step 0
     other = [j for j in free if j not in victims][0]
-    assert [a["state"] for a in platform.wait_for_state(other, "succeeded", timeout=120)["attempts"]] == ["succeeded"]
+    assert [
+        a["state"] for a in platform.wait_for_state(other, "succeeded", timeout=120)["attempts"]
+    ] == ["succeeded"]

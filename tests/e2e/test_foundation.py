@@ -40,9 +40,15 @@ def test_no_platform_process_carries_a_secret_on_its_command_line(platform):
     secrets = {platform.env["SECRET_KEY"]}
     for name in ("REDIS_URL", "DATABASE_URL"):
         secrets.add(urllib.parse.urlsplit(platform.env[name]).password)
-    secrets |= {value for key, value in platform.env.items() if re.search("CREDENTIAL|TOKEN|PASSWORD|BASIC_AUTH", key)}
+    secrets |= {
+        value
+        for key, value in platform.env.items()
+        if re.search("CREDENTIAL|TOKEN|PASSWORD|BASIC_AUTH", key)
+    }
     secrets = {secret for secret in secrets if secret and len(secret) >= 8}
-    assert urllib.parse.urlsplit(platform.env["REDIS_URL"]).password in secrets  # the run's Redis has one
+    assert (
+        urllib.parse.urlsplit(platform.env["REDIS_URL"]).password in secrets
+    )  # the run's Redis has one
     seen = {}
     for process in platform.processes.values():
         if process.poll() is None:
@@ -55,7 +61,10 @@ def test_no_platform_process_carries_a_secret_on_its_command_line(platform):
 
 def test_jobs_that_need_more_than_a_node_never_share_a_gpu(platform):
     # 5 jobs x 2 GPUs on a 4-GPU node: at most two at a time, never the same GPU twice at once.
-    ids = [platform.submit("bob", **TRAIN, gpus=2, params={"steps": 4, "step_seconds": 0.15})["id"] for _ in range(5)]
+    ids = [
+        platform.submit("bob", **TRAIN, gpus=2, params={"steps": 4, "step_seconds": 0.15})["id"]
+        for _ in range(5)
+    ]
     jobs = [platform.wait_for_state(i, "succeeded") for i in ids]
     holds = []
     for job in jobs:
@@ -65,12 +74,16 @@ def test_jobs_that_need_more_than_a_node_never_share_a_gpu(platform):
     for gpu, start, end, owner in holds:
         for other_gpu, other_start, other_end, other in holds:
             if other != owner and other_gpu == gpu:
-                assert end <= other_start or other_end <= start, f"GPU {gpu} shared by {owner} and {other}"
+                assert end <= other_start or other_end <= start, (
+                    f"GPU {gpu} shared by {owner} and {other}"
+                )
     assert max(len({h[3] for h in holds if h[1] <= t < h[2]}) for t in {h[1] for h in holds}) <= 2
 
 
 def test_a_failing_job_ends_failed_with_its_exit_code(platform):
-    job = platform.submit("bob", **TRAIN, gpus=1, params={"steps": 5, "fail_at_step": 2, "step_seconds": 0.05})
+    job = platform.submit(
+        "bob", **TRAIN, gpus=1, params={"steps": 5, "fail_at_step": 2, "step_seconds": 0.05}
+    )
     done = platform.wait_for_state(job["id"], ["failed", "succeeded"])
     assert done["state"] == "failed"
     assert done["exit_code"] == 3
@@ -79,13 +92,17 @@ def test_a_failing_job_ends_failed_with_its_exit_code(platform):
 
 
 def test_a_failing_command_ends_failed_with_its_exit_code(platform):
-    job = platform.submit("bob", command=["python3", "-c", "import sys; sys.exit(7)"], gpus=1, gpu_sku="H100-80GB")
+    job = platform.submit(
+        "bob", command=["python3", "-c", "import sys; sys.exit(7)"], gpus=1, gpu_sku="H100-80GB"
+    )
     done = platform.wait_for_state(job["id"], ["failed", "succeeded"])
     assert (done["state"], done["exit_code"]) == ("failed", 7)
 
 
 def test_a_job_past_its_max_runtime_is_killed_with_reason_timeout(platform):
-    job = platform.submit("bob", command=["sleep", "60"], gpus=1, gpu_sku="H100-80GB", max_runtime_seconds=1)
+    job = platform.submit(
+        "bob", command=["sleep", "60"], gpus=1, gpu_sku="H100-80GB", max_runtime_seconds=1
+    )
     done = platform.wait_for_state(job["id"], ["failed", "succeeded"], timeout=60)
     assert done["state"] == "failed"
     assert done["reason"] == "timeout"
@@ -99,7 +116,9 @@ def test_cancelling_a_running_job_kills_its_whole_process_tree(platform):
     pids = []
 
     def child_reported():
-        pids[:] = re.findall(r"child (\d+)", platform.get("bob", f"/api/v1/jobs/{job['id']}/logs/").text)
+        pids[:] = re.findall(
+            r"child (\d+)", platform.get("bob", f"/api/v1/jobs/{job['id']}/logs/").text
+        )
         return bool(pids)
 
     platform.wait_until(child_reported, timeout=30, what="the job to print its child's pid")
@@ -109,7 +128,9 @@ def test_cancelling_a_running_job_kills_its_whole_process_tree(platform):
     response = platform.post("bob", f"/api/v1/jobs/{job['id']}/cancel/")
     assert response.status_code == 200 and response.json()["state"] == "cancelled"
     platform.wait_until(lambda: not alive(child), timeout=20, what=f"child {child} to die")
-    platform.wait_until(lambda: _gpus_free(platform, "e2e-h1"), timeout=20, what="the job's GPU to be released")
+    platform.wait_until(
+        lambda: _gpus_free(platform, "e2e-h1"), timeout=20, what="the job's GPU to be released"
+    )
     assert platform.job(job["id"])["attempts"][0]["state"] == "cancelled"
 
 
@@ -118,7 +139,9 @@ def test_a_killed_agent_loses_its_node_and_the_job_succeeds_once_elsewhere(platf
                           params={"steps": 40, "step_seconds": 0.1})  # fmt: skip
     running = platform.wait_for_state(job["id"], "running")
     first_node = running["attempts"][0]["placements"][0]["node"]
-    platform.wait_until(lambda: platform.job(job["id"])["progress"] > 0.1, timeout=30, what="some progress")
+    platform.wait_until(
+        lambda: platform.job(job["id"])["progress"] > 0.1, timeout=30, what="some progress"
+    )
 
     platform.kill(f"agent-{first_node}")
     killed_at = time.monotonic()
@@ -138,7 +161,9 @@ def test_a_killed_agent_loses_its_node_and_the_job_succeeds_once_elsewhere(platf
     assert result["resumed_from_step"] > 0
 
     platform.restart_agent(first_node)
-    platform.wait_until(lambda: platform.nodes()[first_node]["state"] == "ready", timeout=60, what="node back")
+    platform.wait_until(
+        lambda: platform.nodes()[first_node]["state"] == "ready", timeout=60, what="node back"
+    )
 
 
 def _gpus_free(platform, node: str) -> bool:

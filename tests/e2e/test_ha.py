@@ -18,7 +18,9 @@ LOCK = "gpuplatform:lock:dispatch"
 
 @pytest.fixture(scope="module")
 def platform(tmp_path_factory):
-    platform = chaos.start_platform(tmp_path_factory.mktemp("ha"), name="gpuplatform_e2e_ha", nodes=4, gpus=4)
+    platform = chaos.start_platform(
+        tmp_path_factory.mktemp("ha"), name="gpuplatform_e2e_ha", nodes=4, gpus=4
+    )
     try:
         yield platform
     finally:
@@ -75,5 +77,7 @@ def test_chaos_short_form_every_job_succeeds_once(platform):
     # Faults every 1-2 s: the first three (one of each kind) land while the jobs still run.
     result = chaos.chaos(platform, CHAOS_JOBS, seed=3, timeout=300, gap=(1.0, 2.0))
     chaos.report("chaos (short form)", result, CHAOS_JOBS)
-    assert result["agent_kills"] and result["dispatcher_kills"] and result["redis_restarts"], result["fault_log"]
+    assert result["agent_kills"] and result["dispatcher_kills"] and result["redis_restarts"], (
+        result["fault_log"]
+    )
     assert chaos.failures(result, CHAOS_JOBS) == [], result["fault_log"]

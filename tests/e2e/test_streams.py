@@ -38,7 +38,9 @@ def web(tmp_path_factory):
         seed = subprocess.run([sys.executable, "-m", "tests.e2e.seed"], cwd=ROOT, env=platform.env, check=True,
                               capture_output=True, text=True)  # fmt: skip
         platform.tokens = json.loads(seed.stdout.strip().splitlines()[-1])
-        platform.manage("shell", "-c", "from tests.factories import make_node; make_node('streams-h1')")
+        platform.manage(
+            "shell", "-c", "from tests.factories import make_node; make_node('streams-h1')"
+        )
         platform.start_web()
         platform.wait_until(lambda: _healthy(platform.url), timeout=90, what="the web answering")
         yield platform

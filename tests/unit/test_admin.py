@@ -75,7 +75,9 @@ def test_bump_priority_moves_a_job_ahead_in_its_tenant(cast, staff_client):
     make_node("h1", gpus=4)
     Tier.objects.update(min_runtime_seconds=10**6)  # no preemption in this test
     first, second = submit(cast, gpus=4), submit(cast, gpus=4)
-    response = staff_client.post("/admin/jobs/job/", {"action": "bump_priority", "_selected_action": [second.pk]})
+    response = staff_client.post(
+        "/admin/jobs/job/", {"action": "bump_priority", "_selected_action": [second.pk]}
+    )
     assert response.status_code == 302
     assert dispatch_once().placed == [str(second.id)]
     assert second.events.filter(kind="note", reason__contains="priority boosted").exists()

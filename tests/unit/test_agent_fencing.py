@@ -34,8 +34,16 @@ def reporter_for(node: str) -> HttpReporter:
 
 
 def test_an_agent_that_misses_its_heartbeats_kills_its_jobs_before_the_node_is_declared_lost(agent):
-    assert agent.fence_after == 6  # as long as the platform waits before it declares the node lost: 3 x 2 s
-    agent.runner.launch(Work(argv=py("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)")))
+    assert (
+        agent.fence_after == 6
+    )  # as long as the platform waits before it declares the node lost: 3 x 2 s
+    agent.runner.launch(
+        Work(
+            argv=py(
+                "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+            )
+        )
+    )
     pid = agent.runner.runs[(1, 0)].process.pid
     agent.fence()
     assert alive(pid)  # heartbeats are fine: nothing happens
@@ -64,7 +72,9 @@ def test_a_job_killed_by_the_fence_is_retried_not_failed(cast, settings):
     assert job.reason.startswith(f"agent {FENCED}; retry 1 of")
 
 
-def test_a_run_launched_while_the_agent_reads_the_database_is_not_taken_for_unassigned(agent, monkeypatch):
+def test_a_run_launched_while_the_agent_reads_the_database_is_not_taken_for_unassigned(
+    agent, monkeypatch
+):
     work = Work(argv=py("import time; time.sleep(60)"))
 
     def read_while_a_start_message_arrives():
@@ -79,8 +89,9 @@ def test_a_run_launched_while_the_agent_reads_the_database_is_not_taken_for_unas
     run_until_finished(agent.runner)
 
 
-
-def test_a_run_launched_during_the_heartbeat_request_is_not_taken_for_unassigned(agent, monkeypatch):
+def test_a_run_launched_during_the_heartbeat_request_is_not_taken_for_unassigned(
+    agent, monkeypatch
+):
     """The heartbeat's answer carries what runs here, read while the request was on its way."""
     work = Work(argv=py("import time; time.sleep(60)"))
 
@@ -94,6 +105,7 @@ def test_a_run_launched_during_the_heartbeat_request_is_not_taken_for_unassigned
     assert run.stop_reason == ""
     agent.runner.kill_all("test over")
     run_until_finished(agent.runner)
+
 
 def test_a_job_the_agent_stopped_as_unassigned_while_still_assigned_is_retried_not_failed(cast):
     make_node("h1", gpus=1)
@@ -141,7 +153,13 @@ def test_an_agent_replaced_by_another_kills_every_job_before_it_exits(agent, mon
     """It leaves with os._exit (no atexit hook runs): a job that ignores SIGTERM is SIGKILLed first."""
     import workers.agent
 
-    agent.runner.launch(Work(argv=py("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)")))
+    agent.runner.launch(
+        Work(
+            argv=py(
+                "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+            )
+        )
+    )
     pid = agent.runner.runs[(1, 0)].process.pid
 
     def exit_now(code):

@@ -13,7 +13,9 @@ def cast(db):
     return make_cast()
 
 
-def test_a_job_requeued_while_the_pass_reads_the_cluster_is_left_for_the_next_pass(cast, monkeypatch, settings):
+def test_a_job_requeued_while_the_pass_reads_the_cluster_is_left_for_the_next_pass(
+    cast, monkeypatch, settings
+):
     settings.RETRY_BACKOFF_SECONDS = 0
     make_node("h1", gpus=2)
     job = submit(cast, gpus=2)
@@ -22,7 +24,9 @@ def test_a_job_requeued_while_the_pass_reads_the_cluster_is_left_for_the_next_pa
 
     def read_cluster_then_lose_the_job(*args, **kwargs):
         snapshot = read_cluster(*args, **kwargs)  # the job still runs here...
-        services.attempt_lost(attempt=job.attempts.get(), reason="node h1 lost", actor="test")  # ...queued here
+        services.attempt_lost(
+            attempt=job.attempts.get(), reason="node h1 lost", actor="test"
+        )  # ...queued here
         return snapshot
 
     monkeypatch.setattr(dispatcher, "load_cluster", read_cluster_then_lose_the_job)

@@ -96,7 +96,9 @@ def test_a_gang_is_placed_across_nodes_all_or_nothing(cast):
     gang.refresh_from_db()
     assert too_big.state == "queued" and not JobAttempt.objects.filter(job=too_big).exists()
     assert gang.state == "starting"
-    members = list(gang.attempts.get().members.order_by("rank").values_list("node__name", flat=True))
+    members = list(
+        gang.attempts.get().members.order_by("rank").values_list("node__name", flat=True)
+    )
     assert sorted(members) == ["h1", "h2"]
     assert GpuAllocation.objects.filter(released_at=None).count() == 8
 
@@ -127,7 +129,9 @@ def test_a_cancelled_running_job_keeps_its_gpus_until_the_agent_reports(cast):
     job, attempt = placed_and_started(cast)
     services.job_cancel(job=job, actor="test")
     assert GpuAllocation.objects.filter(released_at=None).count() == 1  # the process may still run
-    services.attempt_member_finished(attempt_id=attempt.pk, rank=0, token=str(attempt.token), exit_code=-15, reason="cancel")
+    services.attempt_member_finished(
+        attempt_id=attempt.pk, rank=0, token=str(attempt.token), exit_code=-15, reason="cancel"
+    )
     attempt.refresh_from_db()
     assert attempt.state == "cancelled"
     assert not GpuAllocation.objects.filter(released_at=None).exists()
@@ -138,7 +142,9 @@ def test_a_report_with_a_stale_token_changes_nothing(cast):
     job = submit(cast, gpus=1)
     dispatch_once()
     attempt = job.attempts.get()
-    assert not services.attempt_member_finished(attempt_id=attempt.pk, rank=0, token="0" * 32, exit_code=0)
+    assert not services.attempt_member_finished(
+        attempt_id=attempt.pk, rank=0, token="0" * 32, exit_code=0
+    )
     job.refresh_from_db()
     assert job.state == "starting"
 
@@ -186,7 +192,9 @@ def test_an_enterprise_job_preempts_the_cheapest_free_job(free_tenant):
     dispatch_once()
     for job in (fresh, stale):
         attempt = job.attempts.get()
-        services.attempt_member_started(attempt_id=attempt.pk, rank=0, token=str(attempt.token), pid=1)
+        services.attempt_member_started(
+            attempt_id=attempt.pk, rank=0, token=str(attempt.token), pid=1
+        )
     # `fresh` saved a checkpoint just now; `stale` has saved nothing since it started.
     JobAttempt.objects.filter(job=fresh).update(checkpoint="/c", checkpoint_at=timezone.now())
     JobAttempt.objects.filter(job=stale).update(started_at=timezone.now() - timedelta(minutes=5))

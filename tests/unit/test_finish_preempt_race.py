@@ -46,7 +46,9 @@ def test_an_exit_report_and_a_preemption_never_leave_the_job_stuck(monkeypatch):
 
     other = threading.Thread(target=preempt)
     other.start()
-    services.attempt_member_finished(attempt_id=attempt.pk, rank=0, token=str(attempt.token), exit_code=0)
+    services.attempt_member_finished(
+        attempt_id=attempt.pk, rank=0, token=str(attempt.token), exit_code=0
+    )
     other.join(10)
     job.refresh_from_db()
     assert job.state == "succeeded"  # the exit won; the preemption found it ended
@@ -64,7 +66,9 @@ def test_reconcile_settles_an_attempt_whose_members_all_ended():
     job, attempt = placed_and_started(make_cast())
     services.job_preempt(job=Job.objects.get(pk=job.pk), actor="test", reason="make room")
     # The member's end was written but the settling was lost.
-    AttemptMember.objects.filter(attempt=attempt).update(state="succeeded", exit_code=0, ended_at=attempt.created_at)
+    AttemptMember.objects.filter(attempt=attempt).update(
+        state="succeeded", exit_code=0, ended_at=attempt.created_at
+    )
     assert reconcile_once()["orphaned_attempts"] == 1
     job.refresh_from_db()
     attempt.refresh_from_db()
@@ -88,8 +92,12 @@ def test_a_heartbeat_renews_only_attempts_with_a_member_still_running():
     dispatch_once()
     attempts = [job.attempts.get() for job in jobs]
     for attempt in attempts:
-        services.attempt_member_started(attempt_id=attempt.pk, rank=0, token=str(attempt.token), pid=1)
-    AttemptMember.objects.filter(attempt=attempts[0]).update(ended_at=timezone.now())  # a lost settle
+        services.attempt_member_started(
+            attempt_id=attempt.pk, rank=0, token=str(attempt.token), pid=1
+        )
+    AttemptMember.objects.filter(attempt=attempts[0]).update(
+        ended_at=timezone.now()
+    )  # a lost settle
     past = timezone.now() - timedelta(seconds=60)
     JobAttempt.objects.filter(pk__in=[a.pk for a in attempts]).update(lease_expires_at=past)
     _renew_leases(Node.objects.get(name="h1"), timezone.now())

@@ -37,7 +37,9 @@ def test_hybrid_writes_v1_limits_and_denies_other_gpus(tmp_path):
         "7-0", Limits(memory_mib=256, pids_max=32, cpu_weight=200), deny_devices=[(195, 0)]
     )
     assert (group.v1["memory"] / "memory.limit_in_bytes").read_text() == str(256 * 2**20)
-    assert not (group.v1["memory"] / "memory.memsw.limit_in_bytes").exists()  # written only where the kernel has it
+    assert not (
+        group.v1["memory"] / "memory.memsw.limit_in_bytes"
+    ).exists()  # written only where the kernel has it
     assert (group.v1["pids"] / "pids.max").read_text() == "32"
     assert (group.v1["cpu"] / "cpu.shares").read_text() == "2048"
     assert (group.v1["devices"] / "devices.deny").read_text() == "c 195:0 rwm"

@@ -7,7 +7,9 @@ from gpuplatform.logs import JsonLinesFormatter
 
 
 def test_a_log_line_is_json_with_the_job_and_attempt_ids():
-    record = logging.LogRecord("apps.jobs.services", logging.INFO, __file__, 1, "job %s started", ("j1",), None)
+    record = logging.LogRecord(
+        "apps.jobs.services", logging.INFO, __file__, 1, "job %s started", ("j1",), None
+    )
     record.job_id, record.attempt_id = "j1", 7
     line = json.loads(JsonLinesFormatter().format(record))
     assert line["message"] == "job j1 started"

@@ -37,7 +37,9 @@ def run_and_exit(job: Job, exit_code: int, reason: str = "") -> None:
     attempt = job.attempts.order_by("-number").first()
     token = str(attempt.token)
     services.attempt_member_started(attempt_id=attempt.pk, rank=0, token=token, pid=1)
-    services.attempt_member_finished(attempt_id=attempt.pk, rank=0, token=token, exit_code=exit_code, reason=reason)
+    services.attempt_member_finished(
+        attempt_id=attempt.pk, rank=0, token=token, exit_code=exit_code, reason=reason
+    )
 
 
 def end_backoff(job: Job) -> None:
@@ -83,7 +85,9 @@ def test_preemptions_do_not_use_up_the_retries(cast):
     for _ in range(3):
         dispatch_once()
         attempt = job.attempts.order_by("-number").first()
-        services.attempt_member_started(attempt_id=attempt.pk, rank=0, token=str(attempt.token), pid=1)
+        services.attempt_member_started(
+            attempt_id=attempt.pk, rank=0, token=str(attempt.token), pid=1
+        )
         services.job_preempt(job=job, actor="test", reason="room for another job")
         services.attempt_member_finished(attempt_id=attempt.pk, rank=0, token=str(attempt.token), exit_code=0,
                                          reason="preempt")  # fmt: skip
@@ -111,7 +115,9 @@ def test_a_job_that_asks_is_retried_after_a_user_error_then_fails_at_the_limit(c
     dispatch_once()
     run_and_exit(job, 3)
     job.refresh_from_db()
-    assert job.state == "queued" and job.reason.startswith("exit code 3; retry 1 of 2 after 10s backoff")
+    assert job.state == "queued" and job.reason.startswith(
+        "exit code 3; retry 1 of 2 after 10s backoff"
+    )
     for _ in range(2):
         end_backoff(job)
         dispatch_once()
@@ -144,7 +150,9 @@ def test_a_lost_gang_is_not_placed_again_while_a_member_of_its_last_attempt_stil
     lose_node(lost.node.name)  # rank 1's node is lost; rank 0 is told to stop but still runs
     end_backoff(job)
     assert dispatch_once().placed == []  # two nodes are free, but rank 0's process is not gone yet
-    services.attempt_member_finished(attempt_id=attempt.pk, rank=0, token=token, exit_code=-15, reason="lost")
+    services.attempt_member_finished(
+        attempt_id=attempt.pk, rank=0, token=token, exit_code=-15, reason="lost"
+    )
     assert dispatch_once().placed == [str(job.id)]
 
 
@@ -155,11 +163,15 @@ def test_an_attempt_whose_lease_expires_is_lost_and_retried_behind_its_backoff(c
     make_node("h1", gpus=1)
     job = submit(cast)
     dispatch_once()
-    JobAttempt.objects.filter(job=job).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    JobAttempt.objects.filter(job=job).update(
+        lease_expires_at=timezone.now() - timedelta(seconds=1)
+    )
     assert expire_leases() == 1
     job.refresh_from_db()
     assert job.attempts.get().state == "lost"
-    assert job.state == "queued" and job.reason.startswith("lease expired while starting; retry 1 of 2 after 10s")
+    assert job.state == "queued" and job.reason.startswith(
+        "lease expired while starting; retry 1 of 2 after 10s"
+    )
 
 
 def test_staff_requeue_skips_the_backoff(cast):
@@ -167,5 +179,7 @@ def test_staff_requeue_skips_the_backoff(cast):
     job = submit(cast)
     dispatch_once()
     lose_node("h1")
-    services.job_requeue(job=Job.objects.get(pk=job.pk), actor="staff:support", reason="requeued by support")
+    services.job_requeue(
+        job=Job.objects.get(pk=job.pk), actor="staff:support", reason="requeued by support"
+    )
     assert dispatch_once().placed == [str(job.id)]

@@ -69,7 +69,9 @@ def runner(request, tmp_path):
     fenced = detect("n1")
     if not fenced.jailed:
         pytest.skip(f"cannot fence jobs here: {fenced.reason}")
-    return Runner(node="n1", data_dir=tmp_path, reporter=Recorder(), kill_grace=1.0, isolation=fenced)
+    return Runner(
+        node="n1", data_dir=tmp_path, reporter=Recorder(), kill_grace=1.0, isolation=fenced
+    )
 
 
 def run_until_finished(runner, timeout=20):
@@ -117,11 +119,20 @@ def test_a_missing_program_fails_the_job_not_the_agent(runner):
 
 
 def test_a_job_past_its_max_runtime_is_killed_with_reason_timeout(runner):
-    runner.launch(Work(argv=py("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"), max_runtime_seconds=1))
+    runner.launch(
+        Work(
+            argv=py(
+                "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+            ),
+            max_runtime_seconds=1,
+        )
+    )
     started = time.monotonic()
     finished = run_until_finished(runner)
     assert finished[2] == "timeout"
-    assert finished[1] == -signal.SIGKILL  # it ignored SIGTERM, so the grace period ended in SIGKILL
+    assert (
+        finished[1] == -signal.SIGKILL
+    )  # it ignored SIGTERM, so the grace period ended in SIGKILL
     assert time.monotonic() - started < 10
 
 
@@ -159,17 +170,27 @@ def test_a_restarted_agent_kills_the_orphans_of_the_previous_one(tmp_path):
 
 
 def test_progress_and_checkpoints_from_the_sdk_are_reported(runner):
-    runner.launch(Work(argv=["{python}", "-m", "gpuplatform_job.demo_train"], params={"steps": 3, "step_seconds": 0.01}))
+    runner.launch(
+        Work(
+            argv=["{python}", "-m", "gpuplatform_job.demo_train"],
+            params={"steps": 3, "step_seconds": 0.01},
+        )
+    )
     assert run_until_finished(runner)[1] == 0
     progress = [e[1] for e in runner.reporter.events if e[0] == "progress"]
     assert progress and progress[-1] == 1.0
 
 
 def test_preemption_signals_the_job_which_checkpoints_and_exits(runner, tmp_path):
-    work = Work(argv=["{python}", "-m", "gpuplatform_job.demo_train"], params={"steps": 1000, "step_seconds": 0.02})
+    work = Work(
+        argv=["{python}", "-m", "gpuplatform_job.demo_train"],
+        params={"steps": 1000, "step_seconds": 0.02},
+    )
     runner.launch(work)
     deadline = time.monotonic() + 15
-    while not any(e[0] == "progress" for e in runner.reporter.events) and time.monotonic() < deadline:
+    while (
+        not any(e[0] == "progress" for e in runner.reporter.events) and time.monotonic() < deadline
+    ):
         runner.tick()
         time.sleep(0.05)
     runner.stop(1, 0, "preempt")

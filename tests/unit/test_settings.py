@@ -11,7 +11,9 @@ from gpuplatform import embedded_redis
 
 def check(env: dict) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if k not in ("SECRET_KEY", "DEBUG", "DATABASE_URL")}
-    return subprocess.run([sys.executable, "manage.py", "check"], env={**base, **env}, capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "manage.py", "check"], env={**base, **env}, capture_output=True, text=True
+    )
 
 
 @pytest.mark.parametrize(
@@ -20,8 +22,14 @@ def check(env: dict) -> subprocess.CompletedProcess:
         ({}, "SECRET_KEY is required"),
         ({"SECRET_KEY": "x", "DATABASE_URL": "foo://bar"}, "DATABASE_URL"),
         ({"SECRET_KEY": "x", "REDIS_URL": "http://nope"}, "REDIS_URL"),
-        ({"SECRET_KEY": "x", "GPUPLATFORM_AGENT_REDIS_URL": "http://nope"}, "GPUPLATFORM_AGENT_REDIS_URL"),
-        ({"SECRET_KEY": "x", "GPUPLATFORM_HEARTBEAT_SECONDS": "fast"}, "GPUPLATFORM_HEARTBEAT_SECONDS"),
+        (
+            {"SECRET_KEY": "x", "GPUPLATFORM_AGENT_REDIS_URL": "http://nope"},
+            "GPUPLATFORM_AGENT_REDIS_URL",
+        ),
+        (
+            {"SECRET_KEY": "x", "GPUPLATFORM_HEARTBEAT_SECONDS": "fast"},
+            "GPUPLATFORM_HEARTBEAT_SECONDS",
+        ),
         ({"SECRET_KEY": "x", "PORT": "99999"}, "PORT"),
         ({"SECRET_KEY": "x", "DEBUG": "maybe"}, "DEBUG"),
     ],

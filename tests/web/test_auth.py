@@ -20,7 +20,9 @@ from tests.e2e.platform import ROOT
 PUBLIC = ["/login/", "/healthz", "/metrics"]
 
 
-@pytest.mark.parametrize("path", ["/", "/jobs/", "/jobs/new/", "/usage/", "/admin/", "/admin/nodes/node/"])
+@pytest.mark.parametrize(
+    "path", ["/", "/jobs/", "/jobs/new/", "/usage/", "/admin/", "/admin/nodes/node/"]
+)
 def test_pages_redirect_anonymous_visitors_to_sign_in(db, path):
     response = Client().get(path)
     assert response.status_code == 302 and "/login/" in response["Location"]
@@ -48,7 +50,9 @@ def test_flower_asks_for_basic_auth():
     port = _free_port()
     # As the Procfile runs it: the password in Flower's environment (FLOWER_BASIC_AUTH), where
     # `ps` cannot show it, never on its command line.
-    env = dict(os.environ, FLOWER_UNAUTHENTICATED_API="false", FLOWER_BASIC_AUTH="ops:flower-test-pw")
+    env = dict(
+        os.environ, FLOWER_UNAUTHENTICATED_API="false", FLOWER_BASIC_AUTH="ops:flower-test-pw"
+    )
     flower = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "gpuplatform", "flower", f"--port={port}", "--address=127.0.0.1"],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
@@ -67,7 +71,10 @@ def test_flower_asks_for_basic_auth():
         assert requests.get(url + "api/workers", timeout=5).status_code == 401
         assert requests.get(url, auth=("ops", "wrong"), timeout=5).status_code == 401
         good = base64.b64encode(b"ops:flower-test-pw").decode()
-        assert requests.get(url, headers={"Authorization": f"Basic {good}"}, timeout=10).status_code == 200
+        assert (
+            requests.get(url, headers={"Authorization": f"Basic {good}"}, timeout=10).status_code
+            == 200
+        )
         cmdline = pathlib.Path(f"/proc/{flower.pid}/cmdline").read_bytes()
         assert b"flower" in cmdline and b"flower-test-pw" not in cmdline
         ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
@@ -84,4 +91,6 @@ def test_no_procfile_command_carries_a_secret():
     procfile = (ROOT / "Procfile").read_text()
     secrets = r"FLOWER_BASIC_AUTH|SECRET_KEY|REDIS_URL|DATABASE_URL|GPUPLATFORM_NODE_CREDENTIAL|GPUPLATFORM_AGENT_REDIS_URL"
     assert not re.search(r"\$\{?(" + secrets + r")\b", procfile)
-    assert not re.search(r"--(broker|basic-auth|password|result-backend|credential)(=|\s)", procfile)
+    assert not re.search(
+        r"--(broker|basic-auth|password|result-backend|credential)(=|\s)", procfile
+    )

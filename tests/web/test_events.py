@@ -30,12 +30,20 @@ def parse(body: str) -> list[dict]:
             key, _, value = line.partition(":")
             fields[key] = value.lstrip(" ")
         if "event" in fields:
-            messages.append({"id": fields.get("id"), "event": fields["event"], "data": json.loads(fields["data"])})
+            messages.append(
+                {
+                    "id": fields.get("id"),
+                    "event": fields["event"],
+                    "data": json.loads(fields["data"]),
+                }
+            )
     return messages
 
 
 def stream(client, job_id, **headers) -> list[dict]:
-    response = client.get(f"/api/v1/jobs/{job_id}/events/?timeout=2", HTTP_ACCEPT="text/event-stream", **headers)
+    response = client.get(
+        f"/api/v1/jobs/{job_id}/events/?timeout=2", HTTP_ACCEPT="text/event-stream", **headers
+    )
     assert response.status_code == 200 and response["Content-Type"] == "text/event-stream"
     return parse(body_of(response))
 
@@ -56,7 +64,9 @@ def finished_job(as_user):
     for to in (JobState.STARTING, JobState.RUNNING, JobState.SUCCEEDED):
         assert transition_job(job, to=to, expect=[job.state], actor="test", reason=f"now {to}")
     Job.objects.filter(pk=job.pk).update(progress=1.0, attempts_count=1, exit_code=0)
-    default_storage.save(f"logs/{job_id}/attempt-1.log", ContentFile(b"step 1/3\nstep 2/3\nstep 3/3\ndone"))
+    default_storage.save(
+        f"logs/{job_id}/attempt-1.log", ContentFile(b"step 1/3\nstep 2/3\nstep 3/3\ndone")
+    )
     return job_id
 
 
@@ -64,9 +74,17 @@ def test_a_client_sees_every_state_in_order_then_progress_logs_and_end(as_user, 
     messages = stream(as_user("bob"), finished_job)
     states = [m["data"]["to"] for m in messages if m["event"] == "state"]
     assert states == ["queued", "starting", "running", "succeeded"]
-    assert [m["data"]["line"] for m in messages if m["event"] == "log"] == ["step 1/3", "step 2/3", "step 3/3", "done"]
+    assert [m["data"]["line"] for m in messages if m["event"] == "log"] == [
+        "step 1/3",
+        "step 2/3",
+        "step 3/3",
+        "done",
+    ]
     assert [m["data"]["progress"] for m in messages if m["event"] == "progress"] == [1.0]
-    assert messages[-1]["event"] == "end" and messages[-1]["data"] == {"state": "succeeded", "exit_code": 0}
+    assert messages[-1]["event"] == "end" and messages[-1]["data"] == {
+        "state": "succeeded",
+        "exit_code": 0,
+    }
 
 
 def test_reconnecting_with_last_event_id_resumes_without_repeats(as_user, finished_job):
@@ -74,7 +92,12 @@ def test_reconnecting_with_last_event_id_resumes_without_repeats(as_user, finish
     second_state = [m for m in first if m["event"] == "state"][1]
     again = stream(as_user("bob"), finished_job, HTTP_LAST_EVENT_ID=second_state["id"])
     assert [m["data"]["to"] for m in again if m["event"] == "state"] == ["running", "succeeded"]
-    assert [m["data"]["line"] for m in again if m["event"] == "log"] == ["step 1/3", "step 2/3", "step 3/3", "done"]
+    assert [m["data"]["line"] for m in again if m["event"] == "log"] == [
+        "step 1/3",
+        "step 2/3",
+        "step 3/3",
+        "done",
+    ]
     after_logs = [m for m in first if m["event"] == "log"][1]
     rest = stream(as_user("bob"), finished_job, HTTP_LAST_EVENT_ID=after_logs["id"])
     assert [m["data"]["line"] for m in rest if m["event"] == "log"] == ["step 3/3", "done"]
@@ -104,5 +127,10 @@ def test_another_tenant_gets_404_and_no_token_gets_401(as_user, finished_job):
     for accept in ("text/event-stream", "application/json"):
         dave = as_user("dave").get(f"/api/v1/jobs/{finished_job}/events/", HTTP_ACCEPT=accept)
         assert dave.status_code == 404
-        assert as_user(None).get(f"/api/v1/jobs/{finished_job}/events/", HTTP_ACCEPT=accept).status_code == 401
+        assert (
+            as_user(None)
+            .get(f"/api/v1/jobs/{finished_job}/events/", HTTP_ACCEPT=accept)
+            .status_code
+            == 401
+        )
     assert client_for("bad-token").get(f"/api/v1/jobs/{finished_job}/events/").status_code == 401

@@ -39,7 +39,9 @@ def test_metrics_parse_and_move_as_a_job_is_queued_placed_and_started(as_user):
     assert value(queued, "gpuplatform_jobs", state="queued") == 1
 
     job = Job.objects.get(pk=job_id)
-    Job.objects.filter(pk=job_id).update(state=JobState.RUNNING, started_at=job.created_at + timedelta(seconds=20))
+    Job.objects.filter(pk=job_id).update(
+        state=JobState.RUNNING, started_at=job.created_at + timedelta(seconds=20)
+    )
     attempt = JobAttempt.objects.create(job=job, number=1, state="running")
     for gpu in Gpu.objects.filter(node__name="h1")[:2]:
         GpuAllocation.objects.create(attempt=attempt, gpu=gpu)
@@ -62,9 +64,15 @@ def test_heartbeat_age_dispatch_duration_and_rejections_are_exported(cast):
     after = scrape()
     assert 29 <= value(after, "gpuplatform_node_heartbeat_age_seconds", node="h1") < 60
     assert value(after, "gpuplatform_dispatch_last_seconds") == 0.125
-    assert value(after, "gpuplatform_dispatch_passes_total") == value(before, "gpuplatform_dispatch_passes_total") + 1
+    assert (
+        value(after, "gpuplatform_dispatch_passes_total")
+        == value(before, "gpuplatform_dispatch_passes_total") + 1
+    )
     rejected = value(after, "gpuplatform_admission_rejections_total", reason="rate_limited")
-    assert rejected == value(before, "gpuplatform_admission_rejections_total", reason="rate_limited") + 1
+    assert (
+        rejected
+        == value(before, "gpuplatform_admission_rejections_total", reason="rate_limited") + 1
+    )
 
 
 def test_admissions_own_counters_are_exported(cast):
@@ -72,4 +80,12 @@ def test_admissions_own_counters_are_exported(cast):
 
     bump("rate_limit_redis_down_refused:free", 2)
     samples = scrape()
-    assert value(samples, "gpuplatform_admission_events_total", event="rate_limit_redis_down_refused", tier="free") == 2
+    assert (
+        value(
+            samples,
+            "gpuplatform_admission_events_total",
+            event="rate_limit_redis_down_refused",
+            tier="free",
+        )
+        == 2
+    )

@@ -68,7 +68,11 @@ def test_every_page_renders_for_a_member_and_for_staff(browser_as, path):
 
 def test_the_submit_form_shows_the_templates_parameters_and_free_gpus(browser_as):
     page = browser_as("bob").get("/jobs/new/?template=demo-train").content.decode()
-    assert 'name="param_steps"' in page and 'name="param_step_seconds"' in page and 'name="param_fail_at_step"' in page
+    assert (
+        'name="param_steps"' in page
+        and 'name="param_step_seconds"' in page
+        and 'name="param_fail_at_step"' in page
+    )
     assert "H100-80GB — 8 of 8 free now" in page
     infer = browser_as("bob").get("/jobs/new/?template=demo-infer").content.decode()
     assert 'name="param_prompt"' in infer and 'name="param_steps"' not in infer
@@ -102,7 +106,9 @@ def test_the_form_submits_through_the_same_service_as_the_api(bobs_job):
         ({"template": "no-such"}, "template", "unknown template"),
     ],
 )
-def test_bad_input_is_shown_next_to_its_field_and_nothing_is_submitted(browser_as, changes, field, message):
+def test_bad_input_is_shown_next_to_its_field_and_nothing_is_submitted(
+    browser_as, changes, field, message
+):
     response = submit(browser_as("bob"), **changes)
     assert response.status_code == 400
     page = response.content.decode()
@@ -132,8 +138,12 @@ def test_a_queued_job_shows_its_queue_position_and_why_it_waits(browser_as, bobs
 
 
 def test_the_job_page_shows_log_tail_artifacts_and_the_timeline(browser_as, bobs_job):
-    Job.objects.filter(pk=bobs_job.pk).update(attempts_count=1, state=JobState.SUCCEEDED, progress=1.0, exit_code=0)
-    default_storage.save(f"logs/{bobs_job.pk}/attempt-1.log", ContentFile(b"step 1/5\nstep 5/5\ndemo-train: done\n"))
+    Job.objects.filter(pk=bobs_job.pk).update(
+        attempts_count=1, state=JobState.SUCCEEDED, progress=1.0, exit_code=0
+    )
+    default_storage.save(
+        f"logs/{bobs_job.pk}/attempt-1.log", ContentFile(b"step 1/5\nstep 5/5\ndemo-train: done\n")
+    )
     Artifact.objects.create(job=bobs_job, name="result.json",
                             file=default_storage.save(f"artifacts/{bobs_job.pk}/result.json", ContentFile(b"{}")))  # fmt: skip
     page = browser_as("alice").get(f"/jobs/{bobs_job.pk}/").content.decode()
@@ -200,7 +210,9 @@ def test_a_double_click_submits_once(browser_as):
     bob = browser_as("bob")
     first = submit(bob, idempotency_key="web-same-form")
     second = submit(bob, idempotency_key="web-same-form")
-    assert first.status_code == second.status_code == 302 and first["Location"] == second["Location"]
+    assert (
+        first.status_code == second.status_code == 302 and first["Location"] == second["Location"]
+    )
     assert Job.objects.count() == 1
 
 

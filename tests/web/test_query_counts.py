@@ -37,7 +37,9 @@ def queries_for(client, path) -> int:
 @pytest.mark.parametrize("path", ["/", "/jobs/", "/usage/"])
 def test_customer_list_pages_do_not_grow_with_the_rows(browser_as, path):
     bob = browser_as("bob")
-    hook = services.webhook_create(tenant=Tenant.objects.get(slug="acme"), url="http://127.0.0.1:9/")
+    hook = services.webhook_create(
+        tenant=Tenant.objects.get(slug="acme"), url="http://127.0.0.1:9/"
+    )
     for _ in range(3):
         bob.post("/jobs/new/", FORM)
     services.deliveries_enqueue(now=timezone.now() + timedelta(seconds=10))
@@ -50,7 +52,9 @@ def test_customer_list_pages_do_not_grow_with_the_rows(browser_as, path):
 
 
 def test_the_delivery_log_admin_does_not_grow_with_the_rows(browser_as):
-    hook = services.webhook_create(tenant=Tenant.objects.get(slug="acme"), url="http://127.0.0.1:9/")
+    hook = services.webhook_create(
+        tenant=Tenant.objects.get(slug="acme"), url="http://127.0.0.1:9/"
+    )
     bob, staff = browser_as("bob"), browser_as("staff")
     bob.post("/jobs/new/", FORM)
     services.deliveries_enqueue(now=timezone.now() + timedelta(seconds=10))

@@ -64,7 +64,9 @@ def free_port() -> int:
 @pytest.fixture
 def run_job(as_user):
     def run() -> Job:
-        job = Job.objects.get(pk=as_user("bob").post("/api/v1/jobs/", GOOD, format="json").json()["id"])
+        job = Job.objects.get(
+            pk=as_user("bob").post("/api/v1/jobs/", GOOD, format="json").json()["id"]
+        )
         for to in (JobState.STARTING, JobState.RUNNING, JobState.SUCCEEDED):
             assert transition_job(job, to=to, expect=[job.state], actor="test")
         return job
@@ -73,7 +75,9 @@ def run_job(as_user):
 
 
 def verify(secret: str, headers: dict, body: bytes) -> bool:
-    expected = hmac.new(secret.encode(), headers["X-Gpuplatform-Timestamp"].encode() + b"." + body, hashlib.sha256)
+    expected = hmac.new(
+        secret.encode(), headers["X-Gpuplatform-Timestamp"].encode() + b"." + body, hashlib.sha256
+    )
     return hmac.compare_digest(headers["X-Gpuplatform-Signature"], "sha256=" + expected.hexdigest())
 
 
@@ -81,7 +85,9 @@ def test_each_state_change_reaches_the_receiver_signed_in_order_despite_an_outag
     port = free_port()
     acme = Tenant.objects.get(slug="acme")
     hook = services.webhook_create(tenant=acme, url=f"http://127.0.0.1:{port}/hook")
-    outsider = services.webhook_create(tenant=Tenant.objects.get(slug="globex"), url=f"http://127.0.0.1:{port}/x")
+    outsider = services.webhook_create(
+        tenant=Tenant.objects.get(slug="globex"), url=f"http://127.0.0.1:{port}/x"
+    )
     job = run_job()
     t0 = timezone.now() + timedelta(seconds=services.SETTLE_SECONDS + 1)
 
@@ -99,7 +105,12 @@ def test_each_state_change_reaches_the_receiver_signed_in_order_despite_an_outag
     try:
         receiver.status = 503  # up but failing
         assert services.pump(now=t0 + timedelta(seconds=1.5)) == 0
-        assert [(d.attempts, d.last_status_code) for d in pending.all()] == [(2, 503), (0, None), (0, None), (0, None)]
+        assert [(d.attempts, d.last_status_code) for d in pending.all()] == [
+            (2, 503),
+            (0, None),
+            (0, None),
+            (0, None),
+        ]
 
         receiver.status = 200
         assert services.pump(now=t0 + timedelta(seconds=10)) == 4
@@ -120,14 +131,20 @@ def test_each_state_change_reaches_the_receiver_signed_in_order_despite_an_outag
 
 def test_a_new_webhook_does_not_replay_history_and_a_dead_receiver_is_given_up(cast, run_job):
     run_job()
-    hook = services.webhook_create(tenant=Tenant.objects.get(slug="acme"), url=f"http://127.0.0.1:{free_port()}/")
+    hook = services.webhook_create(
+        tenant=Tenant.objects.get(slug="acme"), url=f"http://127.0.0.1:{free_port()}/"
+    )
     later = timezone.now() + timedelta(seconds=services.SETTLE_SECONDS + 1)
     assert services.deliveries_enqueue(now=later) == 0
     job = Job.objects.get()
-    Job.objects.filter(pk=job.pk).update(state=JobState.SUCCEEDED)  # (history only; a new event below)
+    Job.objects.filter(pk=job.pk).update(
+        state=JobState.SUCCEEDED
+    )  # (history only; a new event below)
     from apps.jobs.services import record_event
 
-    record_event(job, actor="test", from_state="succeeded", to_state="queued", reason="requeued by support")
+    record_event(
+        job, actor="test", from_state="succeeded", to_state="queued", reason="requeued by support"
+    )
     now = timezone.now() + timedelta(seconds=services.SETTLE_SECONDS + 1)
     for _ in range(services.MAX_ATTEMPTS):
         services.pump(now=now)
@@ -137,11 +154,21 @@ def test_a_new_webhook_does_not_replay_history_and_a_dead_receiver_is_given_up(c
 
 
 def test_backoff_doubles_up_to_ten_minutes():
-    assert [services.backoff(n).total_seconds() for n in (1, 2, 3, 4, 10, 11, 30)] == [1, 2, 4, 8, 512, 600, 600]
+    assert [services.backoff(n).total_seconds() for n in (1, 2, 3, 4, 10, 11, 30)] == [
+        1,
+        2,
+        4,
+        8,
+        512,
+        600,
+        600,
+    ]
 
 
 def test_the_usage_page_shows_the_tenants_delivery_log(cast, run_job):
-    hook = services.webhook_create(tenant=Tenant.objects.get(slug="acme"), url="http://127.0.0.1:9/hook")
+    hook = services.webhook_create(
+        tenant=Tenant.objects.get(slug="acme"), url="http://127.0.0.1:9/hook"
+    )
     run_job()
     services.deliveries_enqueue(now=timezone.now() + timedelta(seconds=services.SETTLE_SECONDS + 1))
     client = Client()

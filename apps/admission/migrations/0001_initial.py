@@ -6,58 +6,139 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('jobs', '0003_job_preemption_count'),
-        ('tenants', '0002_default_tiers'),
+        ("jobs", "0003_job_preemption_count"),
+        ("tenants", "0002_default_tiers"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='AdmissionCounter',
+            name="AdmissionCounter",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=100, unique=True)),
-                ('value', models.PositiveBigIntegerField(default=0)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=100, unique=True)),
+                ("value", models.PositiveBigIntegerField(default=0)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
             ],
         ),
         migrations.CreateModel(
-            name='TemplateCachePolicy',
+            name="TemplateCachePolicy",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('ttl_seconds', models.PositiveIntegerField(help_text='0 turns the cache off for this template.')),
-                ('template', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='cache_policy', to='jobs.jobtemplate')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "ttl_seconds",
+                    models.PositiveIntegerField(
+                        help_text="0 turns the cache off for this template."
+                    ),
+                ),
+                (
+                    "template",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="cache_policy",
+                        to="jobs.jobtemplate",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='CachedJob',
+            name="CachedJob",
             fields=[
-                ('job', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, primary_key=True, related_name='cache_link', serialize=False, to='jobs.job')),
-                ('key', models.CharField(max_length=64)),
-                ('role', models.CharField(choices=[('origin', 'Origin'), ('follower', 'Follower'), ('hit', 'Hit')], max_length=16)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('source', models.ForeignKey(blank=True, help_text='The origin a follower joined or a hit was served from.', null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='cache_dependents', to='jobs.job')),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='tenants.tenant')),
+                (
+                    "job",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        primary_key=True,
+                        related_name="cache_link",
+                        serialize=False,
+                        to="jobs.job",
+                    ),
+                ),
+                ("key", models.CharField(max_length=64)),
+                (
+                    "role",
+                    models.CharField(
+                        choices=[("origin", "Origin"), ("follower", "Follower"), ("hit", "Hit")],
+                        max_length=16,
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "source",
+                    models.ForeignKey(
+                        blank=True,
+                        help_text="The origin a follower joined or a hit was served from.",
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="cache_dependents",
+                        to="jobs.job",
+                    ),
+                ),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="+",
+                        to="tenants.tenant",
+                    ),
+                ),
             ],
             options={
-                'indexes': [models.Index(fields=['tenant', 'key', 'role'], name='admission_c_tenant__0df5a2_idx')],
+                "indexes": [
+                    models.Index(
+                        fields=["tenant", "key", "role"], name="admission_c_tenant__0df5a2_idx"
+                    )
+                ],
             },
         ),
         migrations.CreateModel(
-            name='IdempotencyKey',
+            name="IdempotencyKey",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('key', models.CharField(max_length=255)),
-                ('body_sha256', models.CharField(max_length=64)),
-                ('created_at', models.DateTimeField(db_index=True, default=django.utils.timezone.now)),
-                ('job', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='jobs.job')),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='idempotency_keys', to='tenants.tenant')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("key", models.CharField(max_length=255)),
+                ("body_sha256", models.CharField(max_length=64)),
+                (
+                    "created_at",
+                    models.DateTimeField(db_index=True, default=django.utils.timezone.now),
+                ),
+                (
+                    "job",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="+", to="jobs.job"
+                    ),
+                ),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="idempotency_keys",
+                        to="tenants.tenant",
+                    ),
+                ),
             ],
             options={
-                'constraints': [models.UniqueConstraint(fields=('tenant', 'key'), name='idempotency_key_once_per_tenant')],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("tenant", "key"), name="idempotency_key_once_per_tenant"
+                    )
+                ],
             },
         ),
     ]

@@ -5,18 +5,26 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('admission', '0001_initial'),
-        ('tenants', '0005_tier_preempt_wait'),
+        ("admission", "0001_initial"),
+        ("tenants", "0005_tier_preempt_wait"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='QueuedCount',
+            name="QueuedCount",
             fields=[
-                ('tenant', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, primary_key=True, related_name='queued_count', serialize=False, to='tenants.tenant')),
-                ('queued', models.IntegerField(default=0)),
+                (
+                    "tenant",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        primary_key=True,
+                        related_name="queued_count",
+                        serialize=False,
+                        to="tenants.tenant",
+                    ),
+                ),
+                ("queued", models.IntegerField(default=0)),
             ],
         ),
     ]

@@ -8,177 +8,402 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('nodes', '0001_initial'),
-        ('tenants', '0001_initial'),
+        ("nodes", "0001_initial"),
+        ("tenants", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='JobTemplate',
+            name="JobTemplate",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.SlugField(max_length=64, unique=True)),
-                ('description', models.CharField(blank=True, max_length=300)),
-                ('argv', models.JSONField(help_text='e.g. ["{python}", "-m", "gpuplatform_job.demo_train"]')),
-                ('params_schema', models.JSONField(blank=True, default=dict)),
-                ('version', models.PositiveIntegerField(default=1)),
-                ('checkpointable', models.BooleanField(default=False)),
-                ('cacheable', models.BooleanField(default=False)),
-                ('default_max_runtime_seconds', models.PositiveIntegerField(default=3600)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.SlugField(max_length=64, unique=True)),
+                ("description", models.CharField(blank=True, max_length=300)),
+                (
+                    "argv",
+                    models.JSONField(
+                        help_text='e.g. ["{python}", "-m", "gpuplatform_job.demo_train"]'
+                    ),
+                ),
+                ("params_schema", models.JSONField(blank=True, default=dict)),
+                ("version", models.PositiveIntegerField(default=1)),
+                ("checkpointable", models.BooleanField(default=False)),
+                ("cacheable", models.BooleanField(default=False)),
+                ("default_max_runtime_seconds", models.PositiveIntegerField(default=3600)),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='Job',
+            name="Job",
             fields=[
-                ('id', models.UUIDField(default=uuid.uuid4, editable=False, primary_key=True, serialize=False)),
-                ('name', models.CharField(max_length=100)),
-                ('params', models.JSONField(blank=True, default=dict)),
-                ('command', models.JSONField(blank=True, null=True)),
-                ('gpus', models.PositiveSmallIntegerField(default=1, help_text='GPUs per node.')),
-                ('nodes', models.PositiveSmallIntegerField(default=1, help_text='Gang size; 1 is a single-node job.')),
-                ('node_selector', models.JSONField(blank=True, default=dict)),
-                ('max_runtime_seconds', models.PositiveIntegerField(default=3600)),
-                ('checkpointable', models.BooleanField(default=False)),
-                ('cacheable', models.BooleanField(default=False)),
-                ('priority_boost', models.SmallIntegerField(default=0)),
-                ('state', models.CharField(choices=[('queued', 'Queued'), ('starting', 'Starting'), ('running', 'Running'), ('preempting', 'Preempting'), ('succeeded', 'Succeeded'), ('failed', 'Failed'), ('cancelled', 'Cancelled')], db_index=True, default='queued', max_length=16)),
-                ('version', models.PositiveIntegerField(default=0)),
-                ('progress', models.FloatField(default=0.0)),
-                ('reason', models.CharField(blank=True, max_length=300)),
-                ('exit_code', models.IntegerField(blank=True, null=True)),
-                ('cache_hit', models.BooleanField(default=False)),
-                ('attempts_count', models.PositiveSmallIntegerField(default=0)),
-                ('created_at', models.DateTimeField(auto_now_add=True, db_index=True)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('gpu_sku', models.ForeignKey(blank=True, help_text='Empty: any SKU.', null=True, on_delete=django.db.models.deletion.PROTECT, related_name='jobs', to='nodes.gpusku')),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='jobs', to='tenants.tenant')),
-                ('tier', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='jobs', to='tenants.tier')),
-                ('user', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='jobs', to=settings.AUTH_USER_MODEL)),
-                ('template', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, to='jobs.jobtemplate')),
+                (
+                    "id",
+                    models.UUIDField(
+                        default=uuid.uuid4, editable=False, primary_key=True, serialize=False
+                    ),
+                ),
+                ("name", models.CharField(max_length=100)),
+                ("params", models.JSONField(blank=True, default=dict)),
+                ("command", models.JSONField(blank=True, null=True)),
+                ("gpus", models.PositiveSmallIntegerField(default=1, help_text="GPUs per node.")),
+                (
+                    "nodes",
+                    models.PositiveSmallIntegerField(
+                        default=1, help_text="Gang size; 1 is a single-node job."
+                    ),
+                ),
+                ("node_selector", models.JSONField(blank=True, default=dict)),
+                ("max_runtime_seconds", models.PositiveIntegerField(default=3600)),
+                ("checkpointable", models.BooleanField(default=False)),
+                ("cacheable", models.BooleanField(default=False)),
+                ("priority_boost", models.SmallIntegerField(default=0)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("queued", "Queued"),
+                            ("starting", "Starting"),
+                            ("running", "Running"),
+                            ("preempting", "Preempting"),
+                            ("succeeded", "Succeeded"),
+                            ("failed", "Failed"),
+                            ("cancelled", "Cancelled"),
+                        ],
+                        db_index=True,
+                        default="queued",
+                        max_length=16,
+                    ),
+                ),
+                ("version", models.PositiveIntegerField(default=0)),
+                ("progress", models.FloatField(default=0.0)),
+                ("reason", models.CharField(blank=True, max_length=300)),
+                ("exit_code", models.IntegerField(blank=True, null=True)),
+                ("cache_hit", models.BooleanField(default=False)),
+                ("attempts_count", models.PositiveSmallIntegerField(default=0)),
+                ("created_at", models.DateTimeField(auto_now_add=True, db_index=True)),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "gpu_sku",
+                    models.ForeignKey(
+                        blank=True,
+                        help_text="Empty: any SKU.",
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="jobs",
+                        to="nodes.gpusku",
+                    ),
+                ),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="jobs",
+                        to="tenants.tenant",
+                    ),
+                ),
+                (
+                    "tier",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="jobs",
+                        to="tenants.tier",
+                    ),
+                ),
+                (
+                    "user",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="jobs",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "template",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        to="jobs.jobtemplate",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at'],
+                "ordering": ["-created_at"],
             },
         ),
         migrations.CreateModel(
-            name='JobAttempt',
+            name="JobAttempt",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('number', models.PositiveSmallIntegerField()),
-                ('state', models.CharField(choices=[('starting', 'Starting'), ('running', 'Running'), ('preempting', 'Preempting'), ('succeeded', 'Succeeded'), ('failed', 'Failed'), ('preempted', 'Preempted'), ('cancelled', 'Cancelled'), ('lost', 'Lost')], default='starting', max_length=16)),
-                ('token', models.UUIDField(default=uuid.uuid4, editable=False)),
-                ('version', models.PositiveIntegerField(default=0)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('ended_at', models.DateTimeField(blank=True, null=True)),
-                ('lease_expires_at', models.DateTimeField(blank=True, null=True)),
-                ('exit_code', models.IntegerField(blank=True, null=True)),
-                ('reason', models.CharField(blank=True, max_length=300)),
-                ('checkpoint', models.CharField(blank=True, max_length=500)),
-                ('stop_requested', models.CharField(blank=True, help_text='Why the agents should stop it: "cancel", "lost", ...', max_length=32)),
-                ('job', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='attempts', to='jobs.job')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("number", models.PositiveSmallIntegerField()),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("starting", "Starting"),
+                            ("running", "Running"),
+                            ("preempting", "Preempting"),
+                            ("succeeded", "Succeeded"),
+                            ("failed", "Failed"),
+                            ("preempted", "Preempted"),
+                            ("cancelled", "Cancelled"),
+                            ("lost", "Lost"),
+                        ],
+                        default="starting",
+                        max_length=16,
+                    ),
+                ),
+                ("token", models.UUIDField(default=uuid.uuid4, editable=False)),
+                ("version", models.PositiveIntegerField(default=0)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("ended_at", models.DateTimeField(blank=True, null=True)),
+                ("lease_expires_at", models.DateTimeField(blank=True, null=True)),
+                ("exit_code", models.IntegerField(blank=True, null=True)),
+                ("reason", models.CharField(blank=True, max_length=300)),
+                ("checkpoint", models.CharField(blank=True, max_length=500)),
+                (
+                    "stop_requested",
+                    models.CharField(
+                        blank=True,
+                        help_text='Why the agents should stop it: "cancel", "lost", ...',
+                        max_length=32,
+                    ),
+                ),
+                (
+                    "job",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="attempts",
+                        to="jobs.job",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['job', 'number'],
+                "ordering": ["job", "number"],
             },
         ),
         migrations.CreateModel(
-            name='GpuAllocation',
+            name="GpuAllocation",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('allocated_at', models.DateTimeField(auto_now_add=True)),
-                ('released_at', models.DateTimeField(blank=True, null=True)),
-                ('gpu', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='allocations', to='nodes.gpu')),
-                ('attempt', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='allocations', to='jobs.jobattempt')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("allocated_at", models.DateTimeField(auto_now_add=True)),
+                ("released_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "gpu",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="allocations",
+                        to="nodes.gpu",
+                    ),
+                ),
+                (
+                    "attempt",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="allocations",
+                        to="jobs.jobattempt",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='AttemptMember',
+            name="AttemptMember",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('rank', models.PositiveSmallIntegerField(default=0)),
-                ('gpu_indices', models.JSONField(default=list)),
-                ('state', models.CharField(choices=[('starting', 'Starting'), ('running', 'Running'), ('preempting', 'Preempting'), ('succeeded', 'Succeeded'), ('failed', 'Failed'), ('preempted', 'Preempted'), ('cancelled', 'Cancelled'), ('lost', 'Lost')], default='starting', max_length=16)),
-                ('pid', models.IntegerField(blank=True, null=True)),
-                ('exit_code', models.IntegerField(blank=True, null=True)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('ended_at', models.DateTimeField(blank=True, null=True)),
-                ('node', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='members', to='nodes.node')),
-                ('attempt', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='members', to='jobs.jobattempt')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("rank", models.PositiveSmallIntegerField(default=0)),
+                ("gpu_indices", models.JSONField(default=list)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("starting", "Starting"),
+                            ("running", "Running"),
+                            ("preempting", "Preempting"),
+                            ("succeeded", "Succeeded"),
+                            ("failed", "Failed"),
+                            ("preempted", "Preempted"),
+                            ("cancelled", "Cancelled"),
+                            ("lost", "Lost"),
+                        ],
+                        default="starting",
+                        max_length=16,
+                    ),
+                ),
+                ("pid", models.IntegerField(blank=True, null=True)),
+                ("exit_code", models.IntegerField(blank=True, null=True)),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("ended_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "node",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="members",
+                        to="nodes.node",
+                    ),
+                ),
+                (
+                    "attempt",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="members",
+                        to="jobs.jobattempt",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['attempt', 'rank'],
+                "ordering": ["attempt", "rank"],
             },
         ),
         migrations.CreateModel(
-            name='Artifact',
+            name="Artifact",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=255)),
-                ('file', models.FileField(max_length=500, upload_to=apps.jobs.models.artifact_path)),
-                ('size', models.PositiveBigIntegerField(default=0)),
-                ('sha256', models.CharField(blank=True, max_length=64)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('job', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='artifacts', to='jobs.job')),
-                ('attempt', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, to='jobs.jobattempt')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=255)),
+                (
+                    "file",
+                    models.FileField(max_length=500, upload_to=apps.jobs.models.artifact_path),
+                ),
+                ("size", models.PositiveBigIntegerField(default=0)),
+                ("sha256", models.CharField(blank=True, max_length=64)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "job",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="artifacts",
+                        to="jobs.job",
+                    ),
+                ),
+                (
+                    "attempt",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        to="jobs.jobattempt",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='JobEvent',
+            name="JobEvent",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('created_at', models.DateTimeField(auto_now_add=True, db_index=True)),
-                ('kind', models.CharField(default='state', max_length=16)),
-                ('from_state', models.CharField(blank=True, max_length=16)),
-                ('to_state', models.CharField(blank=True, max_length=16)),
-                ('actor', models.CharField(help_text='"user:alice", "system:dispatcher", "agent:n1"', max_length=100)),
-                ('reason', models.CharField(blank=True, max_length=300)),
-                ('data', models.JSONField(blank=True, default=dict)),
-                ('attempt', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, to='jobs.jobattempt')),
-                ('job', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='events', to='jobs.job')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True, db_index=True)),
+                ("kind", models.CharField(default="state", max_length=16)),
+                ("from_state", models.CharField(blank=True, max_length=16)),
+                ("to_state", models.CharField(blank=True, max_length=16)),
+                (
+                    "actor",
+                    models.CharField(
+                        help_text='"user:alice", "system:dispatcher", "agent:n1"', max_length=100
+                    ),
+                ),
+                ("reason", models.CharField(blank=True, max_length=300)),
+                ("data", models.JSONField(blank=True, default=dict)),
+                (
+                    "attempt",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        to="jobs.jobattempt",
+                    ),
+                ),
+                (
+                    "job",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="events",
+                        to="jobs.job",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['created_at', 'id'],
+                "ordering": ["created_at", "id"],
             },
         ),
         migrations.AddConstraint(
-            model_name='jobattempt',
-            constraint=models.UniqueConstraint(fields=('job', 'number'), name='attempt_unique_number'),
+            model_name="jobattempt",
+            constraint=models.UniqueConstraint(
+                fields=("job", "number"), name="attempt_unique_number"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='jobattempt',
-            constraint=models.UniqueConstraint(condition=models.Q(('state__in', ['starting', 'running', 'preempting'])), fields=('job',), name='attempt_one_active_per_job'),
+            model_name="jobattempt",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("state__in", ["starting", "running", "preempting"])),
+                fields=("job",),
+                name="attempt_one_active_per_job",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='gpuallocation',
-            constraint=models.UniqueConstraint(condition=models.Q(('released_at__isnull', True)), fields=('gpu',), name='gpu_allocated_once'),
+            model_name="gpuallocation",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("released_at__isnull", True)),
+                fields=("gpu",),
+                name="gpu_allocated_once",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='attemptmember',
-            constraint=models.UniqueConstraint(fields=('attempt', 'rank'), name='member_unique_rank'),
+            model_name="attemptmember",
+            constraint=models.UniqueConstraint(
+                fields=("attempt", "rank"), name="member_unique_rank"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='artifact',
-            constraint=models.UniqueConstraint(fields=('job', 'name'), name='artifact_unique_name'),
+            model_name="artifact",
+            constraint=models.UniqueConstraint(fields=("job", "name"), name="artifact_unique_name"),
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(fields=['tenant', '-created_at'], name='jobs_job_tenant__16756c_idx'),
+            model_name="job",
+            index=models.Index(
+                fields=["tenant", "-created_at"], name="jobs_job_tenant__16756c_idx"
+            ),
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(fields=['state', 'created_at'], name='jobs_job_state_d065b7_idx'),
+            model_name="job",
+            index=models.Index(fields=["state", "created_at"], name="jobs_job_state_d065b7_idx"),
         ),
     ]

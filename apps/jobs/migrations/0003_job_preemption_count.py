@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0002_builtin_templates'),
+        ("jobs", "0002_builtin_templates"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='job',
-            name='preemption_count',
+            model_name="job",
+            name="preemption_count",
             field=models.PositiveSmallIntegerField(default=0),
         ),
     ]

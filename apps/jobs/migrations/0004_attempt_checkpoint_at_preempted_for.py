@@ -4,20 +4,23 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0003_job_preemption_count'),
+        ("jobs", "0003_job_preemption_count"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='jobattempt',
-            name='checkpoint_at',
-            field=models.DateTimeField(blank=True, help_text='When the last checkpoint was saved.', null=True),
+            model_name="jobattempt",
+            name="checkpoint_at",
+            field=models.DateTimeField(
+                blank=True, help_text="When the last checkpoint was saved.", null=True
+            ),
         ),
         migrations.AddField(
-            model_name='jobattempt',
-            name='preempted_for',
-            field=models.CharField(blank=True, help_text='The job it is being preempted for.', max_length=64),
+            model_name="jobattempt",
+            name="preempted_for",
+            field=models.CharField(
+                blank=True, help_text="The job it is being preempted for.", max_length=64
+            ),
         ),
     ]

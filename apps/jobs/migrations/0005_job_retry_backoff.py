@@ -4,20 +4,26 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0004_attempt_checkpoint_at_preempted_for'),
+        ("jobs", "0004_attempt_checkpoint_at_preempted_for"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='job',
-            name='not_before',
-            field=models.DateTimeField(blank=True, help_text='A retry waits out its backoff: the dispatcher places it from then on.', null=True),
+            model_name="job",
+            name="not_before",
+            field=models.DateTimeField(
+                blank=True,
+                help_text="A retry waits out its backoff: the dispatcher places it from then on.",
+                null=True,
+            ),
         ),
         migrations.AddField(
-            model_name='job',
-            name='retry_on_failure',
-            field=models.BooleanField(default=False, help_text='Retry a user error (non-zero exit) too, not only infrastructure failures.'),
+            model_name="job",
+            name="retry_on_failure",
+            field=models.BooleanField(
+                default=False,
+                help_text="Retry a user error (non-zero exit) too, not only infrastructure failures.",
+            ),
         ),
     ]

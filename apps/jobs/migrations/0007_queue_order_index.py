@@ -6,27 +6,45 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0006_job_tenant_state_index'),
-        ('nodes', '0003_node_drain_deadline'),
-        ('tenants', '0005_tier_preempt_wait'),
+        ("jobs", "0006_job_tenant_state_index"),
+        ("nodes", "0003_node_drain_deadline"),
+        ("tenants", "0005_tier_preempt_wait"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='job',
-            name='state',
-            field=models.CharField(choices=[('queued', 'Queued'), ('starting', 'Starting'), ('running', 'Running'), ('preempting', 'Preempting'), ('succeeded', 'Succeeded'), ('failed', 'Failed'), ('cancelled', 'Cancelled')], default='queued', max_length=16),
+            model_name="job",
+            name="state",
+            field=models.CharField(
+                choices=[
+                    ("queued", "Queued"),
+                    ("starting", "Starting"),
+                    ("running", "Running"),
+                    ("preempting", "Preempting"),
+                    ("succeeded", "Succeeded"),
+                    ("failed", "Failed"),
+                    ("cancelled", "Cancelled"),
+                ],
+                default="queued",
+                max_length=16,
+            ),
         ),
         migrations.AlterField(
-            model_name='job',
-            name='tenant',
-            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.PROTECT, related_name='jobs', to='tenants.tenant'),
+            model_name="job",
+            name="tenant",
+            field=models.ForeignKey(
+                db_index=False,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="jobs",
+                to="tenants.tenant",
+            ),
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(fields=['state', 'tier', 'created_at'], name='jobs_job_queue_order_idx'),
+            model_name="job",
+            index=models.Index(
+                fields=["state", "tier", "created_at"], name="jobs_job_queue_order_idx"
+            ),
         ),
     ]

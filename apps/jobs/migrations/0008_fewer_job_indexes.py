@@ -5,26 +5,38 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0007_queue_order_index'),
-        ('nodes', '0003_node_drain_deadline'),
-        ('tenants', '0005_tier_preempt_wait'),
+        ("jobs", "0007_queue_order_index"),
+        ("nodes", "0003_node_drain_deadline"),
+        ("tenants", "0005_tier_preempt_wait"),
     ]
 
     operations = [
         migrations.RemoveIndex(
-            model_name='job',
-            name='jobs_job_tenant_state_idx',
+            model_name="job",
+            name="jobs_job_tenant_state_idx",
         ),
         migrations.AlterField(
-            model_name='job',
-            name='gpu_sku',
-            field=models.ForeignKey(blank=True, db_index=False, help_text='Empty: any SKU.', null=True, on_delete=django.db.models.deletion.PROTECT, related_name='jobs', to='nodes.gpusku'),
+            model_name="job",
+            name="gpu_sku",
+            field=models.ForeignKey(
+                blank=True,
+                db_index=False,
+                help_text="Empty: any SKU.",
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="jobs",
+                to="nodes.gpusku",
+            ),
         ),
         migrations.AlterField(
-            model_name='job',
-            name='tier',
-            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.PROTECT, related_name='jobs', to='tenants.tier'),
+            model_name="job",
+            name="tier",
+            field=models.ForeignKey(
+                db_index=False,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="jobs",
+                to="tenants.tier",
+            ),
         ),
     ]

@@ -5,61 +5,119 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='GpuSku',
+            name="GpuSku",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(help_text='e.g. "H100-80GB"', max_length=64, unique=True)),
-                ('memory_mib', models.PositiveIntegerField(default=0)),
-                ('description', models.CharField(blank=True, max_length=200)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "name",
+                    models.CharField(help_text='e.g. "H100-80GB"', max_length=64, unique=True),
+                ),
+                ("memory_mib", models.PositiveIntegerField(default=0)),
+                ("description", models.CharField(blank=True, max_length=200)),
             ],
             options={
-                'verbose_name': 'GPU SKU',
-                'ordering': ['name'],
+                "verbose_name": "GPU SKU",
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='Node',
+            name="Node",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=64, unique=True)),
-                ('state', models.CharField(choices=[('ready', 'Ready'), ('cordoned', 'Cordoned'), ('draining', 'Draining'), ('lost', 'Lost')], default='ready', max_length=16)),
-                ('labels', models.JSONField(blank=True, default=dict)),
-                ('hostname', models.CharField(blank=True, max_length=255)),
-                ('agent_instance', models.CharField(blank=True, help_text='Id of the agent run now serving it.', max_length=64)),
-                ('last_heartbeat_at', models.DateTimeField(blank=True, null=True)),
-                ('registered_at', models.DateTimeField(auto_now_add=True)),
-                ('version', models.PositiveIntegerField(default=0)),
-                ('sku', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='nodes', to='nodes.gpusku')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=64, unique=True)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("ready", "Ready"),
+                            ("cordoned", "Cordoned"),
+                            ("draining", "Draining"),
+                            ("lost", "Lost"),
+                        ],
+                        default="ready",
+                        max_length=16,
+                    ),
+                ),
+                ("labels", models.JSONField(blank=True, default=dict)),
+                ("hostname", models.CharField(blank=True, max_length=255)),
+                (
+                    "agent_instance",
+                    models.CharField(
+                        blank=True, help_text="Id of the agent run now serving it.", max_length=64
+                    ),
+                ),
+                ("last_heartbeat_at", models.DateTimeField(blank=True, null=True)),
+                ("registered_at", models.DateTimeField(auto_now_add=True)),
+                ("version", models.PositiveIntegerField(default=0)),
+                (
+                    "sku",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="nodes",
+                        to="nodes.gpusku",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='Gpu',
+            name="Gpu",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('index', models.PositiveSmallIntegerField()),
-                ('uuid', models.CharField(max_length=80)),
-                ('memory_mib', models.PositiveIntegerField(default=0)),
-                ('health', models.CharField(choices=[('healthy', 'Healthy'), ('unhealthy', 'Unhealthy')], default='healthy', max_length=16)),
-                ('utilization_percent', models.PositiveSmallIntegerField(blank=True, null=True)),
-                ('memory_used_mib', models.PositiveIntegerField(blank=True, null=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('node', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='gpus', to='nodes.node')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("index", models.PositiveSmallIntegerField()),
+                ("uuid", models.CharField(max_length=80)),
+                ("memory_mib", models.PositiveIntegerField(default=0)),
+                (
+                    "health",
+                    models.CharField(
+                        choices=[("healthy", "Healthy"), ("unhealthy", "Unhealthy")],
+                        default="healthy",
+                        max_length=16,
+                    ),
+                ),
+                ("utilization_percent", models.PositiveSmallIntegerField(blank=True, null=True)),
+                ("memory_used_mib", models.PositiveIntegerField(blank=True, null=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "node",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="gpus",
+                        to="nodes.node",
+                    ),
+                ),
             ],
             options={
-                'verbose_name': 'GPU',
-                'ordering': ['node', 'index'],
-                'constraints': [models.UniqueConstraint(fields=('node', 'index'), name='gpu_unique_index_per_node')],
+                "verbose_name": "GPU",
+                "ordering": ["node", "index"],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("node", "index"), name="gpu_unique_index_per_node"
+                    )
+                ],
             },
         ),
     ]

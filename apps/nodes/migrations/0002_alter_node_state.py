@@ -4,15 +4,24 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('nodes', '0001_initial'),
+        ("nodes", "0001_initial"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='node',
-            name='state',
-            field=models.CharField(choices=[('ready', 'Ready'), ('cordoned', 'Cordoned'), ('draining', 'Draining'), ('lost', 'Lost'), ('terminated', 'Terminated')], default='ready', max_length=16),
+            model_name="node",
+            name="state",
+            field=models.CharField(
+                choices=[
+                    ("ready", "Ready"),
+                    ("cordoned", "Cordoned"),
+                    ("draining", "Draining"),
+                    ("lost", "Lost"),
+                    ("terminated", "Terminated"),
+                ],
+                default="ready",
+                max_length=16,
+            ),
         ),
     ]

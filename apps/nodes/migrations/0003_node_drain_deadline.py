@@ -4,15 +4,18 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('nodes', '0002_alter_node_state'),
+        ("nodes", "0002_alter_node_state"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='node',
-            name='drain_deadline',
-            field=models.DateTimeField(blank=True, help_text='Draining: jobs still running then are preempted (and resume elsewhere).', null=True),
+            model_name="node",
+            name="drain_deadline",
+            field=models.DateTimeField(
+                blank=True,
+                help_text="Draining: jobs still running then are preempted (and resume elsewhere).",
+                null=True,
+            ),
         ),
     ]

@@ -4,35 +4,53 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('nodes', '0003_node_drain_deadline'),
+        ("nodes", "0003_node_drain_deadline"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='NodeCredential',
+            name="NodeCredential",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('node_name', models.CharField(db_index=True, help_text='The only node this credential acts as.', max_length=64)),
-                ('key_id', models.CharField(max_length=32, unique=True)),
-                ('secret_sha256', models.CharField(max_length=64)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('expires_at', models.DateTimeField(blank=True, null=True)),
-                ('revoked_at', models.DateTimeField(blank=True, null=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "node_name",
+                    models.CharField(
+                        db_index=True,
+                        help_text="The only node this credential acts as.",
+                        max_length=64,
+                    ),
+                ),
+                ("key_id", models.CharField(max_length=32, unique=True)),
+                ("secret_sha256", models.CharField(max_length=64)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("expires_at", models.DateTimeField(blank=True, null=True)),
+                ("revoked_at", models.DateTimeField(blank=True, null=True)),
             ],
             options={
-                'ordering': ['node_name', '-created_at'],
+                "ordering": ["node_name", "-created_at"],
             },
         ),
         migrations.AddField(
-            model_name='node',
-            name='allow_unisolated_commands',
-            field=models.BooleanField(default=False, help_text='Operator opt-in: place jobs that may run arbitrary commands here even though its agent cannot isolate them (isolation "none"). Such a job can read what the agent can. GPUPLATFORM_TRUST_UNISOLATED_NODES=1 (set by `make run`) opts in every node.'),
+            model_name="node",
+            name="allow_unisolated_commands",
+            field=models.BooleanField(
+                default=False,
+                help_text='Operator opt-in: place jobs that may run arbitrary commands here even though its agent cannot isolate them (isolation "none"). Such a job can read what the agent can. GPUPLATFORM_TRUST_UNISOLATED_NODES=1 (set by `make run`) opts in every node.',
+            ),
         ),
         migrations.AddField(
-            model_name='node',
-            name='isolation',
-            field=models.CharField(default='none', help_text='How its agent fences jobs from each other and from itself, as the agent reports it; "none": it cannot (not root, no cgroups), and jobs that may run arbitrary commands are not placed here.', max_length=64),
+            model_name="node",
+            name="isolation",
+            field=models.CharField(
+                default="none",
+                help_text='How its agent fences jobs from each other and from itself, as the agent reports it; "none": it cannot (not root, no cgroups), and jobs that may run arbitrary commands are not placed here.',
+                max_length=64,
+            ),
         ),
     ]

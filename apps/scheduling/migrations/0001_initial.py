@@ -5,66 +5,147 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('nodes', '0002_alter_node_state'),
+        ("nodes", "0002_alter_node_state"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='AutoscalePolicy',
+            name="AutoscalePolicy",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('mode', models.CharField(choices=[('off', 'Off'), ('reactive', 'Reactive'), ('predictive', 'Predictive')], default='off', max_length=16)),
-                ('gpus_per_node', models.PositiveSmallIntegerField(default=8)),
-                ('min_nodes', models.PositiveIntegerField(default=0)),
-                ('max_nodes', models.PositiveIntegerField(default=4)),
-                ('cooldown_seconds', models.PositiveIntegerField(default=600, help_text='Idle this long before a node goes.')),
-                ('provision_lag_seconds', models.PositiveIntegerField(default=300, help_text='How long a new node takes to arrive.')),
-                ('gpu_hour_budget', models.PositiveIntegerField(blank=True, help_text='Per calendar month; empty: none.', null=True)),
-                ('labels', models.JSONField(blank=True, default=dict, help_text='Labels for the nodes it adds.')),
-                ('sku', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='autoscale', to='nodes.gpusku')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "mode",
+                    models.CharField(
+                        choices=[
+                            ("off", "Off"),
+                            ("reactive", "Reactive"),
+                            ("predictive", "Predictive"),
+                        ],
+                        default="off",
+                        max_length=16,
+                    ),
+                ),
+                ("gpus_per_node", models.PositiveSmallIntegerField(default=8)),
+                ("min_nodes", models.PositiveIntegerField(default=0)),
+                ("max_nodes", models.PositiveIntegerField(default=4)),
+                (
+                    "cooldown_seconds",
+                    models.PositiveIntegerField(
+                        default=600, help_text="Idle this long before a node goes."
+                    ),
+                ),
+                (
+                    "provision_lag_seconds",
+                    models.PositiveIntegerField(
+                        default=300, help_text="How long a new node takes to arrive."
+                    ),
+                ),
+                (
+                    "gpu_hour_budget",
+                    models.PositiveIntegerField(
+                        blank=True, help_text="Per calendar month; empty: none.", null=True
+                    ),
+                ),
+                (
+                    "labels",
+                    models.JSONField(
+                        blank=True, default=dict, help_text="Labels for the nodes it adds."
+                    ),
+                ),
+                (
+                    "sku",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="autoscale",
+                        to="nodes.gpusku",
+                    ),
+                ),
             ],
             options={
-                'verbose_name_plural': 'autoscale policies',
+                "verbose_name_plural": "autoscale policies",
             },
         ),
         migrations.CreateModel(
-            name='ProvisionRequest',
+            name="ProvisionRequest",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('node_name', models.CharField(max_length=64, unique=True)),
-                ('provider', models.CharField(max_length=32)),
-                ('state', models.CharField(choices=[('pending', 'Pending'), ('running', 'Running'), ('terminated', 'Terminated'), ('failed', 'Failed')], default='pending', max_length=16)),
-                ('gpus', models.PositiveSmallIntegerField()),
-                ('requested_at', models.DateTimeField(auto_now_add=True)),
-                ('ready_at', models.DateTimeField(help_text='When the node is expected (requested + lag).')),
-                ('pid', models.IntegerField(blank=True, null=True)),
-                ('ended_at', models.DateTimeField(blank=True, null=True)),
-                ('sku', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='provision_requests', to='nodes.gpusku')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("node_name", models.CharField(max_length=64, unique=True)),
+                ("provider", models.CharField(max_length=32)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("pending", "Pending"),
+                            ("running", "Running"),
+                            ("terminated", "Terminated"),
+                            ("failed", "Failed"),
+                        ],
+                        default="pending",
+                        max_length=16,
+                    ),
+                ),
+                ("gpus", models.PositiveSmallIntegerField()),
+                ("requested_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "ready_at",
+                    models.DateTimeField(help_text="When the node is expected (requested + lag)."),
+                ),
+                ("pid", models.IntegerField(blank=True, null=True)),
+                ("ended_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "sku",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="provision_requests",
+                        to="nodes.gpusku",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-requested_at'],
+                "ordering": ["-requested_at"],
             },
         ),
         migrations.CreateModel(
-            name='ScaleEvent',
+            name="ScaleEvent",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('created_at', models.DateTimeField(auto_now_add=True, db_index=True)),
-                ('current', models.PositiveIntegerField()),
-                ('pending', models.PositiveIntegerField()),
-                ('desired', models.PositiveIntegerField()),
-                ('provision', models.PositiveIntegerField(default=0)),
-                ('drain', models.JSONField(blank=True, default=list)),
-                ('terminate', models.JSONField(blank=True, default=list)),
-                ('reason', models.CharField(max_length=500)),
-                ('sku', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='scale_events', to='nodes.gpusku')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True, db_index=True)),
+                ("current", models.PositiveIntegerField()),
+                ("pending", models.PositiveIntegerField()),
+                ("desired", models.PositiveIntegerField()),
+                ("provision", models.PositiveIntegerField(default=0)),
+                ("drain", models.JSONField(blank=True, default=list)),
+                ("terminate", models.JSONField(blank=True, default=list)),
+                ("reason", models.CharField(max_length=500)),
+                (
+                    "sku",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="scale_events",
+                        to="nodes.gpusku",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at'],
+                "ordering": ["-created_at"],
             },
         ),
     ]

@@ -6,7 +6,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -15,62 +14,154 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.CreateModel(
-            name='Tenant',
+            name="Tenant",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('slug', models.SlugField(max_length=64, unique=True)),
-                ('name', models.CharField(blank=True, max_length=200)),
-                ('allow_commands', models.BooleanField(default=False, help_text='May submit arbitrary argv commands, not only templates.')),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("slug", models.SlugField(max_length=64, unique=True)),
+                ("name", models.CharField(blank=True, max_length=200)),
+                (
+                    "allow_commands",
+                    models.BooleanField(
+                        default=False,
+                        help_text="May submit arbitrary argv commands, not only templates.",
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
             ],
             options={
-                'ordering': ['slug'],
+                "ordering": ["slug"],
             },
         ),
         migrations.CreateModel(
-            name='Tier',
+            name="Tier",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.SlugField(max_length=32, unique=True)),
-                ('rank', models.PositiveSmallIntegerField(help_text='Higher is a better tier.', unique=True)),
-                ('level', models.PositiveSmallIntegerField(default=0, help_text='Strict priority level; higher first.')),
-                ('weight', models.PositiveIntegerField(default=1, help_text='Fair-share weight within its level.')),
-                ('preemptible', models.BooleanField(default=True, help_text='Its jobs may be preempted.')),
-                ('can_preempt', models.BooleanField(default=False, help_text='Its jobs may preempt lower tiers.')),
-                ('max_queued_jobs', models.PositiveIntegerField(default=100)),
-                ('submit_rate_per_minute', models.PositiveIntegerField(default=60)),
-                ('submit_burst', models.PositiveIntegerField(default=20)),
-                ('preemption_grace_seconds', models.PositiveIntegerField(default=30)),
-                ('description', models.CharField(blank=True, max_length=200)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.SlugField(max_length=32, unique=True)),
+                (
+                    "rank",
+                    models.PositiveSmallIntegerField(
+                        help_text="Higher is a better tier.", unique=True
+                    ),
+                ),
+                (
+                    "level",
+                    models.PositiveSmallIntegerField(
+                        default=0, help_text="Strict priority level; higher first."
+                    ),
+                ),
+                (
+                    "weight",
+                    models.PositiveIntegerField(
+                        default=1, help_text="Fair-share weight within its level."
+                    ),
+                ),
+                (
+                    "preemptible",
+                    models.BooleanField(default=True, help_text="Its jobs may be preempted."),
+                ),
+                (
+                    "can_preempt",
+                    models.BooleanField(
+                        default=False, help_text="Its jobs may preempt lower tiers."
+                    ),
+                ),
+                ("max_queued_jobs", models.PositiveIntegerField(default=100)),
+                ("submit_rate_per_minute", models.PositiveIntegerField(default=60)),
+                ("submit_burst", models.PositiveIntegerField(default=20)),
+                ("preemption_grace_seconds", models.PositiveIntegerField(default=30)),
+                ("description", models.CharField(blank=True, max_length=200)),
             ],
             options={
-                'ordering': ['-rank'],
+                "ordering": ["-rank"],
             },
         ),
         migrations.CreateModel(
-            name='Quota',
+            name="Quota",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('max_queued_jobs', models.PositiveIntegerField(blank=True, null=True)),
-                ('max_gpus', models.JSONField(blank=True, default=dict, help_text='Most GPUs in use at once per SKU, e.g. {"H100-80GB": 16}.')),
-                ('submit_rate_per_minute', models.PositiveIntegerField(blank=True, null=True)),
-                ('submit_burst', models.PositiveIntegerField(blank=True, null=True)),
-                ('gpu_hours_per_period', models.PositiveIntegerField(blank=True, null=True)),
-                ('tenant', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='quota', to='tenants.tenant')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("max_queued_jobs", models.PositiveIntegerField(blank=True, null=True)),
+                (
+                    "max_gpus",
+                    models.JSONField(
+                        blank=True,
+                        default=dict,
+                        help_text='Most GPUs in use at once per SKU, e.g. {"H100-80GB": 16}.',
+                    ),
+                ),
+                ("submit_rate_per_minute", models.PositiveIntegerField(blank=True, null=True)),
+                ("submit_burst", models.PositiveIntegerField(blank=True, null=True)),
+                ("gpu_hours_per_period", models.PositiveIntegerField(blank=True, null=True)),
+                (
+                    "tenant",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="quota",
+                        to="tenants.tenant",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='Membership',
+            name="Membership",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('role', models.CharField(choices=[('admin', 'Tenant admin'), ('member', 'Member'), ('viewer', 'Viewer')], default='member', max_length=16)),
-                ('user', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='membership', to=settings.AUTH_USER_MODEL)),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='memberships', to='tenants.tenant')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "role",
+                    models.CharField(
+                        choices=[
+                            ("admin", "Tenant admin"),
+                            ("member", "Member"),
+                            ("viewer", "Viewer"),
+                        ],
+                        default="member",
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "user",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="membership",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="memberships",
+                        to="tenants.tenant",
+                    ),
+                ),
             ],
         ),
         migrations.AddField(
-            model_name='tenant',
-            name='tier',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='tenants', to='tenants.tier'),
+            model_name="tenant",
+            name="tier",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="tenants",
+                to="tenants.tier",
+            ),
         ),
     ]

@@ -4,35 +4,47 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('tenants', '0002_default_tiers'),
+        ("tenants", "0002_default_tiers"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='tier',
-            name='age_limit_seconds',
-            field=models.PositiveIntegerField(default=86400, help_text='A job waiting this long goes ahead of every younger job of its level.'),
+            model_name="tier",
+            name="age_limit_seconds",
+            field=models.PositiveIntegerField(
+                default=86400,
+                help_text="A job waiting this long goes ahead of every younger job of its level.",
+            ),
         ),
         migrations.AddField(
-            model_name='tier',
-            name='borrowing_limit',
-            field=models.FloatField(blank=True, help_text='Fraction above its guarantee it may hold; empty: no limit.', null=True),
+            model_name="tier",
+            name="borrowing_limit",
+            field=models.FloatField(
+                blank=True,
+                help_text="Fraction above its guarantee it may hold; empty: no limit.",
+                null=True,
+            ),
         ),
         migrations.AddField(
-            model_name='tier',
-            name='guaranteed_share',
-            field=models.FloatField(default=0.0, help_text='Fraction of all GPUs it may reclaim by preemption.'),
+            model_name="tier",
+            name="guaranteed_share",
+            field=models.FloatField(
+                default=0.0, help_text="Fraction of all GPUs it may reclaim by preemption."
+            ),
         ),
         migrations.AddField(
-            model_name='tier',
-            name='max_preemptions',
-            field=models.PositiveSmallIntegerField(default=3, help_text='A job is preempted at most this often.'),
+            model_name="tier",
+            name="max_preemptions",
+            field=models.PositiveSmallIntegerField(
+                default=3, help_text="A job is preempted at most this often."
+            ),
         ),
         migrations.AddField(
-            model_name='tier',
-            name='min_runtime_seconds',
-            field=models.PositiveIntegerField(default=900, help_text='A job must run this long before it may be preempted.'),
+            model_name="tier",
+            name="min_runtime_seconds",
+            field=models.PositiveIntegerField(
+                default=900, help_text="A job must run this long before it may be preempted."
+            ),
         ),
     ]

@@ -4,15 +4,17 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('tenants', '0004_default_tier_policy'),
+        ("tenants", "0004_default_tier_policy"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='tier',
-            name='preempt_wait_seconds',
-            field=models.PositiveIntegerField(default=0, help_text='Wait instead of preempting when the autoscaler brings a fitting node this soon.'),
+            model_name="tier",
+            name="preempt_wait_seconds",
+            field=models.PositiveIntegerField(
+                default=0,
+                help_text="Wait instead of preempting when the autoscaler brings a fitting node this soon.",
+            ),
         ),
     ]

@@ -6,50 +6,118 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('jobs', '0001_initial'),
-        ('tenants', '0001_initial'),
+        ("jobs", "0001_initial"),
+        ("tenants", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Webhook',
+            name="Webhook",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('url', models.URLField(help_text='http(s) URL that receives a POST per job state change.', max_length=500)),
-                ('secret', models.CharField(default=apps.webhooks.models.new_secret, help_text='HMAC-SHA256 key of the signature header.', max_length=128)),
-                ('active', models.BooleanField(default=True)),
-                ('cursor', models.BigIntegerField(default=0, help_text='Last audit event (JobEvent id) turned into deliveries; only later ones are sent.')),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='webhooks', to='tenants.tenant')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "url",
+                    models.URLField(
+                        help_text="http(s) URL that receives a POST per job state change.",
+                        max_length=500,
+                    ),
+                ),
+                (
+                    "secret",
+                    models.CharField(
+                        default=apps.webhooks.models.new_secret,
+                        help_text="HMAC-SHA256 key of the signature header.",
+                        max_length=128,
+                    ),
+                ),
+                ("active", models.BooleanField(default=True)),
+                (
+                    "cursor",
+                    models.BigIntegerField(
+                        default=0,
+                        help_text="Last audit event (JobEvent id) turned into deliveries; only later ones are sent.",
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="webhooks",
+                        to="tenants.tenant",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['tenant', 'pk'],
+                "ordering": ["tenant", "pk"],
             },
         ),
         migrations.CreateModel(
-            name='WebhookDelivery',
+            name="WebhookDelivery",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('payload', models.JSONField()),
-                ('state', models.CharField(choices=[('pending', 'Pending'), ('delivered', 'Delivered'), ('failed', 'Failed')], default='pending', max_length=16)),
-                ('attempts', models.PositiveSmallIntegerField(default=0)),
-                ('next_attempt_at', models.DateTimeField(db_index=True)),
-                ('last_status_code', models.PositiveSmallIntegerField(blank=True, null=True)),
-                ('last_error', models.CharField(blank=True, max_length=300)),
-                ('delivered_at', models.DateTimeField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('event', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='jobs.jobevent')),
-                ('webhook', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='deliveries', to='webhooks.webhook')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("payload", models.JSONField()),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("pending", "Pending"),
+                            ("delivered", "Delivered"),
+                            ("failed", "Failed"),
+                        ],
+                        default="pending",
+                        max_length=16,
+                    ),
+                ),
+                ("attempts", models.PositiveSmallIntegerField(default=0)),
+                ("next_attempt_at", models.DateTimeField(db_index=True)),
+                ("last_status_code", models.PositiveSmallIntegerField(blank=True, null=True)),
+                ("last_error", models.CharField(blank=True, max_length=300)),
+                ("delivered_at", models.DateTimeField(blank=True, null=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "event",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="+",
+                        to="jobs.jobevent",
+                    ),
+                ),
+                (
+                    "webhook",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="deliveries",
+                        to="webhooks.webhook",
+                    ),
+                ),
             ],
             options={
-                'verbose_name_plural': 'webhook deliveries',
-                'ordering': ['-created_at', '-pk'],
-                'indexes': [models.Index(fields=['state', 'next_attempt_at'], name='webhooks_we_state_c48080_idx')],
-                'constraints': [models.UniqueConstraint(fields=('webhook', 'event'), name='delivery_once_per_event')],
+                "verbose_name_plural": "webhook deliveries",
+                "ordering": ["-created_at", "-pk"],
+                "indexes": [
+                    models.Index(
+                        fields=["state", "next_attempt_at"], name="webhooks_we_state_c48080_idx"
+                    )
+                ],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("webhook", "event"), name="delivery_once_per_event"
+                    )
+                ],
             },
         ),
     ]

@@ -53,7 +53,12 @@ def report_progress(fraction: float, *, step: int | None = None, message: str = 
         return
     _write_atomic(
         pathlib.Path(target),
-        {"progress": max(0.0, min(1.0, float(fraction))), "step": step, "message": message, "at": time.time()},
+        {
+            "progress": max(0.0, min(1.0, float(fraction))),
+            "step": step,
+            "message": message,
+            "at": time.time(),
+        },
     )
 
 

@@ -7,7 +7,9 @@ import sys
 
 from gpuplatform_job import output_dir, params, report_progress
 
-WORDS = "the a GPU job runs fast slow model token cluster node queue fair share tier wait start".split()
+WORDS = (
+    "the a GPU job runs fast slow model token cluster node queue fair share tier wait start".split()
+)
 
 
 def generate(prompt: str, max_tokens: int, temperature: float, seed: int | None) -> str:

@@ -10,10 +10,14 @@ class Command(BaseCommand):
     help = "Compare the queued-job counts kept by triggers with a count of the queue; --fix counts again."
 
     def add_arguments(self, parser):
-        parser.add_argument("--fix", action="store_true", help="install missing triggers and count the queue again")
+        parser.add_argument(
+            "--fix", action="store_true", help="install missing triggers and count the queue again"
+        )
 
     def handle(self, *args, fix: bool = False, **options):
-        missing = {f"{queued.PREFIX}_{op}" for op in ("insert", "update", "delete")} - queued.installed()
+        missing = {
+            f"{queued.PREFIX}_{op}" for op in ("insert", "update", "delete")
+        } - queued.installed()
         wrong = queued.differences()
         for tenant, (kept, counted) in sorted(wrong.items()):
             self.stdout.write(f"tenant {tenant}: kept {kept}, counted {counted}")

@@ -37,9 +37,17 @@ class Command(BaseCommand):
         for slug, tier, commands, users in DEMO:
             tenant_create(slug=slug, tier_name=tier, allow_commands=commands)
             for username, role in users:
-                _, key = user_create(username=username, tenant_slug=slug, role=role, password=DEMO_PASSWORD, token="demo")
+                _, key = user_create(
+                    username=username,
+                    tenant_slug=slug,
+                    role=role,
+                    password=DEMO_PASSWORD,
+                    token="demo",
+                )
                 self.stdout.write(f"{username:8} {slug:8} {tier:11} {role:7} {key}")
         ensure_demo_autoscaling()
-        _, key = user_create(username="staff", tenant_slug=None, staff=True, password=DEMO_PASSWORD, token="demo")
+        _, key = user_create(
+            username="staff", tenant_slug=None, staff=True, password=DEMO_PASSWORD, token="demo"
+        )
         self.stdout.write(f"{'staff':8} {'-':8} {'-':11} {'staff':7} {key}")
         self.stdout.write(f"web and admin password for every demo user: {DEMO_PASSWORD}")

@@ -14,7 +14,9 @@ class Command(BaseCommand):
 
     def handle(self, slug, tier, allow_commands, name, **options):
         try:
-            tenant = tenant_create(slug=slug, tier_name=tier, allow_commands=allow_commands, name=name)
+            tenant = tenant_create(
+                slug=slug, tier_name=tier, allow_commands=allow_commands, name=name
+            )
         except TenantError as error:
             raise CommandError(str(error)) from None
         self.stdout.write(f"tenant {tenant.slug} ({tenant.tier.name})")

@@ -24,7 +24,16 @@ class Command(BaseCommand):
         parser.add_argument("--submit-burst", type=int)
         parser.add_argument("--gpu-hours-per-period", type=int)
 
-    def handle(self, slug, max_queued_jobs, max_gpus, submit_rate, submit_burst, gpu_hours_per_period, **options):
+    def handle(
+        self,
+        slug,
+        max_queued_jobs,
+        max_gpus,
+        submit_rate,
+        submit_burst,
+        gpu_hours_per_period,
+        **options,
+    ):
         tenant = Tenant.objects.filter(slug=slug).select_related("tier").first()
         if tenant is None:
             raise CommandError(f"unknown tenant {slug!r}")

@@ -12,7 +12,9 @@ from apps.webhooks.services import webhook_create
 
 
 class Command(BaseCommand):
-    help = "Add a webhook to a tenant; it is told about every later state change of the tenant's jobs."
+    help = (
+        "Add a webhook to a tenant; it is told about every later state change of the tenant's jobs."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("slug")

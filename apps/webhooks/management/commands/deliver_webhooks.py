@@ -13,7 +13,9 @@ class Command(BaseCommand):
     help = "Turn job state changes into webhook deliveries and send the due ones (retries with backoff)."
 
     def add_arguments(self, parser):
-        parser.add_argument("--once", action="store_true", help="One pass in this thread, then exit.")
+        parser.add_argument(
+            "--once", action="store_true", help="One pass in this thread, then exit."
+        )
         parser.add_argument("--interval", type=float, default=1.0)
         parser.add_argument("--workers", type=int, default=4, help="Send threads (default 4).")
 
