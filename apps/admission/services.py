@@ -19,6 +19,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from apps.admission import cache, dispatch, idempotency, quotas, rows
+from apps.admission.enqueue import enqueue_job
 from apps.admission.ratelimit import RateDecision, check_submit
 from apps.admission.writer import end_turn_at_commit, write_turn
 from apps.jobs import services as jobs
@@ -164,7 +165,7 @@ def _admit(*, tenant: Tenant, user, spec: JobSpec, key: str | None, digest: str,
         quotas.check_gpu_hours(tenant=tenant, limits=limits, gpus_wanted=spec.gpus * spec.nodes)
     # A submit's own steps in this transaction (job_submit's would add a savepoint: two more
     # statements while the lock is held).
-    job = jobs.enqueue_job(tenant=tenant, user=user, spec=spec, limits=limits, built=built)
+    job = enqueue_job(tenant=tenant, user=user, spec=spec, limits=limits, built=built)
     dispatch.after_commit()  # after the turn's hook: the turn ends before the request is sent
     if origin is not None and cache_key:  # an origin is only ever found by its key
         _serve_from_cache(job, origin)

@@ -21,7 +21,6 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from apps.admission import rows
 from apps.jobs.models import (
     ATTEMPT_ACTIVE,
     JOB_ACTIVE,
@@ -149,45 +148,6 @@ def tenant_limits(tenant: Tenant) -> dict:
     quota, _ = Quota.objects.get_or_create(tenant=tenant)
     quota.tenant = tenant
     return quota.effective()
-
-
-@transaction.atomic
-def job_submit(*, tenant: Tenant, user, spec: JobSpec, limits: dict | None = None, locked: bool = False,
-               dispatch: bool = True, built: tuple[Job, JobEvent, tuple] | None = None) -> Job:  # fmt: skip
-    """Submit a job in a transaction of its own (see `enqueue_job`).
-
-    `locked`: the caller holds the tenant's row lock already in this transaction and passes the
-    tenant with its tier loaded (and its `limits`), so none of it is read twice; `dispatch=False`:
-    the caller asks for the dispatch pass itself (apps/admission/dispatch.py coalesces them)."""
-    if not locked:
-        # Lock the tenant row so concurrent submits of one tenant count queued jobs one at a time.
-        tenant = (
-            Tenant.objects.select_for_update(no_key=True).select_related("tier").get(pk=tenant.pk)
-        )
-    job = enqueue_job(tenant=tenant, user=user, spec=spec, limits=limits, built=built)
-    if dispatch:
-        trigger_dispatch()
-    return job
-
-
-def enqueue_job(*, tenant: Tenant, user, spec: JobSpec, limits: dict | None = None,
-                built: tuple[Job, JobEvent, tuple] | None = None) -> Job:  # fmt: skip
-    """A submit's own steps, inside a transaction the caller holds with the tenant's row lock
-    taken (job_submit's, or admission's: a savepoint of its own would be two more statements
-    while the lock is held): what the tenant may submit, the queued-job cap, the job and its
-    event. `built`: the job, its event and their insert parameters, made before the lock
-    (new_job, rows.insert_params), so that the lock is held for the statements alone."""
-    check_allowed(tenant, spec)
-    if limits is None:
-        limits = tenant_limits(tenant)
-    # The count the jobs table's triggers keep (apps/admission/queued.py); on PostgreSQL its
-    # row is locked too, so a submit that checks the cap without the tenant's lock waits for this one.
-    queued = rows.queued_kept(tenant, lock=True) or 0
-    if queued >= limits["max_queued_jobs"]:
-        raise queue_full(tenant, queued, limits)
-    job, event, params = built or (*new_job(tenant=tenant, user=user, spec=spec), None)
-    job, _ = rows.insert_job_and_event(job, event, params)
-    return job
 
 
 def check_allowed(tenant: Tenant, spec: JobSpec) -> None:

@@ -7,6 +7,7 @@ import pytest
 from django.db import IntegrityError
 from django.utils import timezone
 
+from apps.admission import enqueue
 from apps.jobs import services
 from apps.jobs.models import GpuAllocation, Job, JobAttempt
 from apps.nodes.models import Gpu, Node
@@ -33,7 +34,7 @@ def submit(cast, user="bob", *, tier=None, gpus=1, nodes=1, sku="H100-80GB", sel
         gpus=gpus, nodes=nodes, gpu_sku=GpuSku.objects.get_or_create(name=sku)[0], node_selector=selector or {},
         max_runtime_seconds=60, checkpointable=True, cacheable=False,
     )  # fmt: skip
-    return services.job_submit(tenant=tenant, user=person, spec=spec)
+    return enqueue.job_submit(tenant=tenant, user=person, spec=spec)
 
 
 def placed_and_started(cast, user="bob", *, gpus=1) -> tuple[Job, JobAttempt]:
