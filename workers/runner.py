@@ -44,6 +44,7 @@ FENCED = StopReason.FENCED  # the agent missed its heartbeats: its jobs die at o
 UNASSIGNED = StopReason.UNASSIGNED  # the database no longer has it on this node
 OUTPUT_CHECK_SECONDS = 2.0  # how often the output dir is measured against its cap
 CONTROL_FILE_BYTES = 1 << 20  # progress.json / checkpoint.json larger than this are ignored
+ENDED_REMEMBERED = 4096  # members that ran here, kept so that a stale order never runs them again
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -131,6 +132,9 @@ class Runner:
         self.device_dir = self._device_dir(fake_gpus)
         self.runs: dict[tuple[int, int], Run] = {}
         self.reaping: list[Run] = []  # ended, their cgroup still emptying: uid not yet free
+        # Members whose end was reported: a late start message (redelivered after a broker
+        # restart) or a heartbeat answer read before that report would otherwise run them again.
+        self.ended: dict[tuple[int, int], None] = {}
         self.lock = threading.RLock()
         self._spawn_requests: queue.Queue = queue.Queue()
         self._launcher = threading.Thread(target=self._launch_loop, name="launcher", daemon=True)
@@ -166,6 +170,9 @@ class Runner:
         """Start this member unless it already runs here (messages may arrive twice)."""
         key = (assignment.attempt_id, assignment.rank)
         with self.lock:
+            if key in self.ended:
+                log.info("attempt %s rank %s already ran here; not starting it again", *key)
+                return False
             if key in self.runs or not assignment.active or assignment.stop_requested:
                 return False
             member = f"attempt-{assignment.attempt_number}-rank-{assignment.rank}"
@@ -300,10 +307,17 @@ class Runner:
             return
         with self.lock:
             self.runs.pop(run.key, None)
+            self._remember_ended(run.key)
             self._save_state()
             if run.cgroup is not None or run.uid is not None:
                 self.reaping.append(run)
         self._reap()
+
+    def _remember_ended(self, key: tuple[int, int]) -> None:
+        """An attempt's member runs once per agent: the platform never places it here again."""
+        self.ended[key] = None
+        while len(self.ended) > ENDED_REMEMBERED:
+            del self.ended[next(iter(self.ended))]  # the oldest: its attempt ended long ago
 
     def _reap(self) -> None:
         """Remove ended members' cgroups once empty, and only then give their uid back."""

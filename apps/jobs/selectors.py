@@ -26,7 +26,8 @@ def assignment_for(member: AttemptMember) -> Assignment:
         max_runtime_seconds=job.max_runtime_seconds,
         checkpoint=attempt.checkpoint,
         stop_requested=attempt.stop_requested,
-        active=attempt.state in ATTEMPT_ACTIVE,
+        # This member is to run: a gang's attempt stays active after one member's end.
+        active=attempt.state in ATTEMPT_ACTIVE and member.ended_at is None,
         grace_seconds=job.tier.preemption_grace_seconds,
         memory_mib=job.memory_mib,
         pids_max=job.pids_max,

@@ -124,3 +124,24 @@ def test_config_comes_from_the_environment_only(tmp_path):
     config = Config.from_env(argparse.Namespace(node="n1", credential_file=tmp_path / "cred"),
                              environ={"GPUPLATFORM_URL": "http://127.0.0.1:8000", "GPUPLATFORM_DATA_DIR": str(tmp_path)})  # fmt: skip
     assert (config.credential, config.data_dir) == ("gpn_a.b", pathlib.Path(tmp_path).resolve())
+
+
+def test_a_start_redelivered_after_the_member_ended_here_starts_nothing(agent, cast):
+    """A gang's attempt runs on while its other member does: the start message of the member
+    that already ended here (restored by the broker after a restart) must not run it again."""
+    from tests.unit.test_dispatcher import dispatch_once, submit
+
+    job = submit(cast, gpus=1, nodes=2)
+    dispatch_once()
+    attempt = job.attempts.get()
+    here = attempt.members.get(node__name="h1")
+    token = str(attempt.token)
+    for member in attempt.members.all():
+        services.attempt_member_started(attempt_id=attempt.pk, rank=member.rank, token=token, pid=1)
+    services.attempt_member_finished(
+        attempt_id=attempt.pk, rank=here.rank, token=token, exit_code=0, reason=""
+    )
+    attempt.refresh_from_db()
+    assert attempt.state == "running"  # the other member still runs
+    tasks.start_attempt(attempt.pk, here.rank, token)
+    assert agent.launched == [] and agent.runner.runs == {}

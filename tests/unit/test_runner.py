@@ -218,3 +218,16 @@ def test_a_job_that_ignores_the_checkpoint_signal_is_killed_after_the_grace(runn
 
 if sys.platform != "linux":  # pragma: no cover
     pytest.skip("the runner relies on Linux process groups and /proc", allow_module_level=True)
+
+
+def test_a_member_that_ended_here_never_runs_again(runner):
+    """A start message redelivered, or a heartbeat answer read before the end was reported,
+    may still list it: it ran once, it never runs twice."""
+    work = Work(argv=py("print('ran', flush=True)"))
+    assert runner.launch(work) is True
+    log_path = runner.runs[(1, 0)].log_path
+    assert run_until_finished(runner) == ("finished", 0, "")
+    assert runner.launch(work) is False
+    assert runner.runs == {}
+    assert [e[0] for e in runner.reporter.events].count("started") == 1
+    assert log_path.read_text().count("ran") == 1
