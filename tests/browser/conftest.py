@@ -22,7 +22,7 @@ SCREENSHOTS = pathlib.Path(
 PASSWORD = "e2e-password"  # tests/e2e/seed.py
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def platform(tmp_path_factory, request):
     return ui_platform(tmp_path_factory, request)
 
@@ -70,7 +70,7 @@ def no_csp_violation():
     )
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def chromium():
     if not os.path.exists(CHROMIUM):
         pytest.skip(f"{CHROMIUM} missing: run `make browser` (apt-get install chromium)")
@@ -104,7 +104,7 @@ def sign_in(chromium, platform):
         context.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def shoot():
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
 
