@@ -2,11 +2,20 @@
 gunicorn's `--threads` sizing the pool that serves the sync views (gpuplatform/asgi.py), and
 uvicorn's proxy-header rewriting off, as under gunicorn's own workers: the client address is the
 socket's (sign-in throttling counts by it), and the scheme behind a proxy is Django's
-SECURE_PROXY_SSL_HEADER's business."""
+SECURE_PROXY_SSL_HEADER's business.
+
+The GIL's switch interval is cut from Python's 5 ms: the event loop's one thread reads and
+writes every connection of the worker, and while the pool's threads run views it waited up to
+5 ms for the GIL at each step of each request (read, hand to the pool, send), so the worker
+served far fewer requests than gunicorn's gthread worker did on the same cores (a submit burst
+while agents report: about 14 submits/s at 5 ms, 50-70 at 0.5 ms; bench/foundation.py)."""
 
 import os
+import sys
 
 from uvicorn_worker import UvicornWorker
+
+SWITCH_INTERVAL_SECONDS = 0.0005
 
 
 class Worker(UvicornWorker):
@@ -23,3 +32,4 @@ class Worker(UvicornWorker):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         os.environ.setdefault("GPUPLATFORM_WEB_THREADS", str(max(1, self.cfg.threads)))
+        sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
