@@ -32,6 +32,25 @@ MAX_CPU_WEIGHT = 10000
 LIMIT_FIELDS = ("memory_mib", "pids_max", "cpu_weight")
 
 
+UNSTORABLE = "text must not contain NUL characters or unpaired surrogates"
+
+
+def _unstorable(value) -> bool:
+    """True when a string anywhere in `value` (keys too) cannot be stored: PostgreSQL refuses NUL
+    in text and JSON, and a lone surrogate has no UTF-8 form (both were a 500 before)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_unstorable(key) or _unstorable(item) for key, item in value.items())
+    if isinstance(value, list):
+        return any(_unstorable(item) for item in value)
+    return False
+
+
 class JobSubmitSerializer(serializers.Serializer):
     name = StrictCharField(max_length=100, required=False, allow_blank=False)
     template = StrictCharField(max_length=64, required=False)
@@ -56,6 +75,9 @@ class JobSubmitSerializer(serializers.Serializer):
         unknown = sorted(set(data) - set(self.fields))
         if unknown:
             raise serializers.ValidationError({name: ["unknown field"] for name in unknown})
+        unstorable = [name for name, value in data.items() if _unstorable(value)]
+        if unstorable:
+            raise serializers.ValidationError({name: [UNSTORABLE] for name in unstorable})
         return super().to_internal_value(data)
 
     def validate_template(self, value: str) -> JobTemplate:
