@@ -121,6 +121,14 @@ class Job(models.Model):
     memory_mib = models.PositiveIntegerField(default=0)
     pids_max = models.PositiveIntegerField(default=0)
     cpu_weight = models.PositiveIntegerField(default=0)
+    # Own code (docs/own-code.md): the sha256 of the tenant's uploaded bundle the command runs in
+    # ("" none), extra environment variables, the names of tenant secrets set in the job's
+    # environment (values never live on the job), and {"requirements": [...]} for a Python
+    # environment built on the node.
+    bundle = models.CharField(max_length=64, blank=True)
+    env = models.JSONField(default=dict, blank=True)
+    secrets = models.JSONField(default=list, blank=True)
+    python = models.JSONField(default=dict, blank=True)
 
     # Indexed by (state, created_at) and (state, tier, created_at) below: every insert and state
     # change updates each index of the table, so none is kept twice.

@@ -7,7 +7,7 @@ is added on the other. Endpoints and their rules: docs/architecture.md, "Agent A
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 API_PREFIX = "/internal/agent/v1"
 AUTH_SCHEME = "Bearer"  # Authorization: Bearer <node credential>
@@ -56,6 +56,17 @@ class Assignment:
     cpu_weight: int = 0  # cgroup v2 scale, 1..10000 (100 the default)
     # The stored checkpoint it resumes from: "" none, None not looked up (in lists; fetch to know).
     resume_from: str | None = None
+    # Own code (docs/own-code.md): the bundle's sha256 ("" none: the command runs in an empty work
+    # dir), extra environment variables, the names of the secrets to set (their values come from
+    # the member's secrets endpoint, never in a message), the Python requirements of an
+    # environment built on the node (a bundle's requirements.txt is read there, too).
+    bundle: str = ""
+    env: dict = field(default_factory=dict)
+    secrets: list[str] = field(default_factory=list)
+    python_requirements: list[str] = field(default_factory=list)
+    # A job array's task (docs/arrays.md): its index, set as GPUPLATFORM_ARRAY_INDEX and
+    # SLURM_ARRAY_TASK_ID in its environment; None for a job outside an array.
+    array_index: int | None = None
 
 
 def to_wire(value) -> dict:
