@@ -6,6 +6,7 @@ from rest_framework.routers import DefaultRouter
 from apps.jobs.api import JobViewSet
 from apps.jobs.events_api import JobEventsView
 from apps.nodes.api import NodeViewSet
+from apps.secrets.api import SecretViewSet
 from apps.tenants.api import UsageView
 from apps.web.signin import PlatformAdminSite
 from gpuplatform.health import healthz
@@ -19,6 +20,7 @@ router = DefaultRouter(trailing_slash=True)
 router.include_format_suffixes = False  # artifact names like "result.json" are names, not formats
 router.register("jobs", JobViewSet, basename="job")
 router.register("nodes", NodeViewSet, basename="node")
+router.register("secrets", SecretViewSet, basename="secret")
 
 urlpatterns = [
     path(
