@@ -84,6 +84,8 @@ def test_a_job_runs_its_bundle_in_a_node_built_env_with_a_masked_secret_then_reu
     done = platform.wait_for_state(first["id"], ["succeeded", "failed"], timeout=120)
     log = log_of(platform, first["id"])
     assert done["state"] == "succeeded", (done["reason"], log, platform.logs(f"agent-{NODE}"))
+    # reported running as its preparation began (its lease renewed meanwhile), one attempt
+    assert len(done["attempts"]) == 1 and done["attempts"][0]["started_at"]
     assert f"gpuplatform: bundle {digest[:12]} fetched ({len(archive)} bytes)" in log
     assert "gpuplatform: building environment" in log and "+ gpuplatform-tinydep==1.0" in log
     (dep,) = [line for line in log.splitlines() if line.startswith("dep 1.0 from")]
