@@ -20,7 +20,7 @@ from tests.e2e.platform import ROOT, Platform
 
 pytestmark = pytest.mark.e2e
 
-SIZE = 8 * 1024 * 1024
+SIZE = int(os.environ.get("GPUPLATFORM_BUNDLE_E2E_MIB", 8)) * 1024 * 1024  # 50: the bench size
 
 
 def archive(size: int, seed: bytes = b"") -> bytes:
