@@ -3,6 +3,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework.routers import DefaultRouter
 
+from apps.bundles.api import BundleViewSet
 from apps.jobs.api import JobViewSet
 from apps.jobs.events_api import JobEventsView
 from apps.nodes.api import NodeViewSet
@@ -21,6 +22,7 @@ router.include_format_suffixes = False  # artifact names like "result.json" are 
 router.register("jobs", JobViewSet, basename="job")
 router.register("nodes", NodeViewSet, basename="node")
 router.register("secrets", SecretViewSet, basename="secret")
+router.register("bundles", BundleViewSet, basename="bundle")
 
 urlpatterns = [
     path(

@@ -17,5 +17,6 @@ urlpatterns = [
     path(member + "log/", views.LogView.as_view(), name="agent-log"),
     path(member + "secrets/", views.SecretsView.as_view(), name="agent-secrets"),
     path(member + "checkpoint/", views.CheckpointView.as_view(), name="agent-checkpoint"),
+    path(member + "bundle/", views.BundleView.as_view(), name="agent-bundle"),
     path(member + "artifacts/<path:name>", views.ArtifactView.as_view(), name="agent-artifact"),
 ]
