@@ -21,8 +21,8 @@ router = DefaultRouter(trailing_slash=True)
 router.include_format_suffixes = False  # artifact names like "result.json" are names, not formats
 router.register("jobs", JobViewSet, basename="job")
 router.register("nodes", NodeViewSet, basename="node")
-router.register("bundles", BundleViewSet, basename="bundle")
 router.register("secrets", SecretViewSet, basename="secret")
+router.register("bundles", BundleViewSet, basename="bundle")
 
 urlpatterns = [
     path(

@@ -14,6 +14,7 @@ from django.contrib.admin.models import ADDITION, CHANGE, DELETION
 from django.db import IntegrityError, transaction
 from django.views.decorators.debug import sensitive_variables
 
+from apps.platform import own_code
 from apps.secrets import crypto
 from apps.secrets.models import NAME_MAX, NAME_PATTERN, Secret
 from apps.tenants.audit import record
@@ -36,7 +37,7 @@ def name_problem(name: object) -> str | None:
         return "must be a string"
     if not name or len(name) > NAME_MAX or not _NAME.fullmatch(name):
         return f"must match {NAME_PATTERN} (A-Z, 0-9 and _, not starting with a digit), 1 to {NAME_MAX} characters"
-    return None
+    return own_code.name_problem(name)  # the names the platform sets in a job are reserved
 
 
 @sensitive_variables()  # an error report shows none of these functions' locals
