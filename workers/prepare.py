@@ -71,8 +71,8 @@ class Preparer:
     def prepare(self, runner: Runner, run: Run) -> bool:
         """True: spawn it. False: it ended here (run.launch_error and run.failure say how)."""
         a = run.assignment
-        run.log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
+            run.log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             if not self._report_started(runner, run):
                 return False
             flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
