@@ -192,7 +192,7 @@ def _detail(error: ApiError) -> str:
     import json
 
     text = str(error)
-    _, _, body = text.partition(f"{error.status} ")
+    _, _, body = text.partition(f": {error.status} ")
     try:
         detail = json.loads(body).get("detail")
     except (ValueError, AttributeError):
