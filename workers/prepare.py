@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from workers.runner import Run, Runner
 
 log = logging.getLogger(__name__)
-FINAL, LOST = "final", "lost"
+FINAL, LOST, STOPPED = "final", "lost", ""  # how a member that never ran is reported
 
 
 class Failed(Exception):
@@ -175,9 +175,11 @@ class Preparer:
             wanted = envs.normalise(requirements)
             if not wanted:
                 return
-            env = self.envs.get(wanted, head)
+            env = self.envs.get(wanted, head, stopped=lambda: bool(run.stop_reason))
         except envs.EnvError as error:
             raise Failed(f"environment: {error}") from None
+        except envs.Stopped:  # reported as its stop says (cancelled, preempted, lost)
+            raise Failed(f"stopped before it started: {run.stop_reason}", STOPPED) from None
         run.env_dir = env.path
 
     def release(self, run: Run) -> None:
