@@ -238,7 +238,8 @@ def _unpack_tar(archive: pathlib.Path, tree: _Tree) -> None:
         with tarfile.open(archive, mode="r|gz") as tar:  # a stream: one entry at a time
             while (member := tar.next()) is not None:
                 _checked(_tar_entry, tar, member, tree, name=member.name)
-                tar.members.clear()  # a stream keeps every header otherwise: 100000 of them
+                # A stream keeps every header it read otherwise (typeshed lacks the attribute).
+                tar.members.clear()  # type: ignore[attr-defined]
     except (tarfile.TarError, EOFError, zlib.error, OSError) as error:
         if isinstance(error, OSError) and error.errno not in (None, errno.EINVAL):
             raise
