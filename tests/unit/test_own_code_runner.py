@@ -106,6 +106,10 @@ def test_a_job_runs_in_its_bundle_with_its_env_and_masked_secrets(make_runner):
     assert "cwd True hello" in log  # it ran in the unpacked bundle
     assert "token ***" in log and "hf_s3cr3t_value" not in log
     assert "mine 42 rank 0" in log  # the platform's RANK wins over the job's own
+    # In no file under the data dir: not the log, not the agent's state, not a work dir.
+    for path in runner.data_dir.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            assert b"hf_s3cr3t_value" not in path.read_bytes(), path
 
     runner.launch(Work(argv=["{python}", "train.py"], bundle=digest, secrets=["HF_TOKEN"],
                        env={"MY_SETTING": "1"}, attempt_id=2, attempt_number=2))  # fmt: skip
