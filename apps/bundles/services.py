@@ -15,7 +15,7 @@ import tempfile
 import zlib
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import BinaryIO
+from typing import Protocol
 
 from django.conf import settings
 from django.core.files import File
@@ -44,6 +44,10 @@ KINDS = {
 }
 GZIP_MAGIC = b"\x1f\x8b"
 ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")  # a local file header; an empty archive's end record
+
+
+class Readable(Protocol):
+    def read(self, size: int = ..., /) -> bytes: ...
 
 
 class BundleRefused(Exception):
@@ -102,7 +106,7 @@ def check_magic(kind: BundleKind, head: bytes) -> None:
         raise BundleRefused("gzip data that is not a tar archive (no tar header inside)")
 
 
-def store(*, tenant: Tenant, user, source: BinaryIO, content_type: str,
+def store(*, tenant: Tenant, user, source: Readable, content_type: str,
           length: int | None = None) -> Stored:  # fmt: skip
     """Store the archive read from `source` as a bundle of `tenant` (deduplicated by digest).
 
@@ -114,7 +118,10 @@ def store(*, tenant: Tenant, user, source: BinaryIO, content_type: str,
     if length is not None and length > cap:
         raise too_large(length, cap)
     digest, size, head = hashlib.sha256(), 0, b""
-    with tempfile.NamedTemporaryFile(prefix="bundle-", suffix=SUFFIXES[kind]) as spool:
+    spool_dir = settings.FILE_UPLOAD_TEMP_DIR  # Django's setting for uploads (None: the system's)
+    with tempfile.NamedTemporaryFile(
+        prefix="bundle-", suffix=SUFFIXES[kind], dir=spool_dir
+    ) as spool:
         while chunk := source.read(CHUNK):
             if len(head) < HEAD_BYTES:
                 head += chunk[: HEAD_BYTES - len(head)]
@@ -132,12 +139,19 @@ def store(*, tenant: Tenant, user, source: BinaryIO, content_type: str,
         spool.flush()
         sha256 = digest.hexdigest()
         existing = touch(tenant, sha256)
-        if existing is not None:
+        if existing is not None and default_storage.exists(existing.storage_name):
             return Stored(bundle=existing, created=False)
         spool.seek(0)
         name = default_storage.save(
             f"bundles/{tenant.pk}/{sha256}{SUFFIXES[kind]}", File(spool, name=spool.name)
         )
+    if existing is not None:  # its row outlived its file (storage restored, wiped): the file again
+        Bundle.objects.filter(pk=existing.pk).update(storage_name=name)
+        existing.storage_name = name
+        log.warning(
+            "bundle %s of tenant %s had lost its file; stored it again", sha256, tenant.slug
+        )
+        return Stored(bundle=existing, created=False)
     try:
         with transaction.atomic():
             bundle = Bundle.objects.create(tenant=tenant, sha256=sha256, size=size, storage_name=name,
