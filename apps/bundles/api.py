@@ -59,15 +59,15 @@ def _content_length(request) -> int | None:
         return None
 
 
-def _body(django_request):
+def _body(request):
     """What to read the body from, in chunks: Django's request (it reads CONTENT_LENGTH bytes),
     or for a chunked body under a WSGI server that ends the input itself (gunicorn's
     `wsgi.input_terminated`, no CONTENT_LENGTH) that input, to its end. The ASGI bridge gives a
     chunked body its CONTENT_LENGTH (gpuplatform/asgi.py)."""
-    meta = django_request.META
+    meta = request.META
     if not meta.get("CONTENT_LENGTH") and meta.get("wsgi.input_terminated"):
         return meta["wsgi.input"]
-    return django_request
+    return request
 
 
 class BundleViewSet(
@@ -107,7 +107,7 @@ class BundleViewSet(
     )
     def create(self, request):
         membership = self._writer("upload")
-        stream = _body(request._request)
+        stream = _body(request)  # DRF's request hands META and read() on to Django's
         try:
             stored = services.store(
                 tenant=membership.tenant, user=request.user, source=stream,

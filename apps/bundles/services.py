@@ -167,7 +167,7 @@ def touch(tenant: Tenant | int, sha256: str) -> Bundle | None:
     """The tenant's bundle of that digest with its `last_used_at` set to now, or None (another
     tenant's bundle is None too: tenants never see each other's bundles)."""
     tenant_id = tenant if isinstance(tenant, int) else tenant.pk
-    if not SHA256.match(sha256):
+    if not SHA256.fullmatch(sha256):
         return None
     now = timezone.now()
     if not Bundle.objects.filter(tenant_id=tenant_id, sha256=sha256).update(last_used_at=now):

@@ -26,7 +26,7 @@ STRINGS = {"type": "array", "items": {"type": "string"}}
 @extend_schema_field({"type": "string", "pattern": "^[0-9a-f]{64}$"})
 class BundleDigestField(serializers.Field):
     def to_internal_value(self, data):
-        if not isinstance(data, str) or not rules.SHA256.match(data):
+        if not isinstance(data, str) or not rules.SHA256.fullmatch(data):
             raise serializers.ValidationError(
                 "must be the sha256 of an uploaded bundle: 64 lowercase hex characters"
             )
