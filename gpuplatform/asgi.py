@@ -53,6 +53,11 @@ async def serve_wsgi(app, pool: ThreadPoolExecutor, scope, receive, send) -> Non
     if body is None:
         return  # the client went away before sending it all
     environ = build_environ(scope, body)
+    if "CONTENT_LENGTH" not in environ and (size := body.seek(0, os.SEEK_END)):
+        # A chunked body (no Content-Length): Django reads as many bytes as CONTENT_LENGTH says,
+        # so without it a view would see an empty body. It is all here now: say how much.
+        environ["CONTENT_LENGTH"] = str(size)
+    body.seek(0)
     loop = asyncio.get_running_loop()
     try:
         status, headers, parts, rest = await loop.run_in_executor(pool, run_app, app, environ)

@@ -27,6 +27,7 @@ SUBMIT = ("/api/v1/jobs/", "post")
 UUID = (
     "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"  # Django's <uuid:> converter
 )
+ENV_NAME = "^[A-Z_][A-Z0-9_]*$"  # apps/platform/own_code.py (reserved names are 400s)
 NO_CONTROL = (
     "^[^\\u0000-\\u001f]*$"  # apps/jobs/fields.py: StrictCharField refuses control characters
 )
@@ -217,6 +218,8 @@ def _type_path_parameters(path: str, operation: dict) -> None:
             parameter["schema"] = {"type": "string", "minLength": 1}
         elif parameter["name"] == "name":
             parameter["schema"] = {"type": "string", "pattern": "^[^/.]+$"}
+        elif parameter["name"] == "sha256":
+            parameter["schema"] = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
 
 
 # --- what the database holds ---------------------------------------------------------------------
@@ -326,6 +329,47 @@ def _common_fields(catalog: dict) -> dict:
         "checkpointable": {"type": "boolean"},
         "cacheable": {"type": "boolean"},
         "retry_on_failure": {"type": "boolean", "default": False},
+        "secrets": {
+            "type": "array",
+            "maxItems": 64,
+            "uniqueItems": True,
+            "items": {"type": "string", "pattern": ENV_NAME, "maxLength": 128},
+            "description": "names of the tenant's secrets to set in the job's environment",
+        },
+    }
+
+
+def _own_code_fields() -> dict:
+    """A command's own-code fields (apps/jobs/own_code.py, docs/own-code.md)."""
+    return {
+        "bundle": {
+            "type": "string",
+            "pattern": "^[0-9a-f]{64}$",
+            "description": "the sha256 of a bundle uploaded by this tenant (POST /api/v1/bundles/):"
+            " the command runs in its unpacked root",
+        },
+        "env": {
+            "type": "object",
+            "maxProperties": 64,
+            "additionalProperties": {
+                "type": "string",
+                "maxLength": 4096,
+                "pattern": "^[^\\u0000]*$",
+            },
+            "description": "environment variables: names [A-Z_][A-Z0-9_]*, not the platform's own",
+        },
+        "python": {
+            "type": "object",
+            "properties": {
+                "requirements": {
+                    "type": "array",
+                    "maxItems": 200,
+                    "items": {"type": "string", "minLength": 1, "maxLength": 1000},
+                    "description": "PEP 508 requirements, built into a virtual environment on the node",
+                }
+            },
+            "additionalProperties": False,
+        },
     }
 
 
@@ -379,6 +423,7 @@ def _submit(operation: dict, schemas: dict, catalog: dict) -> None:
                 },
             },
             **common,
+            **_own_code_fields(),
         },
         "required": ["command"],
         "additionalProperties": False,

@@ -53,6 +53,7 @@ INSTALLED_APPS = [
     "apps.tenants",
     "apps.nodes",
     "apps.jobs",
+    "apps.bundles",
     "apps.scheduling",
     "apps.admission",
     "apps.web",
@@ -336,6 +337,10 @@ RESULT_CACHE_TTL_SECONDS = env_int("GPUPLATFORM_RESULT_CACHE_TTL", 24 * 3600, mi
 AGENT_LOG_MAX_BYTES = env_int("GPUPLATFORM_LOG_MAX_BYTES", 64 << 20, minimum=1)
 AGENT_ARTIFACT_MAX_BYTES = env_int("GPUPLATFORM_ARTIFACT_MAX_BYTES", 1 << 30, minimum=1)
 AGENT_CHECKPOINT_MAX_BYTES = env_int("GPUPLATFORM_CHECKPOINT_MAX_BYTES", 4 << 30, minimum=1)
+# Code bundles (docs/own-code.md): one no job in a live state uses and none used for this many
+# days is deleted, row and file (`manage.py expire_bundles`, and the beat's "expire-bundles").
+BUNDLE_RETENTION_DAYS = env_int("GPUPLATFORM_BUNDLE_RETENTION_DAYS", 7, minimum=0)
+BUNDLE_EXPIRE_TICK_SECONDS = env_int("GPUPLATFORM_BUNDLE_EXPIRE_TICK", 3600, minimum=60)
 # Jobs that may run arbitrary commands go on an isolation "none" node only where the operator
 # opted the node in (Node.allow_unisolated_commands), or everywhere with this (`make run`).
 TRUST_UNISOLATED_NODES = env_bool("GPUPLATFORM_TRUST_UNISOLATED_NODES", False)

@@ -39,6 +39,8 @@ def cache_key(spec: JobSpec, tenant: Tenant) -> str | None:
     template = spec.template
     if template is None or not template.cacheable or not spec.cacheable or spec.command is not None:
         return None
+    if spec.env or spec.secrets or spec.python or spec.bundle:
+        return None  # not in the key: the same template and params could do something else
     params = spec.params or {}
     if (params.get("temperature") or 0) > 0 and params.get("seed") is None:
         return None  # sampling without a seed: every run may differ

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from rest_framework.exceptions import PermissionDenied, ValidationError
 
 from apps.admission.services import Admission, submitter
+from apps.bundles import services as bundles
 from apps.jobs.models import Job
 from apps.jobs.serializers import spec_from, validate_submission
-from apps.tenants.models import Membership
+from apps.tenants.models import Membership, Tenant
 
 
 class Unread(enum.Enum):
@@ -67,9 +68,33 @@ def submit_job(*, user, body, idempotency_key: str | None, membership: Membershi
         data = validate_submission(
             body, named=getattr(membership, "named", None)
         )  # JobSubmitSerializer's rules
+        check_own_code(membership.tenant, data)
         admission.submit(spec_from(data, default_tier=membership.tenant.tier))
     assert admission.job is not None  # a replay's, or the one submit() made (else it raised)
     return Submitted(job=admission.job, created=admission.created, headers=admission.headers)
+
+
+def check_own_code(tenant: Tenant, data: dict) -> None:
+    """The own-code fields' checks that need the tenant (docs/own-code.md); their shapes were
+    checked with the body. A `bundle` must be one this tenant uploaded; another tenant's digest
+    is refused with exactly the words of one nobody uploaded, so a submit cannot probe for other
+    tenants' bundles. Naming it counts as its use (retention counts from its last use)."""
+    digest = data.get("bundle")
+    if digest and not bundles.use(tenant.pk, digest):
+        raise ValidationError(
+            {
+                "bundle": [
+                    f"no bundle {digest} in this tenant: upload it first (POST /api/v1/bundles/)"
+                ]
+            }
+        )
+    check_secrets(tenant, data.get("secrets") or [])
+
+
+def check_secrets(tenant: Tenant, names: list[str]) -> None:
+    """The hook for the tenant's secrets (issue 17's secrets part): raise
+    `ValidationError({"secrets": [...]})` naming each of `names` the tenant has no secret of.
+    The names' syntax (and reserved names) is checked already (apps/jobs/own_code.py)."""
 
 
 def names_in(body) -> dict:

@@ -32,6 +32,9 @@ def assignment_for(member: AttemptMember) -> Assignment:
         memory_mib=job.memory_mib,
         pids_max=job.pids_max,
         cpu_weight=job.cpu_weight,
+        bundle=job.bundle,
+        env=dict(job.env or {}),
+        python_requirements=list((job.python or {}).get("requirements") or []),
     )
 
 

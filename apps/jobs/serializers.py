@@ -16,6 +16,13 @@ from apps.jobs.fields import (
     StrictIntegerField,
 )
 from apps.jobs.models import Artifact, Job, JobAttempt, JobTemplate
+from apps.jobs.own_code import (
+    BundleDigestField,
+    EnvField,
+    PythonField,
+    SecretNamesField,
+    own_code_errors,
+)
 from apps.jobs.params import ParamsError, validate_params
 from apps.jobs.services import SPEC_FIELDS, JobSpec
 from apps.nodes.models import GpuSku
@@ -68,6 +75,11 @@ class JobSubmitSerializer(serializers.Serializer):
     memory_mib = StrictIntegerField(min_value=0, max_value=MAX_MEMORY_MIB, required=False)
     pids_max = StrictIntegerField(min_value=0, max_value=MAX_PIDS, required=False)
     cpu_weight = StrictIntegerField(min_value=0, max_value=MAX_CPU_WEIGHT, required=False)
+    # Own code (apps/jobs/own_code.py, docs/own-code.md); the tenant's checks: at submit.
+    bundle = BundleDigestField(required=False)
+    env = EnvField(required=False)
+    secrets = SecretNamesField(required=False)
+    python = PythonField(required=False)
 
     def to_internal_value(self, data):
         if not isinstance(data, dict):
@@ -118,6 +130,9 @@ class JobSubmitSerializer(serializers.Serializer):
         return value
 
     def validate(self, attrs):
+        own_code = own_code_errors(attrs)
+        if own_code:
+            raise serializers.ValidationError(own_code)
         template, command = attrs.get("template"), attrs.get("command")
         if template is None and command is None:
             raise serializers.ValidationError({"template": ["give a template or a command"]})
@@ -224,7 +239,7 @@ class JobSerializer(serializers.ModelSerializer):
             "node_selector", "template", "params", "command", "max_runtime_seconds", "checkpointable",
             "cacheable", "created_at", "started_at", "finished_at", "queue_position",
             "estimated_start_at", "reason", "cache_hit", "exit_code", "attempts", "retry_on_failure",
-            "not_before", "memory_mib", "pids_max", "cpu_weight",
+            "not_before", "memory_mib", "pids_max", "cpu_weight", "bundle", "env", "secrets", "python",
         ]  # fmt: skip
 
     def get_queue_position(self, job: Job) -> int | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from dataclasses import fields as dataclass_fields
 from datetime import timedelta
 
@@ -73,6 +73,12 @@ class JobSpec:
     memory_mib: int = 0
     pids_max: int = 0
     cpu_weight: int = 0
+    # Own code (docs/own-code.md): a bundle's sha256 ("" none), environment variables, secret
+    # names, {"requirements": [...]}.
+    bundle: str = ""
+    env: dict = field(default_factory=dict)
+    secrets: list = field(default_factory=list)
+    python: dict = field(default_factory=dict)
 
 
 SPEC_FIELDS = tuple(f.name for f in dataclass_fields(JobSpec))  # each a field of Job of that name
@@ -151,14 +157,15 @@ def tenant_limits(tenant: Tenant) -> dict:
 
 
 def check_allowed(tenant: Tenant, spec: JobSpec) -> None:
-    """What the tenant may submit at all: its tier or below, commands only where allowed."""
+    """What the tenant may submit at all: its tier or below, commands only where allowed (any
+    tenant may run a command in its own bundle: `allow_commands` is for commands outside one)."""
     if spec.tier.rank > tenant.tier.rank:
         raise NotAllowed(
             f"tenant {tenant.slug} may not submit at tier {spec.tier.name}", field="tier"
         )
-    if spec.command is not None and not tenant.allow_commands:
+    if spec.command is not None and not spec.bundle and not tenant.allow_commands:
         raise NotAllowed(
-            f"tenant {tenant.slug} may only run templates, not commands", field="command"
+            f"tenant {tenant.slug} may only run templates, or commands in a bundle", field="command"
         )
 
 

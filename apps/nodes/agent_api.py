@@ -32,8 +32,9 @@ from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.bundles.models import Bundle
 from apps.jobs import services as jobs
-from apps.jobs.models import AttemptMember, JobAttempt
+from apps.jobs.models import ATTEMPT_ACTIVE, AttemptMember, JobAttempt
 from apps.jobs.selectors import assignment_for, open_members_on
 from apps.nodes.broker import node_broker_url
 from apps.nodes.credentials import credential_node
@@ -487,4 +488,26 @@ class CheckpointView(AgentView):
             default_storage.open(name, "rb"), content_type="application/octet-stream"
         )
         response[wire.CHECKPOINT_NAME_HEADER] = name.rsplit("/", 1)[-1]
+        return response
+
+
+class BundleView(AgentView):
+    """GET: the code bundle of the member's job (docs/own-code.md), streamed from storage, with
+    its `Content-Type`, `Content-Length` and `X-Bundle-Sha256`. 404 unless the member is this
+    node's, its attempt is live and the member has not ended, and its job has a bundle that its
+    tenant still holds."""
+
+    def get(self, request, attempt_id: int, rank: int):
+        member = self.member(attempt_id, rank)
+        attempt, job = member.attempt, member.attempt.job
+        if attempt.state not in ATTEMPT_ACTIVE or member.ended_at is not None or not job.bundle:
+            raise NotFound()
+        bundle = Bundle.objects.filter(tenant_id=job.tenant_id, sha256=job.bundle).first()
+        if bundle is None or not default_storage.exists(bundle.storage_name):
+            raise NotFound()
+        response = FileResponse(
+            default_storage.open(bundle.storage_name, "rb"), content_type=bundle.media_type
+        )
+        response["Content-Length"] = str(bundle.size)
+        response[wire.BUNDLE_SHA256_HEADER] = bundle.sha256
         return response

@@ -14,6 +14,7 @@ AUTH_SCHEME = "Bearer"  # Authorization: Bearer <node credential>
 ATTEMPT_TOKEN_HEADER = "X-Attempt-Token"  # the fencing token of the member a request is about
 LOG_OFFSET_HEADER = "X-Log-Offset"  # a log chunk's first byte: appended only where the log ends
 CHECKPOINT_NAME_HEADER = "X-Checkpoint-Name"  # the checkpoint file's own name (no directories)
+BUNDLE_SHA256_HEADER = "X-Bundle-Sha256"  # the digest of the bundle a member's GET bundle/ streams
 CREDENTIAL_PREFIX = "gpn_"
 
 

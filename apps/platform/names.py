@@ -25,6 +25,7 @@ class Task(StrEnum):
     STOP_ATTEMPT = "workers.stop_attempt"
     WEBHOOKS_PUMP = "webhooks.pump"
     WEBHOOKS_DELIVER = "webhooks.deliver"
+    EXPIRE_BUNDLES = "bundles.expire"
 
 
 class StopReason(StrEnum):

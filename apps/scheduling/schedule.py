@@ -32,4 +32,10 @@ def beat_schedule() -> dict:
             "schedule": settings.AUTOSCALE_TICK_SECONDS,
             "options": {"queue": Queue.CONTROL, "expires": settings.AUTOSCALE_TICK_SECONDS * 2},
         },
+        # Code bundles no live job uses, past GPUPLATFORM_BUNDLE_RETENTION_DAYS (apps/bundles).
+        "expire-bundles": {
+            "task": Task.EXPIRE_BUNDLES,
+            "schedule": settings.BUNDLE_EXPIRE_TICK_SECONDS,
+            "options": {"queue": Queue.CONTROL, "expires": settings.BUNDLE_EXPIRE_TICK_SECONDS},
+        },
     }

@@ -43,6 +43,9 @@ class Tier(models.Model):
         default=0,
         help_text="Wait instead of preempting when the autoscaler brings a fitting node this soon.",
     )
+    bundle_max_mib = models.PositiveIntegerField(
+        default=100, help_text="Largest code bundle its tenants may upload, MiB."
+    )
     description = models.CharField(max_length=200, blank=True)
 
     class Meta:
@@ -59,6 +62,9 @@ class Tenant(models.Model):
     allow_commands = models.BooleanField(
         default=False, help_text="May submit arbitrary argv commands, not only templates."
     )
+    bundle_max_mib = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Largest code bundle, MiB; empty: the tier's."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -66,6 +72,12 @@ class Tenant(models.Model):
 
     def __str__(self) -> str:
         return self.slug
+
+    @property
+    def bundle_cap_bytes(self) -> int:
+        """The largest bundle it may upload: its own cap, else its tier's."""
+        mib = self.bundle_max_mib if self.bundle_max_mib is not None else self.tier.bundle_max_mib
+        return mib * 1024 * 1024
 
 
 class Role(models.TextChoices):

@@ -4,23 +4,32 @@ The page validates nothing itself. It turns form strings into the JSON types the
 and submits them through the API's own use case (apps/admission/submit.py `submit_job`), so a
 submission is accepted or refused the same way whichever door it came through. Errors are spread back onto the form's fields. Each
 rendering of the form carries a fresh Idempotency-Key, so a double click submits once.
+
+"Your own code": a command (split as a shell would, though no shell runs it) instead of the
+template, and optionally a zip (or .tar.gz) of its working directory, stored as a bundle exactly
+as `POST /api/v1/bundles/` stores one (apps/bundles/services.py `store`: streamed from the
+uploaded file, the tenant's cap, deduplicated) and submitted as the body's `bundle`.
 """
 
 from __future__ import annotations
 
+import shlex
 import uuid
 from dataclasses import dataclass, field
 
+from django.core.files.uploadedfile import UploadedFile
 from django.http import QueryDict
 from rest_framework.exceptions import ValidationError
 
 from apps.admission.submit import submit_job
+from apps.bundles import services as bundles
 from apps.jobs import services
 from apps.jobs.models import Job, JobTemplate
 from apps.tenants.models import Membership
 
 PARAM_PREFIX = "param_"
-FORM_FIELDS = {"template", "params", "name", "gpus", "nodes", "gpu_sku", "tier", "command"}
+FORM_FIELDS = {"template", "params", "name", "gpus", "nodes", "gpu_sku", "tier", "command", "workdir",
+               "bundle", "env", "python", "secrets"}  # fmt: skip
 
 
 def new_idempotency_key() -> str:
@@ -86,8 +95,41 @@ def _number(raw: str, kind: str):
         return raw
 
 
-def submission_body(data: QueryDict, template: JobTemplate | None) -> dict:
-    body: dict = {"template": data.get("template", "")}
+class FormRefused(Exception):
+    def __init__(self, errors: dict[str, list[str]]):
+        self.errors = errors
+
+
+def own_code_body(data: QueryDict, workdir: UploadedFile | None, membership: Membership,
+                  user) -> dict | None:  # fmt: skip
+    """The command (and bundle) part of the body when the form gives a command, else None (a
+    template's submit). A working directory needs a command to run in it."""
+    text = data.get("command", "").strip()
+    if not text:
+        if workdir is not None:
+            raise FormRefused({"command": ["give the command to run in the uploaded directory"]})
+        return None
+    try:
+        argv = shlex.split(text)
+    except ValueError as error:
+        raise FormRefused({"command": [f"cannot split it into arguments: {error}"]}) from None
+    body: dict = {"command": argv}
+    if workdir is not None:
+        head = workdir.read(2)
+        workdir.seek(0)
+        kind = "application/gzip" if head == bundles.GZIP_MAGIC else "application/zip"
+        try:
+            stored = bundles.store(tenant=membership.tenant, user=user, source=workdir,
+                                   content_type=kind, length=workdir.size)  # fmt: skip
+        except bundles.BundleRefused as refused:
+            raise FormRefused({"workdir": [refused.message]}) from None
+        body["bundle"] = stored.bundle.sha256
+    return body
+
+
+def submission_body(data: QueryDict, template: JobTemplate | None,
+                    own_code: dict | None = None) -> dict:  # fmt: skip
+    body: dict = own_code or {"template": data.get("template", "")}
     for key in ("gpus", "nodes", "max_runtime_seconds"):
         raw = data.get(key, "").strip()
         if raw:
@@ -97,7 +139,7 @@ def submission_body(data: QueryDict, template: JobTemplate | None) -> dict:
         if raw:
             body[key] = raw
     body["gpu_sku"] = data.get("gpu_sku", "").strip() or None
-    if template is not None:
+    if template is not None and own_code is None:
         body["params"] = _params(data, template)
     return body
 
@@ -124,10 +166,12 @@ class Outcome:
     param_errors: dict[str, list[str]] = field(default_factory=dict)
 
 
-def submit(
-    *, membership: Membership, user, data: QueryDict, template: JobTemplate | None
-) -> Outcome:
-    body = submission_body(data, template)
+def submit(*, membership: Membership, user, data: QueryDict, template: JobTemplate | None,
+           workdir: UploadedFile | None = None) -> Outcome:  # fmt: skip
+    try:
+        body = submission_body(data, template, own_code_body(data, workdir, membership, user))
+    except FormRefused as refused:
+        return Outcome(errors=refused.errors)
     try:
         submitted = submit_job(user=user, body=body, idempotency_key=data.get("idempotency_key") or None,
                                membership=membership)  # fmt: skip

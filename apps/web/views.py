@@ -106,8 +106,9 @@ def job_new(request):
         if membership is None or not membership.can_submit:
             return HttpResponseForbidden("Your role may not submit jobs.")
         outcome = submit.submit(
-            membership=membership, user=request.user, data=request.POST, template=template
-        )
+            membership=membership, user=request.user, data=request.POST, template=template,
+            workdir=request.FILES.get("workdir"),
+        )  # fmt: skip
         if outcome.job is not None:
             return redirect("job-detail", job_id=outcome.job.pk)
     context = {

@@ -49,6 +49,20 @@ def test_a_post_body_reaches_the_view_and_the_answer_goes_out_whole():
     assert sent[1:] == [{"type": "http.response.body", "body": b'{"ok": true}'}]
 
 
+def test_a_chunked_body_without_content_length_gets_one_so_django_reads_it():
+    seen = {}
+
+    def wsgi(environ, start_response):
+        seen.update(length=environ.get("CONTENT_LENGTH"), body=environ["wsgi.input"].read())
+        start_response("200 OK", [])
+        return [b""]
+
+    call(build(wsgi, threads=1), http("/api/v1/bundles/", "POST"), [b"\x1f\x8b", b"rest"])
+    assert seen == {"length": "6", "body": b"\x1f\x8brest"}
+    call(build(wsgi, threads=1), http("/api/v1/jobs/"), [b""])
+    assert seen == {"length": None, "body": b""}
+
+
 def test_a_large_answer_goes_out_in_chunks_and_is_closed():
     closed = []
 
