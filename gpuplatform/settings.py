@@ -9,6 +9,7 @@ import pathlib
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from apps.secrets.crypto import valid_key
 from apps.webhooks.guard import ALLOW_SETTING, parse_networks
 from gpuplatform import embedded_redis
 from gpuplatform.env import env_bool, env_choice, env_float, env_int, env_list, env_str
@@ -51,6 +52,7 @@ INSTALLED_APPS = [
     "django_otp.plugins.otp_totp",
     "axes",
     "apps.tenants",
+    "apps.secrets",
     "apps.nodes",
     "apps.jobs",
     "apps.bundles",
@@ -250,6 +252,15 @@ if HTTPS:
     if TRUSTED_PROXIES or env_bool("GPUPLATFORM_BEHIND_PROXY", False):
         # The TLS-terminating proxy sets this header (and drops any the client sent).
         SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+# Tenant secrets' encryption keys (apps/secrets/crypto.py, docs/secrets.md): comma-separated
+# Fernet keys, the first encrypts and all decrypt (rotation: `manage.py rotate_secrets`). None:
+# one key derived from SECRET_KEY, for development; production sets its own.
+SECRET_ENCRYPTION_KEYS = env_list("GPUPLATFORM_SECRET_KEYS", [])
+if not all(valid_key(key) for key in SECRET_ENCRYPTION_KEYS):
+    raise ImproperlyConfigured(
+        "GPUPLATFORM_SECRET_KEYS must be comma-separated Fernet keys (32 bytes, URL-safe base64)"
+    )
 
 # /metrics: with a token set, scrapers send `Authorization: Bearer <token>` (401 otherwise).
 METRICS_TOKEN = env_str("GPUPLATFORM_METRICS_TOKEN") or None

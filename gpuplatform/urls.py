@@ -7,6 +7,7 @@ from apps.bundles.api import BundleViewSet
 from apps.jobs.api import JobViewSet
 from apps.jobs.events_api import JobEventsView
 from apps.nodes.api import NodeViewSet
+from apps.secrets.api import SecretViewSet
 from apps.tenants.api import UsageView
 from apps.web.signin import PlatformAdminSite
 from gpuplatform.health import healthz
@@ -21,6 +22,7 @@ router.include_format_suffixes = False  # artifact names like "result.json" are 
 router.register("jobs", JobViewSet, basename="job")
 router.register("nodes", NodeViewSet, basename="node")
 router.register("bundles", BundleViewSet, basename="bundle")
+router.register("secrets", SecretViewSet, basename="secret")
 
 urlpatterns = [
     path(

@@ -41,6 +41,8 @@ from apps.nodes.credentials import credential_node
 from apps.nodes.services import NodeInfo, node_heartbeat, node_register
 from apps.platform import agent_protocol as wire
 from apps.scheduling.queues import START_ATTEMPT_TASK, STOP_ATTEMPT_TASK, node_queue
+from apps.secrets.crypto import SecretUnreadable
+from apps.secrets.services import secret_values
 
 CHUNK = 1 << 20
 
@@ -224,6 +226,39 @@ class MemberView(AgentView):
             assignment_for(member), resume_from=_resume_checkpoint(member.attempt)
         )
         return Response(wire.to_wire(work))
+
+
+class SecretsView(AgentView):
+    """The values of the secrets the member's job names, for its agent to set in the job's
+    environment at start: `{"secrets": {"NAME": "value"}}`, `Cache-Control: no-store`.
+
+    Only for a live member (its attempt active and not told to stop, the member not ended)
+    placed on this node with its attempt's token; anything else is 404. A secret the job names
+    that its tenant deleted after the submit is 410 `{"missing": [names], "detail": "secret X
+    no longer exists"}`, and one no configured key decrypts is 409 (`detail`): the agent fails
+    the member with that reason and never runs it without its secrets (docs/secrets.md)."""
+
+    def get(self, request, attempt_id: int, rank: int):
+        member = self.member(attempt_id, rank)
+        attempt = member.attempt
+        if attempt.state not in ATTEMPT_ACTIVE or attempt.stop_requested or member.ended_at:
+            raise NotFound()
+        job = attempt.job
+        names = [name for name in job.secrets or [] if isinstance(name, str)]
+        try:
+            values, missing = secret_values(tenant_id=job.tenant_id, names=names)
+        except SecretUnreadable as error:
+            response = Response({"detail": str(error)}, status=status.HTTP_409_CONFLICT)
+        else:
+            if missing:
+                detail = "; ".join(f"secret {name} no longer exists" for name in missing)
+                response = Response(
+                    {"missing": missing, "detail": detail}, status=status.HTTP_410_GONE
+                )
+            else:
+                response = Response({"secrets": values})
+        response["Cache-Control"] = "no-store"
+        return response
 
 
 def _resume_checkpoint(attempt: JobAttempt) -> str:

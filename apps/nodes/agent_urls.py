@@ -15,6 +15,7 @@ urlpatterns = [
     path(member + "finished/", views.FinishedView.as_view(), name="agent-finished"),
     path(member + "lost/", views.LostView.as_view(), name="agent-lost"),
     path(member + "log/", views.LogView.as_view(), name="agent-log"),
+    path(member + "secrets/", views.SecretsView.as_view(), name="agent-secrets"),
     path(member + "checkpoint/", views.CheckpointView.as_view(), name="agent-checkpoint"),
     path(member + "bundle/", views.BundleView.as_view(), name="agent-bundle"),
     path(member + "artifacts/<path:name>", views.ArtifactView.as_view(), name="agent-artifact"),

@@ -63,3 +63,12 @@ class AuditedAdmin(admin.ModelAdmin):
     def audit(self, request, obj, message: str) -> None:
         """A LogEntry for a change an action made (the change form's are made by the admin)."""
         self.log_change(request, obj, message)
+
+
+def record(user, obj, action_flag: int, message: str) -> None:
+    """A LogEntry for a change made outside the admin (the API, a page): the user, the object and
+    what was done, in the same log as the admin's changes. `message` never carries a secret's
+    value (apps/secrets/services.py)."""
+    LogEntry.objects.log_actions(
+        user_id=user.pk, queryset=[obj], action_flag=action_flag, change_message=message
+    )
