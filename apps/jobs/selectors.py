@@ -35,6 +35,7 @@ def assignment_for(member: AttemptMember) -> Assignment:
         bundle=job.bundle,
         env=dict(job.env or {}),
         python_requirements=list((job.python or {}).get("requirements") or []),
+        array_index=job.array_index,
     )
 
 
