@@ -615,8 +615,8 @@ def _brief(body) -> str:
 
 def _field_errors(body, prefix: str = "") -> list[str]:
     """`{"env": {"PATH": ["reserved"]}}` -> `["env.PATH: reserved"]`: one line per field."""
-    if not isinstance(body, dict):
-        return []
+    if not isinstance(body, dict) or (not prefix and set(body) <= {"detail"}):
+        return []  # not per field: the first line said it all
     lines = []
     for key, value in body.items():
         field = f"{prefix}{key}"

@@ -22,6 +22,12 @@ NODE = "qs-1"
 SECRET = "tok-5f3c9e-quickstart"  # what the job prints; the stored log must say *** instead
 
 
+NEEDS_NODE_SIDE = ("the node side of issue 17 (bundle fetch and unpack, environments with uv, secrets "
+                   "and log masking: h/nodecode) is not merged into this branch yet")  # fmt: skip
+NEEDS_SECRETS_CHECK = ("submit's check of secret names against the tenant's secrets "
+                       "(apps/admission/submit.py check_secrets, a stub on h/bundles) is not wired yet")  # fmt: skip
+
+
 class QuickstartPlatform(Platform):
     """Agents that build job environments offline, from the wheel directory only."""
 
@@ -53,6 +59,7 @@ def gpuplatform(platform, *args, user="bob", stdin=None, timeout=300):
                           text=True, timeout=timeout)  # fmt: skip
 
 
+@pytest.mark.xfail(strict=False, reason=NEEDS_NODE_SIDE)
 def test_the_quick_start_runs_the_example_with_its_requirement_and_a_masked_secret(
     platform, tmp_path
 ):
@@ -88,10 +95,14 @@ def test_the_quick_start_runs_the_example_with_its_requirement_and_a_masked_secr
     second = gpuplatform(platform, *argv)
     assert second.returncode == 0, second.stdout + second.stderr
     assert "already uploaded" in second.stderr and "uploading bundle" not in second.stderr
-    assert first.stderr.split(":")[0] == second.stderr.split(":")[0]  # "bundle <sha12>"
+    sha12 = first.stderr.split(":")[0].split()[1]
+    assert second.stderr.split(":")[0] == f"bundle {sha12}"
+    assert f"bundle {sha12} fetched" in log and "building environment" in log
+    again = gpuplatform(platform, "logs", second.stdout.strip().splitlines()[-1].split()[0]).stdout
+    assert f"bundle {sha12} cached" in again and "reused" in again and "building" not in again
 
 
-def test_a_bundle_with_a_link_out_is_refused_before_upload_and_bad_fields_name_themselves(
+def test_a_bundle_with_a_link_out_is_refused_before_upload_and_bad_env_names_itself(
     platform, tmp_path
 ):
     project = tmp_path / "proj"
@@ -103,11 +114,18 @@ def test_a_bundle_with_a_link_out_is_refused_before_upload_and_bad_fields_name_t
 
     os.unlink(project / "passwd")
     bad = gpuplatform(platform, "submit", "--workdir", str(project), "--env", "CUDA_VISIBLE_DEVICES=0",
-                      "--secret", "NO_SUCH_SECRET", "--", "python", "train.py")  # fmt: skip
+                      "--", "python", "train.py")  # fmt: skip
     assert bad.returncode == 3 and "400" in bad.stderr
-    assert "env" in bad.stderr and "secrets" in bad.stderr
+    assert "gpuplatform:   env: " in bad.stderr and "CUDA_VISIBLE_DEVICES" in bad.stderr
 
 
+@pytest.mark.xfail(strict=False, reason=NEEDS_SECRETS_CHECK)
+def test_an_unknown_secret_is_a_400_naming_secrets(platform):
+    bad = gpuplatform(platform, "submit", "--secret", "NO_SUCH_SECRET", "--gpus", "1", "--", "true")
+    assert bad.returncode == 3 and "400" in bad.stderr and "gpuplatform:   secrets: " in bad.stderr
+
+
+@pytest.mark.xfail(strict=False, reason=NEEDS_NODE_SIDE)
 def test_the_sweep_runs_the_example_as_an_array(platform, tmp_path):
     swept = gpuplatform(platform, "submit", "--workdir", "examples/tiny-train", "--gpus", "1",
                         "--array", "0-3%2", "--wait", "--", "python", "train.py", "--sweep", "sweep.json",
@@ -132,3 +150,76 @@ def test_the_sweep_runs_the_example_as_an_array(platform, tmp_path):
         )
     sweep = json.loads((ROOT / "examples" / "tiny-train" / "sweep.json").read_text())
     assert {i: r["lr"] for i, r in results.items()} == {i: sweep[i]["lr"] for i in range(4)}
+
+
+def test_the_cli_speaks_the_secrets_endpoints_and_never_shows_a_value(platform):
+    made = gpuplatform(platform, "secrets", "set", "QS_KEY", user="alice", stdin="v1")
+    replaced = gpuplatform(platform, "secrets", "set", "QS_KEY", user="alice", stdin="v2")
+    assert made.returncode == replaced.returncode == 0, made.stderr + replaced.stderr
+    listed = gpuplatform(platform, "--json", "secrets", "list", user="carol")  # a viewer: names
+    names = [s["name"] for s in json.loads(listed.stdout)]
+    assert "QS_KEY" in names and "v2" not in listed.stdout
+    member = gpuplatform(platform, "secrets", "set", "QS_KEY", user="bob", stdin="mine")
+    assert member.returncode == 3 and "403" in member.stderr
+    assert "QS_KEY" not in gpuplatform(platform, "secrets", "list", user="dave").stdout  # globex
+    assert gpuplatform(platform, "secrets", "delete", "QS_KEY", user="alice").returncode == 0
+    assert "QS_KEY" not in gpuplatform(platform, "secrets", "list").stdout
+
+
+def test_the_cli_uploads_a_new_digest_once_per_tenant_and_reports_the_cap(platform, tmp_path):
+    from gpuplatform.client import Client
+
+    project = tmp_path / "proj"
+    (project / ".git").mkdir(parents=True)
+    (project / ".git" / "pack").write_bytes(os.urandom(3 << 20))  # left out: never uploaded
+    (project / "train.py").write_text("print('own code')\n")
+    argv = ["--json", "submit", "--workdir", str(project), "--", "python", "train.py"]
+    first = gpuplatform(
+        platform, *argv, user="dave"
+    )  # globex may not run bare commands: a bundle's it may
+    assert first.returncode == 0, first.stderr
+    assert "uploading bundle" in first.stderr and "1 files" in first.stderr
+    sha = first.stderr.split()[1].rstrip(":")
+    job = json.loads(first.stdout)
+    assert job["bundle"].startswith(sha) and job["command"] == ["python", "train.py"]
+    again = gpuplatform(platform, *argv, user="dave")
+    assert f"bundle {sha} already uploaded" in again.stderr and "uploading" not in again.stderr
+    # Per tenant: acme has not uploaded it, and cannot see globex's.
+    assert not Client(platform.url, platform.tokens["bob"]).bundle_exists(job["bundle"])
+    assert Client(platform.url, platform.tokens["dave"]).bundle_exists(job["bundle"])
+
+    platform.manage("shell", "-c", "from apps.tenants.models import Tenant; "
+                    "Tenant.objects.filter(slug='hobby').update(bundle_max_mib=1)")  # fmt: skip
+    (project / "weights.bin").write_bytes(os.urandom(2 << 20))
+    refused = gpuplatform(
+        platform, "submit", "--workdir", str(project), "--", "python", "train.py", user="erin"
+    )
+    assert refused.returncode == 3, refused.stderr
+    assert "413" in refused.stderr and "1 MiB" in refused.stderr and ".gpuignore" in refused.stderr
+
+
+def test_the_cli_submits_follows_shows_lists_and_cancels_an_array(platform):
+    done = gpuplatform(platform, "submit", "-t", "demo-train", "-p", "steps=2", "-p", "step_seconds=0.1",
+                       "--gpus", "1", "--array", "0-3%2", "--wait")  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.strip().splitlines()
+    array_id = lines[0].split()[0]
+    assert "done %2" in lines[0] and lines[-1].startswith(f"{array_id}  array      4/4 done")
+    shown = gpuplatform(platform, "show", array_id).stdout
+    assert "succeeded  4" in shown
+    tasks = json.loads(gpuplatform(platform, "--json", "list", "--array", array_id).stdout)[
+        "results"
+    ]
+    assert sorted(t["array_index"] for t in tasks) == [0, 1, 2, 3]
+    listed = gpuplatform(platform, "list").stdout.splitlines()
+    assert sum(line.startswith(array_id) for line in listed) == 1  # one row for the whole array
+    assert not any(line.startswith(tasks[0]["id"]) for line in listed)
+
+    long = json.loads(gpuplatform(platform, "--json", "submit", "-t", "demo-train", "-p", "steps=200",
+                                  "-p", "step_seconds=0.2", "--gpus", "1", "--array", "0-9%2").stdout)  # fmt: skip
+    cancelled = gpuplatform(platform, "cancel", long["id"])
+    assert cancelled.returncode == 0 and f"{long['id']} cancelled" in cancelled.stdout
+    platform.wait_until(
+        lambda: platform.get("bob", f"/api/v1/arrays/{long['id']}/").json()["counts"].get("cancelled") == 10,
+        timeout=60, what="every task of the array cancelled",
+    )  # fmt: skip
