@@ -2,6 +2,7 @@
 no Django (nor anything else of the server) in it, gives a working `gpuplatform` command that
 packs a directory. pip installs from whatever index it is configured with (here: the mirror)."""
 
+import json
 import shutil
 import subprocess
 import sys
@@ -51,3 +52,41 @@ def test_the_client_installs_alone_and_runs(tmp_path):
     assert packed.stdout.strip() == bundle.sha256
     no_django = subprocess.run([python, "-c", "import django"], capture_output=True)
     assert no_django.returncode != 0
+
+
+def test_make_run_builds_the_example_wheel_and_the_example_runs_on_a_laptop(tmp_path):
+    """`make run` (gpuplatform/launch.py) builds examples/packages/ into a wheel directory and
+    hands it to every Procfile agent; the example trains anywhere its requirement is installed."""
+    from gpuplatform.launch import build_example_wheels, procfile_agents
+
+    wheels = build_example_wheels(tmp_path / "wheels")
+    assert [w.name for w in wheels.iterdir()] == ["tinystats-0.1.0-py3-none-any.whl"]
+    assert build_example_wheels(wheels) == wheels  # built once per version
+    assert not list((ROOT / "examples" / "packages" / "tinystats").glob("*.egg-info"))
+    agent_lines = [
+        line for line in (ROOT / "Procfile").read_text().splitlines() if line.startswith("agent-")
+    ]
+    assert len(agent_lines) == len(procfile_agents()) > 0
+    assert all(
+        'GPUPLATFORM_PIP_FIND_LINKS="${GPUPLATFORM_PIP_FIND_LINKS:-}"' in line
+        for line in agent_lines
+    )
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--no-index", "--find-links", str(wheels),
+                    "tinystats"], check=True, timeout=300)  # fmt: skip
+    work = tmp_path / "laptop"
+    shutil.copytree(ROOT / "examples" / "tiny-train", work)
+    env = {"PATH": "/usr/bin:/bin", "TINY_TRAIN_TOKEN": "local", "GPUPLATFORM_ARRAY_INDEX": "2"}
+    ran = subprocess.run([str(venv / "bin" / "python"), "train.py", "--epochs", "40", "--epoch-seconds", "0",
+                          "--sweep", "sweep.json"], cwd=work, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    assert "tinystats 0.1.0 from" in ran.stdout and "token=local" in ran.stdout
+    result = json.loads((work / "output" / "result.json").read_text())
+    assert result["lr"] == 0.03 and result["array_index"] == 2 and result["epochs"] == 40
+    # A second run resumes from the checkpoint the first left.
+    again = subprocess.run([str(venv / "bin" / "python"), "train.py", "--epochs", "45", "--epoch-seconds", "0"],
+                           cwd=work, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert "resuming from the checkpoint of epoch 40" in again.stdout
+    assert json.loads((work / "output" / "result.json").read_text())["resumed_from_epoch"] == 40
