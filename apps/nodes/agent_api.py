@@ -20,6 +20,7 @@ from django.conf import settings
 from django.core.files import File
 from django.core.files.storage import default_storage
 from django.http import FileResponse
+from django.views.decorators.debug import sensitive_variables
 from rest_framework import serializers, status
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.exceptions import (
@@ -238,6 +239,7 @@ class SecretsView(AgentView):
     no longer exists"}`, and one no configured key decrypts is 409 (`detail`): the agent fails
     the member with that reason and never runs it without its secrets (docs/secrets.md)."""
 
+    @sensitive_variables()  # an error report shows none of its locals (the values)
     def get(self, request, attempt_id: int, rank: int):
         member = self.member(attempt_id, rank)
         attempt = member.attempt

@@ -3,6 +3,7 @@ ciphertext; the change form has a write-only "new value" field that replaces it.
 
 from django import forms
 from django.contrib import admin
+from django.views.decorators.debug import sensitive_variables
 
 from apps.secrets import crypto
 from apps.secrets.models import Secret
@@ -22,6 +23,7 @@ class SecretForm(forms.ModelForm):
         model = Secret
         fields = ["tenant", "name"]
 
+    @sensitive_variables()
     def clean_new_value(self) -> str:
         value = self.cleaned_data.get("new_value", "")
         if self.instance.pk is None and not value:
@@ -31,6 +33,7 @@ class SecretForm(forms.ModelForm):
             raise forms.ValidationError(problem)
         return value
 
+    @sensitive_variables()
     def save(self, commit=True):
         secret = super().save(commit=False)
         value = self.cleaned_data.get("new_value")

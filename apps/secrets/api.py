@@ -7,6 +7,7 @@
 """
 
 from django.utils.functional import cached_property
+from django.views.decorators.debug import sensitive_variables
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import serializers, status, viewsets
 from rest_framework.exceptions import NotFound, PermissionDenied
@@ -54,6 +55,7 @@ class ValueField(serializers.Field):
         kwargs["write_only"] = True
         super().__init__(**kwargs)
 
+    @sensitive_variables()
     def to_internal_value(self, data):
         problem = value_problem(data)
         if problem:
@@ -123,6 +125,7 @@ class SecretViewSet(viewsets.GenericViewSet):
             raise NotFound("no such secret")
         return secret
 
+    @sensitive_variables()
     def _valid(self, serializer_class, data) -> dict:
         serializer = serializer_class(data=data)
         serializer.is_valid(raise_exception=True)
@@ -136,6 +139,7 @@ class SecretViewSet(viewsets.GenericViewSet):
         return Response(SecretSerializer(self.get_object()).data)
 
     @extend_schema(request=SecretCreateSerializer, responses={201: SecretSerializer})
+    @sensitive_variables()
     def create(self, request):
         data = self._valid(SecretCreateSerializer, request.data)
         try:
@@ -146,6 +150,7 @@ class SecretViewSet(viewsets.GenericViewSet):
         return Response(SecretSerializer(secret).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=SecretReplaceSerializer, responses={200: SecretSerializer})
+    @sensitive_variables()
     def update(self, request, name=None):
         secret = self.get_object()
         data = self._valid(SecretReplaceSerializer, request.data)

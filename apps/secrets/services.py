@@ -12,7 +12,9 @@ import re
 
 from django.contrib.admin.models import ADDITION, CHANGE, DELETION
 from django.db import IntegrityError, transaction
+from django.views.decorators.debug import sensitive_variables
 
+from apps.platform import own_code
 from apps.secrets import crypto
 from apps.secrets.models import NAME_MAX, NAME_PATTERN, Secret
 from apps.tenants.audit import record
@@ -35,9 +37,10 @@ def name_problem(name: object) -> str | None:
         return "must be a string"
     if not name or len(name) > NAME_MAX or not _NAME.fullmatch(name):
         return f"must match {NAME_PATTERN} (A-Z, 0-9 and _, not starting with a digit), 1 to {NAME_MAX} characters"
-    return None
+    return own_code.name_problem(name)  # the names the platform sets in a job are reserved
 
 
+@sensitive_variables()  # an error report shows none of these functions' locals
 def value_problem(value: object) -> str | None:
     if not isinstance(value, str):
         return "must be a string"
@@ -52,6 +55,7 @@ def value_problem(value: object) -> str | None:
     return None
 
 
+@sensitive_variables()
 def _check(name: object, value: object) -> None:
     for field, problem in (("name", name_problem(name)), ("value", value_problem(value))):
         if problem:
@@ -63,6 +67,7 @@ def tenant_secrets(tenant: Tenant):
     return Secret.objects.filter(tenant=tenant).order_by("name")
 
 
+@sensitive_variables()
 def secret_create(*, tenant: Tenant, name: str, value: str, user) -> Secret:
     _check(name, value)
     ciphertext = crypto.encrypt(tenant_id=tenant.pk, name=name, value=value)
@@ -79,6 +84,7 @@ def secret_create(*, tenant: Tenant, name: str, value: str, user) -> Secret:
 
 
 @transaction.atomic
+@sensitive_variables()
 def secret_replace(*, secret: Secret, value: str, user) -> Secret:
     _check(secret.name, value)
     secret.ciphertext = crypto.encrypt(tenant_id=secret.tenant_id, name=secret.name, value=value)
@@ -108,6 +114,7 @@ def missing_secrets(*, tenant_id: int, names: list[str]) -> list[str]:
     return [name for name in dict.fromkeys(names) if name not in have]
 
 
+@sensitive_variables()
 def secret_values(*, tenant_id: int, names: list[str]) -> tuple[dict[str, str], list[str]]:
     """`({name: value}, missing names)` of the tenant's secrets named. The only decrypt."""
     rows = Secret.objects.filter(tenant_id=tenant_id, name__in=set(names))
@@ -118,6 +125,7 @@ def secret_values(*, tenant_id: int, names: list[str]) -> tuple[dict[str, str], 
     return values, [name for name in dict.fromkeys(names) if name not in values]
 
 
+@sensitive_variables()
 def secrets_rotate() -> tuple[int, int]:
     """Re-encrypt every secret under the first key; `(rotated, unreadable)` counts. A row no
     configured key decrypts is left as it is (and counted)."""

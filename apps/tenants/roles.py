@@ -27,6 +27,7 @@ VIEWED = {
     "tenants": ["tier", "tenant", "membership", "quota", "apitoken"],
     "scheduling": ["autoscalepolicy", "provisionrequest", "scaleevent"],
     "webhooks": ["webhook", "webhookdelivery"],
+    "secrets": ["secret"],  # names and dates only: the admin never shows a value
 }
 # Support's changes: the job actions (cancel, requeue, preempt, bump), the node actions (cordon,
 # drain, ready) and a tenant's quota.
@@ -38,6 +39,7 @@ ADMIN_MODELS = {
     "tenants": ["tier", "tenant", "membership", "quota"],
     "scheduling": ["autoscalepolicy"],
     "webhooks": ["webhook"],
+    "secrets": ["secret"],  # replace a value (write only) or delete, for a tenant that asks
 }
 
 

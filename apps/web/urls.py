@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from apps.web import tokens, views
+from apps.web import secrets_page, tokens, views
 
 urlpatterns = [
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
@@ -14,4 +14,7 @@ urlpatterns = [
     path("usage/", views.usage, name="usage-page"),
     path("tokens/", tokens.token_list, name="token-list"),
     path("tokens/<int:token_id>/revoke/", tokens.token_revoke, name="token-revoke"),
+    path("secrets/", secrets_page.secret_list, name="secret-list"),
+    path("secrets/<str:name>/replace/", secrets_page.secret_replace_page, name="secret-replace"),
+    path("secrets/<str:name>/delete/", secrets_page.secret_delete_page, name="secret-delete"),
 ]

@@ -146,6 +146,7 @@ def test_the_reserved_names_cover_what_the_runner_sets():
 
 
 def test_a_good_command_with_bundle_env_python_and_secrets_is_submitted(as_user):
+    as_user("alice").post("/api/v1/secrets/", {"name": "HF_TOKEN", "value": "v"}, format="json")
     digest = uploaded(as_user("bob"))
     Bundle.objects.update(last_used_at=timezone.now() - timezone.timedelta(days=5))
     body = cmd(bundle=digest, env={"LR": "3e-4", "_X": ""}, secrets=["HF_TOKEN"],
