@@ -15,7 +15,7 @@ import tempfile
 import zlib
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import BinaryIO
+from typing import Protocol
 
 from django.conf import settings
 from django.core.files import File
@@ -44,6 +44,10 @@ KINDS = {
 }
 GZIP_MAGIC = b"\x1f\x8b"
 ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")  # a local file header; an empty archive's end record
+
+
+class Readable(Protocol):
+    def read(self, size: int = ..., /) -> bytes: ...
 
 
 class BundleRefused(Exception):
@@ -102,7 +106,7 @@ def check_magic(kind: BundleKind, head: bytes) -> None:
         raise BundleRefused("gzip data that is not a tar archive (no tar header inside)")
 
 
-def store(*, tenant: Tenant, user, source: BinaryIO, content_type: str,
+def store(*, tenant: Tenant, user, source: Readable, content_type: str,
           length: int | None = None) -> Stored:  # fmt: skip
     """Store the archive read from `source` as a bundle of `tenant` (deduplicated by digest).
 
