@@ -257,3 +257,32 @@ def test_an_idempotent_replay_answers_with_the_same_array(as_user):
     )
     assert first.status_code == 201 and again.status_code == 200
     assert first.json()["id"] == again.json()["id"] and JobArray.objects.count() == 1
+
+
+def test_webhooks_and_the_task_stream_report_the_arrays_end_once(as_user):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.jobs.event_hub import Cursor, state_events
+    from apps.webhooks import services as webhooks
+    from apps.webhooks.models import Webhook, WebhookDelivery
+
+    Webhook.objects.create(
+        tenant=Tenant.objects.get(slug="acme"), url="http://192.0.2.1/", cursor=0
+    )
+    array = submit(as_user("bob"), array="0-2").json()
+    dispatch_once()
+    tasks = sorted(placed(array["id"]), key=lambda j: j.array_index)
+    for job in tasks:
+        finish(job, exit_code=0 if job.array_index else 3)
+    webhooks.deliveries_enqueue(now=timezone.now() + timedelta(seconds=webhooks.SETTLE_SECONDS + 1))
+    payloads = [d.payload for d in WebhookDelivery.objects.order_by("event_id")]
+    ended = [p for p in payloads if p["type"] == "array.ended"]
+    assert len(ended) == 1, payloads
+    assert ended[0]["array"]["id"] == array["id"] and ended[0]["array"]["size"] == 3
+    assert ended[0]["counts"] == {"succeeded": 2, "failed": 1, "cancelled": 0}
+    assert payloads[-1]["type"] == "array.ended"  # after every task's own end
+    last = Job.objects.get(pk=JobEvent.objects.get(kind="array").job_id)
+    streamed = "".join(state_events(last.pk, Cursor()))
+    assert streamed.count("event: array.ended") == 1
