@@ -8,6 +8,7 @@ import os
 import pathlib
 import tempfile
 import urllib.parse
+from collections.abc import Iterator
 from typing import BinaryIO
 
 import requests
@@ -139,6 +140,28 @@ class AgentApi:
         target = dest_dir / (name if name not in ("", ".", "..") else "checkpoint")
         os.replace(tmp, target)
         return str(target)
+
+    # --- own code (docs/own-code.md) ------------------------------------------------------------
+
+    def stream_bundle(self, a: wire.Assignment, chunk_size: int = 1 << 20) -> Iterator[bytes]:
+        """The member's code bundle, chunk by chunk as it arrives (the caller verifies its
+        sha256). ApiError with the status (404: the attempt or its bundle is gone)."""
+        response = self._call("GET", self._member(a) + "bundle/", token=a.token, stream=True)
+        with response:
+            try:
+                yield from response.iter_content(chunk_size)
+            except requests.RequestException as error:
+                raise ApiError(f"GET {self._member(a)}bundle/: {error}") from error
+
+    def get_secrets(self, a: wire.Assignment) -> dict[str, str]:
+        """The values of the member's secrets, by name: held in memory only, never written."""
+        response = self._call("GET", self._member(a) + "secrets/", token=a.token)
+        secrets = response.json().get("secrets")
+        if not isinstance(secrets, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in secrets.items()
+        ):
+            raise ApiError(f"GET {self._member(a)}secrets/: not a name -> value object", 200)
+        return secrets
 
 
 def _by_key(members: list[dict]) -> dict[tuple[int, int], wire.Assignment]:

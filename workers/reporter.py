@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import pathlib
+from collections.abc import Iterator
 from typing import BinaryIO
 
 from apps.platform.names import LOST_BY_AGENT_STOP
@@ -38,10 +39,13 @@ class HttpReporter(Reporter):
         if lost is not None:
             self.lost(run, lost)
             return
+        if run.failure == "lost":  # it could not be prepared through no fault of the job's
+            self.lost(run, reason)
+            return
         stored = self._store_checkpoint(run, checkpoint)
-        self.api.report(
-            run.assignment, "finished", exit_code=exit_code, reason=reason[:300], checkpoint=stored
-        )
+        extra = {"retryable": False} if run.failure == "final" else {}
+        self.api.report(run.assignment, "finished", exit_code=exit_code, reason=reason[:300],
+                        checkpoint=stored, **extra)  # fmt: skip
 
     def lost(self, run: Run, reason: str) -> None:
         self.api.report(run.assignment, "lost", reason=reason[:300])
@@ -94,6 +98,12 @@ class HttpReporter(Reporter):
             self.api.put_artifact(run.assignment, name, source)
         except TooLarge:
             log.warning("artifact %s of %s passed the platform's cap; not stored", name, run.key)
+
+    def bundle_chunks(self, run: Run) -> Iterator[bytes]:
+        return self.api.stream_bundle(run.assignment)
+
+    def secrets(self, run: Run) -> dict[str, str]:
+        return self.api.get_secrets(run.assignment)
 
     def fetch_checkpoint(self, run: Run, dest_dir: pathlib.Path) -> str:
         """Download the checkpoint the job resumes from (stored by whichever node ran it last)."""

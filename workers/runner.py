@@ -27,12 +27,14 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from apps.platform.agent_protocol import Assignment
 from apps.platform.names import EndReason, StopReason
 from workers import isolation as fence
+from workers import masking
 from workers.safefiles import open_job_file, tree_size
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,14 @@ class Run:
     over_limit: str = ""  # "log over N bytes", "output over N bytes": the job is stopped for it
     log_reader: threading.Thread | None = None
     output_checked: float = 0.0
+    # Own code (workers/prepare.py): how a failure before the process started is reported
+    # ("final": failed, never retried; "lost": the platform retries it), the bundle's cache
+    # lease (held while the member runs), the environment's dir, the secrets' values (in
+    # memory only: the job's environment and the log masker).
+    failure: str = ""
+    bundle_lease: object | None = None
+    env_dir: pathlib.Path | None = None
+    secret_values: dict[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def key(self) -> tuple[int, int]:
@@ -109,6 +119,14 @@ class Reporter:
     def lost(self, run: Run, reason: str) -> None: ...
     def sync_log(self, run: Run) -> None: ...
     def collect(self, run: Run, name: str, source: BinaryIO) -> None: ...
+    def bundle_chunks(self, run: Run) -> Iterable[bytes]:
+        """The member's code bundle as it arrives (workers/prepare.py verifies it)."""
+        raise NotImplementedError("this reporter cannot fetch bundles")
+
+    def secrets(self, run: Run) -> dict[str, str]:
+        """The values of the member's secrets, by name."""
+        raise NotImplementedError("this reporter cannot fetch secrets")
+
     def fetch_checkpoint(self, run: Run, dest_dir: pathlib.Path) -> str:
         """Put the attempt's stored checkpoint (if any) in dest_dir; its local path, or ""."""
         return ""
@@ -131,6 +149,9 @@ class Runner:
         self._tighten_data_dir()
         self.device_dir = self._device_dir(fake_gpus)
         self.runs: dict[tuple[int, int], Run] = {}
+        from workers.prepare import Preparer
+
+        self.preparer = Preparer(data_dir)
         self.reaping: list[Run] = []  # ended, their cgroup still emptying: uid not yet free
         # Members whose end was reported: a late start message (redelivered after a broker
         # restart) or a heartbeat answer read before that report would otherwise run them again.
@@ -181,9 +202,21 @@ class Runner:
                       checkpoint_dir=self._checkpoint_dir(assignment))  # fmt: skip
             self.runs[key] = run
         done = threading.Event()
-        self._spawn_requests.put((run, done))
+        if self.preparer.needed(assignment):
+            # Fetching, unpacking, building an environment may take minutes: never on the
+            # launcher thread, which every other member's start waits for.
+            threading.Thread(target=self._prepare_then_spawn, args=(run, done), daemon=True,
+                             name=f"prepare-{key}").start()  # fmt: skip
+        else:
+            self._spawn_requests.put((run, done))
         done.wait(30)
         return True
+
+    def _prepare_then_spawn(self, run: Run, done: threading.Event) -> None:
+        if self.preparer.prepare(self, run):
+            self._spawn_requests.put((run, done))
+        else:
+            done.set()
 
     def _group_name(self, assignment: Assignment) -> str:
         return f"{self.instance}.{assignment.attempt_id}-{assignment.rank}"
@@ -305,6 +338,7 @@ class Runner:
             log.exception("could not report the end of %s; will retry", run.key)
             run.finished = False
             return
+        self.preparer.release(run)
         with self.lock:
             self.runs.pop(run.key, None)
             self._remember_ended(run.key)
@@ -351,12 +385,16 @@ class Runner:
     def _spawn(self, run: Run) -> None:
         a = run.assignment
         assert run.checkpoint_dir is not None  # launch() gives every member one
+        if run.stop_reason:  # stopped (or fenced) while it was being prepared
+            run.launch_error = f"stopped before it started: {run.stop_reason}"
+            return
         output, control = run.workdir / "output", run.workdir / ".gpuplatform"
         for path in (output, control, run.workdir / "tmp", run.checkpoint_dir):
             path.mkdir(parents=True, exist_ok=True)
         run.log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         resume = self._resume_from(run)
-        argv = [sys.executable if part == "{python}" else part for part in a.argv]
+        python = str(run.env_dir / "bin" / "python") if run.env_dir else sys.executable
+        argv = [python if part == "{python}" else part for part in a.argv]
         env = self._environment(run, output, control, resume)
         log_read, log_write = os.pipe()
         try:
@@ -381,6 +419,8 @@ class Runner:
         assert run.process is not None  # spawned above, or launch_error says why not
         log.info("started attempt %s rank %s pid %s on GPUs %s", a.attempt_id, a.rank, run.process.pid, a.gpu_indices,
                  extra={"job_id": a.job_id, "attempt_id": a.attempt_id, "node": self.node, "rank": a.rank})  # fmt: skip
+        if run.start_reported:
+            return  # reported before it was prepared (workers/prepare.py)
         try:
             accepted = self.reporter.started(run)
         except Exception:
@@ -419,8 +459,16 @@ class Runner:
     ) -> dict[str, str]:
         a = run.assignment
         env = {k: os.environ[k] for k in ENV_PASSTHROUGH if k in os.environ}
+        # The job's own variables, then its secrets, then the platform's: a name the platform
+        # sets always wins (the platform refuses them at submit anyway).
+        env.update({str(k): str(v) for k, v in (getattr(a, "env", None) or {}).items()})
+        env.update(run.secret_values)
+        path = "/usr/local/bin:/usr/bin:/bin"
+        if run.env_dir is not None:
+            path = f"{run.env_dir / 'bin'}:{path}"
+            env["VIRTUAL_ENV"] = str(run.env_dir)
         env.update(
-            PATH="/usr/local/bin:/usr/bin:/bin", HOME=str(run.workdir), TMPDIR=str(run.workdir / "tmp"),
+            PATH=path, HOME=str(run.workdir), TMPDIR=str(run.workdir / "tmp"),
             LANG="C.UTF-8", PYTHONUNBUFFERED="1", PYTHONPATH=str(SDK_DIR),
             CUDA_VISIBLE_DEVICES=self._visible_devices(a.gpu_indices),
             RANK=str(a.rank), LOCAL_RANK="0", WORLD_SIZE=str(a.world_size),
@@ -470,9 +518,9 @@ class Runner:
             "hide": [] if self.fake_devices else [str(p) for p in others.values()],
             "tmp_size": f"{limits.memory_mib}m" if limits.memory_mib else "50%",
         }  # fmt: skip
-        # The spec holds the job's environment: an unnamed file (O_TMPFILE) read through an
-        # inherited fd, never argv, where `ps` would show it.
-        with tempfile.TemporaryFile(dir=self.agent_dir) as spec_file:
+        # The spec holds the job's environment (its secrets too): a file in memory (memfd) read
+        # through an inherited fd, never on disk, never argv, where `ps` would show it.
+        with _memory_file(self.agent_dir) as spec_file:
             spec_file.write(json.dumps(spec).encode())
             spec_file.flush()
             spec_file.seek(0)
@@ -503,6 +551,8 @@ class Runner:
         job names (its argv): that would bind back whatever a cover hides."""
         assert run.checkpoint_dir is not None
         paths = [run.workdir, run.checkpoint_dir, SDK_DIR, *own_gpus]
+        if run.env_dir is not None:
+            paths.append(run.env_dir)  # read-only for every job (workers/envs.py)
         paths += {pathlib.Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
         return paths
 
@@ -623,21 +673,26 @@ class Runner:
         """The job's stdout and stderr, from the pipe into the agent's log file, up to the cap;
         past it the rest is drained and dropped and the job is stopped."""
         cap, written = self.limits.max_log_bytes, 0
+        masker = masking.Masker(run.secret_values.values())
         with os.fdopen(fd, "rb", buffering=0) as pipe, out:
             written = out.tell()
-            while chunk := pipe.read(65536):
-                if run.over_limit.startswith("log"):
-                    continue
-                if written + len(chunk) > cap:
-                    out.write(chunk[: max(0, cap - written)])
-                    out.write(
-                        f"\n[gpuplatform] log over {cap} bytes: the job is stopped\n".encode()
-                    )
-                    run.over_limit = f"log over {cap} bytes"
-                else:
-                    out.write(chunk)
-                written += len(chunk)
-                out.flush()
+            while True:
+                raw = pipe.read(65536)
+                # Masked before a byte is stored: a value split across two reads is held back.
+                chunk = masker.feed(raw) if raw else masker.flush()
+                if chunk and not run.over_limit.startswith("log"):
+                    if written + len(chunk) > cap:
+                        out.write(chunk[: max(0, cap - written)])
+                        out.write(
+                            f"\n[gpuplatform] log over {cap} bytes: the job is stopped\n".encode()
+                        )
+                        run.over_limit = f"log over {cap} bytes"
+                    else:
+                        out.write(chunk)
+                    written += len(chunk)
+                    out.flush()
+                if not raw:
+                    break
 
     def _check_output_size(self, run: Run, now: float) -> None:
         if run.over_limit or now - run.output_checked < OUTPUT_CHECK_SECONDS:
@@ -707,6 +762,16 @@ class Runner:
                 continue
             with handle:
                 self.reporter.collect(run, prefix + path.relative_to(output).as_posix(), handle)
+
+
+def _memory_file(fallback_dir: pathlib.Path) -> BinaryIO:
+    """A file that lives in memory only (memfd); an unnamed one in `fallback_dir` where the
+    kernel has no memfd."""
+    try:
+        fd = os.memfd_create("gpuplatform-spec", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        return tempfile.TemporaryFile(dir=fallback_dir)
+    return os.fdopen(fd, "w+b")
 
 
 def _files_below(root: pathlib.Path) -> list[pathlib.Path]:

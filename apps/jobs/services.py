@@ -375,7 +375,7 @@ def attempt_progress(*, attempt_id: int, token: str, progress: float, checkpoint
 
 @transaction.atomic
 def attempt_member_finished(*, attempt_id: int, rank: int, token: str, exit_code: int | None,
-                            reason: str = "", checkpoint: str = "") -> bool:  # fmt: skip
+                            reason: str = "", checkpoint: str = "", retryable: bool = True) -> bool:  # fmt: skip
     """A member's process tree is gone. Release its GPUs and settle the attempt and the job."""
     # Lock the job first, as job_preempt and job_cancel do: a preemption committed between our
     # reads and the settling would leave the job's version stale, its guarded transition would
@@ -400,13 +400,20 @@ def attempt_member_finished(*, attempt_id: int, rank: int, token: str, exit_code
         JobAttempt.objects.filter(pk=attempt.pk).update(checkpoint=checkpoint[:500])
         attempt.checkpoint = checkpoint[:500]
     if attempt.state in ATTEMPT_ACTIVE:
-        _settle_attempt(attempt, member, ok=ok, exit_code=exit_code, reason=reason)
+        _settle_attempt(attempt, member, ok=ok, exit_code=exit_code, reason=reason,
+                        retryable=retryable)  # fmt: skip
     trigger_dispatch()
     return True
 
 
 def _settle_attempt(
-    attempt: JobAttempt, member: AttemptMember, *, ok: bool, exit_code, reason: str
+    attempt: JobAttempt,
+    member: AttemptMember,
+    *,
+    ok: bool,
+    exit_code,
+    reason: str,
+    retryable: bool = True,
 ) -> None:
     actor = f"agent:{member.node.name}"
     job = attempt.job
@@ -428,7 +435,7 @@ def _settle_attempt(
     why = reason or f"exit code {exit_code}"
     end_attempt(attempt, state=AttemptState.FAILED, reason=why, exit_code=exit_code)
     stop_rest_of_gang(attempt, why=StopReason.GANG_MEMBER_FAILED)
-    if job.retry_on_failure and reason != EndReason.TIMEOUT:
+    if job.retry_on_failure and retryable and reason != EndReason.TIMEOUT:
         retry_or_fail(job, attempt, actor=actor, why=why, exit_code=exit_code)
         return
     transition_job(job, to=JobState.FAILED, expect=JOB_PLACED, actor=actor, reason=why, attempt=attempt,

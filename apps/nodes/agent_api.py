@@ -294,6 +294,9 @@ class ProgressReport(CheckpointReport):
 class FinishedReport(CheckpointReport):
     exit_code = serializers.IntegerField(allow_null=True, min_value=-255, max_value=255)
     reason = serializers.CharField(max_length=300, allow_blank=True, default="")
+    # False: what failed is the job's own input (its bundle, its environment, a deleted secret:
+    # docs/own-code.md), which no retry changes, even for a job with retry_on_failure.
+    retryable = serializers.BooleanField(default=True)
 
 
 def _report(serializer_class, member: AttemptMember, data) -> dict:
@@ -331,7 +334,8 @@ class FinishedView(StartedView):
         data = _report(FinishedReport, self.member(attempt_id, rank), request.data)
         accepted = jobs.attempt_member_finished(attempt_id=attempt_id, rank=rank, token=self._token(),
                                                 exit_code=data["exit_code"], reason=data["reason"],
-                                                checkpoint=data["checkpoint"])  # fmt: skip
+                                                checkpoint=data["checkpoint"],
+                                                retryable=data["retryable"])  # fmt: skip
         return Response({"accepted": accepted})
 
 

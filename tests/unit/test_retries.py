@@ -137,6 +137,23 @@ def test_a_job_that_asks_is_not_retried_past_its_max_runtime(cast):
     assert (job.state, job.reason) == ("failed", "timeout")
 
 
+def test_a_job_that_asks_is_not_retried_when_its_own_code_cannot_run(cast):
+    """A refused bundle, a failed environment build, a deleted secret (workers/prepare.py): the
+    agent reports them retryable: false, and no retry could change them."""
+    make_node("h1", gpus=1)
+    job = submit(cast)
+    Job.objects.filter(pk=job.pk).update(retry_on_failure=True)
+    dispatch_once()
+    attempt = job.attempts.get()
+    token = str(attempt.token)
+    services.attempt_member_started(attempt_id=attempt.pk, rank=0, token=token, pid=0)
+    reason = "environment: No solution found when resolving dependencies"
+    services.attempt_member_finished(attempt_id=attempt.pk, rank=0, token=token, exit_code=127,
+                                     reason=reason, retryable=False)  # fmt: skip
+    job.refresh_from_db()
+    assert (job.state, job.reason, job.attempts.count()) == ("failed", reason, 1)
+
+
 def test_a_lost_gang_is_not_placed_again_while_a_member_of_its_last_attempt_still_runs(cast):
     for name in ("h1", "h2", "h3"):
         make_node(name, gpus=1)

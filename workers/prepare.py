@@ -1,0 +1,200 @@
+"""Before a member's process starts: its secrets, its code bundle and its Python environment
+(docs/own-code.md). Pure Python, no Django.
+
+In order: the secrets' values are fetched through the agent API (kept in memory only: the job's
+environment and the log masker); the bundle comes from the node's cache (workers/bundles.py),
+fetched there once, and is unpacked safely into the member's work dir (workers/unpack.py); the
+environment is built or reused (workers/envs.py). What happens goes at the head of the job's
+log, one line a step (`gpuplatform: bundle <sha12> cached` / `fetched (N bytes)`,
+`gpuplatform: environment <digest12> reused`, or the build's own output).
+
+The member is reported started (pid 0) before it is prepared, so that its attempt's lease is
+renewed by the node's heartbeats while an environment builds; its max runtime counts from its
+process's start. A step the job's own input breaks (a refused bundle, a requirement that does not
+resolve, a deleted secret) ends the attempt `failed`, not retried, with a reason naming the step
+and the member (`bundle: member 1: entry '../x' leaves the work dir`); one the platform or the
+network breaks (a 5xx, a timeout) is reported lost, and the platform retries it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pathlib
+import time
+from typing import TYPE_CHECKING, BinaryIO
+
+from apps.platform.agent_protocol import Assignment
+from apps.platform.names import StopReason
+from workers import envs, unpack
+from workers.agent_client import ApiError
+from workers.bundles import BundleCache, FetchError, Lease
+from workers.masking import MIN_MASKED
+
+if TYPE_CHECKING:
+    from workers.runner import Run, Runner
+
+log = logging.getLogger(__name__)
+FINAL, LOST = "final", "lost"
+
+
+class Failed(Exception):
+    def __init__(self, reason: str, kind: str = FINAL):
+        super().__init__(reason)
+        self.reason, self.kind = reason[:300], kind
+
+
+class Preparer:
+    def __init__(self, data_dir: pathlib.Path):
+        self.data_dir = data_dir
+        self._bundles: BundleCache | None = None
+        self._envs: envs.EnvCache | None = None
+        self.caps = unpack.Caps.from_env()
+
+    @property
+    def bundles(self) -> BundleCache:
+        if self._bundles is None:
+            self._bundles = BundleCache(self.data_dir / "bundles")
+        return self._bundles
+
+    @property
+    def envs(self) -> envs.EnvCache:
+        if self._envs is None:
+            self._envs = envs.EnvCache(self.data_dir / "envs")
+        return self._envs
+
+    @staticmethod
+    def needed(a: Assignment) -> bool:
+        # getattr: the runner's own tests hand it assignments of older shapes
+        return any(getattr(a, name, None) for name in ("bundle", "secrets", "python_requirements"))
+
+    def prepare(self, runner: Runner, run: Run) -> bool:
+        """True: spawn it. False: it ended here (run.launch_error and run.failure say how)."""
+        a = run.assignment
+        run.log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            if not self._report_started(runner, run):
+                return False
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+            with os.fdopen(os.open(run.log_path, flags, 0o600), "ab") as head:
+                if a.secrets:
+                    self._secrets(runner, run, head)
+                if a.bundle and not run.stop_reason:
+                    self._bundle(runner, run, head)
+                if not run.stop_reason:
+                    self._environment(run, head)
+        except Failed as failure:
+            log.warning("attempt %s rank %s: %s", a.attempt_id, a.rank, failure.reason)
+            run.failure, run.launch_error = failure.kind, failure.reason
+            return False
+        except Exception as error:  # noqa: BLE001 (the agent's own trouble: retried elsewhere)
+            log.exception("attempt %s rank %s could not be prepared", a.attempt_id, a.rank)
+            run.failure, run.launch_error = LOST, f"could not prepare: {error}"[:300]
+            return False
+        return True
+
+    def _report_started(self, runner: Runner, run: Run) -> bool:
+        try:
+            accepted = runner.reporter.started(run)
+        except Exception:
+            log.exception("could not report the start of %s", run.key)
+            accepted = None
+        run.start_reported = True
+        if accepted is False:
+            log.warning("attempt %s rank %s ended before it was prepared", *run.key)
+            run.stop_reason = StopReason.UNASSIGNED
+            run.failure, run.launch_error = LOST, "ended before it started"
+            return False
+        return True
+
+    # --- the steps ----------------------------------------------------------------------------
+
+    def _secrets(self, runner: Runner, run: Run, head: BinaryIO) -> None:
+        a = run.assignment
+        try:
+            values = runner.reporter.secrets(run)
+        except ApiError as error:
+            if error.status in (409, 410):
+                raise Failed(f"secrets: member {a.rank}: {_detail(error)}") from None
+            raise Failed(f"secrets: member {a.rank}: could not fetch: {error}", LOST) from None
+        missing = [name for name in a.secrets if name not in values]
+        if missing:
+            raise Failed(f"secrets: member {a.rank}: {', '.join(missing)} not available (deleted?)")
+        run.secret_values = {name: values[name] for name in a.secrets}
+        for name, value in run.secret_values.items():
+            if 0 < len(value.encode()) < MIN_MASKED:
+                head.write(f"gpuplatform: secret {name} is shorter than {MIN_MASKED} bytes: "
+                           "it is not masked in this log\n".encode())  # fmt: skip
+
+    def _bundle(self, runner: Runner, run: Run, head: BinaryIO) -> None:
+        a = run.assignment
+        began = time.monotonic()
+        try:
+            lease = self.bundles.acquire(a.bundle, lambda: runner.reporter.bundle_chunks(run))
+        except FetchError as error:
+            raise Failed(
+                f"bundle: member {a.rank}: {error}", FINAL if error.final else LOST
+            ) from None
+        except ApiError as error:
+            kind = FINAL if error.status == 404 else LOST
+            raise Failed(
+                f"bundle: member {a.rank}: could not fetch: {_detail(error)}", kind
+            ) from None
+        run.bundle_lease = lease
+        fetched = time.monotonic()
+        how = "cached" if lease.fetched is None else f"fetched ({lease.fetched} bytes)"
+        head.write(f"gpuplatform: bundle {a.bundle[:12]} {how}\n".encode())
+        head.flush()
+        run.workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            entries = unpack.unpack(lease.path, run.workdir, self.caps)
+        except unpack.Refused as why:
+            unpack.clear(run.workdir)
+            raise Failed(f"bundle: member {a.rank}: {why}") from None
+        head.write(f"gpuplatform: bundle unpacked: {entries} entries in {time.monotonic() - fetched:.2f}s "
+                   f"(fetch {fetched - began:.2f}s)\n".encode())  # fmt: skip
+        head.flush()
+
+    def _environment(self, run: Run, head: BinaryIO) -> None:
+        a = run.assignment
+        listed = run.workdir / "requirements.txt"
+        requirements: list[str] | None = None
+        if a.python_requirements:
+            requirements = list(a.python_requirements)
+            if a.bundle and os.path.lexists(listed):
+                head.write(b"gpuplatform: the submit body's python requirements are used; "
+                           b"the bundle's requirements.txt is ignored\n")  # fmt: skip
+        elif a.bundle and os.path.lexists(listed):
+            try:
+                requirements = envs.read_requirements_file(listed)
+            except envs.EnvError as error:
+                raise Failed(f"environment: {error}") from None
+        if requirements is None:
+            return
+        try:
+            wanted = envs.normalise(requirements)
+            if not wanted:
+                return
+            env = self.envs.get(wanted, head)
+        except envs.EnvError as error:
+            raise Failed(f"environment: {error}") from None
+        run.env_dir = env.path
+
+    def release(self, run: Run) -> None:
+        lease = run.bundle_lease
+        if isinstance(lease, Lease):
+            lease.release()
+        run.bundle_lease = None
+
+
+def _detail(error: ApiError) -> str:
+    """The platform's `detail`, where its answer was JSON with one; else the error's text."""
+    import json
+
+    text = str(error)
+    _, _, body = text.partition(f"{error.status} ")
+    try:
+        detail = json.loads(body).get("detail")
+    except (ValueError, AttributeError):
+        detail = None
+    return str(detail or text)[:200]
