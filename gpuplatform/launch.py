@@ -99,7 +99,7 @@ def build_example_wheels(directory: pathlib.Path) -> pathlib.Path:
     source tree gets no build/ or egg-info."""
     directory.mkdir(parents=True, exist_ok=True)
     for source in sorted((ROOT / "examples" / "packages").glob("*/pyproject.toml")):
-        name = source.parent.name
+        name = source.parent.name.replace("-", "_")  # a wheel's file name spells it so
         version = re.search(r'^version = "([^"]+)"', source.read_text(), flags=re.M)
         if version and list(directory.glob(f"{name}-{version.group(1)}-*.whl")):
             continue

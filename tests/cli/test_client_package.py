@@ -60,22 +60,34 @@ def test_make_run_builds_the_example_wheel_and_the_example_runs_on_a_laptop(tmp_
     from gpuplatform.launch import build_example_wheels, procfile_agents
 
     wheels = build_example_wheels(tmp_path / "wheels")
-    assert [w.name for w in wheels.iterdir()] == ["tinystats-0.1.0-py3-none-any.whl"]
+    assert [w.name for w in wheels.iterdir()] == ["gpuplatform_tinystats-0.1.0-py3-none-any.whl"]
     assert build_example_wheels(wheels) == wheels  # built once per version
-    assert not list((ROOT / "examples" / "packages" / "tinystats").glob("*.egg-info"))
+    assert not list((ROOT / "examples" / "packages" / "gpuplatform-tinystats").glob("*.egg-info"))
     agent_lines = [
         line for line in (ROOT / "Procfile").read_text().splitlines() if line.startswith("agent-")
     ]
     assert len(agent_lines) == len(procfile_agents()) > 0
-    assert all(
-        'GPUPLATFORM_PIP_FIND_LINKS="${GPUPLATFORM_PIP_FIND_LINKS:-}"' in line
-        for line in agent_lines
+    for name in (
+        "GPUPLATFORM_PIP_FIND_LINKS",
+        "GPUPLATFORM_PIP_INDEX_URL",
+        "GPUPLATFORM_PIP_NO_INDEX",
+    ):
+        assert all(f'${{{name}:+{name}="${name}"}}' in line for line in agent_lines), name
+    # What the shell makes of an agent's line: a setting passed when set, nothing when not.
+    prefix = (
+        agent_lines[0].split(":", 1)[1].split(" python -m ")[0].replace("exec env -i", "env -i")
     )
+    seen = subprocess.run(["sh", "-c", prefix + " env"], env={"PATH": "/usr/bin:/bin", "GPUPLATFORM_PIP_FIND_LINKS": "/w d"},
+                          capture_output=True, text=True, check=True).stdout.splitlines()  # fmt: skip
+    assert "GPUPLATFORM_PIP_FIND_LINKS=/w d" in seen
+    assert not [
+        line for line in seen if line.startswith(("GPUPLATFORM_PIP_NO_INDEX", "SSL_CERT_FILE"))
+    ]
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--no-index", "--find-links", str(wheels),
-                    "tinystats"], check=True, timeout=300)  # fmt: skip
+                    "gpuplatform-tinystats"], check=True, timeout=300)  # fmt: skip
     work = tmp_path / "laptop"
     shutil.copytree(ROOT / "examples" / "tiny-train", work)
     env = {"PATH": "/usr/bin:/bin", "TINY_TRAIN_TOKEN": "local", "GPUPLATFORM_ARRAY_INDEX": "2"}
