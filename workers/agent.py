@@ -150,6 +150,8 @@ class Agent:
 
     def register(self) -> None:
         self.runner.kill_orphans()
+        if self.runner.reaper is None:  # registers again after a restart of the platform
+            self.runner.start_reaper()
         gpus = self.discover()
         isolation = self.isolation()
         self.platform = self.api.register(node=self.args.node, agent_instance=self.instance, sku=self.args.sku,

@@ -35,6 +35,7 @@ from apps.platform.agent_protocol import Assignment
 from apps.platform.names import EndReason, StopReason
 from workers import isolation as fence
 from workers import masking
+from workers import reaper
 from workers.safefiles import open_job_file, tree_size
 
 log = logging.getLogger(__name__)
@@ -157,12 +158,22 @@ class Runner:
         # restart) or a heartbeat answer read before that report would otherwise run them again.
         self.ended: dict[tuple[int, int], None] = {}
         self.lock = threading.RLock()
+        self.reaper: reaper.Reaper | None = None
         self._spawn_requests: queue.Queue = queue.Queue()
         self._launcher = threading.Thread(target=self._launch_loop, name="launcher", daemon=True)
         self._launcher.start()
         fence.warn_if_unfenced(self.isolation, node)
         if self.isolation.jailed:
             atexit.register(self._kill_groups_at_exit)
+
+    def start_reaper(self) -> reaper.Reaper | None:
+        """The agent's reaper (workers/reaper.py): kills this agent's job cgroups once the agent
+        is gone, however it ended, so a SIGKILLed agent's jobs leave no descendant even when no
+        agent of the node starts again. None where jobs have no cgroups."""
+        if self.isolation.cgroups is None:
+            return None
+        self.reaper = reaper.start(self.isolation.cgroups, prefix=f"{self.instance}.")
+        return self.reaper
 
     def _tighten_data_dir(self) -> None:
         """The agent's data dir (state, logs, credentials, other jobs' dirs) is the agent's alone."""

@@ -59,6 +59,17 @@ def _content_length(request) -> int | None:
         return None
 
 
+def _body(django_request):
+    """What to read the body from, in chunks: Django's request (it reads CONTENT_LENGTH bytes),
+    or for a chunked body under a WSGI server that ends the input itself (gunicorn's
+    `wsgi.input_terminated`, no CONTENT_LENGTH) that input, to its end. The ASGI bridge gives a
+    chunked body its CONTENT_LENGTH (gpuplatform/asgi.py)."""
+    meta = django_request.META
+    if not meta.get("CONTENT_LENGTH") and meta.get("wsgi.input_terminated"):
+        return meta["wsgi.input"]
+    return django_request
+
+
 class BundleViewSet(
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
@@ -96,7 +107,7 @@ class BundleViewSet(
     )
     def create(self, request):
         membership = self._writer("upload")
-        stream = request._request  # Django's request reads the body in chunks (never whole)
+        stream = _body(request._request)
         try:
             stored = services.store(
                 tenant=membership.tenant, user=request.user, source=stream,
@@ -116,7 +127,13 @@ class BundleViewSet(
     @extend_schema(
         responses={
             204: None,
-            409: OpenApiResponse(description="A queued or running job uses it."),
+            409: OpenApiResponse(
+                {
+                    "type": "object",
+                    "additionalProperties": {"type": "array", "items": {"type": "string"}},
+                },
+                description="A queued or running job uses it (the message under `bundle`).",
+            ),
         }
     )
     def destroy(self, request, sha256=None):

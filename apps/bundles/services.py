@@ -118,7 +118,10 @@ def store(*, tenant: Tenant, user, source: Readable, content_type: str,
     if length is not None and length > cap:
         raise too_large(length, cap)
     digest, size, head = hashlib.sha256(), 0, b""
-    with tempfile.NamedTemporaryFile(prefix="bundle-", suffix=SUFFIXES[kind]) as spool:
+    spool_dir = settings.FILE_UPLOAD_TEMP_DIR  # Django's setting for uploads (None: the system's)
+    with tempfile.NamedTemporaryFile(
+        prefix="bundle-", suffix=SUFFIXES[kind], dir=spool_dir
+    ) as spool:
         while chunk := source.read(CHUNK):
             if len(head) < HEAD_BYTES:
                 head += chunk[: HEAD_BYTES - len(head)]
@@ -136,12 +139,19 @@ def store(*, tenant: Tenant, user, source: Readable, content_type: str,
         spool.flush()
         sha256 = digest.hexdigest()
         existing = touch(tenant, sha256)
-        if existing is not None:
+        if existing is not None and default_storage.exists(existing.storage_name):
             return Stored(bundle=existing, created=False)
         spool.seek(0)
         name = default_storage.save(
             f"bundles/{tenant.pk}/{sha256}{SUFFIXES[kind]}", File(spool, name=spool.name)
         )
+    if existing is not None:  # its row outlived its file (storage restored, wiped): the file again
+        Bundle.objects.filter(pk=existing.pk).update(storage_name=name)
+        existing.storage_name = name
+        log.warning(
+            "bundle %s of tenant %s had lost its file; stored it again", sha256, tenant.slug
+        )
+        return Stored(bundle=existing, created=False)
     try:
         with transaction.atomic():
             bundle = Bundle.objects.create(tenant=tenant, sha256=sha256, size=size, storage_name=name,
@@ -157,7 +167,7 @@ def touch(tenant: Tenant | int, sha256: str) -> Bundle | None:
     """The tenant's bundle of that digest with its `last_used_at` set to now, or None (another
     tenant's bundle is None too: tenants never see each other's bundles)."""
     tenant_id = tenant if isinstance(tenant, int) else tenant.pk
-    if not SHA256.match(sha256):
+    if not SHA256.fullmatch(sha256):
         return None
     now = timezone.now()
     if not Bundle.objects.filter(tenant_id=tenant_id, sha256=sha256).update(last_used_at=now):

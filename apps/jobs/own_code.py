@@ -9,6 +9,7 @@ and whether each secret exists, is checked with the tenant at submit (apps/admis
 
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema_field
 from packaging.requirements import InvalidRequirement, Requirement
 from rest_framework import serializers
 
@@ -19,9 +20,13 @@ def _clip(text: str, size: int = 60) -> str:
     return repr(text if len(text) <= size else text[:size] + "...")
 
 
+STRINGS = {"type": "array", "items": {"type": "string"}}
+
+
+@extend_schema_field({"type": "string", "pattern": "^[0-9a-f]{64}$"})
 class BundleDigestField(serializers.Field):
     def to_internal_value(self, data):
-        if not isinstance(data, str) or not rules.SHA256.match(data):
+        if not isinstance(data, str) or not rules.SHA256.fullmatch(data):
             raise serializers.ValidationError(
                 "must be the sha256 of an uploaded bundle: 64 lowercase hex characters"
             )
@@ -31,6 +36,7 @@ class BundleDigestField(serializers.Field):
         return value
 
 
+@extend_schema_field({"type": "object", "additionalProperties": {"type": "string"}})
 class EnvField(serializers.Field):
     """{"NAME": "value"}: names as rules.name_problem allows, at most MAX_ENV entries, each value
     a string of at most MAX_ENV_VALUE characters without NUL."""
@@ -59,6 +65,7 @@ class EnvField(serializers.Field):
         return value
 
 
+@extend_schema_field(STRINGS)
 class SecretNamesField(serializers.Field):
     """["HF_TOKEN", ...]: the names of tenant secrets (whether they exist is checked at submit)."""
 
@@ -99,6 +106,7 @@ def requirement_problem(text) -> str | None:
     return None
 
 
+@extend_schema_field({"type": "object", "properties": {"requirements": STRINGS}})
 class PythonField(serializers.Field):
     """{"requirements": ["torch==2.4.0", "numpy>=1.26"]}: PEP 508 requirement strings (no
     options, URLs or paths: the node builds the environment from its operator's index)."""

@@ -37,7 +37,7 @@ RESERVED_PREFIXES = ("MASTER_", "GPUPLATFORM_", "LD_")
 
 def name_problem(name: str) -> str | None:
     """Why `name` cannot be an environment variable or secret name, or None."""
-    if not NAME.match(name) or len(name) > MAX_NAME:
+    if not NAME.fullmatch(name) or len(name) > MAX_NAME:
         return f"must match [A-Z_][A-Z0-9_]* (at most {MAX_NAME} characters)"
     if name in RESERVED_NAMES or name.startswith(RESERVED_PREFIXES):
         return "is set by the platform and cannot be set by a job"

@@ -11,6 +11,7 @@ from django.views.decorators.debug import sensitive_variables
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import serializers, status, viewsets
 from rest_framework.exceptions import NotFound, PermissionDenied
+from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 
 from apps.jobs.access import membership_of
@@ -79,11 +80,15 @@ class StrictBody(serializers.Serializer):
 
 
 class SecretCreateSerializer(StrictBody):
+    """A new secret: its name and value (the value is never returned)."""
+
     name = NameField()
     value = ValueField()
 
 
 class SecretReplaceSerializer(StrictBody):
+    """A secret's new value (never returned); a name, if given, must be the path's."""
+
     name = NameField(required=False, help_text="if given, the name in the path")
     value = ValueField()
 
@@ -100,6 +105,7 @@ class SecretViewSet(viewsets.GenericViewSet):
     serializer_class = SecretSerializer
     lookup_field = "name"
     filter_backends: list = []
+    parser_classes = [JSONParser]  # JSON bodies only (415 otherwise)
 
     @cached_property
     def membership(self) -> Membership:

@@ -73,6 +73,17 @@ def test_an_upload_is_stored_under_its_digest_then_answered_200(as_user):
     assert len(os.listdir(default_storage.path(f"bundles/{bundle.tenant_id}"))) == 1
 
 
+def test_an_upload_whose_row_lost_its_file_stores_the_file_again(as_user):
+    data = tar_gz()
+    assert upload(as_user("bob"), data).status_code == 201
+    bundle = Bundle.objects.get()
+    default_storage.delete(bundle.storage_name)
+    assert upload(as_user("bob"), data).status_code == 200
+    bundle.refresh_from_db()
+    with default_storage.open(bundle.storage_name, "rb") as stored:
+        assert stored.read() == data
+
+
 def test_a_zip_is_a_bundle_too(as_user):
     response = upload(as_user("bob"), a_zip(), "application/zip")
     assert response.status_code == 201, response.content
@@ -198,6 +209,7 @@ def test_an_upload_is_streamed_not_held_in_memory(cast, tmp_path):
             tracemalloc.stop()
     assert response.status_code == 201, response.data
     assert response.data["size"] == length
+    print(f"peak {peak} bytes of Python allocations for a {length} byte upload")
     assert peak < 6 * 1024 * 1024, f"peak {peak} bytes for a {length} byte upload"
 
 

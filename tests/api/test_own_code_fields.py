@@ -63,6 +63,7 @@ BAD = [
     ("bundle-without-command", {"bundle": DIGEST}, "bundle"),
     # env
     ("env-list", cmd(env=["A=1"]), "env"),
+    ("env-name-trailing-newline", cmd(env={"A\n": "1"}), "env"),
     ("env-string", cmd(env="A=1"), "env"),
     ("env-lowercase", cmd(env={"lr": "1"}), "env"),
     ("env-leading-digit", cmd(env={"1LR": "1"}), "env"),

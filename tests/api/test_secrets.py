@@ -158,3 +158,21 @@ def test_every_change_is_in_the_audit_log_without_the_value(as_user):
         ("alice", 1, "acme/HF_TOKEN"), ("alice", 2, "acme/HF_TOKEN"), ("alice", 3, "acme/HF_TOKEN"),
     ]  # fmt: skip
     assert all(VALUE not in e.change_message for e in entries)
+
+
+def test_only_json_bodies_are_taken(as_user):
+    response = as_user("alice").post(URL, {"name": "FORM", "value": VALUE})  # multipart
+    assert response.status_code == 415 and not Secret.objects.exists()
+
+
+def test_the_document_marks_the_value_write_only_and_never_answers_it(as_user):
+    document = as_user(None).get("/api/schema/", {"format": "json"}).json()
+    schemas = document["components"]["schemas"]
+    for name in ("SecretCreate", "SecretReplace"):
+        assert schemas[name]["properties"]["value"]["writeOnly"] is True
+    assert set(schemas["Secret"]["properties"]) == {"name", "created_at", "updated_at"}
+    post = document["paths"]["/api/v1/secrets/"]["post"]
+    assert set(post["requestBody"]["content"]) == {"application/json"}
+    assert {"201", "400", "403"} <= set(post["responses"])
+    for method in ("get", "put", "delete"):
+        assert "404" in document["paths"]["/api/v1/secrets/{name}/"][method]["responses"]

@@ -88,12 +88,14 @@ from workers.runner import Runner
 
 node, data_dir = sys.argv[1], pathlib.Path(sys.argv[2])
 runner = Runner(node=node, data_dir=data_dir, reporter=Keyed(), isolation=detect(node))
+reaper = runner.start_reaper() if sys.argv[3] != "sleep-no-reaper" else None
 runner.launch(Job(argv=py(DAEMONIZE + "time.sleep(300)")))
 log = data_dir / "logs" / "job-1" / "attempt-1-rank-0.log"
 while "MAIN" not in (log.read_text() if log.exists() else ""):
     runner.tick()
     time.sleep(0.05)
 pids = {line.split()[0]: int(line.split()[1]) for line in log.read_text().splitlines()}
+pids["REAPER"] = reaper.pid if reaper else None
 print(json.dumps(pids), flush=True)
 if sys.argv[3] == "exit":
     sys.stdin.readline()  # until the test has looked
@@ -118,19 +120,37 @@ def test_an_agent_that_exits_takes_every_descendant_of_its_jobs_with_it(tmp_path
     assert gone(pids["MAIN"]) and gone(pids["DAEMON"])
 
 
-def test_a_killed_agents_jobs_die_with_it_and_its_successor_kills_what_is_left(tmp_path):
+def test_a_killed_agents_jobs_die_with_it_every_descendant(tmp_path):
     node = f"iso-{uuid.uuid4().hex[:8]}"
     fenced_runner(tmp_path / "probe")  # skips here where jobs cannot be fenced
     agent = start_agent(node, tmp_path / "agent", "sleep")
     try:
         pids = json.loads(agent.stdout.readline())
+        assert alive(pids["DAEMON"]) and alive(pids["REAPER"])
     finally:
         agent.kill()  # SIGKILL: no atexit, no shutdown
         agent.wait(10)
-    # PR_SET_PDEATHSIG (asked for again after the uid switch) kills the main process at once;
-    # the setsid'd daemon is beyond it, in the member's cgroup, which outlives the agent...
+    # PR_SET_PDEATHSIG kills the main process at once; the setsid'd daemon is beyond it, in the
+    # member's cgroup, which the agent's reaper kills once the agent's pipe closes.
     assert gone(pids["MAIN"])
-    assert alive(pids["DAEMON"])
+    assert gone(pids["DAEMON"])
+    assert gone(pids["REAPER"])  # its work done
+    successor = fenced_runner(tmp_path / "agent", node=node)
+    assert successor.isolation.cgroups.leftovers(set()) == []
+    assert successor.kill_orphans() == 0
+
+
+def test_a_killed_agent_whose_reaper_died_too_leaves_the_rest_to_its_successor(tmp_path):
+    node = f"iso-{uuid.uuid4().hex[:8]}"
+    fenced_runner(tmp_path / "probe")  # skips here where jobs cannot be fenced
+    agent = start_agent(node, tmp_path / "agent", "sleep-no-reaper")
+    try:
+        pids = json.loads(agent.stdout.readline())
+    finally:
+        agent.kill()  # SIGKILL, and no reaper (as if the reaper was killed first)
+        agent.wait(10)
+    assert gone(pids["MAIN"])
+    assert alive(pids["DAEMON"])  # in the member's cgroup, which outlives the agent...
     # ...until the node's next agent starts: it kills the cgroups its predecessor left.
     successor = fenced_runner(tmp_path / "agent", node=node)
     assert successor.kill_orphans() == 1

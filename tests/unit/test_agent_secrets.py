@@ -42,6 +42,12 @@ def test_the_placed_node_gets_only_the_jobs_own_secrets_not_cached(placed):
     assert response["Cache-Control"] == "no-store"
 
 
+def test_the_assignment_carries_the_names_only(placed):
+    _, _, attempt, mine, _ = placed
+    work = mine.get(member_url(attempt), **fenced(attempt))
+    assert work.json()["secrets"] == ["HF_TOKEN"] and VALUE not in work.content.decode()
+
+
 def test_a_job_with_no_secrets_gets_an_empty_map(placed):
     _, job, attempt, mine, _ = placed
     Job.objects.filter(pk=job.pk).update(secrets=[])

@@ -51,6 +51,8 @@ def test_a_command_with_a_zip_submits_a_job_in_that_bundle(browser_as):
     # the same directory again: the same bundle, nothing new stored
     assert post(browser_as("bob"), data, command="python train.py").status_code == 302
     assert Bundle.objects.count() == 1 and Job.objects.count() == 2
+    page = browser_as("bob").get(f"/jobs/{job.pk}/").content.decode()
+    assert f'bundle <code title="{job.bundle}">{job.bundle[:12]}</code>' in page
 
 
 def test_a_tar_gz_works_too(browser_as):

@@ -214,7 +214,7 @@ class FGDPlus(FGD):
         *,
         coverage: float = 0.95,
         cpu_weight: float = 1.0,
-        quantum: int = 50,
+        quantum: int = 200,
     ) -> None:
         super().__init__(workload, coverage=coverage)
         self.cpu_weight = cpu_weight
