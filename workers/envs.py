@@ -29,7 +29,9 @@ import shutil
 import stat
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -45,6 +47,14 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 class EnvError(Exception):
     """The environment could not be had; the message is the attempt's reason after `environment: `."""
+
+
+class Stopped(Exception):
+    """The member was stopped (cancelled, fenced, unassigned) while its environment was had."""
+
+
+def _never() -> bool:
+    return False
 
 
 @dataclass(frozen=True)
@@ -150,23 +160,30 @@ class EnvCache:
         # unfenced, as the agent: its parents need not be open to them.
         root.chmod(0o711)
 
-    def get(self, requirements: list[str], log: BinaryIO) -> Env:
+    def get(
+        self, requirements: list[str], log: BinaryIO, stopped: Callable[[], bool] = _never
+    ) -> Env:
         """The environment for these (normalised) requirements, built unless it is here; what
-        the build printed, or one line saying it was reused, goes to `log`."""
+        the build prints (as it prints it), or one line saying it was reused, goes to `log`.
+        `stopped()` true (the member was stopped meanwhile): the wait or the build ends, Stopped."""
         python = interpreter()
         digest = digest_of(requirements, python)
         path = self.root / digest
         with open(self.root / f"{digest}.lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time; the others wait, then reuse it
+            # One build at a time; the others wait, then reuse it.
+            while not _try_lock(lock):
+                if stopped():
+                    raise Stopped("stopped while waiting for another build")
+                time.sleep(0.2)
             if (path / COMPLETE).exists():
                 log.write(f"gpuplatform: environment {digest[:12]} reused\n".encode())
                 log.flush()
                 return Env(digest=digest, path=path, reused=True)
-            self._build(path, digest, requirements, python, log)
+            self._build(path, digest, requirements, python, log, stopped)
         return Env(digest=digest, path=path, reused=False)
 
     def _build(self, path: pathlib.Path, digest: str, requirements: list[str], python: pathlib.Path,
-               log: BinaryIO) -> None:  # fmt: skip
+               log: BinaryIO, stopped: Callable[[], bool]) -> None:  # fmt: skip
         import uv
 
         if path.exists():  # a build that died half way
@@ -194,7 +211,7 @@ class EnvCache:
             steps.pop()
         try:
             for step in steps:
-                self._run(step, env, log, began)
+                self._run(step, env, log, began, stopped)
         except BaseException:
             if path.exists():
                 _make_writable(path)
@@ -209,17 +226,49 @@ class EnvCache:
         )
         log.flush()
 
-    def _run(self, argv: list[str], env: dict[str, str], log: BinaryIO, began: float) -> None:
-        left = self.settings.build_timeout - (time.monotonic() - began)
+    def _run(self, argv: list[str], env: dict[str, str], log: BinaryIO, began: float,
+             stopped: Callable[[], bool]) -> None:  # fmt: skip
+        """One uv step, its output copied to the log as it comes; killed when the member is
+        stopped or the build passes its time."""
+        process = subprocess.Popen(argv, env=env, cwd=self.root, stdin=subprocess.DEVNULL,  # noqa: S603
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+        assert process.stdout is not None
+        output: list[bytes] = []
+        reader = threading.Thread(target=_copy, args=(process.stdout, log, output), daemon=True)
+        reader.start()
         try:
-            done = subprocess.run(argv, env=env, cwd=self.root, stdin=subprocess.DEVNULL,  # noqa: S603
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=max(1, left))  # fmt: skip
-        except subprocess.TimeoutExpired:
-            raise EnvError(f"the build took over {self.settings.build_timeout}s") from None
-        log.write(done.stdout)
-        log.flush()
-        if done.returncode != 0:
-            raise EnvError(_cause(done.stdout.decode(errors="replace")))
+            while process.poll() is None:
+                try:
+                    process.wait(0.2)
+                except subprocess.TimeoutExpired:
+                    pass
+                if stopped():
+                    raise Stopped("stopped while its environment was built")
+                if time.monotonic() - began > self.settings.build_timeout:
+                    raise EnvError(f"the build took over {self.settings.build_timeout}s")
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+            reader.join(5)
+        if process.returncode != 0:
+            raise EnvError(_cause(b"".join(output).decode(errors="replace")))
+
+
+def _copy(pipe: BinaryIO, log: BinaryIO, output: list[bytes]) -> None:
+    with pipe:
+        for line in pipe:
+            output.append(line)
+            log.write(line)
+            log.flush()
+
+
+def _try_lock(handle) -> bool:
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def _cause(output: str) -> str:

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from workers.runner import Run, Runner
 
 log = logging.getLogger(__name__)
-FINAL, LOST = "final", "lost"
+FINAL, LOST, STOPPED = "final", "lost", ""  # how a member that never ran is reported
 
 
 class Failed(Exception):
@@ -71,8 +71,8 @@ class Preparer:
     def prepare(self, runner: Runner, run: Run) -> bool:
         """True: spawn it. False: it ended here (run.launch_error and run.failure say how)."""
         a = run.assignment
-        run.log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
+            run.log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             if not self._report_started(runner, run):
                 return False
             flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
@@ -175,9 +175,11 @@ class Preparer:
             wanted = envs.normalise(requirements)
             if not wanted:
                 return
-            env = self.envs.get(wanted, head)
+            env = self.envs.get(wanted, head, stopped=lambda: bool(run.stop_reason))
         except envs.EnvError as error:
             raise Failed(f"environment: {error}") from None
+        except envs.Stopped:  # reported as its stop says (cancelled, preempted, lost)
+            raise Failed(f"stopped before it started: {run.stop_reason}", STOPPED) from None
         run.env_dir = env.path
 
     def release(self, run: Run) -> None:
@@ -192,7 +194,7 @@ def _detail(error: ApiError) -> str:
     import json
 
     text = str(error)
-    _, _, body = text.partition(f"{error.status} ")
+    _, _, body = text.partition(f": {error.status} ")
     try:
         detail = json.loads(body).get("detail")
     except (ValueError, AttributeError):

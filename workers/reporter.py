@@ -25,8 +25,10 @@ class HttpReporter(Reporter):
 
     def started(self, run: Run) -> bool:
         """False: the attempt or member ended before this process started (the runner stops it)."""
-        assert run.process is not None  # the runner reports a start once it has spawned it
-        return self.api.report(run.assignment, "started", pid=run.process.pid)
+        # pid 0: reported before its process starts, while its own code is prepared
+        # (workers/prepare.py), so that the attempt's lease is renewed meanwhile.
+        pid = run.process.pid if run.process is not None else 0
+        return self.api.report(run.assignment, "started", pid=pid)
 
     def progress(self, run: Run, progress: float, checkpoint: str) -> None:
         stored = self._store_checkpoint(run, checkpoint)

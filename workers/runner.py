@@ -34,8 +34,7 @@ from typing import BinaryIO
 from apps.platform.agent_protocol import Assignment
 from apps.platform.names import EndReason, StopReason
 from workers import isolation as fence
-from workers import masking
-from workers import reaper
+from workers import masking, reaper
 from workers.safefiles import open_job_file, tree_size
 
 log = logging.getLogger(__name__)
@@ -214,20 +213,19 @@ class Runner:
             self.runs[key] = run
         done = threading.Event()
         if self.preparer.needed(assignment):
-            # Fetching, unpacking, building an environment may take minutes: never on the
-            # launcher thread, which every other member's start waits for.
+            # Fetching, unpacking, building an environment may take minutes: on a thread of its
+            # own, never the launcher's (every other member's start waits for it) nor the
+            # caller's (the agent's sync, which stops other members).
             threading.Thread(target=self._prepare_then_spawn, args=(run, done), daemon=True,
                              name=f"prepare-{key}").start()  # fmt: skip
-        else:
-            self._spawn_requests.put((run, done))
+            return True
+        self._spawn_requests.put((run, done))
         done.wait(30)
         return True
 
     def _prepare_then_spawn(self, run: Run, done: threading.Event) -> None:
         if self.preparer.prepare(self, run):
             self._spawn_requests.put((run, done))
-        else:
-            done.set()
 
     def _group_name(self, assignment: Assignment) -> str:
         return f"{self.instance}.{assignment.attempt_id}-{assignment.rank}"
@@ -302,8 +300,8 @@ class Runner:
                 self._kill_tree(run)
                 self._finish(run, exit_code=127, reason=run.launch_error)
                 continue
-            if run.process is None or not run.start_reported:
-                continue
+            if run.process is None or not run.start_reported or not run.started:
+                continue  # not spawned yet (a member reported started as it was prepared)
             code = run.process.poll()
             if code is not None:
                 self._kill_tree(run)  # leftovers of the tree die with the job

@@ -236,12 +236,24 @@ def _file_mode(mode: int) -> int:
 def _unpack_tar(archive: pathlib.Path, tree: _Tree) -> None:
     try:
         with tarfile.open(archive, mode="r|gz") as tar:  # a stream: one entry at a time
-            for member in tar:
-                _tar_entry(tar, member, tree)
+            while (member := tar.next()) is not None:
+                _checked(_tar_entry, tar, member, tree, name=member.name)
+                tar.members.clear()  # a stream keeps every header otherwise: 100000 of them
     except (tarfile.TarError, EOFError, zlib.error, OSError) as error:
         if isinstance(error, OSError) and error.errno not in (None, errno.EINVAL):
             raise
         raise Refused(f"not a valid .tar.gz: {error}") from None
+
+
+def _checked(write, archive, entry, tree: _Tree, *, name: str) -> None:
+    """Write one entry; a name the file system will not take is the bundle's fault, not the
+    node's (a full disk or any other trouble stays an OSError: the platform retries that)."""
+    try:
+        write(archive, entry, tree)
+    except OSError as error:
+        if error.errno in (errno.ENAMETOOLONG, errno.EILSEQ, errno.EINVAL):
+            raise Refused(f"entry {name[:200]!r} cannot be written: {error.strerror}") from None
+        raise
 
 
 def _tar_entry(tar: tarfile.TarFile, member: tarfile.TarInfo, tree: _Tree) -> None:
@@ -270,7 +282,7 @@ def _unpack_zip(archive: pathlib.Path, tree: _Tree) -> None:
     try:
         with zipfile.ZipFile(archive) as bundle:
             for info in bundle.infolist():
-                _zip_entry(bundle, info, tree)
+                _checked(_zip_entry, bundle, info, tree, name=info.filename)
     except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, NotImplementedError) as error:
         raise Refused(f"not a valid .zip: {error}") from None
 

@@ -217,3 +217,9 @@ class _Zeros(io.RawIOBase):
         buffer[:n] = bytes(n)
         self.left -= n
         return n
+
+
+def test_a_name_too_long_for_the_file_system_is_refused_as_the_bundles_fault(tmp_path, place):
+    _, work = place
+    refused(tar_gz(tmp_path / "archives" / "b", [("x" * 300, "file", b"")]), work,
+            "cannot be written: File name too long")  # fmt: skip

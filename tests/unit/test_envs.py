@@ -115,3 +115,26 @@ def test_a_failed_build_says_why_and_leaves_nothing(tmp_path, offline):
     digest = envs.digest_of(["no-such-package-here==9"], envs.interpreter())
     assert not (tmp_path / "envs" / digest).exists()  # the next job asking tries again
     assert "no-such-package-here" in log.getvalue().decode()  # uv's words reach the job's log
+
+
+def test_a_member_stopped_while_waiting_for_a_build_stops_waiting(tmp_path, offline):
+    import fcntl
+
+    cache = envs.EnvCache(tmp_path / "envs", offline)
+    wanted = envs.normalise(["gpuplatform-tinydep==1.0"])
+    digest = envs.digest_of(wanted, envs.interpreter())
+    with open(tmp_path / "envs" / f"{digest}.lock", "a") as held:  # another member builds it
+        fcntl.flock(held, fcntl.LOCK_EX)
+        calls = []
+        with pytest.raises(envs.Stopped):
+            cache.get(wanted, io.BytesIO(), stopped=lambda: calls.append(1) or len(calls) > 2)
+    assert not (tmp_path / "envs" / digest).exists()
+
+
+def test_a_member_stopped_while_its_environment_builds_kills_the_build(tmp_path, offline):
+    cache = envs.EnvCache(tmp_path / "envs", offline)
+    wanted = envs.normalise(["gpuplatform-tinydep==1.0"])
+    with pytest.raises(envs.Stopped):
+        cache.get(wanted, io.BytesIO(), stopped=lambda: True)  # at its first check
+    assert not (tmp_path / "envs" / envs.digest_of(wanted, envs.interpreter())).exists()
+    assert not cache.get(wanted, io.BytesIO()).reused  # and the next member builds it whole

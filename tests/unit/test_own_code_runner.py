@@ -188,3 +188,20 @@ def test_a_failed_environment_build_fails_the_member_for_good(make_runner, tmp_p
     reason = run_until_finished(runner, timeout=60)[2]
     assert reason.startswith("environment: No solution found") and "not-on-this-node" in reason
     assert reporter.failures[-1] == "final"
+
+
+def test_a_member_cancelled_while_it_is_prepared_never_runs(make_runner, tmp_path, monkeypatch):
+    from tests.unit.test_envs import write_wheel
+
+    write_wheel(tmp_path / "wheels")
+    monkeypatch.setenv("GPUPLATFORM_PIP_NO_INDEX", "1")
+    monkeypatch.setenv("GPUPLATFORM_PIP_FIND_LINKS", str(tmp_path / "wheels"))
+    marker = tmp_path / "ran"
+    reporter = OwnCode()
+    runner = make_runner(reporter)
+    runner.launch(Work(argv=["touch", str(marker)], python_requirements=["gpuplatform-tinydep"]))
+    runner.stop(1, 0, why="cancel")
+    finished = run_until_finished(runner)
+    assert finished[2] == "stopped before it started: cancel"
+    assert reporter.failures[-1] == ""  # reported as the cancel it was: the platform says cancelled
+    assert not marker.exists()
