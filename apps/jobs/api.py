@@ -59,7 +59,7 @@ def _small_json(request) -> bool:
         return False
 
 
-MAX_TASK_PAGE = 1000
+MAX_TASK_PAGE = 10_000
 
 
 def _positive(request, name: str, default: int, most: int | None) -> int:
@@ -207,8 +207,12 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             headers=self.headers,  # X-RateLimit-* on every answer, refusals too
         )  # fmt: skip
         if submitted.array is not None:
+            array = submitted.array
+            # A new array's counts are known: every task queued (no statement to count them).
+            fresh = {s: (array.size if s == JobState.QUEUED else 0) for s in JobState.values}
+            context = {"array_counts": {array.pk: fresh}} if submitted.created else {}
             return Response(
-                ArraySerializer(submitted.array).data,
+                ArraySerializer(array, context=context).data,
                 status=status.HTTP_201_CREATED if submitted.created else status.HTTP_200_OK,
             )
         job = submitted.job
