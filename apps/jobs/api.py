@@ -7,7 +7,7 @@ from django.core.files.storage import default_storage
 from django.db.models import Prefetch
 from django.http import FileResponse, Http404, HttpResponse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, ParseError, PermissionDenied, ValidationError
@@ -60,6 +60,12 @@ def _small_json(request) -> bool:
 
 
 MAX_TASK_PAGE = 10_000
+# A submit answers with the job, or with the array when it had `array` (docs/arrays.md).
+SUBMITTED = PolymorphicProxySerializer(
+    component_name="Submitted",
+    serializers=[JobSerializer, ArraySerializer],
+    resource_type_field_name=None,
+)
 
 
 def _positive(request, name: str, default: int, most: int | None) -> int:
@@ -83,6 +89,8 @@ def array_for(user, raw, *, field: str = "id") -> JobArray:
     try:
         pk = uuid.UUID(str(raw))
     except ValueError:
+        if field == "id":  # in the path, as Django's <uuid:> routes answer
+            raise NotFound("no such job array") from None
         raise ValidationError({field: ["must be a job array's id (a UUID)"]}) from None
     array = visible_arrays(user).select_related("tenant", "user", "tier").filter(pk=pk).first()
     if array is None:
@@ -197,7 +205,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         return Response({"count": total, "next": link(page + 1), "previous": link(page - 1) if page > 1 else None,
                          "results": results})  # fmt: skip
 
-    @extend_schema(request=JobSubmitSerializer, responses={201: JobSerializer})
+    @extend_schema(request=JobSubmitSerializer, responses={201: SUBMITTED, 200: SUBMITTED})
     def create(self, request):
         """Through apps/admission/submit.py `submit_job` (docs/admission.md), as the web form.
         A submit with `array` answers with the array (ArraySerializer) instead."""

@@ -378,6 +378,7 @@ class ArraySerializer(serializers.ModelSerializer):
 
     class Meta:
         model = JobArray
+        ref_name = "JobArray"
         fields = ["id", "name", "tenant", "user", "tier", "array", "size", "throttle", "state", "counts",
                   "progress", "materialised", "tasks_url", "created_at", "cancelled_at", "ended_at"]  # fmt: skip
 

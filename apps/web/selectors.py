@@ -196,12 +196,12 @@ def fold_arrays(jobs: list[Job]) -> None:
     ):
         rows.setdefault(array_id, {})[state] = n
     for job in jobs:
-        array = found.get(job.array_id)
+        array = found.get(job.array_id) if job.array_id is not None else None
         if array is None:
             continue
         counts = {state: rows.get(array.pk, {}).get(state, 0) for state in JobState.values}
         counts[tasks_of.virtual_state(array)] += array.size - array.materialised
-        job.array_row = {
+        job.array_row = {  # type: ignore[attr-defined]
             "array": array, "counts": counts, "bar": state_bar(counts, array.size),
             "done": sum(counts[s] for s in ("succeeded", "failed", "cancelled")),
             "state": "cancelled" if array.cancelled_at else ("ended" if array.ended_at else "active"),
