@@ -97,12 +97,31 @@ def _admit(*, tenant, user, spec, array, params, grid, limits, key, digest, turn
         raise error
     job_array = JobArray.objects.create(
         tenant=tenant, user=user, tier=spec.tier, name=spec.name, spec=array.spec, size=array.size,
-        throttle=array.throttle, params=params, grid=grid, task=task_fields(spec),
+        throttle=array.throttle, params=params, grid=grid, task=task_fields(spec), materialised=1,
     )  # fmt: skip
-    first = make_tasks(job_array, 1)
-    idempotency.remember(tenant=tenant, key=key, digest=digest, job=first[0])
+    first = first_task(job_array, array)
+    idempotency.remember(tenant=tenant, key=key, digest=digest, job=first)
     dispatch.after_commit()
-    return job_array, first[0], True
+    return job_array, first, True
+
+
+def first_task(job_array: JobArray, array: ArraySpec) -> Job:
+    """The array's task at position 0, with its event, in one statement on PostgreSQL
+    (rows.insert_job_and_event, as a submit's job). Its `created_at` is its insert's: the other
+    tasks' are counted from it (`anchor`)."""
+    fields = dict(job_array.task)
+    base = fields.pop("params", {}) or {}
+    index = array.index_at(0)
+    job = Job(
+        id=tasks_of.task_id(job_array.pk, index), tenant_id=job_array.tenant_id,
+        user_id=job_array.user_id, array=job_array, array_index=index,
+        reason="waiting for the dispatcher",
+        params=task_params(base, job_array.params, job_array.grid, 0), **fields,
+    )  # fmt: skip
+    event = JobEvent(job=job, actor=f"user:{job_array.user.username}", to_state=JobState.QUEUED,
+                     reason=f"submitted (task {index} of array {job_array.pk})")  # fmt: skip
+    job, _ = rows.insert_job_and_event(job, event)
+    return job
 
 
 # --- tasks into rows -----------------------------------------------------------------------------
@@ -131,8 +150,10 @@ def make_tasks(array: JobArray, count: int) -> list[Job]:
         events.append(JobEvent(job=job, actor=f"user:{user_name}", to_state=JobState.QUEUED,
                                reason=f"submitted (task {index} of array {array.pk})"))  # fmt: skip
     Job.objects.bulk_create(jobs)
-    # Each task's place in the queue is the array's submit time (+ its position, in microseconds).
-    at = {job.pk: array.created_at + timedelta(microseconds=p) for p, job in enumerate(jobs, start)}
+    # Each task's place in the queue is its array's submit (its first task's time, + its
+    # position in microseconds), not the moment its row was made.
+    anchor = tasks_of.anchor(array)
+    at = {job.pk: anchor + timedelta(microseconds=p) for p, job in enumerate(jobs, start)}
     Job.objects.filter(pk__in=list(at)).update(
         created_at=Case(*(When(pk=pk, then=Value(t)) for pk, t in at.items()))
     )

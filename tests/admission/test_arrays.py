@@ -108,6 +108,8 @@ def test_tasks_are_listed_rows_and_virtual_alike_in_index_order_with_stable_ids(
     assert Job.objects.filter(array_id=array["id"]).count() >= 2
     again = as_user("bob").get(url + "&page_size=100").json()["results"]
     assert [t["id"] for t in again] == ids  # a task's row took the id it was listed with
+    assert [t["created_at"] for t in again] == [t["created_at"] for t in tasks]  # and its place
+    assert sorted(t["created_at"] for t in tasks) == [t["created_at"] for t in tasks]  # index order
     assert [t["state"] for t in again].count("starting") == 2
     only = as_user("bob").get(url + "&state=starting").json()
     assert only["count"] == 2 and [t["array_index"] for t in only["results"]] == [1, 3]
