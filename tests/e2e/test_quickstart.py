@@ -220,3 +220,26 @@ def test_the_cli_submits_follows_shows_lists_and_cancels_an_array(platform):
         lambda: platform.get("bob", f"/api/v1/arrays/{long['id']}/").json()["counts"].get("cancelled") == 10,
         timeout=60, what="every task of the array cancelled",
     )  # fmt: skip
+
+
+def test_a_grid_sweep_gives_each_task_its_params(platform, tmp_path):
+    """`--array-grid grid.json` (3 learning rates x 2 epoch counts): each task's params reach
+    train.py through the job SDK's params() and override its defaults."""
+    grid = json.loads((ROOT / "examples" / "tiny-train" / "grid.json").read_text())
+    swept = gpuplatform(platform, "--json", "submit", "--workdir", "examples/tiny-train", "--gpus", "1",
+                        "--array", "0-5%3", "--array-grid", "examples/tiny-train/grid.json", "--wait", "--",
+                        "python", "train.py", "--epoch-seconds", "0")  # fmt: skip
+    assert swept.returncode == 0, swept.stdout + swept.stderr
+    array_id = json.loads(swept.stdout[: swept.stdout.index("\n}\n") + 2])["id"]
+    tasks = json.loads(gpuplatform(platform, "--json", "list", "--array", array_id).stdout)[
+        "results"
+    ]
+    seen = set()
+    for task in tasks:
+        got = gpuplatform(
+            platform, "artifacts", task["id"], "--download", str(tmp_path / task["id"])
+        )
+        assert got.returncode == 0, got.stderr
+        result = json.loads((tmp_path / task["id"] / "result.json").read_text())
+        seen.add((result["lr"], result["epochs"]))
+    assert seen == {(lr, epochs) for lr in grid["lr"] for epochs in grid["epochs"]}
