@@ -9,9 +9,11 @@ import os
 import pathlib
 import re
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -55,6 +57,15 @@ def main() -> int:
     # machine's operator opts them in to run the demo's command jobs (docs/architecture.md).
     env.setdefault("GPUPLATFORM_URL", f"http://127.0.0.1:{port}")
     env.setdefault("GPUPLATFORM_TRUST_UNISOLATED_NODES", "1")
+    # The example projects' requirements that are not on PyPI (examples/packages/): built into a
+    # wheel directory the agents' environment builds look in, beside PyPI (no
+    # GPUPLATFORM_PIP_NO_INDEX: real packages still come from the index when online).
+    if "GPUPLATFORM_PIP_FIND_LINKS" not in env:
+        try:
+            env["GPUPLATFORM_PIP_FIND_LINKS"] = str(build_example_wheels(data / "wheels"))
+        except subprocess.CalledProcessError as error:  # offline, no build backend: run without
+            print(f"launch: the example wheels were not built ({error}); examples/tiny-train "
+                  "will not find its requirement", file=sys.stderr)  # fmt: skip
     redis = None
     if not env.get("REDIS_URL"):
         from gpuplatform import embedded_redis
@@ -80,6 +91,27 @@ def main() -> int:
     finally:
         if redis is not None:
             redis.stop()
+
+
+def build_example_wheels(directory: pathlib.Path) -> pathlib.Path:
+    """A wheel of each package under examples/packages/ in `directory`, built once per version
+    by `pip wheel` (its build backend from the index pip is set up with) from a copy, so the
+    source tree gets no build/ or egg-info."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for source in sorted((ROOT / "examples" / "packages").glob("*/pyproject.toml")):
+        name = source.parent.name.replace("-", "_")  # a wheel's file name spells it so
+        version = re.search(r'^version = "([^"]+)"', source.read_text(), flags=re.M)
+        if version and list(directory.glob(f"{name}-{version.group(1)}-*.whl")):
+            continue
+        with tempfile.TemporaryDirectory() as scratch:
+            copy = pathlib.Path(scratch) / name
+            shutil.copytree(source.parent, copy)
+            subprocess.run(
+                [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--disable-pip-version-check",
+                 "-w", str(directory), str(copy)],
+                check=True,
+            )  # fmt: skip
+    return directory
 
 
 def procfile_agents() -> list[str]:

@@ -4,7 +4,7 @@ from drf_spectacular.views import SpectacularAPIView
 from rest_framework.routers import DefaultRouter
 
 from apps.bundles.api import BundleViewSet
-from apps.jobs.api import JobViewSet
+from apps.jobs.api import ArrayViewSet, JobViewSet
 from apps.jobs.events_api import JobEventsView
 from apps.nodes.api import NodeViewSet
 from apps.secrets.api import SecretViewSet
@@ -21,8 +21,9 @@ router = DefaultRouter(trailing_slash=True)
 router.include_format_suffixes = False  # artifact names like "result.json" are names, not formats
 router.register("jobs", JobViewSet, basename="job")
 router.register("nodes", NodeViewSet, basename="node")
-router.register("secrets", SecretViewSet, basename="secret")
 router.register("bundles", BundleViewSet, basename="bundle")
+router.register("secrets", SecretViewSet, basename="secret")
+router.register("arrays", ArrayViewSet, basename="array")
 
 urlpatterns = [
     path(
