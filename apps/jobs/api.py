@@ -187,8 +187,14 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         if page > 1 and not tasks:
             raise NotFound("Invalid page.")
         rows = [t for t in tasks if isinstance(t, Job)]
-        context = self.get_serializer_context()
-        full = {j.pk: j for j in self.get_queryset().filter(pk__in=[j.pk for j in rows])}
+        # The rows' context (queue positions: a read of the queue) and attempts only for a page
+        # that has rows: a page of virtual tasks reads nothing more.
+        context = self.get_serializer_context() if rows else {}
+        full = (
+            {j.pk: j for j in self.get_queryset().filter(pk__in=[j.pk for j in rows])}
+            if rows
+            else {}
+        )
         results = [
             JobSerializer(full.get(t.pk, t), context=context).data if isinstance(t, Job)
             else virtual_representation(t)
