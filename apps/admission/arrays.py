@@ -22,7 +22,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Case, Count, F, Sum, Value, When
+from django.db.models import Case, Count, F, Value, When
 
 from apps.admission import dispatch, idempotency, quotas, rows
 from apps.admission.writer import end_turn_at_commit, write_turn
@@ -53,14 +53,6 @@ def task_fields(spec: JobSpec) -> dict:
     return out
 
 
-def virtual_queued(tenant: Tenant) -> int:
-    """The tenant's tasks queued without a row (open arrays' virtual tasks)."""
-    left = JobArray.objects.filter(
-        tenant=tenant, cancelled_at=None, materialised__lt=F("size")
-    ).aggregate(n=Sum(F("size") - F("materialised")))["n"]
-    return int(left or 0)
-
-
 def submit_array(*, tenant: Tenant, user, spec: JobSpec, array: ArraySpec, params: list, grid: dict,
                  limits: dict, key: str | None, digest: str) -> tuple[JobArray, Job, bool]:  # fmt: skip
     """The array, its first task and True; or the array and first task an earlier request with
@@ -79,14 +71,17 @@ def submit_array(*, tenant: Tenant, user, spec: JobSpec, array: ArraySpec, param
 @transaction.atomic
 def _admit(*, tenant, user, spec, array, params, grid, limits, key, digest, turn) -> tuple[JobArray, Job, bool]:  # fmt: skip
     end_turn_at_commit(turn)
-    if connection.features.has_select_for_update:
-        rows.lock_tenant(tenant)
+    check_allowed(tenant, spec)
+    if key is not None and connection.features.has_select_for_update:
+        rows.lock_tenant(tenant)  # the key's check below must see a concurrent replay's row
     earlier = idempotency.replay(tenant=tenant, key=key, digest=digest)
     if earlier is not None and earlier.array is not None:
         return earlier.array, earlier, False
-    check_allowed(tenant, spec)
     quotas.check_gpu_hours(tenant=tenant, limits=limits, gpus_wanted=spec.gpus * spec.nodes)
-    queued = (rows.queued_kept(tenant, lock=True) or 0) + virtual_queued(tenant)
+    # The tenant's lock (PostgreSQL; SQLite's write lock is held already), its kept count and its
+    # arrays' virtual tasks: one statement (rows.array_counts).
+    kept, virtual = rows.array_counts(tenant)
+    queued = kept + virtual
     cap = limits["max_queued_jobs"]
     if queued + array.size > cap:
         error = queue_full(tenant, queued, limits)
@@ -95,20 +90,20 @@ def _admit(*, tenant, user, spec, array, params, grid, limits, key, digest, turn
             f"queued jobs, over its cap of {cap} ({queued} queued now): refused whole"
         )
         raise error
-    job_array = JobArray.objects.create(
+    job_array = JobArray(
         tenant=tenant, user=user, tier=spec.tier, name=spec.name, spec=array.spec, size=array.size,
         throttle=array.throttle, params=params, grid=grid, task=task_fields(spec), materialised=1,
     )  # fmt: skip
-    first = first_task(job_array, array)
+    job_array, first = first_task(job_array, array)
     idempotency.remember(tenant=tenant, key=key, digest=digest, job=first)
     dispatch.after_commit()
     return job_array, first, True
 
 
-def first_task(job_array: JobArray, array: ArraySpec) -> Job:
-    """The array's task at position 0, with its event, in one statement on PostgreSQL
-    (rows.insert_job_and_event, as a submit's job). Its `created_at` is its insert's: the other
-    tasks' are counted from it (`anchor`)."""
+def first_task(job_array: JobArray, array: ArraySpec) -> tuple[JobArray, Job]:
+    """The new array (not yet saved) with its task at position 0 and that task's event, in one
+    statement on PostgreSQL (rows.insert_array_job_and_event). The task's `created_at` is its
+    insert's: the other tasks' are counted from it (`anchor`)."""
     fields = dict(job_array.task)
     base = fields.pop("params", {}) or {}
     index = array.index_at(0)
@@ -120,8 +115,7 @@ def first_task(job_array: JobArray, array: ArraySpec) -> Job:
     )  # fmt: skip
     event = JobEvent(job=job, actor=f"user:{job_array.user.username}", to_state=JobState.QUEUED,
                      reason=f"submitted (task {index} of array {job_array.pk})")  # fmt: skip
-    job, _ = rows.insert_job_and_event(job, event)
-    return job
+    return rows.insert_array_job_and_event(job_array, job, event)
 
 
 # --- tasks into rows -----------------------------------------------------------------------------

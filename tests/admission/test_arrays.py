@@ -288,3 +288,35 @@ def test_webhooks_and_the_task_stream_report_the_arrays_end_once(as_user):
     last = Job.objects.get(pk=JobEvent.objects.get(kind="array").job_id)
     streamed = "".join(state_events(last.pk, Cursor()))
     assert streamed.count("event: array.ended") == 1
+
+
+def test_a_big_array_gets_its_tenants_share_and_another_tenant_of_the_tier_still_runs(cast):
+    """Noisy neighbour, arrays: initech's 1,000-task array came first and fills the node; once
+    its first tasks end, globex (same tier, pro), which submitted 4 jobs after it, gets GPUs:
+    the array's tasks are that tenant's jobs in fair share, not a queue of their own."""
+    from apps.tenants.services import tenant_create, user_create
+    from tests.factories import client_for
+
+    tenant_create(slug="initech", tier_name="pro")
+    nora = client_for(user_create(username="nora", tenant_slug="initech")[1])
+    quota_set(tenant=Tenant.objects.get(slug="initech"), max_queued_jobs=5000)
+    pro = {**TRAIN, "tier": "pro"}
+    array = nora.post("/api/v1/jobs/", {**pro, "array": "0-999"}, format="json")
+    assert array.status_code == 201, array.content
+    dispatch_once()
+    first = placed(array.json()["id"])
+    assert len(first) == 8  # the node's 8 GPUs, nothing else was queued
+    theirs = [cast_post(cast, "dave", pro) for _ in range(4)]
+    assert all(r.status_code == 201 for r in theirs), [r.content for r in theirs]
+    for job in first:
+        finish(job)
+    dispatch_once()
+    started = Job.objects.filter(pk__in=[r.json()["id"] for r in theirs], state="starting").count()
+    assert started == 4, started  # globex is served although 992 older tasks of initech wait
+    assert len(placed(array.json()["id"])) == 4
+
+
+def cast_post(cast, name, body):
+    from tests.factories import client_for
+
+    return client_for(cast[name][1]).post("/api/v1/jobs/", body, format="json")
