@@ -67,7 +67,10 @@ def submit_job(*, user, body, idempotency_key: str | None, membership: Membershi
         data = validate_submission(
             body, named=getattr(membership, "named", None)
         )  # JobSubmitSerializer's rules
-        admission.submit(spec_from(data, default_tier=membership.tenant.tier))
+        admission.submit(
+            spec_from(data, default_tier=membership.tenant.tier),
+            depends_on=data.get("depends_on") or [],
+        )
     assert admission.job is not None  # a replay's, or the one submit() made (else it raised)
     return Submitted(job=admission.job, created=admission.created, headers=admission.headers)
 

@@ -8,7 +8,7 @@ class JobsConfig(AppConfig):
 
     def ready(self):
         # Imported here, not at the top: models are not loaded yet when this module is.
-        from apps.jobs import handlers
+        from apps.jobs import dependencies, handlers
         from apps.platform import events
 
         # A node's change and what it means for its attempts commit together.
@@ -17,3 +17,5 @@ class JobsConfig(AppConfig):
         events.subscribe(
             events.DrainOverdue, handlers.preempt_on_drained_nodes, in_transaction=True
         )
+        # A parent's end decides its dependents, in the parent's transaction (docs/pipelines.md).
+        events.subscribe(events.JobEnded, dependencies.on_job_ended, in_transaction=True)

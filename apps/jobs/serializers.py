@@ -1,6 +1,7 @@
 """Input and output shapes of the jobs API. Serializers validate and shape; they never write."""
 
 import threading
+import uuid
 
 from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
@@ -8,6 +9,7 @@ from rest_framework import serializers
 
 from apps.admission import rows
 from apps.admission.estimates import Estimator
+from apps.jobs import dependencies
 from apps.jobs.fields import (
     ArgvField,
     LabelMapField,
@@ -30,6 +32,9 @@ MAX_MEMORY_MIB = 16 * 1024 * 1024
 MAX_PIDS = 4 * 1024 * 1024
 MAX_CPU_WEIGHT = 10000
 LIMIT_FIELDS = ("memory_mib", "pids_max", "cpu_weight")
+# Body fields that are no field of the job itself: the submit use case passes them beside the
+# spec (apps/admission/submit.py), the job object shows them.
+RELATION_FIELDS = ("depends_on",)
 
 
 UNSTORABLE = "text must not contain NUL characters or unpaired surrogates"
@@ -51,6 +56,57 @@ def _unstorable(value) -> bool:
     return False
 
 
+class DependsOnField(serializers.Field):
+    """`[{"job": "<id>", "condition": "afterok"}, ...]` (docs/pipelines.md): a list of
+    dependencies.Wanted. The ids are looked up at admission (another tenant's or none: 404)."""
+
+    def to_internal_value(self, data) -> list[dependencies.Wanted]:
+        if not isinstance(data, list):
+            raise serializers.ValidationError(
+                'must be a list such as [{"job": "<id>", "condition": "afterok"}]'
+            )
+        if len(data) > dependencies.MAX_DEPENDENCIES:
+            raise serializers.ValidationError(
+                f"at most {dependencies.MAX_DEPENDENCIES} dependencies, not {len(data)}"
+            )
+        return [self._entry(i, entry) for i, entry in enumerate(data)]
+
+    def _entry(self, i: int, entry) -> dependencies.Wanted:
+        where = f"entry {i}"
+        if not isinstance(entry, dict):
+            raise serializers.ValidationError(
+                f'{where}: must be an object {{"job": "<id>", "condition": ...}}'
+            )
+        kinds = [kind for kind in ("job", "array") if kind in entry]
+        unknown = sorted(set(entry) - {"job", "array", "condition"})
+        if unknown:
+            raise serializers.ValidationError(f"{where}: unknown key(s) {', '.join(unknown)}")
+        if len(kinds) != 1:
+            raise serializers.ValidationError(f'{where}: give one of "job" or "array"')
+        kind, raw = kinds[0], entry[kinds[0]]
+        try:
+            if not isinstance(raw, str):
+                raise ValueError
+            parent = uuid.UUID(raw)
+        except ValueError:
+            raise serializers.ValidationError(
+                f"{where}: {kind} must be an id (a UUID string)"
+            ) from None
+        condition = entry.get("condition", "afterok")
+        if condition not in dependencies.CONDITIONS:
+            raise serializers.ValidationError(
+                f"{where}: unknown condition {condition!r} (one of {', '.join(dependencies.CONDITIONS)})"
+            )
+        if condition == "aftercorr" and kind != "array":
+            raise serializers.ValidationError(
+                f"{where}: aftercorr is for an array (task i after task i)"
+            )
+        return dependencies.Wanted(kind=kind, id=parent, condition=condition)
+
+    def to_representation(self, value):
+        return [{w.kind: str(w.id), "condition": w.condition} for w in value]
+
+
 class JobSubmitSerializer(serializers.Serializer):
     name = StrictCharField(max_length=100, required=False, allow_blank=False)
     template = StrictCharField(max_length=64, required=False)
@@ -68,6 +124,7 @@ class JobSubmitSerializer(serializers.Serializer):
     memory_mib = StrictIntegerField(min_value=0, max_value=MAX_MEMORY_MIB, required=False)
     pids_max = StrictIntegerField(min_value=0, max_value=MAX_PIDS, required=False)
     cpu_weight = StrictIntegerField(min_value=0, max_value=MAX_CPU_WEIGHT, required=False)
+    depends_on = DependsOnField(required=False)
 
     def to_internal_value(self, data):
         if not isinstance(data, dict):
@@ -216,6 +273,7 @@ class JobSerializer(serializers.ModelSerializer):
     queue_position = serializers.SerializerMethodField()
     estimated_start_at = serializers.SerializerMethodField()
     attempts = AttemptSerializer(many=True)
+    depends_on = serializers.SerializerMethodField()
 
     class Meta:
         model = Job
@@ -224,8 +282,17 @@ class JobSerializer(serializers.ModelSerializer):
             "node_selector", "template", "params", "command", "max_runtime_seconds", "checkpointable",
             "cacheable", "created_at", "started_at", "finished_at", "queue_position",
             "estimated_start_at", "reason", "cache_hit", "exit_code", "attempts", "retry_on_failure",
-            "not_before", "memory_mib", "pids_max", "cpu_weight",
+            "not_before", "memory_mib", "pids_max", "cpu_weight", "depends_on",
         ]  # fmt: skip
+
+    @extend_schema_field(
+        {"type": "array", "items": {"type": "object", "properties": {
+            "job": {"type": "string"}, "condition": {"type": "string"},
+            "state": {"type": "string", "enum": ["pending", "satisfied", "never"]}}}}
+    )  # fmt: skip
+    def get_depends_on(self, job: Job) -> list[dict]:
+        """As submitted, each with its state (apps/jobs/dependencies.py)."""
+        return dependencies.depends_on(job)
 
     def get_queue_position(self, job: Job) -> int | None:
         positions = self.context.get("queue_positions")
@@ -237,7 +304,7 @@ class JobSerializer(serializers.ModelSerializer):
     def get_estimated_start_at(self, job: Job):
         """From the queue ahead, capacity and running jobs' expected ends (apps/admission/estimates.py).
         One estimator per response: a list shares it across its jobs."""
-        if job.state != "queued":
+        if job.state != "queued" or job.held_by_dependencies:
             return None
         if "estimator" not in self.context:
             self.context["estimator"] = Estimator.load()
