@@ -113,6 +113,9 @@ class Reporter:
         """Put the attempt's stored checkpoint (if any) in dest_dir; its local path, or ""."""
         return ""
 
+    def fetch_inputs(self, run: Run, dest_dir: pathlib.Path) -> None:
+        """Put the artifacts of the job's parents in dest_dir (docs/pipelines.md)."""
+
 
 class Runner:
     def __init__(self, *, node: str, data_dir: pathlib.Path, reporter: Reporter, kill_grace: float = 5.0,
@@ -358,6 +361,11 @@ class Runner:
         resume = self._resume_from(run)
         argv = [sys.executable if part == "{python}" else part for part in a.argv]
         env = self._environment(run, output, control, resume)
+        if getattr(
+            a, "inputs", False
+        ):  # its dependencies' artifacts, fetched before it starts (workers/inputs.py)
+            self.reporter.fetch_inputs(run, control / "inputs")
+            env["GPUPLATFORM_INPUT_DIR"] = str(control / "inputs")
         log_read, log_write = os.pipe()
         try:
             if self.isolation.jailed:

@@ -246,3 +246,27 @@ def parents_of(job: Job) -> list:
         if parent_id is not None:
             seen.setdefault(parent_id, None)
     return list(seen)
+
+
+# --- artifacts for pipelines -----------------------------------------------------------------------
+
+
+def input_artifacts(job: Job) -> list:
+    """The artifacts of the job's parents (the same tenant's jobs, by construction), in the
+    order the parents were named, then by name: what the job reads as its inputs."""
+    from apps.jobs.models import Artifact
+
+    order = {parent_id: i for i, parent_id in enumerate(parents_of(job))}
+    if not order:
+        return []
+    found = Artifact.objects.filter(job_id__in=list(order)).select_related("job")
+    return sorted(found, key=lambda a: (order[a.job_id], a.name))
+
+
+def input_artifact(job: Job, parent_id, name: str):
+    """One artifact of one of the job's parents, or None (not a parent, or no such artifact)."""
+    from apps.jobs.models import Artifact
+
+    if not JobDependency.objects.filter(job=job, parent_job_id=parent_id).exists():
+        return None
+    return Artifact.objects.filter(job_id=parent_id, name=name).first()
