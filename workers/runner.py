@@ -361,9 +361,8 @@ class Runner:
         resume = self._resume_from(run)
         argv = [sys.executable if part == "{python}" else part for part in a.argv]
         env = self._environment(run, output, control, resume)
-        if getattr(
-            a, "inputs", False
-        ):  # its dependencies' artifacts, fetched before it starts (workers/inputs.py)
+        # A job with dependencies: their artifacts, fetched before it starts (workers/inputs.py).
+        if getattr(a, "inputs", False):
             self.reporter.fetch_inputs(run, control / "inputs")
             env["GPUPLATFORM_INPUT_DIR"] = str(control / "inputs")
         log_read, log_write = os.pipe()
