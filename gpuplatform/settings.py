@@ -319,6 +319,11 @@ KILL_GRACE_SECONDS = env_float("GPUPLATFORM_KILL_GRACE_SECONDS", 5.0, minimum=0)
 MAX_RUNTIME_LIMIT_SECONDS = env_int("GPUPLATFORM_MAX_RUNTIME_LIMIT", 7 * 24 * 3600, minimum=1)
 DRAIN_DEADLINE_SECONDS = env_int("GPUPLATFORM_DRAIN_DEADLINE_SECONDS", 600, minimum=0)
 PRIORITY_BOOST_SECONDS = env_int("GPUPLATFORM_PRIORITY_BOOST_SECONDS", 3600, minimum=0)
+# Job arrays (docs/arrays.md): the most tasks one array may have, and how many of an array's
+# tasks the dispatcher keeps as queued rows beyond what the free GPUs could start (the rest wait
+# as virtual tasks, listed and counted as queued without a row).
+MAX_ARRAY_TASKS = env_int("GPUPLATFORM_MAX_ARRAY_TASKS", 100_000, minimum=1, maximum=10_000_000)
+ARRAY_QUEUED_TASKS = env_int("GPUPLATFORM_ARRAY_QUEUED_TASKS", 8, minimum=1, maximum=100_000)
 MAX_ATTEMPTS = env_int("GPUPLATFORM_MAX_ATTEMPTS", 5, minimum=1)
 # A retried job waits base x 2^(n-1) seconds before its n-th retry, at most the max
 # (docs/reliability.md): a flapping node or agent is not hammered by the same jobs.

@@ -3,7 +3,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework.routers import DefaultRouter
 
-from apps.jobs.api import JobViewSet
+from apps.jobs.api import ArrayViewSet, JobViewSet
 from apps.jobs.events_api import JobEventsView
 from apps.nodes.api import NodeViewSet
 from apps.tenants.api import UsageView
@@ -19,6 +19,7 @@ router = DefaultRouter(trailing_slash=True)
 router.include_format_suffixes = False  # artifact names like "result.json" are names, not formats
 router.register("jobs", JobViewSet, basename="job")
 router.register("nodes", NodeViewSet, basename="node")
+router.register("arrays", ArrayViewSet, basename="array")
 
 urlpatterns = [
     path(

@@ -15,6 +15,7 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from apps.admission.cache import follower_reason, queued_followers
+from apps.admission.throttle import ArrayThrottle
 from apps.jobs.models import GpuAllocation, Job, JobState
 from apps.nodes.models import Node
 from apps.platform.errors import GpuHoursExhausted
@@ -66,6 +67,7 @@ class DispatchGate:
     in_use: dict[int, dict[str, int]]
     node_skus: dict[str, str]
     followers: dict = field(default_factory=dict)  # follower job id -> origin job id
+    throttle: ArrayThrottle = field(default_factory=ArrayThrottle)  # job arrays' %N
 
     @classmethod
     def load(cls) -> DispatchGate:
@@ -85,6 +87,7 @@ class DispatchGate:
             in_use=gpus_in_use(list(caps)) if caps else {},
             node_skus=dict(Node.objects.values_list("name", "sku__name")) if caps else {},
             followers=queued_followers(),
+            throttle=ArrayThrottle.load(),
         )
 
     def hold(self, job: Job, placement=None) -> bool:
@@ -105,6 +108,8 @@ class DispatchGate:
     def hold_reason(self, job: Job, placement=None) -> str | None:
         if job.pk in self.followers:
             return follower_reason(job, origin_id=self.followers[job.pk])
+        if (over := self.throttle.hold_reason(job)) is not None:
+            return over
         caps = self.caps.get(job.tenant_id)
         if not caps:
             return None
@@ -114,7 +119,8 @@ class DispatchGate:
         )
 
     def placed(self, job: Job, placement) -> None:
-        """Count a start of this pass against its tenant's caps."""
+        """Count a start of this pass against its tenant's caps (and its array's %N)."""
+        self.throttle.count(job)
         if job.tenant_id not in self.caps:
             return
         use = self.in_use.setdefault(job.tenant_id, {})

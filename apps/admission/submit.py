@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 
 from rest_framework.exceptions import PermissionDenied, ValidationError
 
+from apps.admission import arrays
 from apps.admission.services import Admission, submitter
-from apps.jobs.models import Job
+from apps.jobs.models import Job, JobArray
 from apps.jobs.serializers import spec_from, validate_submission
 from apps.tenants.models import Membership
 
@@ -35,6 +36,8 @@ class Submitted:
     created: bool  # False: an idempotent replay answered with the job an earlier request created
     # X-RateLimit-* (a refusal carries them too: submit_job's `headers`)
     headers: dict[str, str] = field(default_factory=dict)
+    # A submit with `array` (docs/arrays.md): the array; `job` is its first task.
+    array: JobArray | None = None
 
 
 def submit_job(*, user, body, idempotency_key: str | None, membership: Membership | None | Unread = UNREAD,
@@ -67,12 +70,20 @@ def submit_job(*, user, body, idempotency_key: str | None, membership: Membershi
         data = validate_submission(
             body, named=getattr(membership, "named", None)
         )  # JobSubmitSerializer's rules
-        admission.submit(
-            spec_from(data, default_tier=membership.tenant.tier),
-            depends_on=data.get("depends_on") or [],
-        )
+        spec = spec_from(data, default_tier=membership.tenant.tier)
+        depends_on = data.get("depends_on") or []
+        if data.get("array") is not None:  # one request, one rate-limit token, whatever its size
+            array, first, created = arrays.submit_array(
+                tenant=admission.tenant, user=user, spec=spec, array=data["array"],
+                params=data["array_params"], grid=data["array_grid"], limits=admission.limits,
+                key=admission.key, digest=admission.digest, depends_on=depends_on,
+            )  # fmt: skip
+            return Submitted(job=first, created=created, headers=admission.headers, array=array)
+        admission.submit(spec, depends_on=depends_on)
     assert admission.job is not None  # a replay's, or the one submit() made (else it raised)
-    return Submitted(job=admission.job, created=admission.created, headers=admission.headers)
+    array = admission.job.array if admission.job.array_id is not None else None
+    return Submitted(job=admission.job, created=admission.created, headers=admission.headers,
+                     array=array)  # fmt: skip
 
 
 def names_in(body) -> dict:

@@ -2,7 +2,7 @@
 
 from django.db.models import QuerySet
 
-from apps.jobs.models import Job
+from apps.jobs.models import Job, JobArray
 from apps.tenants.models import Membership, Role
 
 
@@ -23,7 +23,17 @@ def visible_jobs(user) -> QuerySet[Job]:
     return Job.objects.none()
 
 
-def can_cancel(user, job: Job) -> bool:
+def visible_arrays(user) -> QuerySet[JobArray]:
+    """Job arrays, as visible_jobs: the tenant's, or every one for staff without a tenant."""
+    membership = membership_of(user)
+    if membership is not None:
+        return JobArray.objects.filter(tenant_id=membership.tenant_id)
+    if user.is_staff:
+        return JobArray.objects.all()
+    return JobArray.objects.none()
+
+
+def can_cancel(user, job: Job | JobArray) -> bool:
     if user.is_staff:
         return True
     membership = membership_of(user)

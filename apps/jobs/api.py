@@ -1,25 +1,30 @@
 """The jobs API (`/api/v1/jobs/`): submit, list, detail, cancel, logs, artifacts."""
 
+import uuid
+
 import django_filters
 from django.core.files.storage import default_storage
 from django.db.models import Prefetch
 from django.http import FileResponse, Http404, HttpResponse
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import ParseError, PermissionDenied
+from rest_framework.exceptions import NotFound, ParseError, PermissionDenied, ValidationError
 from rest_framework.response import Response
 
 from apps.admission import estimates
 from apps.admission.submit import UNREAD, names_in, submit_job
-from apps.jobs import services
-from apps.jobs.access import can_cancel, visible_jobs
-from apps.jobs.models import AttemptMember, Job, JobAttempt, JobState
+from apps.jobs import arrays, services
+from apps.jobs.access import can_cancel, visible_arrays, visible_jobs
+from apps.jobs.models import AttemptMember, Job, JobArray, JobAttempt, JobState
 from apps.jobs.serializers import (
+    ArraySerializer,
     ArtifactSerializer,
     JobSerializer,
     JobSubmitSerializer,
     created_representation,
+    virtual_representation,
 )
 from apps.tenants.auth import PEEK_LIMIT, SubmitterAuthentication, TokenAuthentication
 
@@ -52,6 +57,37 @@ def _small_json(request) -> bool:
         return int(request.META.get("CONTENT_LENGTH") or 0) <= PEEK_LIMIT
     except ValueError:
         return False
+
+
+MAX_TASK_PAGE = 1000
+
+
+def _positive(request, name: str, default: int, most: int | None) -> int:
+    raw = request.query_params.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1 or (most is not None and value > most):
+        raise ValidationError(
+            {name: [f"must be a whole number from 1{f' to {most}' if most else ''}"]}
+        )
+    return value
+
+
+def array_for(user, raw, *, field: str = "id") -> JobArray:
+    """The array of that id the user may see, else 404 (another tenant's too); a malformed id
+    is a 400 naming `field`."""
+    try:
+        pk = uuid.UUID(str(raw))
+    except ValueError:
+        raise ValidationError({field: ["must be a job array's id (a UUID)"]}) from None
+    array = visible_arrays(user).select_related("tenant", "user", "tier").filter(pk=pk).first()
+    if array is None:
+        raise NotFound("no such job array")
+    return array
 
 
 def log_names(job: Job) -> list[str]:
@@ -109,14 +145,72 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
                     authenticator.names = names
         super().perform_authentication(request)
 
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "array",
+                OpenApiTypes.UUID,
+                description="A job array's tasks, in index "
+                "order, the ones not yet queued as jobs included (docs/arrays.md)",
+            ),
+            OpenApiParameter(
+                "page_size",
+                OpenApiTypes.INT,
+                description=f"With `array`: tasks a page (1..{MAX_TASK_PAGE}, default 50)",
+            ),
+        ]  # fmt: skip
+    )
+    def list(self, request, *args, **kwargs):
+        if "array" not in request.query_params:
+            return super().list(request, *args, **kwargs)
+        return self._array_tasks(request)
+
+    def _array_tasks(self, request):
+        """`?array=<id>`: every task of the array, rows and virtual ones (apps/jobs/arrays.py)."""
+        array = array_for(request.user, request.query_params["array"], field="array")
+        state = request.query_params.get("state") or None
+        if state is not None and state not in JobState.values:
+            raise ValidationError({"state": [f"must be one of {', '.join(JobState.values)}"]})
+        page, size = (
+            _positive(request, "page", 1, None),
+            _positive(request, "page_size", 50, MAX_TASK_PAGE),
+        )
+        total, tasks = arrays.tasks(array, state=state, offset=(page - 1) * size, limit=size)
+        if page > 1 and not tasks:
+            raise NotFound("Invalid page.")
+        rows = [t for t in tasks if isinstance(t, Job)]
+        context = self.get_serializer_context()
+        full = {j.pk: j for j in self.get_queryset().filter(pk__in=[j.pk for j in rows])}
+        results = [
+            JobSerializer(full.get(t.pk, t), context=context).data if isinstance(t, Job)
+            else virtual_representation(t)
+            for t in tasks
+        ]  # fmt: skip
+
+        def link(number: int) -> str | None:
+            if number < 1 or (number - 1) * size >= total:
+                return None
+            query = request.query_params.copy()
+            query["page"] = str(number)
+            return request.build_absolute_uri(f"{request.path}?{query.urlencode()}")
+
+        return Response({"count": total, "next": link(page + 1), "previous": link(page - 1) if page > 1 else None,
+                         "results": results})  # fmt: skip
+
     @extend_schema(request=JobSubmitSerializer, responses={201: JobSerializer})
     def create(self, request):
-        """Through apps/admission/submit.py `submit_job` (docs/admission.md), as the web form."""
+        """Through apps/admission/submit.py `submit_job` (docs/admission.md), as the web form.
+        A submit with `array` answers with the array (ArraySerializer) instead."""
         submitted = submit_job(
             user=request.user, body=self._body, idempotency_key=request.headers.get("Idempotency-Key"),
             membership=getattr(request.auth, "submitter", UNREAD),  # read with the token (get_authenticators)
             headers=self.headers,  # X-RateLimit-* on every answer, refusals too
         )  # fmt: skip
+        if submitted.array is not None:
+            return Response(
+                ArraySerializer(submitted.array).data,
+                status=status.HTTP_201_CREATED if submitted.created else status.HTTP_200_OK,
+            )
         job = submitted.job
         if submitted.created:
             # The job as created, with the objects in hand and no attempts yet: nothing is read
@@ -176,3 +270,46 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             as_attachment=True,
             filename=artifact.name.rsplit("/", 1)[-1],
         )
+
+
+class ArrayViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    """`/api/v1/arrays/`: the tenant's job arrays (submitted through `POST /api/v1/jobs/` with
+    `array`), each with its counts by state; cancel-all and requeue-failed."""
+
+    serializer_class = ArraySerializer
+    lookup_value_regex = "[^/]+"
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return JobArray.objects.none()
+        return (
+            visible_arrays(self.request.user)
+            .select_related("tenant", "user", "tier")
+            .order_by("-created_at")
+        )
+
+    def retrieve(self, request, pk=None):
+        return Response(ArraySerializer(array_for(request.user, pk)).data)
+
+    def _changeable(self, request, pk) -> JobArray:
+        array = array_for(request.user, pk)
+        if not can_cancel(request.user, array):
+            raise PermissionDenied("you may not change this job array")
+        return array
+
+    @extend_schema(request=None, responses={200: ArraySerializer})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        """Every task ends cancelled: the queued ones at once, running ones are told to stop (as a
+        job's cancel: their GPUs are freed when the agent reports them gone)."""
+        array = self._changeable(request, pk)
+        arrays.array_cancel(array=array, actor=f"user:{request.user.username}")
+        return Response(ArraySerializer(array).data)
+
+    @extend_schema(request=None, responses={200: ArraySerializer})
+    @action(detail=True, methods=["post"], url_path="requeue-failed")
+    def requeue_failed(self, request, pk=None):
+        """Failed tasks back to the queue, each with a new attempt to come."""
+        array = self._changeable(request, pk)
+        arrays.requeue_failed(array=array, actor=f"user:{request.user.username}")
+        return Response(ArraySerializer(array).data)

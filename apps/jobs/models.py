@@ -75,6 +75,60 @@ class JobTemplate(models.Model):
         return self.name
 
 
+class JobArray(models.Model):
+    """A job array (docs/arrays.md): one row for the whole sweep. Its tasks are Job rows with
+    `array` and `array_index`, made lazily (apps/admission/arrays.py materialise): the tasks at
+    positions below `materialised` have rows, the rest are queued (or, once the array is
+    cancelled, cancelled) without one, and the API counts and lists them as if they existed. A
+    task's id is uuid5(array id, str(index)) before and after its row exists."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=100)
+    tenant = models.ForeignKey(
+        "tenants.Tenant", on_delete=models.PROTECT, related_name="job_arrays", db_index=False
+    )
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="job_arrays"
+    )
+    tier = models.ForeignKey(
+        "tenants.Tier", on_delete=models.PROTECT, related_name="job_arrays", db_index=False
+    )
+    spec = models.CharField(max_length=1000, help_text='Slurm\'s syntax, e.g. "0-999%16".')
+    size = models.PositiveIntegerField()
+    throttle = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="At most this many tasks placed at once (%N); null: no cap.",
+    )
+    # Per task (by position in the spec's index order): a list of params objects, or a grid
+    # {"name": [values...]} expanded as itertools.product (keys in order, the last fastest).
+    params = models.JSONField(default=list, blank=True)
+    grid = models.JSONField(default=dict, blank=True)
+    # The submit shared by every task: the JobSpec's fields (FKs as `<name>_id`).
+    task = models.JSONField(default=dict)
+    materialised = models.PositiveIntegerField(
+        default=0, help_text="Tasks at positions below this have Job rows."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    cancelled_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(
+        null=True, blank=True, help_text="When its last task ended (array.ended sent once)."
+    )
+    # Dependencies (docs/pipelines.md), as a job's: every task has the array's. Held: a condition
+    # on the whole array is pending, no task row is made. `failed_reason`: one can never hold:
+    # every task failed with this reason, those without a row too (as `cancelled_at` for a cancel).
+    has_dependencies = models.BooleanField(default=False)
+    held_by_dependencies = models.BooleanField(default=False)
+    failed_reason = models.CharField(max_length=300, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["tenant", "-created_at"], name="jobs_array_tenant_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.name}[{self.spec}] ({self.id})"
+
+
 class Job(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     name = models.CharField(max_length=100)
@@ -129,6 +183,13 @@ class Job(models.Model):
     env = models.JSONField(default=dict, blank=True)
     secrets = models.JSONField(default=list, blank=True)
     python = models.JSONField(default=dict, blank=True)
+    # A task of a job array (docs/arrays.md): its array and index (the spec's, e.g. 5 of "1,5,9").
+    # No index of its own: the partial unique constraint below (array, array_index) serves.
+    array = models.ForeignKey(
+        JobArray, null=True, blank=True, on_delete=models.CASCADE, related_name="tasks",
+        db_index=False,
+    )  # fmt: skip
+    array_index = models.PositiveIntegerField(null=True, blank=True)
 
     # Indexed by (state, created_at) and (state, tier, created_at) below: every insert and state
     # change updates each index of the table, so none is kept twice.
@@ -165,6 +226,13 @@ class Job(models.Model):
             # then submit time: apps/admission/rows.py queued_and_ahead) from this index alone.
             models.Index(fields=["state", "tier", "created_at"], name="jobs_job_queue_order_idx"),
         ]
+        constraints = [
+            # One row per task; partial, so jobs outside arrays add nothing to the index.
+            models.UniqueConstraint(
+                fields=["array", "array_index"], condition=Q(array__isnull=False),
+                name="job_array_task_once",
+            ),
+        ]  # fmt: skip
 
     def __str__(self) -> str:
         return f"{self.name} ({self.id})"
@@ -188,10 +256,21 @@ class JobDependency(models.Model):
     released when all of its conditions are satisfied, and fails at once when one can never be
     (apps/jobs/dependencies.py)."""
 
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="dependencies")
-    # Indexed with its state: a parent's end reads its pending dependents from this index alone.
+    # The dependent: a job, or a job array (every task has the array's dependencies).
+    job = models.ForeignKey(
+        Job, null=True, blank=True, on_delete=models.CASCADE, related_name="dependencies"
+    )
+    array = models.ForeignKey(
+        JobArray, null=True, blank=True, on_delete=models.CASCADE, related_name="dependencies"
+    )
+    # The parent: a job, or a job array. Indexed with the state: a parent's end reads its pending
+    # dependents from these indexes alone.
     parent_job = models.ForeignKey(
         Job, null=True, blank=True, on_delete=models.CASCADE, related_name="dependents",
+        db_index=False,
+    )  # fmt: skip
+    parent_array = models.ForeignKey(
+        JobArray, null=True, blank=True, on_delete=models.CASCADE, related_name="dependents",
         db_index=False,
     )  # fmt: skip
     condition = models.CharField(max_length=16, choices=DependencyCondition.choices)
@@ -205,13 +284,17 @@ class JobDependency(models.Model):
         ordering = ["job", "position"]
         indexes = [
             models.Index(fields=["parent_job", "state"], name="jobs_dep_parent_state_idx"),
+            models.Index(fields=["parent_array", "state"], name="jobs_dep_parent_array_idx"),
         ]
         constraints = [
-            models.UniqueConstraint(fields=["job", "position"], name="dependency_unique_position")
+            models.UniqueConstraint(fields=["job", "position"], name="dependency_unique_position"),
+            models.UniqueConstraint(
+                fields=["array", "position"], name="dependency_unique_array_position"
+            ),
         ]
 
     def __str__(self) -> str:
-        return f"{self.job_id} {self.condition} job {self.parent_job_id}"
+        return f"{self.job_id or self.array_id} {self.condition} {self.parent_job_id or self.parent_array_id}"
 
 
 class JobAttempt(models.Model):

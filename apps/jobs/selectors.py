@@ -32,6 +32,7 @@ def assignment_for(member: AttemptMember) -> Assignment:
         memory_mib=job.memory_mib,
         pids_max=job.pids_max,
         cpu_weight=job.cpu_weight,
+        array_index=job.array_index,
         inputs=job.has_dependencies,
     )
 

@@ -2,6 +2,7 @@
 
 import threading
 import uuid
+from datetime import timedelta
 
 from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
@@ -9,7 +10,9 @@ from rest_framework import serializers
 
 from apps.admission import rows
 from apps.admission.estimates import Estimator
-from apps.jobs import dependencies
+from apps.jobs import arrays as array_tasks
+from apps.jobs import arrayspec, dependencies
+from apps.jobs.arrayspec import task_params
 from apps.jobs.fields import (
     ArgvField,
     LabelMapField,
@@ -17,7 +20,7 @@ from apps.jobs.fields import (
     StrictCharField,
     StrictIntegerField,
 )
-from apps.jobs.models import Artifact, Job, JobAttempt, JobTemplate
+from apps.jobs.models import Artifact, Job, JobArray, JobAttempt, JobTemplate
 from apps.jobs.params import ParamsError, validate_params
 from apps.jobs.services import SPEC_FIELDS, JobSpec
 from apps.nodes.models import GpuSku
@@ -34,7 +37,7 @@ MAX_CPU_WEIGHT = 10000
 LIMIT_FIELDS = ("memory_mib", "pids_max", "cpu_weight")
 # Body fields that are no field of the job itself: the submit use case passes them beside the
 # spec (apps/admission/submit.py), the job object shows them.
-RELATION_FIELDS = ("depends_on",)
+RELATION_FIELDS = ("depends_on", "array")
 
 
 UNSTORABLE = "text must not contain NUL characters or unpaired surrogates"
@@ -124,6 +127,10 @@ class JobSubmitSerializer(serializers.Serializer):
     memory_mib = StrictIntegerField(min_value=0, max_value=MAX_MEMORY_MIB, required=False)
     pids_max = StrictIntegerField(min_value=0, max_value=MAX_PIDS, required=False)
     cpu_weight = StrictIntegerField(min_value=0, max_value=MAX_CPU_WEIGHT, required=False)
+    # A job array (docs/arrays.md): Slurm's --array syntax, and per-task params (one of the two).
+    array = serializers.JSONField(required=False, help_text='e.g. "0-999%16"')
+    array_params = serializers.JSONField(required=False)
+    array_grid = serializers.JSONField(required=False)
     depends_on = DependsOnField(required=False)
 
     def to_internal_value(self, data):
@@ -191,10 +198,69 @@ class JobSubmitSerializer(serializers.Serializer):
                 ) from None
         elif attrs.get("params"):
             raise serializers.ValidationError({"params": ["params are only for templates"]})
+        if any(name in attrs for name in ARRAY_FIELDS):
+            attrs.update(_array_fields(attrs, template))
         return attrs
 
     def to_spec(self, *, default_tier: Tier) -> JobSpec:
         return spec_from(self.validated_data, default_tier=default_tier)
+
+
+ARRAY_FIELDS = ("array", "array_params", "array_grid")
+
+
+def _array_fields(attrs: dict, template: JobTemplate | None) -> dict:
+    """The array's validated fields: `array` an ArraySpec (from the body's spec, or "0-(n-1)"
+    when it was left out and `array_params` or `array_grid` gives the size n), its params list
+    or grid, each task's params checked against the template's schema. Errors name the field."""
+
+    def refuse(error: arrayspec.ArraySpecError):
+        raise serializers.ValidationError({error.field: [error.message]}) from None
+
+    params, grid = attrs.get("array_params"), attrs.get("array_grid")
+    if params is not None and grid is not None:
+        raise serializers.ValidationError(
+            {"array_grid": ["give array_params or array_grid, not both"]}
+        )
+    try:
+        size = None
+        if grid is not None:
+            size = arrayspec.grid_size(grid)
+        elif params is not None:
+            size = arrayspec.check_params_list(params, None)
+        if "array" in attrs:
+            spec = arrayspec.parse(attrs["array"], max_tasks=settings.MAX_ARRAY_TASKS)
+        elif size is not None:
+            spec = arrayspec.parse(f"0-{size - 1}", max_tasks=settings.MAX_ARRAY_TASKS)
+        if size is not None and size != spec.size:
+            field = "array_grid" if grid is not None else "array_params"
+            raise arrayspec.ArraySpecError(
+                f"gives {size} tasks but the array has {spec.size}: they must match", field=field
+            )
+    except arrayspec.ArraySpecError as error:
+        refuse(error)
+    base = attrs.get("params", {})
+    schema = template.params_schema if template is not None else None
+    if grid is not None and schema is not None:
+        errors = {}
+        for name, values in grid.items():
+            for value in values:
+                try:
+                    validate_params(schema, {**base, name: value})
+                except ParamsError as error:
+                    errors[name] = [error.errors.get(name) or next(iter(error.errors.values()))]
+                    break
+        if errors:
+            raise serializers.ValidationError({"array_grid": errors})
+    if params is not None and schema is not None:
+        for position, item in enumerate(params):
+            try:
+                validate_params(schema, {**base, **item})
+            except ParamsError as error:
+                raise serializers.ValidationError(
+                    {"array_params": {f"[{position}].{k}": [v] for k, v in error.errors.items()}}
+                ) from None
+    return {"array": spec, "array_params": params or [], "array_grid": grid or {}}
 
 
 def spec_from(data: dict, *, default_tier: Tier) -> JobSpec:
@@ -282,7 +348,8 @@ class JobSerializer(serializers.ModelSerializer):
             "node_selector", "template", "params", "command", "max_runtime_seconds", "checkpointable",
             "cacheable", "created_at", "started_at", "finished_at", "queue_position",
             "estimated_start_at", "reason", "cache_hit", "exit_code", "attempts", "retry_on_failure",
-            "not_before", "memory_mib", "pids_max", "cpu_weight", "depends_on",
+            "not_before", "memory_mib", "pids_max", "cpu_weight", "array", "array_index",
+            "depends_on",
         ]  # fmt: skip
 
     @extend_schema_field(
@@ -358,3 +425,95 @@ class ArtifactSerializer(serializers.ModelSerializer):
 
     def get_url(self, artifact: Artifact) -> str:
         return f"/api/v1/jobs/{artifact.job_id}/artifacts/{artifact.name}"
+
+
+# --- job arrays (docs/arrays.md) ------------------------------------------------------------------
+
+
+class ArraySerializer(serializers.ModelSerializer):
+    """A job array: its tasks counted by state (virtual ones included), progress, where they
+    are listed. `state`: active (tasks to run or running), ended (every task ended), cancelled."""
+
+    tenant = serializers.CharField(source="tenant.slug")
+    user = serializers.CharField(source="user.username")
+    tier = serializers.CharField(source="tier.name")
+    array = serializers.CharField(source="spec")
+    state = serializers.SerializerMethodField()
+    counts = serializers.SerializerMethodField()
+    progress = serializers.SerializerMethodField()
+    tasks_url = serializers.SerializerMethodField()
+
+    class Meta:
+        model = JobArray
+        fields = ["id", "name", "tenant", "user", "tier", "array", "size", "throttle", "state", "counts",
+                  "progress", "materialised", "tasks_url", "created_at", "cancelled_at", "ended_at"]  # fmt: skip
+
+    def _counts(self, array: JobArray) -> dict[str, int]:
+        cache = self.context.setdefault("array_counts", {})
+        if array.pk not in cache:
+            cache[array.pk] = array_tasks.counts(array)
+        return cache[array.pk]
+
+    def get_state(self, array: JobArray) -> str:
+        if array.cancelled_at is not None:
+            return "cancelled"
+        return "ended" if array.ended_at is not None else "active"
+
+    @extend_schema_field(
+        {"type": "object", "additionalProperties": {"type": "integer"}, "example": {"queued": 9}}
+    )
+    def get_counts(self, array: JobArray) -> dict[str, int]:
+        return self._counts(array)
+
+    def get_progress(self, array: JobArray) -> float:
+        return round(array_tasks.progress(array, self._counts(array)), 4)
+
+    def get_tasks_url(self, array: JobArray) -> str:
+        return f"/api/v1/jobs/?array={array.pk}"
+
+
+def virtual_representation(task: array_tasks.VirtualTask) -> dict:
+    """A task without a row yet, in JobSerializer's shape: queued (cancelled once its array is),
+    no attempts, its id the one its row will take."""
+    array = task.array
+    fields = array.task
+    state = array_tasks.virtual_state(array)
+    created = array.created_at + timedelta(microseconds=task.position)
+    named = _array_names(array)
+    return {
+        "id": str(task.pk), "name": fields.get("name", array.name), "tenant": named["tenant"],
+        "user": named["user"], "tier": named["tier"], "state": state, "progress": 0.0,
+        "gpus": fields.get("gpus"), "nodes": fields.get("nodes"), "gpu_sku": named["gpu_sku"],
+        "node_selector": fields.get("node_selector") or {}, "template": named["template"],
+        "params": task_params(fields.get("params") or {}, array.params, array.grid, task.position),
+        "command": fields.get("command"), "max_runtime_seconds": fields.get("max_runtime_seconds"),
+        "checkpointable": fields.get("checkpointable"), "cacheable": fields.get("cacheable"),
+        "created_at": serializers.DateTimeField().to_representation(created),
+        "started_at": None,
+        "finished_at": serializers.DateTimeField().to_representation(array.cancelled_at or array.ended_at)
+        if array.cancelled_at or array.failed_reason else None,
+        "queue_position": None, "estimated_start_at": None,
+        "reason": array.failed_reason if array.failed_reason else "array cancelled" if array.cancelled_at else
+        dependencies.array_waiting_reason(array) if array.held_by_dependencies else
+        "waiting: a task of its array, to be queued as a job when the dispatcher can start it",
+        "cache_hit": False, "exit_code": None, "attempts": [],
+        "retry_on_failure": fields.get("retry_on_failure", False), "not_before": None,
+        "memory_mib": fields.get("memory_mib", 0), "pids_max": fields.get("pids_max", 0),
+        "cpu_weight": fields.get("cpu_weight", 0), "array": str(array.pk), "array_index": task.index,
+        "depends_on": dependencies.task_depends_on(array, task.index) if array.has_dependencies else [],
+    }  # fmt: skip
+
+
+def _array_names(array: JobArray) -> dict:
+    """The names a virtual task shows, read once per array (kept on the instance)."""
+    named = getattr(array, "_names", None)
+    if named is None:
+        fields = array.task
+        template = JobTemplate.objects.filter(pk=fields.get("template_id")).first()
+        sku = GpuSku.objects.filter(pk=fields.get("gpu_sku_id")).first()
+        named = {
+            "tenant": array.tenant.slug, "user": array.user.username, "tier": array.tier.name,
+            "template": template.name if template else None, "gpu_sku": sku.name if sku else None,
+        }  # fmt: skip
+        array._names = named  # type: ignore[attr-defined]
+    return named

@@ -527,5 +527,6 @@ def _live(member: AttemptMember) -> AttemptMember:
 
 
 def _input(artifact) -> dict:
-    return {"job": str(artifact.job_id), "name": artifact.name, "size": artifact.size,
-            "sha256": artifact.sha256}  # fmt: skip
+    job = artifact.job  # a task of an array says which: the evaluate step of a sweep reads each
+    return {"job": str(artifact.job_id), "name": artifact.name, "size": artifact.size, "sha256": artifact.sha256,
+            "array": str(job.array_id) if job.array_id else None, "array_index": job.array_index}  # fmt: skip

@@ -20,6 +20,7 @@ from django.db import IntegrityError
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
+from apps.admission.arrays import materialise as materialise_arrays
 from apps.admission.quotas import DispatchGate
 from apps.jobs import queue_order as queue_order_of
 from apps.jobs.models import (
@@ -264,6 +265,7 @@ def dispatch_once() -> DispatchResult:
     now = timezone.now()
     tiers = tier_policies()
     config = policy_config(tiers)
+    materialise_arrays()  # job arrays: rows for the tasks that could start (apps/admission/arrays.py)
     gate = (
         DispatchGate.load()
     )  # admission: per-tenant GPU caps, coalesced followers (apps/admission)

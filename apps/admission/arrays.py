@@ -1,0 +1,218 @@
+"""Job arrays in (a submit with `array`) and their tasks into the queue, lazily (docs/arrays.md).
+
+Submit: one JobArray row and its first task's row, in one transaction under the tenant's lock,
+whatever the array's size: the queued-job cap counts the whole array (refused whole, 429 with
+Retry-After, when its tasks would take the tenant past the cap) and the rate limit took one
+token for the request (apps/admission/services.py), as for one job.
+
+Materialise: once per dispatcher pass (`materialise`, the first step of
+apps/scheduling/dispatcher.py's `dispatch_once`), each open array gets as many queued task rows
+as could start now (the free GPUs over the task's, and the room its `%N` leaves), and at least
+ARRAY_QUEUED_TASKS queued, so that the policy sees the array's demand (fair share, preemption)
+when nothing is free. The rest stay virtual: counted and listed as queued (apps/jobs/arrays.py),
+no row. Tasks are made in index order, each with the id uuid5(array id, index) and the array's
+submit time plus its position in microseconds as `created_at` (its place in the queue is the
+array's: it was submitted then).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Case, Count, F, Sum, Value, When
+
+from apps.admission import dispatch, idempotency, quotas, rows
+from apps.admission.writer import end_turn_at_commit, write_turn
+from apps.jobs import arrays as tasks_of
+from apps.jobs import dependencies
+from apps.jobs.arrayspec import ArraySpec, task_params
+from apps.jobs.models import JOB_PLACED, GpuAllocation, Job, JobArray, JobEvent, JobState
+from apps.jobs.services import SPEC_FIELDS, JobSpec, check_allowed, queue_full
+from apps.nodes.models import Gpu, GpuHealth, NodeState
+from apps.tenants.models import Tenant
+
+log = logging.getLogger(__name__)
+MATERIALISE_BATCH = 1000  # task rows one array gets in one pass at most
+CPU_TASKS_A_PASS = 64  # CPU-only tasks (gpus 0): the free GPUs say nothing of what could start
+
+
+# --- submit --------------------------------------------------------------------------------------
+
+
+def task_fields(spec: JobSpec) -> dict:
+    """The JobSpec as JSON (JobArray.task): relations by id."""
+    out = {}
+    for name in SPEC_FIELDS:
+        value = getattr(spec, name)
+        if name in ("tier", "template", "gpu_sku"):
+            out[f"{name}_id"] = value.pk if value is not None else None
+        else:
+            out[name] = value
+    return out
+
+
+def virtual_queued(tenant: Tenant) -> int:
+    """The tenant's tasks queued without a row (open arrays' virtual tasks)."""
+    left = JobArray.objects.filter(
+        tenant=tenant, cancelled_at=None, failed_reason="", materialised__lt=F("size")
+    ).aggregate(n=Sum(F("size") - F("materialised")))["n"]
+    return int(left or 0)
+
+
+def submit_array(*, tenant: Tenant, user, spec: JobSpec, array: ArraySpec, params: list, grid: dict,
+                 limits: dict, key: str | None, digest: str,
+                 depends_on: list | None = None) -> tuple[JobArray, Job, bool]:  # fmt: skip
+    """The array, its first task and True; or the array and first task an earlier request with
+    this Idempotency-Key made, and False."""
+    try:
+        with write_turn() as turn:  # SQLite: submissions queue for its one write lock
+            return _admit(tenant=tenant, user=user, spec=spec, array=array, params=params, grid=grid,
+                          limits=limits, key=key, digest=digest, turn=turn, depends_on=depends_on or [])  # fmt: skip
+    except IntegrityError:
+        earlier = idempotency.replay(tenant=tenant, key=key, digest=digest)
+        if earlier is None or earlier.array is None:
+            raise
+        return earlier.array, earlier, False
+
+
+@transaction.atomic
+def _admit(*, tenant, user, spec, array, params, grid, limits, key, digest, turn,
+           depends_on=()) -> tuple[JobArray, Job, bool]:  # fmt: skip
+    end_turn_at_commit(turn)
+    if connection.features.has_select_for_update:
+        rows.lock_tenant(tenant)
+    earlier = idempotency.replay(tenant=tenant, key=key, digest=digest)
+    if earlier is not None and earlier.array is not None:
+        return earlier.array, earlier, False
+    # The parents (404 for another tenant's), locked before the queued count's row (docs/pipelines.md).
+    parents = dependencies.resolve(tenant, depends_on, array=array) if depends_on else []
+    check_allowed(tenant, spec)
+    quotas.check_gpu_hours(tenant=tenant, limits=limits, gpus_wanted=spec.gpus * spec.nodes)
+    queued = (rows.queued_kept(tenant, lock=True) or 0) + virtual_queued(tenant)
+    cap = limits["max_queued_jobs"]
+    if queued + array.size > cap:
+        error = queue_full(tenant, queued, limits)
+        error.message = (
+            f"an array of {array.size} tasks would take tenant {tenant.slug} to {queued + array.size} "
+            f"queued jobs, over its cap of {cap} ({queued} queued now): refused whole"
+        )
+        raise error
+    job_array = JobArray.objects.create(
+        tenant=tenant, user=user, tier=spec.tier, name=spec.name, spec=array.spec, size=array.size,
+        throttle=array.throttle, params=params, grid=grid, task=task_fields(spec),
+    )  # fmt: skip
+    if parents:
+        dependencies.attach_array(job_array, parents)
+    first = make_tasks(job_array, 1)
+    idempotency.remember(tenant=tenant, key=key, digest=digest, job=first[0])
+    dispatch.after_commit()
+    return job_array, first[0], True
+
+
+# --- tasks into rows -----------------------------------------------------------------------------
+
+
+def make_tasks(array: JobArray, count: int) -> list[Job]:
+    """Rows for the next `count` virtual tasks (in the caller's transaction, the array's row
+    locked or just made): queued, each with its audit event; moves `materialised` on."""
+    start = array.materialised
+    stop = min(array.size, start + count)
+    if stop <= start:
+        return []
+    spec = tasks_of.spec_of(array)
+    fields = dict(array.task)
+    base = fields.pop("params", {}) or {}
+    user_name = array.user.username
+    jobs, events = [], []
+    for position in range(start, stop):
+        index = spec.index_at(position)
+        job = Job(
+            id=tasks_of.task_id(array.pk, index), tenant_id=array.tenant_id, user_id=array.user_id,
+            array=array, array_index=index, reason="waiting for the dispatcher",
+            params=task_params(base, array.params, array.grid, position), **fields,
+        )  # fmt: skip
+        jobs.append(job)
+        events.append(JobEvent(job=job, actor=f"user:{user_name}", to_state=JobState.QUEUED,
+                               reason=f"submitted (task {index} of array {array.pk})"))  # fmt: skip
+    if array.has_dependencies:  # made held: their conditions are settled below
+        for job in jobs:
+            job.has_dependencies = job.held_by_dependencies = True
+    Job.objects.bulk_create(jobs)
+    # Each task's place in the queue is the array's submit time (+ its position, in microseconds).
+    at = {job.pk: array.created_at + timedelta(microseconds=p) for p, job in enumerate(jobs, start)}
+    Job.objects.filter(pk__in=list(at)).update(
+        created_at=Case(*(When(pk=pk, then=Value(t)) for pk, t in at.items()))
+    )
+    for job in jobs:
+        job.created_at = at[job.pk]
+    JobEvent.objects.bulk_create(events)
+    JobArray.objects.filter(pk=array.pk).update(materialised=stop)
+    array.materialised = stop
+    if array.has_dependencies:
+        dependencies.tasks_made(array, jobs)  # released, failed, or waiting (docs/pipelines.md)
+    return jobs
+
+
+def free_gpus() -> int:
+    """Healthy GPUs on ready nodes not held by an attempt."""
+    usable = Gpu.objects.filter(node__state=NodeState.READY, health=GpuHealth.HEALTHY).count()
+    held = GpuAllocation.objects.filter(
+        released_at=None, gpu__node__state=NodeState.READY, gpu__health=GpuHealth.HEALTHY
+    ).count()
+    return max(0, usable - held)
+
+
+def materialise() -> int:
+    """Once per dispatcher pass: queued rows for the open arrays' tasks (see the module's
+    docstring), and the end of any array whose last task's end was missed (two tasks ending at
+    once on PostgreSQL each see the other still running). The number of rows made."""
+    open_arrays = list(
+        JobArray.objects.filter(ended_at=None)
+        .filter(cancelled_at=None, materialised__lt=F("size"))
+        .filter(held_by_dependencies=False, failed_reason="")  # held or failed: no rows to make
+    )
+    for array in JobArray.objects.filter(ended_at=None).exclude(
+        cancelled_at=None, failed_reason="", materialised__lt=F("size")
+    ):
+        tasks_of.check_ended(array.pk)
+    if not open_arrays:
+        return 0
+    free = free_gpus()
+    by_state: dict = {}
+    for array_id, state, n in (
+        Job.objects.filter(array__in=open_arrays, state__in=(JobState.QUEUED, *JOB_PLACED))
+        .values_list("array_id", "state")
+        .annotate(n=Count("pk"))
+        .order_by()
+    ):
+        by_state.setdefault(array_id, {})[state] = n
+    made = 0
+    for array in open_arrays:
+        states = by_state.get(array.pk, {})
+        queued = states.get(JobState.QUEUED, 0)
+        placed = sum(states.get(s, 0) for s in JOB_PLACED)
+        per_task = max(1, int(array.task.get("gpus", 1)) * int(array.task.get("nodes", 1)))
+        could_start = free // per_task if array.task.get("gpus", 1) else CPU_TASKS_A_PASS
+        want = max(could_start, settings.ARRAY_QUEUED_TASKS)
+        if array.throttle is not None:
+            want = min(want, array.throttle - placed)
+        count = min(MATERIALISE_BATCH, want - queued)
+        if count > 0:
+            made += _materialise(array.pk, count)
+    return made
+
+
+@transaction.atomic
+def _materialise(array_id, count: int) -> int:
+    array = JobArray.objects.select_for_update().select_related("user").filter(pk=array_id).first()
+    if (
+        array is None
+        or array.cancelled_at is not None
+        or array.held_by_dependencies
+        or array.failed_reason
+    ):
+        return 0
+    return len(make_tasks(array, count))

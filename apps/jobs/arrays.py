@@ -1,0 +1,177 @@
+"""Job arrays as the API sees them (docs/arrays.md): each task, with a row or without one yet.
+
+A JobArray's tasks at positions below `materialised` are Job rows (apps/admission/arrays.py
+makes them as the dispatcher needs them); the others are *virtual*: queued (or cancelled, once
+the array is), with the id their row will take, uuid5(array id, str(index)). Counting and
+listing read the rows and add the virtual tasks, so a client sees every task as if it existed.
+Cancel and requeue-failed are here too: they change tasks the way a job's cancel and requeue do.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from django.db import transaction
+from django.db.models import Count, F
+from django.utils import timezone
+
+from apps.jobs.arrayspec import ArraySpec, parse
+from apps.jobs.models import JOB_ACTIVE, JOB_TERMINAL, Job, JobArray, JobEvent, JobState
+from apps.jobs.services import job_cancel, job_requeue, trigger_dispatch
+from apps.platform import events
+from apps.platform.errors import ServiceError
+
+UNLIMITED = 10**9  # parse() of a stored spec: it was checked against the cap when it came in
+ENDED_KIND = "array"  # JobEvent.kind of the array's end (the webhooks' array.ended)
+
+
+def task_id(array_id, index: int) -> uuid.UUID:
+    """A task's id, before and after it has a row: the row is inserted with it."""
+    return uuid.uuid5(uuid.UUID(str(array_id)), str(index))
+
+
+def spec_of(array: JobArray) -> ArraySpec:
+    return parse(array.spec, max_tasks=UNLIMITED)
+
+
+def virtual_state(array: JobArray) -> str:
+    if array.failed_reason:  # a dependency of the array can never hold (docs/pipelines.md)
+        return JobState.FAILED
+    return JobState.CANCELLED if array.cancelled_at else JobState.QUEUED
+
+
+def counts(array: JobArray) -> dict[str, int]:
+    """Tasks by state, every state present (0 when none), the virtual ones included."""
+    found = dict(
+        Job.objects.filter(array=array).values_list("state").annotate(n=Count("pk")).order_by()
+    )
+    result = {state: int(found.get(state, 0)) for state in JobState.values}
+    result[virtual_state(array)] += array.size - array.materialised
+    return result
+
+
+def progress(array: JobArray, by_state: dict[str, int]) -> float:
+    """The share of tasks that have ended (0..1)."""
+    return sum(by_state[s] for s in JOB_TERMINAL) / array.size if array.size else 1.0
+
+
+@dataclass(frozen=True)
+class VirtualTask:
+    """A task with no row yet, shaped like the job it will be (the listing's fields)."""
+
+    array: JobArray
+    position: int
+    index: int
+
+    @property
+    def pk(self) -> uuid.UUID:
+        return task_id(self.array.pk, self.index)
+
+
+def tasks(array: JobArray, *, state: str | None, offset: int, limit: int) -> tuple[int, list]:
+    """(how many tasks match, the page): Job rows and VirtualTasks in index order, from
+    `offset`. Rows first (positions below `materialised`), then the virtual ones: a page costs
+    one count and one indexed read of the rows it shows, whatever the array's size."""
+    rows = Job.objects.filter(array=array)
+    virtual = array.size - array.materialised
+    if state is not None:
+        rows = rows.filter(state=state)
+        if state != virtual_state(array):
+            virtual = 0
+    materialised = rows.count()
+    total = materialised + virtual
+    page: list = []
+    if offset < materialised:
+        page = list(rows.order_by("array_index")[offset : offset + limit])
+    start = max(0, offset - materialised)
+    wanted = limit - len(page)
+    if wanted > 0 and start < virtual:
+        spec = spec_of(array)
+        for position in range(
+            array.materialised + start, min(array.size, array.materialised + start + wanted)
+        ):
+            page.append(VirtualTask(array=array, position=position, index=spec.index_at(position)))  # fmt: skip
+    return total, page
+
+
+# --- cancel and requeue-failed -------------------------------------------------------------------
+
+
+def array_cancel(*, array: JobArray, actor: str, reason: str = "array cancelled by user") -> int:
+    """Every task ends cancelled: the virtual ones at once (the array's `cancelled_at`: no row is
+    ever made for them), each materialised active one through job_cancel, which tells a running
+    attempt to stop; its GPUs are released when the agent reports the process tree gone, as for
+    a job's cancel. Returns the number of tasks cancelled. A second cancel is a 400 naming `state`, as a job's."""
+    with transaction.atomic():
+        locked = JobArray.objects.select_for_update().get(pk=array.pk)
+        if locked.cancelled_at is not None:
+            raise ServiceError("array is already cancelled", field="state")
+        now = timezone.now()
+        JobArray.objects.filter(pk=array.pk).update(cancelled_at=now)
+        array.cancelled_at = locked.cancelled_at = now
+        array.materialised = locked.materialised
+    cancelled = array.size - array.materialised
+    for job in Job.objects.filter(array=array, state__in=JOB_ACTIVE).order_by("array_index"):
+        try:
+            job_cancel(job=job, actor=actor, reason=reason)
+            cancelled += 1
+        except ServiceError:
+            continue  # it ended meanwhile
+    check_ended(array.pk)
+    trigger_dispatch()
+    return cancelled
+
+
+def requeue_failed(*, array: JobArray, actor: str) -> int:
+    """Failed tasks go back to the queue with a new attempt to come (job_requeue); the number
+    requeued. The array's end is to come again (`ended_at` cleared)."""
+    if array.cancelled_at is not None:
+        raise ServiceError("array is cancelled: its tasks cannot be requeued", field="state")
+    requeued = 0
+    for job in Job.objects.filter(array=array, state=JobState.FAILED).order_by("array_index"):
+        try:
+            job_requeue(job=job, actor=actor, reason="requeued with the array's failed tasks")
+            requeued += 1
+        except ServiceError:
+            continue
+    if requeued:
+        JobArray.objects.filter(pk=array.pk).update(ended_at=None)
+        array.ended_at = None
+    return requeued
+
+
+# --- the array's end, once -----------------------------------------------------------------------
+
+
+def check_ended(array_id) -> bool:
+    """When the array's last task has ended: mark it ended (a guarded update, so one caller
+    wins) and record its `array` event on the task that ended last (its webhooks' array.ended,
+    with the counts). True when this call was the one."""
+    array = JobArray.objects.filter(pk=array_id, ended_at=None).first()
+    if array is None:
+        return False
+    if array.materialised < array.size and array.cancelled_at is None and not array.failed_reason:
+        return False  # virtual tasks still to run
+    if Job.objects.filter(array=array, state__in=JOB_ACTIVE).exists():
+        return False
+    now = timezone.now()
+    if not JobArray.objects.filter(pk=array_id, ended_at=None).update(ended_at=now):
+        return False
+    last = Job.objects.filter(array=array).order_by(F("finished_at").desc(nulls_last=True)).first()
+    if last is not None:
+        by_state = counts(array)
+        JobEvent.objects.create(
+            job=last, kind=ENDED_KIND, actor="system:arrays", reason="array ended",
+            data={"array": str(array.pk), "counts": {s: by_state[s] for s in JOB_TERMINAL},
+                  "size": array.size},
+        )  # fmt: skip
+    events.emit(events.ArrayEnded(array_id=array.pk))  # its dependents are decided (pipelines)
+    return True
+
+
+def on_job_ended(event) -> None:
+    """In the ending task's transaction (JobEnded): its array may have ended with it."""
+    job = event.job
+    if job.array_id is not None:
+        check_ended(job.array_id)

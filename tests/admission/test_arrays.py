@@ -1,0 +1,259 @@
+"""Job arrays through the API and the dispatcher (docs/arrays.md): lazy tasks, %N, counts,
+cancel-all, requeue-failed, quotas, other tenants."""
+
+import uuid
+
+import pytest
+
+from apps.jobs.models import GpuAllocation, Job, JobArray, JobAttempt, JobEvent
+from apps.jobs.selectors import assignment_for
+from apps.jobs.services import attempt_member_finished, attempt_member_started
+from apps.scheduling.dispatcher import dispatch_once
+from apps.tenants.models import Tenant
+from apps.tenants.services import quota_set
+
+TRAIN = {"template": "demo-train", "params": {"steps": 2}, "gpus": 1, "gpu_sku": "H100-80GB"}
+
+
+def submit(client, **body):
+    return client.post("/api/v1/jobs/", {**TRAIN, **body}, format="json")
+
+
+def finish(job: Job, exit_code: int = 0) -> None:
+    attempt = job.attempts.order_by("-number").first()
+    token = str(attempt.token)
+    attempt_member_started(attempt_id=attempt.pk, rank=0, token=token, pid=1)
+    attempt_member_finished(attempt_id=attempt.pk, rank=0, token=token, exit_code=exit_code)
+
+
+def placed(array_id) -> list[Job]:
+    return list(
+        Job.objects.filter(array_id=array_id, state__in=["starting", "running", "preempting"])
+    )
+
+
+def test_a_submit_with_array_answers_with_the_array_and_makes_one_row(as_user):
+    quota_set(tenant=Tenant.objects.get(slug="acme"), max_queued_jobs=20_000)
+    answer = submit(as_user("bob"), array="0-9999%16")
+    assert answer.status_code == 201, answer.content
+    body = answer.json()
+    assert body["size"] == 10_000 and body["throttle"] == 16 and body["array"] == "0-9999%16"
+    assert body["counts"]["queued"] == 10_000 and body["progress"] == 0
+    assert body["tasks_url"] == f"/api/v1/jobs/?array={body['id']}"
+    assert body["state"] == "active"
+    assert Job.objects.filter(array_id=body["id"]).count() == 1  # its first task only
+    assert as_user("bob").get(f"/api/v1/arrays/{body['id']}/").json()["counts"]["queued"] == 10_000
+    assert [a["id"] for a in as_user("alice").get("/api/v1/arrays/").json()["results"]] == [
+        body["id"]
+    ]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"array": ""}, "array"),
+        ({"array": "9-1"}, "array"),
+        ({"array": "-1"}, "array"),
+        ({"array": "0-9%0"}, "array"),
+        ({"array": "0-100000"}, "array"),
+        ({"array": "1,1"}, "array"),
+        ({"array": "zz"}, "array"),
+        ({"array": 5}, "array"),
+        ({"array": "0-1", "array_grid": {"nope": [1, 2]}}, "array_grid"),
+        ({"array": "0-1", "array_grid": {"steps": ["x", "y"]}}, "array_grid"),
+        ({"array": "0-2", "array_grid": {"steps": [1, 2]}}, "array_grid"),
+        ({"array_grid": []}, "array_grid"),
+        ({"array": "0-1", "array_params": [{"steps": 1}]}, "array_params"),
+        ({"array": "0-1", "array_params": [{"steps": 1}, {"bogus": 2}]}, "array_params"),
+        ({"array_params": "x"}, "array_params"),
+        ({"array_params": [{"steps": 1}], "array_grid": {"steps": [1]}}, "array_grid"),
+    ],
+)
+def test_bad_arrays_are_400_naming_the_field(as_user, body, field):
+    answer = submit(as_user("bob"), **body)
+    assert answer.status_code == 400, answer.content
+    assert field in answer.json(), answer.json()
+    assert not JobArray.objects.exists() and not Job.objects.exists()
+
+
+def test_the_grid_gives_each_task_its_point_and_the_spec_may_be_left_out(as_user):
+    answer = submit(as_user("bob"), params={"steps": 3}, array_grid={"steps": [1, 2], "seed": [7, 8, 9]} and
+                    {"steps": [1, 2], "lr": [0.1, 0.2, 0.3]})  # fmt: skip
+    assert answer.status_code == 400  # lr is no param of demo-train
+    answer = submit(as_user("bob"), array_grid={"steps": [5, 6, 7]})
+    assert answer.status_code == 201, answer.content
+    assert answer.json()["array"] == "0-2" and answer.json()["size"] == 3
+    tasks = as_user("bob").get(answer.json()["tasks_url"]).json()["results"]
+    assert [t["params"]["steps"] for t in tasks] == [5, 6, 7]
+    assert [t["array_index"] for t in tasks] == [0, 1, 2]
+
+
+def test_tasks_are_listed_rows_and_virtual_alike_in_index_order_with_stable_ids(as_user):
+    array = submit(
+        as_user("bob"), array="1,3-11:2,40%2", array_params=[{"steps": n} for n in range(1, 8)]
+    ).json()
+    url = array["tasks_url"]
+    listed = as_user("bob").get(url + "&page_size=5").json()
+    assert listed["count"] == 7 and listed["next"] and listed["previous"] is None
+    second = as_user("bob").get(listed["next"]).json()
+    tasks = listed["results"] + second["results"]
+    assert [t["array_index"] for t in tasks] == [1, 3, 5, 7, 9, 11, 40]
+    assert [t["params"]["steps"] for t in tasks] == list(range(1, 8))
+    assert {t["state"] for t in tasks} == {"queued"} and all(
+        t["array"] == array["id"] for t in tasks
+    )
+    ids = [t["id"] for t in tasks]
+    assert ids == [str(uuid.uuid5(uuid.UUID(array["id"]), str(i))) for i in [1, 3, 5, 7, 9, 11, 40]]
+    dispatch_once()  # two placed (%2), a few more made queued rows
+    assert Job.objects.filter(array_id=array["id"]).count() >= 2
+    again = as_user("bob").get(url + "&page_size=100").json()["results"]
+    assert [t["id"] for t in again] == ids  # a task's row took the id it was listed with
+    assert [t["state"] for t in again].count("starting") == 2
+    only = as_user("bob").get(url + "&state=starting").json()
+    assert only["count"] == 2 and [t["array_index"] for t in only["results"]] == [1, 3]
+    assert as_user("bob").get(url + "&state=queued").json()["count"] == 5
+    assert as_user("bob").get(url + "&state=nope").status_code == 400
+    assert as_user("bob").get(url + "&page_size=0").status_code == 400
+    assert as_user("bob").get("/api/v1/jobs/?array=not-a-uuid").status_code == 400
+    job = as_user("bob").get(f"/api/v1/jobs/{ids[0]}/").json()
+    assert job["array"] == array["id"] and job["array_index"] == 1
+
+
+def test_throttle_is_never_exceeded_and_the_array_ends_with_every_task_succeeded(as_user):
+    array = submit(as_user("bob"), array="0-19%3").json()
+    most = 0
+    for _ in range(40):
+        dispatch_once()
+        running = placed(array["id"])
+        most = max(most, len(running))
+        assert len(running) <= 3
+        for job in running:
+            finish(job)
+        if not Job.objects.filter(array_id=array["id"]).exclude(state="succeeded").exists() and \
+                JobArray.objects.get(pk=array["id"]).materialised == 20:  # fmt: skip
+            break
+    assert most == 3
+    body = as_user("bob").get(f"/api/v1/arrays/{array['id']}/").json()
+    assert body["counts"]["succeeded"] == 20 and body["progress"] == 1 and body["state"] == "ended"
+    held = JobAttempt.objects.filter(job__array_id=array["id"], state="starting")
+    assert not held.exists()
+    ended = JobEvent.objects.filter(kind="array", data__array=array["id"])
+    assert ended.count() == 1  # the array's end, once
+    assert ended.get().data["counts"]["succeeded"] == 20
+
+
+def test_a_task_over_the_throttle_waits_with_a_reason(as_user):
+    array = submit(as_user("bob"), array="0-9%2").json()
+    dispatch_once()
+    dispatch_once()
+    assert len(placed(array["id"])) == 2
+    waiting = Job.objects.filter(array_id=array["id"], state="queued").first()
+    assert waiting is None or "%2" in waiting.reason or waiting.reason
+
+
+def test_each_task_sees_its_index_and_its_params(as_user):
+    array = submit(
+        as_user("bob"), array="4,6", params={"steps": 9}, array_params=[{}, {"steps": 3}]
+    ).json()
+    dispatch_once()
+    tasks = {j.array_index: j for j in Job.objects.filter(array_id=array["id"])}
+    assert tasks[4].params["steps"] == 9 and tasks[6].params["steps"] == 3
+    member = tasks[6].attempts.get().members.get()
+    assert assignment_for(member).array_index == 6
+
+
+def test_cancel_ends_every_task_and_frees_every_gpu(as_user):
+    array = submit(as_user("bob"), array="0-99").json()
+    dispatch_once()
+    running = placed(array["id"])
+    assert len(running) == 8  # the node's 8 GPUs
+    for job in running[:4]:
+        attempt = job.attempts.get()
+        attempt_member_started(attempt_id=attempt.pk, rank=0, token=str(attempt.token), pid=1)
+    answer = as_user("bob").post(f"/api/v1/arrays/{array['id']}/cancel/")
+    assert answer.status_code == 200, answer.content
+    assert answer.json()["counts"]["cancelled"] == 100 and answer.json()["state"] == "cancelled"
+    assert not Job.objects.filter(array_id=array["id"]).exclude(state="cancelled").exists()
+    for job in running:  # the agents stop them and report the process trees gone
+        attempt = job.attempts.get()
+        assert attempt.stop_requested == "cancel"
+        attempt_member_finished(
+            attempt_id=attempt.pk, rank=0, token=str(attempt.token), exit_code=-15
+        )
+    assert not GpuAllocation.objects.filter(released_at=None).exists()
+    dispatch_once()
+    assert (
+        Job.objects.filter(array_id=array["id"]).count()
+        == JobArray.objects.get(pk=array["id"]).materialised
+    )
+    assert not placed(array["id"])  # nothing more is started or made
+    listed = as_user("bob").get(array["tasks_url"] + "&state=cancelled").json()
+    assert listed["count"] == 100
+    assert (
+        as_user("bob").post(f"/api/v1/arrays/{array['id']}/cancel/").status_code == 400
+    )  # as a job's
+    assert JobEvent.objects.filter(kind="array", data__array=array["id"]).count() == 1
+
+
+def test_requeue_failed_puts_failed_tasks_back(as_user):
+    array = submit(as_user("bob"), array="0-3").json()
+    dispatch_once()
+    tasks = sorted(placed(array["id"]), key=lambda j: j.array_index)
+    assert len(tasks) == 4
+    for job in tasks:
+        finish(job, exit_code=0 if job.array_index % 2 else 1)
+    body = as_user("bob").get(f"/api/v1/arrays/{array['id']}/").json()
+    assert (
+        body["counts"]["failed"] == 2
+        and body["counts"]["succeeded"] == 2
+        and body["state"] == "ended"
+    )
+    answer = as_user("bob").post(f"/api/v1/arrays/{array['id']}/requeue-failed/")
+    assert answer.status_code == 200
+    assert answer.json()["counts"]["queued"] == 2 and answer.json()["state"] == "active"
+    dispatch_once()
+    for job in placed(array["id"]):
+        finish(job)
+    body = as_user("bob").get(f"/api/v1/arrays/{array['id']}/").json()
+    assert body["counts"]["succeeded"] == 4 and body["state"] == "ended"
+    assert (
+        JobEvent.objects.filter(kind="array", data__array=array["id"]).count() == 2
+    )  # it ended twice
+
+
+def test_other_tenants_get_404(as_user):
+    array = submit(as_user("bob"), array="0-3").json()
+    dave = as_user("dave")
+    assert dave.get(f"/api/v1/arrays/{array['id']}/").status_code == 404
+    assert dave.post(f"/api/v1/arrays/{array['id']}/cancel/").status_code == 404
+    assert dave.post(f"/api/v1/arrays/{array['id']}/requeue-failed/").status_code == 404
+    assert dave.get(f"/api/v1/jobs/?array={array['id']}").status_code == 404
+    assert dave.get("/api/v1/arrays/").json()["results"] == []
+    assert (
+        as_user("carol").post(f"/api/v1/arrays/{array['id']}/cancel/").status_code == 403
+    )  # a viewer
+    assert as_user("bob").get(f"/api/v1/arrays/{uuid.uuid4()}/").status_code == 404
+
+
+def test_an_array_over_the_queued_cap_is_refused_whole(as_user):
+    quota_set(tenant=Tenant.objects.get(slug="acme"), max_queued_jobs=50)
+    answer = submit(as_user("bob"), array="0-50")
+    assert answer.status_code == 429 and int(answer["Retry-After"]) > 0
+    assert "refused whole" in str(answer.json())
+    assert not JobArray.objects.exists() and not Job.objects.exists()
+    assert submit(as_user("bob"), array="0-39").status_code == 201
+    # The first array's virtual tasks count: 40 queued, 11 more would pass 50.
+    assert submit(as_user("bob"), array="0-10").status_code == 429
+    assert submit(as_user("bob"), array="0-9").status_code == 201
+
+
+def test_an_idempotent_replay_answers_with_the_same_array(as_user):
+    client = as_user("bob")
+    first = client.post(
+        "/api/v1/jobs/", {**TRAIN, "array": "0-9"}, format="json", HTTP_IDEMPOTENCY_KEY="k1"
+    )
+    again = client.post(
+        "/api/v1/jobs/", {**TRAIN, "array": "0-9"}, format="json", HTTP_IDEMPOTENCY_KEY="k1"
+    )
+    assert first.status_code == 201 and again.status_code == 200
+    assert first.json()["id"] == again.json()["id"] and JobArray.objects.count() == 1
