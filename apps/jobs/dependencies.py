@@ -207,8 +207,9 @@ def attach(job: Job, resolved: list[tuple[str, object, str]]) -> None:
     """Write a new job's dependencies (in the submit's transaction, the job inserted held) and
     decide the ones whose parents have ended: the job is released, fails, or keeps waiting.
     `job.depends_on_rows` keeps them for the 201 answer."""
-    job.depends_on_rows = _rows(resolved, job=job)
-    _settle(job, _conditions(job.depends_on_rows))
+    rows = _rows(resolved, job=job)
+    job.depends_on_rows = rows  # type: ignore[attr-defined]  # the 201 shows them unread
+    _settle(job, _conditions(rows))
 
 
 def attach_array(array: JobArray, resolved: list[tuple[str, object, str]]) -> None:
@@ -335,13 +336,18 @@ def task_conditions(array: JobArray, indices: list[int]) -> dict[int, list[Condi
     return out
 
 
+def _index(task: Job) -> int:
+    assert task.array_index is not None  # a task of an array
+    return task.array_index
+
+
 def tasks_made(array: JobArray, jobs: list[Job]) -> None:
     """Tasks of an array with dependencies just became rows, held: settle each (released in one
     statement where nothing holds them)."""
-    by_index = task_conditions(array, [job.array_index for job in jobs])
+    by_index = task_conditions(array, [_index(job) for job in jobs])
     free = []
     for job in jobs:
-        conditions = by_index[job.array_index]
+        conditions = by_index[_index(job)]
         if all(c.state == SATISFIED for c in conditions):
             free.append(job.pk)
             job.held_by_dependencies, job.reason = False, RELEASED
@@ -432,14 +438,14 @@ def _task_of_parent_array_ended(task: Job) -> int:
     # (one made later reads the parent's task as it is made).
     corr = {array_id for _, _, array_id, condition in rows if condition == AFTERCORR}
     if corr:
-        ids = [array_tasks.task_id(array_id, task.array_index) for array_id in corr]
+        ids = [array_tasks.task_id(array_id, _index(task)) for array_id in corr]
         for dependent in Job.objects.filter(
             pk__in=ids, state=JobState.QUEUED, held_by_dependencies=True
         ):
-            array = JobArray.objects.get(pk=dependent.array_id)
-            _settle(
-                dependent, task_conditions(array, [dependent.array_index])[dependent.array_index]
-            )
+            array = dependent.array
+            assert array is not None  # a task of the dependent array
+            index = _index(dependent)
+            _settle(dependent, task_conditions(array, [index])[index])
     # On the whole array: one task that did not succeed decides afterok and afternotok now;
     # the array's end (ArrayEnded) decides the rest.
     if task.state in NOT_OK:
@@ -519,11 +525,11 @@ def _shown(row: JobDependency) -> dict:
 def depends_on(job: Job) -> list[dict]:
     """The job's `depends_on` as submitted, each with its state (pending, satisfied, never); a
     task's are its array's (aftercorr's state: that of the parent's task of its index)."""
-    rows = getattr(job, "depends_on_rows", None)
+    rows = getattr(job, "depends_on_rows", None)  # set by `attach` on the job it made
     if rows is None:
         if not job.has_dependencies:
             return []
-        if job.array_id is not None and job.array_index is not None:
+        if job.array is not None and job.array_index is not None:
             return task_depends_on(job.array, job.array_index)
         rows = job.dependencies.all()  # prefetched by the jobs list
     return [_shown(r) for r in rows]

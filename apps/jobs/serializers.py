@@ -490,8 +490,8 @@ def virtual_representation(task: array_tasks.VirtualTask) -> dict:
         "checkpointable": fields.get("checkpointable"), "cacheable": fields.get("cacheable"),
         "created_at": serializers.DateTimeField().to_representation(created),
         "started_at": None,
-        "finished_at": serializers.DateTimeField().to_representation(array.cancelled_at or array.ended_at)
-        if array.cancelled_at or array.failed_reason else None,
+        "finished_at": serializers.DateTimeField().to_representation(ended) if (ended := (
+            array.cancelled_at or (array.ended_at if array.failed_reason else None))) else None,
         "queue_position": None, "estimated_start_at": None,
         "reason": array.failed_reason if array.failed_reason else "array cancelled" if array.cancelled_at else
         dependencies.array_waiting_reason(array) if array.held_by_dependencies else
