@@ -135,6 +135,8 @@ def errors_for(path: str, method: str, operation: dict) -> list[str]:
         )  # an upload over its cap (JSON bodies are refused by their fields' limits)
     if (path, method) == SUBMIT:
         codes += ["409", "429", "503"]
+    if path.endswith(("/cancel/", "/requeue-failed/")):
+        codes.append("400")  # a state the change does not apply to (already ended, cancelled)
     if path.endswith("/events/"):
         codes.append("429")  # the open-stream caps
     return codes
@@ -211,7 +213,7 @@ def _type_path_parameters(path: str, operation: dict) -> None:
     for parameter in operation.get("parameters", []):
         if parameter.get("in") != "path":
             continue
-        if parameter["name"] == "id" and path.startswith("/api/v1/jobs/"):
+        if parameter["name"] == "id" and path.startswith(("/api/v1/jobs/", "/api/v1/arrays/")):
             parameter["schema"] = {"type": "string", "format": "uuid", "pattern": UUID}
         elif parameter["name"] == "name" and path.endswith("/artifacts/{name}"):
             parameter["schema"] = {"type": "string", "minLength": 1}
@@ -326,6 +328,26 @@ def _common_fields(catalog: dict) -> dict:
         "checkpointable": {"type": "boolean"},
         "cacheable": {"type": "boolean"},
         "retry_on_failure": {"type": "boolean", "default": False},
+        # A job array (docs/arrays.md): the submit answers with the array instead of a job.
+        "array": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 1000,
+            "pattern": "^[0-9,:%-]+$",
+            "description": "Slurm's --array syntax: 0-99, 0-99:2, 1,5,9, then %N (at most N at once)",
+        },
+        "array_params": {
+            "type": "array",
+            "minItems": 1,
+            "items": {"type": "object"},
+            "description": "one params object per task, merged over `params`",
+        },
+        "array_grid": {
+            "type": "object",
+            "minProperties": 1,
+            "additionalProperties": {"type": "array", "minItems": 1},
+            "description": "params name -> values: the product, last key fastest",
+        },
     }
 
 

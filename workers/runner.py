@@ -442,8 +442,9 @@ class Runner:
         )  # fmt: skip
         if self.fake_devices and self.device_dir.is_dir():
             env["GPUPLATFORM_DEVICE_DIR"] = str(self.device_dir)
-        if a.array_index is not None:  # a task of a job array (docs/arrays.md)
-            env["GPUPLATFORM_ARRAY_INDEX"] = env["SLURM_ARRAY_TASK_ID"] = str(a.array_index)
+        index = getattr(a, "array_index", None)  # a task of a job array (docs/arrays.md)
+        if index is not None:
+            env["GPUPLATFORM_ARRAY_INDEX"] = env["SLURM_ARRAY_TASK_ID"] = str(index)
         return env
 
     def _visible_devices(self, indices: list[int]) -> str:

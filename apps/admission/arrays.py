@@ -22,7 +22,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Case, Count, F, Sum, Value, When
+from django.db.models import Case, Count, F, Value, When
 
 from apps.admission import dispatch, idempotency, quotas, rows
 from apps.admission.writer import end_turn_at_commit, write_turn
@@ -54,14 +54,6 @@ def task_fields(spec: JobSpec) -> dict:
     return out
 
 
-def virtual_queued(tenant: Tenant) -> int:
-    """The tenant's tasks queued without a row (open arrays' virtual tasks)."""
-    left = JobArray.objects.filter(
-        tenant=tenant, cancelled_at=None, failed_reason="", materialised__lt=F("size")
-    ).aggregate(n=Sum(F("size") - F("materialised")))["n"]
-    return int(left or 0)
-
-
 def submit_array(*, tenant: Tenant, user, spec: JobSpec, array: ArraySpec, params: list, grid: dict,
                  limits: dict, key: str | None, digest: str,
                  depends_on: list | None = None) -> tuple[JobArray, Job, bool]:  # fmt: skip
@@ -82,16 +74,22 @@ def submit_array(*, tenant: Tenant, user, spec: JobSpec, array: ArraySpec, param
 def _admit(*, tenant, user, spec, array, params, grid, limits, key, digest, turn,
            depends_on=()) -> tuple[JobArray, Job, bool]:  # fmt: skip
     end_turn_at_commit(turn)
-    if connection.features.has_select_for_update:
-        rows.lock_tenant(tenant)
+    check_allowed(tenant, spec)
+    if key is not None and connection.features.has_select_for_update:
+        rows.lock_tenant(tenant)  # the key's check below must see a concurrent replay's row
     earlier = idempotency.replay(tenant=tenant, key=key, digest=digest)
     if earlier is not None and earlier.array is not None:
         return earlier.array, earlier, False
-    # The parents (404 for another tenant's), locked before the queued count's row (docs/pipelines.md).
+    # The parents (404 for another tenant's), locked in a job's submit's order (docs/pipelines.md):
+    # the tenant, the parents, then the queued count's row.
+    if depends_on and key is None and connection.features.has_select_for_update:
+        rows.lock_tenant(tenant)
     parents = dependencies.resolve(tenant, depends_on, array=array) if depends_on else []
-    check_allowed(tenant, spec)
     quotas.check_gpu_hours(tenant=tenant, limits=limits, gpus_wanted=spec.gpus * spec.nodes)
-    queued = (rows.queued_kept(tenant, lock=True) or 0) + virtual_queued(tenant)
+    # The tenant's lock (PostgreSQL; SQLite's write lock is held already), its kept count and its
+    # arrays' virtual tasks: one statement (rows.array_counts).
+    kept, virtual = rows.array_counts(tenant)
+    queued = kept + virtual
     cap = limits["max_queued_jobs"]
     if queued + array.size > cap:
         error = queue_full(tenant, queued, limits)
@@ -100,16 +98,37 @@ def _admit(*, tenant, user, spec, array, params, grid, limits, key, digest, turn
             f"queued jobs, over its cap of {cap} ({queued} queued now): refused whole"
         )
         raise error
-    job_array = JobArray.objects.create(
+    job_array = JobArray(
         tenant=tenant, user=user, tier=spec.tier, name=spec.name, spec=array.spec, size=array.size,
-        throttle=array.throttle, params=params, grid=grid, task=task_fields(spec),
+        throttle=array.throttle, params=params, grid=grid, task=task_fields(spec), materialised=1,
     )  # fmt: skip
+    job_array.has_dependencies = bool(parents)  # its tasks are made held (docs/pipelines.md)
+    job_array, first = first_task(job_array, array)
     if parents:
         dependencies.attach_array(job_array, parents)
-    first = make_tasks(job_array, 1)
-    idempotency.remember(tenant=tenant, key=key, digest=digest, job=first[0])
+        dependencies.tasks_made(job_array, [first])  # released, failed, or waiting
+    idempotency.remember(tenant=tenant, key=key, digest=digest, job=first)
     dispatch.after_commit()
-    return job_array, first[0], True
+    return job_array, first, True
+
+
+def first_task(job_array: JobArray, array: ArraySpec) -> tuple[JobArray, Job]:
+    """The new array (not yet saved) with its task at position 0 and that task's event, in one
+    statement on PostgreSQL (rows.insert_array_job_and_event). The task's `created_at` is its
+    insert's: the other tasks' are counted from it (`anchor`)."""
+    fields = dict(job_array.task)
+    base = fields.pop("params", {}) or {}
+    index = array.index_at(0)
+    job = Job(
+        id=tasks_of.task_id(job_array.pk, index), tenant_id=job_array.tenant_id,
+        user_id=job_array.user_id, array=job_array, array_index=index,
+        reason="waiting for the dispatcher",
+        params=task_params(base, job_array.params, job_array.grid, 0), **fields,
+    )  # fmt: skip
+    job.has_dependencies = job.held_by_dependencies = job_array.has_dependencies
+    event = JobEvent(job=job, actor=f"user:{job_array.user.username}", to_state=JobState.QUEUED,
+                     reason=f"submitted (task {index} of array {job_array.pk})")  # fmt: skip
+    return rows.insert_array_job_and_event(job_array, job, event)
 
 
 # --- tasks into rows -----------------------------------------------------------------------------
@@ -141,8 +160,10 @@ def make_tasks(array: JobArray, count: int) -> list[Job]:
         for job in jobs:
             job.has_dependencies = job.held_by_dependencies = True
     Job.objects.bulk_create(jobs)
-    # Each task's place in the queue is the array's submit time (+ its position, in microseconds).
-    at = {job.pk: array.created_at + timedelta(microseconds=p) for p, job in enumerate(jobs, start)}
+    # Each task's place in the queue is its array's submit (its first task's time, + its
+    # position in microseconds), not the moment its row was made.
+    anchor = tasks_of.anchor(array)
+    at = {job.pk: anchor + timedelta(microseconds=p) for p, job in enumerate(jobs, start)}
     Job.objects.filter(pk__in=list(at)).update(
         created_at=Case(*(When(pk=pk, then=Value(t)) for pk, t in at.items()))
     )

@@ -558,3 +558,74 @@ def insert_job_and_event(
             cursor.execute(s["job"].sql, job_params)
             cursor.execute(s["event"].sql, event_params)
     return _saved_pair(job, event)
+
+
+# --- job arrays (apps/admission/arrays.py) -------------------------------------------------------
+
+
+@cache
+def _array_statements(vendor: str) -> dict:
+    def col(model, name):
+        return _q(model._meta.get_field(name).column)
+
+    from apps.jobs.models import JobArray
+
+    counts, counted = _q(QueuedCount._meta.db_table), col(QueuedCount, "queued")
+    arrays, size, made = (
+        _q(JobArray._meta.db_table),
+        col(JobArray, "size"),
+        col(JobArray, "materialised"),
+    )
+    tenants, tenant_pk = _q(Tenant._meta.db_table), col(Tenant, "id")
+    virtual = (
+        f"SELECT COALESCE(SUM({size} - {made}), 0) FROM {arrays} WHERE {col(JobArray, 'tenant')} = %s "
+        f"AND {col(JobArray, 'cancelled_at')} IS NULL AND {col(JobArray, 'failed_reason')} = '' AND {made} < {size}"
+    )  # (an array failed by a dependency: its virtual tasks are failed, docs/pipelines.md)
+    inserter = Inserter(JobArray)
+    return {
+        # PostgreSQL: the tenant's row lock (as lock_tenant), its kept count's row lock (as
+        # queued_kept's), and its open arrays' virtual tasks, in one round trip.
+        "check": (
+            f"WITH t AS (SELECT {tenant_pk} FROM {tenants} WHERE {tenant_pk} = %s FOR NO KEY UPDATE), "
+            f"c AS (SELECT {counted} FROM {counts} WHERE {col(QueuedCount, 'tenant')} = %s FOR UPDATE) "
+            f"SELECT (SELECT COUNT(*) FROM t), (SELECT {counted} FROM c), ({virtual})"
+        ),
+        "virtual": virtual,
+        "array": inserter,
+    }  # fmt: skip
+
+
+def array_counts(tenant: Tenant) -> tuple[int, int]:
+    """In the caller's transaction: (the tenant's kept queued count, its open arrays' virtual
+    tasks). On PostgreSQL one statement that also takes the tenant's row lock and its count row's
+    (the caller takes neither); elsewhere the caller's transaction already holds the write lock."""
+    s = _array_statements(_db().vendor)
+    if _db().vendor == "postgresql":
+        row = _one(s["check"], [tenant.pk, tenant.pk, tenant.pk])
+        assert row is not None  # an aggregate's row
+        return int(row[1] or 0), int(row[2] or 0)
+    queued = queued_kept(tenant) or 0
+    row = _one(s["virtual"], [tenant.pk])
+    return queued, int(row[0] or 0) if row else 0
+
+
+def insert_array_job_and_event(array, job: Job, event: JobEvent):
+    """A new job array, its first task and that task's event: on PostgreSQL in one statement (a
+    data-modifying WITH). Returns the array and the job as saved (`_saved`)."""
+    s, a = statements(), _array_statements(_db().vendor)
+    array_params = a["array"].params(array)
+    job_params, event_params = s["job"].params(job), s["event"].params(event)
+    with _cursor() as cursor:
+        if _db().vendor == "postgresql":
+            cursor.execute(
+                f"WITH new_array AS ({a['array'].sql}), new_job AS ({s['job'].sql}) {s['event'].sql}",
+                array_params + job_params + event_params,
+            )
+        else:
+            cursor.execute(a["array"].sql, array_params)
+            cursor.execute(s["job"].sql, job_params)
+            cursor.execute(s["event"].sql, event_params)
+    saved = _saved(array)
+    job = _saved(job)
+    job.array = saved
+    return saved, job

@@ -81,9 +81,9 @@ def submit_job(*, user, body, idempotency_key: str | None, membership: Membershi
             return Submitted(job=first, created=created, headers=admission.headers, array=made)
         admission.submit(spec, depends_on=depends_on)
     assert admission.job is not None  # a replay's, or the one submit() made (else it raised)
-    array = admission.job.array if admission.job.array_id is not None else None
+    replayed = admission.job.array if admission.job.array_id is not None else None
     return Submitted(job=admission.job, created=admission.created, headers=admission.headers,
-                     array=array)  # fmt: skip
+                     array=replayed)  # fmt: skip
 
 
 def names_in(body) -> dict:

@@ -7,7 +7,7 @@ from django.core.files.storage import default_storage
 from django.db.models import Prefetch
 from django.http import FileResponse, Http404, HttpResponse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, ParseError, PermissionDenied, ValidationError
@@ -59,7 +59,13 @@ def _small_json(request) -> bool:
         return False
 
 
-MAX_TASK_PAGE = 1000
+MAX_TASK_PAGE = 10_000
+# A submit answers with the job, or with the array when it had `array` (docs/arrays.md).
+SUBMITTED = PolymorphicProxySerializer(
+    component_name="Submitted",
+    serializers=[JobSerializer, ArraySerializer],
+    resource_type_field_name=None,
+)
 
 
 def _positive(request, name: str, default: int, most: int | None) -> int:
@@ -83,6 +89,8 @@ def array_for(user, raw, *, field: str = "id") -> JobArray:
     try:
         pk = uuid.UUID(str(raw))
     except ValueError:
+        if field == "id":  # in the path, as Django's <uuid:> routes answer
+            raise NotFound("no such job array") from None
         raise ValidationError({field: ["must be a job array's id (a UUID)"]}) from None
     array = visible_arrays(user).select_related("tenant", "user", "tier").filter(pk=pk).first()
     if array is None:
@@ -179,8 +187,14 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         if page > 1 and not tasks:
             raise NotFound("Invalid page.")
         rows = [t for t in tasks if isinstance(t, Job)]
-        context = self.get_serializer_context()
-        full = {j.pk: j for j in self.get_queryset().filter(pk__in=[j.pk for j in rows])}
+        # The rows' context (queue positions: a read of the queue) and attempts only for a page
+        # that has rows: a page of virtual tasks reads nothing more.
+        context = self.get_serializer_context() if rows else {}
+        full = (
+            {j.pk: j for j in self.get_queryset().filter(pk__in=[j.pk for j in rows])}
+            if rows
+            else {}
+        )
         results = [
             JobSerializer(full.get(t.pk, t), context=context).data if isinstance(t, Job)
             else virtual_representation(t)
@@ -197,7 +211,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         return Response({"count": total, "next": link(page + 1), "previous": link(page - 1) if page > 1 else None,
                          "results": results})  # fmt: skip
 
-    @extend_schema(request=JobSubmitSerializer, responses={201: JobSerializer})
+    @extend_schema(request=JobSubmitSerializer, responses={201: SUBMITTED, 200: SUBMITTED})
     def create(self, request):
         """Through apps/admission/submit.py `submit_job` (docs/admission.md), as the web form.
         A submit with `array` answers with the array (ArraySerializer) instead."""
@@ -207,8 +221,12 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             headers=self.headers,  # X-RateLimit-* on every answer, refusals too
         )  # fmt: skip
         if submitted.array is not None:
+            array = submitted.array
+            # A new array's counts are known: every task queued (no statement to count them).
+            fresh = {s: (array.size if s == JobState.QUEUED else 0) for s in JobState.values}
+            context = {"array_counts": {array.pk: fresh}} if submitted.created else {}
             return Response(
-                ArraySerializer(submitted.array).data,
+                ArraySerializer(array, context=context).data,
                 status=status.HTTP_201_CREATED if submitted.created else status.HTTP_200_OK,
             )
         job = submitted.job

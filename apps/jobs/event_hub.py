@@ -29,6 +29,7 @@ from django.db import close_old_connections, connections
 from django.db.models import Max
 
 from apps.jobs import stream_slots
+from apps.jobs.arrays import ENDED_KIND as ARRAY_ENDED  # a job array's end
 from apps.jobs.models import JOB_TERMINAL, Job, JobEvent
 
 logger = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ POLL_SECONDS = 0.5
 LOG_CHUNK_BYTES = 64 * 1024
 JOB_FIELDS = ("pk", "state", "progress", "attempts_count", "exit_code")
 END = None  # put on a stream's queue after its last message
+STREAMED = ("state", ARRAY_ENDED)
 
 
 @dataclass
@@ -152,7 +154,7 @@ class Hub:
         # Jobs first, then events: a job read as terminal has all its events committed.
         jobs = {row["pk"]: row for row in Job.objects.filter(pk__in=ids).values(*JOB_FIELDS)}
         newest = dict(
-            JobEvent.objects.filter(job_id__in=ids, kind="state")
+            JobEvent.objects.filter(job_id__in=ids, kind__in=STREAMED)
             .values_list("job_id")
             .annotate(Max("pk"))
         )
@@ -208,12 +210,25 @@ def messages_for(
 def state_events(job_id, cursor: Cursor) -> Iterator[str]:
     # Ids follow commit order per job: every transition updates the job row first (a row lock).
     rows = (
-        JobEvent.objects.filter(job_id=job_id, kind="state", pk__gt=cursor.event_id)
+        JobEvent.objects.filter(job_id=job_id, kind__in=STREAMED, pk__gt=cursor.event_id)
         .order_by("pk")
-        .values("pk", "from_state", "to_state", "reason", "actor", "created_at", "attempt__number")
+        .values(
+            "pk",
+            "kind",
+            "from_state",
+            "to_state",
+            "reason",
+            "actor",
+            "created_at",
+            "attempt__number",
+            "data",
+        )
     )
     for row in rows:
         cursor.event_id = row["pk"]
+        if row["kind"] == ARRAY_ENDED:  # the job array ended with this task (docs/arrays.md)
+            yield sse("array.ended", {**row["data"], "at": row["created_at"].isoformat()}, cursor)
+            continue
         yield sse("state", {
             "from": row["from_state"] or None, "to": row["to_state"], "reason": row["reason"],
             "actor": row["actor"], "at": row["created_at"].isoformat(), "attempt": row["attempt__number"],

@@ -445,6 +445,7 @@ class ArraySerializer(serializers.ModelSerializer):
 
     class Meta:
         model = JobArray
+        ref_name = "JobArray"
         fields = ["id", "name", "tenant", "user", "tier", "array", "size", "throttle", "state", "counts",
                   "progress", "materialised", "tasks_url", "created_at", "cancelled_at", "ended_at"]  # fmt: skip
 
@@ -472,48 +473,55 @@ class ArraySerializer(serializers.ModelSerializer):
         return f"/api/v1/jobs/?array={array.pk}"
 
 
+_DATETIME = serializers.DateTimeField()
+
+
 def virtual_representation(task: array_tasks.VirtualTask) -> dict:
     """A task without a row yet, in JobSerializer's shape: queued (cancelled once its array is),
-    no attempts, its id the one its row will take."""
+    no attempts, its id the one its row will take. What all of an array's tasks share is built
+    once per array instance (a listing page shares one)."""
     array = task.array
+    shared = getattr(array, "_task_shape", None)
+    if shared is None:
+        shared = array._task_shape = _task_shape(array)  # type: ignore[attr-defined]
+    out = dict(shared)
+    del out["_created"]
+    out["id"] = array_tasks.task_id_text(array.pk.bytes, task.index)
+    out["array_index"] = task.index
+    # As DateTimeField shows it (the current time zone, "Z" for UTC), without its per-value work.
+    created = (shared["_created"] + timedelta(microseconds=task.position)).isoformat()
+    out["created_at"] = created[:-6] + "Z" if created.endswith("+00:00") else created
+    if array.params or array.grid:
+        out["params"] = task_params(shared["params"], array.params, array.grid, task.position)
+    if array.has_dependencies:  # docs/pipelines.md
+        out["depends_on"] = dependencies.task_depends_on(array, task.index)
+    return out
+
+
+def _task_shape(array: JobArray) -> dict:
     fields = array.task
-    state = array_tasks.virtual_state(array)
-    created = array.created_at + timedelta(microseconds=task.position)
-    named = _array_names(array)
+    template = JobTemplate.objects.filter(pk=fields.get("template_id")).first()
+    sku = GpuSku.objects.filter(pk=fields.get("gpu_sku_id")).first()
+    cancelled = array.cancelled_at
     return {
-        "id": str(task.pk), "name": fields.get("name", array.name), "tenant": named["tenant"],
-        "user": named["user"], "tier": named["tier"], "state": state, "progress": 0.0,
-        "gpus": fields.get("gpus"), "nodes": fields.get("nodes"), "gpu_sku": named["gpu_sku"],
-        "node_selector": fields.get("node_selector") or {}, "template": named["template"],
-        "params": task_params(fields.get("params") or {}, array.params, array.grid, task.position),
+        "_created": _DATETIME.enforce_timezone(array_tasks.anchor(array)),
+        "id": None, "name": fields.get("name", array.name), "tenant": array.tenant.slug,
+        "user": array.user.username, "tier": array.tier.name, "state": array_tasks.virtual_state(array),
+        "progress": 0.0, "gpus": fields.get("gpus"), "nodes": fields.get("nodes"),
+        "gpu_sku": sku.name if sku else None, "node_selector": fields.get("node_selector") or {},
+        "template": template.name if template else None, "params": fields.get("params") or {},
         "command": fields.get("command"), "max_runtime_seconds": fields.get("max_runtime_seconds"),
         "checkpointable": fields.get("checkpointable"), "cacheable": fields.get("cacheable"),
-        "created_at": serializers.DateTimeField().to_representation(created),
-        "started_at": None,
-        "finished_at": serializers.DateTimeField().to_representation(ended) if (ended := (
-            array.cancelled_at or (array.ended_at if array.failed_reason else None))) else None,
+        "created_at": None, "started_at": None,
+        "finished_at": _DATETIME.to_representation(ended) if (ended := (
+            cancelled or (array.ended_at if array.failed_reason else None))) else None,
         "queue_position": None, "estimated_start_at": None,
-        "reason": array.failed_reason if array.failed_reason else "array cancelled" if array.cancelled_at else
+        "reason": array.failed_reason if array.failed_reason else "array cancelled" if cancelled else
         dependencies.array_waiting_reason(array) if array.held_by_dependencies else
         "waiting: a task of its array, to be queued as a job when the dispatcher can start it",
         "cache_hit": False, "exit_code": None, "attempts": [],
         "retry_on_failure": fields.get("retry_on_failure", False), "not_before": None,
         "memory_mib": fields.get("memory_mib", 0), "pids_max": fields.get("pids_max", 0),
-        "cpu_weight": fields.get("cpu_weight", 0), "array": str(array.pk), "array_index": task.index,
-        "depends_on": dependencies.task_depends_on(array, task.index) if array.has_dependencies else [],
+        "cpu_weight": fields.get("cpu_weight", 0), "array": str(array.pk), "array_index": None,
+        "depends_on": [],  # per task (aftercorr's state is its index's): virtual_representation
     }  # fmt: skip
-
-
-def _array_names(array: JobArray) -> dict:
-    """The names a virtual task shows, read once per array (kept on the instance)."""
-    named = getattr(array, "_names", None)
-    if named is None:
-        fields = array.task
-        template = JobTemplate.objects.filter(pk=fields.get("template_id")).first()
-        sku = GpuSku.objects.filter(pk=fields.get("gpu_sku_id")).first()
-        named = {
-            "tenant": array.tenant.slug, "user": array.user.username, "tier": array.tier.name,
-            "template": template.name if template else None, "gpu_sku": sku.name if sku else None,
-        }  # fmt: skip
-        array._names = named  # type: ignore[attr-defined]
-    return named

@@ -147,3 +147,62 @@ def progress_chart(job, width: int = 300, height: int = 60) -> dict | None:
         f"{(t - start) / span * width:.1f},{height - p * height:.1f}" for t, p in points
     )
     return {"points": coords, "width": width, "height": height, "seconds": round(span)}
+
+
+# --- job arrays (docs/arrays.md) ------------------------------------------------------------------
+
+BAR_ORDER = ("succeeded", "failed", "cancelled", "preempting", "running", "starting", "queued")
+BAR_WIDTH = 1000
+
+
+def state_bar(counts: dict[str, int], size: int) -> list[dict]:
+    """An array's tasks by state as the segments of one bar (SVG rects: x and width of
+    BAR_WIDTH, no inline style), ended states first."""
+    segments, x = [], 0
+    for state in BAR_ORDER:
+        n = counts.get(state, 0)
+        if not n or not size:
+            continue
+        width = round(n / size * BAR_WIDTH)
+        segments.append({"state": state, "n": n, "x": x, "width": max(width, 1)})
+        x += width
+    return segments
+
+
+def first_task_ids(arrays) -> list:
+    """The id of each array's first task (made with the array): the row that stands for it in
+    a jobs list."""
+    from apps.jobs.arrays import spec_of, task_id
+
+    return [task_id(array.pk, spec_of(array).index_at(0)) for array in arrays]
+
+
+def fold_arrays(jobs: list[Job]) -> None:
+    """Give each array's row in a jobs list (its first task) `array_row`: the array, its counts
+    and its bar; two statements for the whole page."""
+    from apps.jobs import arrays as tasks_of
+    from apps.jobs.models import JobArray, JobState
+
+    ids = {job.array_id for job in jobs if job.array_id is not None}
+    if not ids:
+        return
+    found = {a.pk: a for a in JobArray.objects.filter(pk__in=ids)}
+    rows: dict = {}
+    for array_id, state, n in (
+        Job.objects.filter(array_id__in=ids)
+        .values_list("array_id", "state")
+        .annotate(n=Count("pk"))
+        .order_by()
+    ):
+        rows.setdefault(array_id, {})[state] = n
+    for job in jobs:
+        array = found.get(job.array_id) if job.array_id is not None else None
+        if array is None:
+            continue
+        counts = {state: rows.get(array.pk, {}).get(state, 0) for state in JobState.values}
+        counts[tasks_of.virtual_state(array)] += array.size - array.materialised
+        job.array_row = {  # type: ignore[attr-defined]
+            "array": array, "counts": counts, "bar": state_bar(counts, array.size),
+            "done": sum(counts[s] for s in ("succeeded", "failed", "cancelled")),
+            "state": "cancelled" if array.cancelled_at else ("ended" if array.ended_at else "active"),
+        }  # fmt: skip

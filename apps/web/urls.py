@@ -11,6 +11,13 @@ urlpatterns = [
     path("jobs/new/", views.job_new, name="job-new"),
     path("jobs/<uuid:job_id>/", views.job_detail, name="job-detail"),
     path("jobs/<uuid:job_id>/cancel/", views.job_cancel, name="job-cancel"),
+    path("arrays/<uuid:array_id>/", views.array_detail, name="array-detail"),
+    path("arrays/<uuid:array_id>/cancel/", views.array_cancel, name="array-cancel"),
+    path(
+        "arrays/<uuid:array_id>/requeue-failed/",
+        views.array_requeue_failed,
+        name="array-requeue-failed",
+    ),
     path("usage/", views.usage, name="usage-page"),
     path("tokens/", tokens.token_list, name="token-list"),
     path("tokens/<int:token_id>/revoke/", tokens.token_revoke, name="token-revoke"),

@@ -8,13 +8,15 @@ Every page is plain HTML that works without JavaScript; with htmx loaded, the li
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
+from django.db.models import Q
 from django.http import HttpResponseForbidden
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from apps.admission.usage import admission_usage
+from apps.jobs import arrays as array_tasks
 from apps.jobs import services
-from apps.jobs.access import can_cancel, membership_of, visible_jobs
+from apps.jobs.access import can_cancel, membership_of, visible_arrays, visible_jobs
 from apps.jobs.api import job_queryset
 from apps.jobs.models import JOB_ACTIVE, JOB_TERMINAL, JobState, JobTemplate
 from apps.jobs.serializers import JobSerializer
@@ -23,19 +25,32 @@ from apps.web import selectors, submit
 from apps.webhooks.models import Webhook, WebhookDelivery
 
 JOBS_PER_PAGE = 25
+ARRAYS_FOLDED = 500  # the newest arrays shown folded in the jobs list (older ones: /arrays/<id>/)
+TASKS_PER_PAGE = 50
 
 
 def _jobs_table(request, jobs):
     page = Paginator(jobs, JOBS_PER_PAGE).get_page(request.GET.get("page"))
-    live = any(job.state in JOB_ACTIVE for job in page.object_list)
-    return {"page": page, "jobs": page.object_list, "live": live}
+    rows = list(page.object_list)
+    selectors.fold_arrays(rows)  # an array's row: its first task, shown as the array
+    live = any(
+        job.state in JOB_ACTIVE or getattr(job, "array_row", {}).get("state") == "active"
+        for job in rows
+    )
+    return {"page": page, "jobs": rows, "live": live}
+
+
+def _folded(request, jobs):
+    """Jobs outside arrays, and one row per job array (its first task's), newest first."""
+    arrays = visible_arrays(request.user).order_by("-created_at")[:ARRAYS_FOLDED]
+    return jobs.filter(Q(array__isnull=True) | Q(pk__in=selectors.first_task_ids(arrays)))
 
 
 @login_required
 def dashboard(request):
     membership = membership_of(request.user)
     jobs = visible_jobs(request.user).select_related("tier", "gpu_sku").order_by("-created_at")
-    context = _jobs_table(request, jobs[:10])
+    context = _jobs_table(request, _folded(request, jobs)[:10])
     context.update(membership=membership, capacity=selectors.capacity_by_sku())
     if membership is not None:
         context["use"] = selectors.tenant_use(membership.tenant)
@@ -49,7 +64,9 @@ def job_list(request):
     state, tier = request.GET.get("state", ""), request.GET.get("tier", "")
     jobs = visible_jobs(request.user).select_related("tier", "gpu_sku").order_by("-created_at")
     if state in JobState.values:
-        jobs = jobs.filter(state=state)
+        jobs = jobs.filter(state=state)  # tasks of arrays too, each its own row
+    else:
+        jobs = _folded(request, jobs)
     if tier:
         jobs = jobs.filter(tier__name=tier)
     context = _jobs_table(request, jobs)
@@ -146,3 +163,64 @@ def usage(request):
             webhook__tenant=membership.tenant
         ).select_related("webhook", "event")[:20]
     return render(request, "web/usage.html", context)
+
+
+# --- job arrays (docs/arrays.md) ------------------------------------------------------------------
+
+
+@login_required
+def array_detail(request, array_id):
+    """One array: its counts and progress bar by state, its tasks (rows and the ones not yet
+    queued as jobs alike) page by page, filtered by state; cancel-all and requeue-failed."""
+    array = get_object_or_404(
+        visible_arrays(request.user).select_related("tenant", "user", "tier"), pk=array_id
+    )
+    state = request.GET.get("state", "")
+    counts = array_tasks.counts(array)
+    try:
+        number = max(1, int(request.GET.get("page", "1")))
+    except ValueError:
+        number = 1
+    total, tasks = array_tasks.tasks(array, state=state if state in JobState.values else None,
+                                     offset=(number - 1) * TASKS_PER_PAGE, limit=TASKS_PER_PAGE)  # fmt: skip
+    pages = max(1, -(-total // TASKS_PER_PAGE))
+    changeable = can_cancel(request.user, array)
+    context = {
+        "array": array, "counts": counts, "bar": selectors.state_bar(counts, array.size),
+        "done": sum(counts[s] for s in JOB_TERMINAL), "tasks": tasks, "state": state,
+        "states": JobState.values, "number": min(number, pages), "pages": pages, "total": total,
+        "live": array.ended_at is None and array.cancelled_at is None,
+        "can_cancel": changeable and array.cancelled_at is None and array.ended_at is None,
+        "can_requeue": changeable and array.cancelled_at is None and counts[JobState.FAILED] > 0,
+    }  # fmt: skip
+    if request.htmx:
+        return render(request, "web/_array_live.html", context)
+    return render(request, "web/array_detail.html", context)
+
+
+@login_required
+@require_POST
+def array_cancel(request, array_id):
+    array = get_object_or_404(visible_arrays(request.user), pk=array_id)
+    if not can_cancel(request.user, array):
+        return HttpResponseForbidden("You may not cancel this array.")
+    try:
+        array_tasks.array_cancel(array=array, actor=f"user:{request.user.username}")
+        messages.success(request, "Array cancelled: every task ends cancelled.")
+    except services.ServiceError as error:
+        messages.warning(request, error.message)
+    return redirect("array-detail", array_id=array.pk)
+
+
+@login_required
+@require_POST
+def array_requeue_failed(request, array_id):
+    array = get_object_or_404(visible_arrays(request.user), pk=array_id)
+    if not can_cancel(request.user, array):
+        return HttpResponseForbidden("You may not change this array.")
+    try:
+        n = array_tasks.requeue_failed(array=array, actor=f"user:{request.user.username}")
+        messages.success(request, f"{n} failed task(s) requeued.")
+    except services.ServiceError as error:
+        messages.warning(request, error.message)
+    return redirect("array-detail", array_id=array.pk)

@@ -30,6 +30,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from apps.jobs.arrays import ENDED_KIND as ARRAY_ENDED  # a job array's end
 from apps.jobs.models import JobEvent
 from apps.webhooks import sender
 from apps.webhooks.guard import WebhookRefused, checked_address, target_of
@@ -67,6 +68,15 @@ def webhook_create(*, tenant, url: str) -> Webhook:
 
 def payload_for(event: JobEvent) -> dict:
     job = event.job
+    if event.kind == ARRAY_ENDED:  # once per array, on the task that ended last
+        return {
+            "type": "array.ended",
+            "event_id": event.pk,
+            "array": {"id": event.data.get("array"), "name": job.name, "tenant": job.tenant.slug,
+                      "size": event.data.get("size")},
+            "counts": event.data.get("counts", {}),
+            "at": event.created_at.isoformat(),
+        }  # fmt: skip
     return {
         "type": "job.state_changed",
         "event_id": event.pk,
@@ -92,7 +102,7 @@ def deliveries_enqueue(*, now: datetime | None = None) -> int:
 @transaction.atomic
 def _enqueue_for(webhook: Webhook, *, settled_before: datetime, now: datetime) -> int:
     events = list(
-        JobEvent.objects.filter(job__tenant_id=webhook.tenant_id, kind="state", pk__gt=webhook.cursor,
+        JobEvent.objects.filter(job__tenant_id=webhook.tenant_id, kind__in=("state", ARRAY_ENDED), pk__gt=webhook.cursor,
                                 created_at__lte=settled_before)
         .select_related("job__tenant").order_by("pk")[:BATCH]
     )  # fmt: skip

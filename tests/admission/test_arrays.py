@@ -108,6 +108,8 @@ def test_tasks_are_listed_rows_and_virtual_alike_in_index_order_with_stable_ids(
     assert Job.objects.filter(array_id=array["id"]).count() >= 2
     again = as_user("bob").get(url + "&page_size=100").json()["results"]
     assert [t["id"] for t in again] == ids  # a task's row took the id it was listed with
+    assert [t["created_at"] for t in again] == [t["created_at"] for t in tasks]  # and its place
+    assert sorted(t["created_at"] for t in tasks) == [t["created_at"] for t in tasks]  # index order
     assert [t["state"] for t in again].count("starting") == 2
     only = as_user("bob").get(url + "&state=starting").json()
     assert only["count"] == 2 and [t["array_index"] for t in only["results"]] == [1, 3]
@@ -257,3 +259,32 @@ def test_an_idempotent_replay_answers_with_the_same_array(as_user):
     )
     assert first.status_code == 201 and again.status_code == 200
     assert first.json()["id"] == again.json()["id"] and JobArray.objects.count() == 1
+
+
+def test_webhooks_and_the_task_stream_report_the_arrays_end_once(as_user):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.jobs.event_hub import Cursor, state_events
+    from apps.webhooks import services as webhooks
+    from apps.webhooks.models import Webhook, WebhookDelivery
+
+    Webhook.objects.create(
+        tenant=Tenant.objects.get(slug="acme"), url="http://192.0.2.1/", cursor=0
+    )
+    array = submit(as_user("bob"), array="0-2").json()
+    dispatch_once()
+    tasks = sorted(placed(array["id"]), key=lambda j: j.array_index)
+    for job in tasks:
+        finish(job, exit_code=0 if job.array_index else 3)
+    webhooks.deliveries_enqueue(now=timezone.now() + timedelta(seconds=webhooks.SETTLE_SECONDS + 1))
+    payloads = [d.payload for d in WebhookDelivery.objects.order_by("event_id")]
+    ended = [p for p in payloads if p["type"] == "array.ended"]
+    assert len(ended) == 1, payloads
+    assert ended[0]["array"]["id"] == array["id"] and ended[0]["array"]["size"] == 3
+    assert ended[0]["counts"] == {"succeeded": 2, "failed": 1, "cancelled": 0}
+    assert payloads[-1]["type"] == "array.ended"  # after every task's own end
+    last = Job.objects.get(pk=JobEvent.objects.get(kind="array").job_id)
+    streamed = "".join(state_events(last.pk, Cursor()))
+    assert streamed.count("event: array.ended") == 1

@@ -142,3 +142,18 @@ def test_task_params_merge_the_index_over_the_base():
     }
     assert task_params(base, [], {"lr": [1, 2]}, 1) == {"lr": 2, "epochs": 3}
     assert task_params(base, [], {}, 7) == base
+
+
+def test_a_tasks_id_text_is_its_uuid5():
+    import uuid
+
+    from apps.jobs.arrays import task_id, task_id_text
+
+    for _ in range(50):
+        array = uuid.uuid4()
+        for index in (0, 1, 9, 12345, 2_147_483_647):
+            assert (
+                task_id_text(array.bytes, index)
+                == str(task_id(array, index))
+                == str(uuid.uuid5(array, str(index)))
+            )

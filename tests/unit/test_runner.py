@@ -107,6 +107,31 @@ def test_a_job_sees_its_gpus_a_scrubbed_environment_and_its_own_workdir(runner, 
     assert seen["sid"] is True  # its own session and process group
 
 
+def test_a_task_of_an_array_sees_its_index_and_a_plain_job_none(runner):
+    code = (
+        "import os, json; from gpuplatform_job import output_dir; "
+        "(output_dir() / 'env.json').write_text(json.dumps([os.environ.get(n) for n in "
+        "('GPUPLATFORM_ARRAY_INDEX', 'SLURM_ARRAY_TASK_ID')]))"
+    )
+    task = Work(argv=py(code))
+    task.array_index = 7  # type: ignore[attr-defined]
+    runner.launch(task)
+    assert run_until_finished(runner) == ("finished", 0, "")
+    import json
+
+    assert json.loads(next(e for e in runner.reporter.events if e[0] == "artifact")[2]) == [
+        "7",
+        "7",
+    ]
+    runner.reporter.events.clear()
+    runner.launch(Work(argv=py(code), attempt_id=2))
+    assert run_until_finished(runner) == ("finished", 0, "")
+    assert json.loads(next(e for e in runner.reporter.events if e[0] == "artifact")[2]) == [
+        None,
+        None,
+    ]
+
+
 def test_a_failing_command_reports_its_exit_code(runner):
     runner.launch(Work(argv=py("import sys; sys.exit(7)")))
     assert run_until_finished(runner) == ("finished", 7, "exit code 7")

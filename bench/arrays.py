@@ -1,0 +1,269 @@
+"""Job arrays beside Slurm's (docs/arrays.md): how long a 10,000-task array takes to be
+accepted, and until all its tasks are listed through the API.
+
+`python -m bench.arrays [--runs N] [--size N]` writes docs/bench/50-arrays.md. Ours: the web
+as a client sees it (gunicorn with the Procfile's worker, its own database: PostgreSQL when
+DATABASE_URL is one, else SQLite), each figure the median of N runs:
+
+- accept: one `POST /api/v1/jobs/` with `"array": "0-9999"` until its 201 (HTTP, a warm
+  keep-alive session), and the same submit in process (apps/admission/submit.py `submit_job`,
+  no HTTP);
+- list: every task through `GET /api/v1/jobs/?array=<id>&page_size=1000`, page after page
+  (`next`), until the last (10 requests), right after the submit (1 row + 9,999 virtual tasks);
+  and the same in one request (`page_size=10000`, the largest page).
+
+Slurm, in the same run (`../shared/peers/slurm`, SLURM_CONF, default
+/tmp/slurmlab/etc/slurm.conf; every Slurm command under `flock -o $SLURM_LOCK` when that is set):
+with its partition DOWN so that nothing starts meanwhile, `sbatch --array=0-9999 --wrap true`
+until it returns, then `squeue -r` (one line per task) until it has printed all of them, then
+`scancel`. Where Slurm is not there the section says so and shows ours alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+OUT = ROOT / "docs" / "bench" / "50-arrays.md"
+BODY = {"command": ["true"], "gpus": 1, "gpu_sku": "H100-80GB", "max_runtime_seconds": 60}
+PAGE = 1000
+
+
+# --- Slurm ---------------------------------------------------------------------------------------
+
+
+SLURM_SCRIPT = r"""
+set -euo pipefail
+now() { date +%s.%N; }
+scontrol update partitionname=gpu state=DOWN
+for run in $(seq 1 {runs}); do
+  t0=$(now); id=$(sbatch --parsable -o /dev/null -J benchArr --array=0-{last} --wrap true); t1=$(now)
+  n=$(squeue -r -h -j "$id" -o %i | wc -l); t2=$(now)
+  echo "SLURM $t0 $t1 $t2 $n"
+  scancel "$id"
+  while [ -n "$(squeue -h -j "$id" -o %i 2>/dev/null | head -1)" ]; do sleep 0.2; done
+done
+scontrol update partitionname=gpu state=UP
+"""
+
+
+def slurm(runs: int, size: int) -> dict:
+    """Medians of Slurm's sbatch --array and squeue -r, or {"missing": why}."""
+    conf = os.environ.get("SLURM_CONF", "/tmp/slurmlab/etc/slurm.conf")
+    if not shutil.which("sbatch") or not os.path.exists(conf):
+        return {
+            "missing": f"no Slurm here (sbatch on PATH: {bool(shutil.which('sbatch'))}, {conf})"
+        }
+    command = [
+        "bash",
+        "-c",
+        SLURM_SCRIPT.replace("{runs}", str(runs)).replace("{last}", str(size - 1)),
+    ]
+    if os.environ.get("SLURM_LOCK"):
+        command = ["flock", "-o", "-w", "300", os.environ["SLURM_LOCK"], *command]
+    done = subprocess.run(command, env=dict(os.environ, SLURM_CONF=conf), capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    if done.returncode:
+        return {"missing": f"Slurm failed: {done.stderr.strip()[-300:]}"}
+    accept, listed, counts = [], [], []
+    for line in done.stdout.splitlines():
+        if line.startswith("SLURM "):
+            t0, t1, t2, n = line.split()[1:]
+            accept.append(float(t1) - float(t0))
+            listed.append(float(t2) - float(t1))
+            counts.append(int(n))
+    version = subprocess.run(["sbatch", "--version"], capture_output=True, text=True).stdout.strip()
+    return {"accept_s": accept, "squeue_s": listed, "tasks_listed": counts, "version": version}
+
+
+# --- ours ----------------------------------------------------------------------------------------
+
+
+def start_web(data_dir: pathlib.Path):
+    from tests.e2e.platform import Platform
+
+    name = os.environ.get("GPUPLATFORM_BENCH_DB_NAME", "gpuplatform_bench_arrays")
+    platform = Platform(data_dir, name=name, own_redis=True)
+    platform.manage("migrate", "--noinput", "-v", "0")
+    seed = subprocess.run([sys.executable, "-m", "tests.e2e.seed"], cwd=ROOT, env=platform.env, check=True,
+                          capture_output=True, text=True)  # fmt: skip
+    platform.tokens = json.loads(seed.stdout.strip().splitlines()[-1])
+    platform.manage("set_quota", "acme", "--max-queued-jobs", "10000000", "--submit-rate", "100000000",
+                    "--submit-burst", "100000000")  # fmt: skip
+    platform.manage("shell", "-c", "from tests.factories import make_node; make_node('bench-h1')")
+    platform.start_web()
+    platform.wait_until(
+        lambda: _answers(platform.url + "/healthz"), timeout=90, what="web answering"
+    )
+    return platform
+
+
+def _answers(url: str) -> bool:
+    import requests
+
+    try:
+        return requests.get(url, timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def list_all(session, url: str) -> tuple[float, int, int]:
+    """(seconds, tasks listed, requests) to page through every task."""
+    started = time.perf_counter()
+    seen = requests_made = 0
+    while url:
+        answer = session.get(url, timeout=120)
+        answer.raise_for_status()
+        body = answer.json()
+        seen += len(body["results"])
+        requests_made += 1
+        url = body["next"]
+    return time.perf_counter() - started, seen, requests_made
+
+
+def ours(runs: int, size: int, platform) -> dict:
+    session = platform.api("bob")
+    spec = f"0-{size - 1}"
+    http, listing, whole, in_process = [], [], [], []
+    for _ in range(2):  # warm the workers' connections and caches
+        session.post(platform.url + "/api/v1/jobs/", json={**BODY, "array": "0-9"}, timeout=60)
+    for _ in range(runs):
+        started = time.perf_counter()
+        answer = session.post(
+            platform.url + "/api/v1/jobs/", json={**BODY, "array": spec}, timeout=120
+        )
+        http.append(time.perf_counter() - started)
+        assert answer.status_code == 201, answer.text
+        array = answer.json()
+        assert array["size"] == size and array["counts"]["queued"] == size
+        seconds, seen, made = list_all(
+            session, f"{platform.url}{array['tasks_url']}&page_size={PAGE}"
+        )
+        assert seen == size, (seen, size)
+        listing.append(seconds)
+        seconds, seen, _ = list_all(session, f"{platform.url}{array['tasks_url']}&page_size={size}")
+        assert seen == size, (seen, size)
+        whole.append(seconds)
+    # In process: submit_job against the same database, no HTTP.
+    os.environ.update(DATABASE_URL=platform.env["DATABASE_URL"], REDIS_URL=platform.env["REDIS_URL"],
+                      DJANGO_SETTINGS_MODULE="gpuplatform.settings")  # fmt: skip
+    import django
+
+    django.setup()
+    from django.contrib.auth import get_user_model
+
+    from apps.admission.submit import submit_job
+
+    bob = get_user_model().objects.get(username="bob")
+    submit_job(user=bob, body={**BODY, "array": "0-9"}, idempotency_key=None)
+    for _ in range(runs):
+        started = time.perf_counter()
+        submitted = submit_job(user=bob, body={**BODY, "array": spec}, idempotency_key=None)
+        in_process.append(time.perf_counter() - started)
+        assert submitted.array is not None and submitted.array.size == size
+    return {
+        "http_s": http,
+        "in_process_s": in_process,
+        "list_s": listing,
+        "list_requests": made,
+        "list_one_s": whole,
+    }
+
+
+# --- the section ---------------------------------------------------------------------------------
+
+
+def ms(values: list[float]) -> str:
+    return f"{statistics.median(values) * 1000:.1f} ms"
+
+
+def spread(values: list[float]) -> str:
+    return f"{min(values) * 1000:.1f}-{max(values) * 1000:.1f}"
+
+
+def render(result: dict, runs: int, size: int, backend: str, load: float) -> str:
+    o, s = result["ours"], result["slurm"]
+    lines = [
+        "## Job arrays beside Slurm's\n",
+        f"A {size:,}-task array accepted, then all its tasks listed (docs/arrays.md), beside Slurm's "
+        f"`sbatch --array=0-{size - 1}` and `squeue -r` in the same run. Command: "
+        f"`SLURM_LOCK=/work/wt/notes/slurm-bench.lock DATABASE_URL=postgres://... python -m bench.arrays --runs {runs}` "
+        f"({backend}; the web under gunicorn with the Procfile's worker, 2 processes x 4 threads, "
+        f"as `tests/e2e/platform.py` starts it; a client on the same 2-core machine; "
+        f"load average {load:.1f} at the start). Medians of {runs} runs, range in brackets.\n",
+        "| figure | gpuplatform | Slurm | target |",
+        "|---|---|---|---|",
+    ]
+    if "missing" in s:
+        slurm_accept = slurm_list = f"not measured: {s['missing']}"
+        verdict_accept = verdict_list = verdict_one = "no Slurm figure to compare"
+    else:
+        slurm_accept = f"{ms(s['accept_s'])} ({spread(s['accept_s'])}), `sbatch` until it returns"
+        slurm_list = f"{ms(s['squeue_s'])} ({spread(s['squeue_s'])}), `squeue -r`: {s['tasks_listed'][0]:,} lines"
+        accept_ok = statistics.median(o["http_s"]) <= statistics.median(s["accept_s"])
+        list_ok = statistics.median(o["list_s"]) < statistics.median(s["squeue_s"]) + 2
+        verdict_accept = "met" if accept_ok else "**not met**"
+        verdict_list = "met" if list_ok else "**not met**"
+        one_ok = statistics.median(o["list_one_s"]) < statistics.median(s["squeue_s"]) + 2
+        verdict_one = "met" if one_ok else "**not met**"
+    lines += [
+        f"| accept a {size:,}-task array, HTTP (`POST /api/v1/jobs/` until its 201) | {ms(o['http_s'])} "
+        f"({spread(o['http_s'])}) | {slurm_accept} | no slower than Slurm: {verdict_accept} |",
+        f"| the same submit in process (`submit_job`, no HTTP) | {ms(o['in_process_s'])} "
+        f"({spread(o['in_process_s'])}) | | |",
+        f"| list all {size:,} tasks (`GET /api/v1/jobs/?array=...&page_size={PAGE}`, {o['list_requests']} "
+        f"requests) | {ms(o['list_s'])} ({spread(o['list_s'])}) | {slurm_list} | under Slurm's + 2 s: {verdict_list} |",
+        f"| the same in one request (`page_size={size}`) | {ms(o['list_one_s'])} ({spread(o['list_one_s'])}) "
+        f"| | under Slurm's + 2 s: {verdict_one} |",
+        "",
+        'What a submit does (docs/arrays.md, "Lazy tasks"): validation of the spec once, the '
+        "tenant's lock, the queued-job cap against its kept count plus its arrays' virtual tasks, one "
+        "JobArray row and its first task's row with its event: the same statements whatever the "
+        "size. A listing page reads the array, counts its rows and reads the page's rows; the virtual "
+        "tasks are built from the spec in the web process (their id is uuid5(array, index)), so the "
+        "listing's cost is mostly the JSON of 1,000 task objects a page.",
+    ]
+    if "version" in s:
+        lines.append(
+            f"\nSlurm: {s['version']}, `../shared/peers/slurm` (4 fake nodes, partition DOWN while measured)."
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--size", type=int, default=10_000)
+    args = parser.parse_args()
+    os.environ.setdefault("SECRET_KEY", "bench-only")
+    backend = (
+        "PostgreSQL"
+        if os.environ.get("DATABASE_URL", "").startswith("postgres")
+        else "SQLite (embedded default)"
+    )
+    load = os.getloadavg()[0]
+    result = {"slurm": slurm(args.runs, args.size)}
+    print("slurm", result["slurm"], flush=True)
+    with tempfile.TemporaryDirectory(prefix="gpuplatform-bench-arrays-") as tmp:
+        platform = start_web(pathlib.Path(tmp))
+        try:
+            result["ours"] = ours(args.runs, args.size, platform)
+        finally:
+            platform.stop()
+    print("ours", result["ours"], flush=True)
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(render(result, args.runs, args.size, backend, load))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
