@@ -536,15 +536,37 @@ def depends_on(job: Job) -> list[dict]:
 
 
 def task_depends_on(array: JobArray, index: int) -> list[dict]:
-    rows = list(JobDependency.objects.filter(array=array).order_by("position"))
+    """A task's `depends_on`: its array's, aftercorr's state read from the parent's task of its
+    index. The array's rows and its aftercorr parents are read once per array instance (a
+    listing page shares one): a task then costs no statement, or one with aftercorr."""
+    cached = getattr(array, "_dependency_rows", None)
+    if cached is None:
+        rows = list(JobDependency.objects.filter(array=array).order_by("position"))
+        parent_ids = [r.parent_array_id for r in rows if r.condition == AFTERCORR]
+        parents = (
+            {a.pk: a for a in JobArray.objects.filter(pk__in=parent_ids)} if parent_ids else {}
+        )
+        cached = array._dependency_rows = (rows, parents)  # type: ignore[attr-defined]
+    rows, parents = cached
     corr = {
-        c.parent_id: c for c in task_conditions(array, [index])[index] if c.condition == AFTERCORR
+        r.pk: array_tasks.task_id(r.parent_array_id, index)
+        for r in rows
+        if r.condition == AFTERCORR
     }
+    states = (
+        dict(Job.objects.filter(pk__in=list(corr.values())).values_list("pk", "state"))
+        if corr
+        else {}
+    )
     shown = []
     for row in rows:
         entry = _shown(row)
-        if row.condition == AFTERCORR:
-            entry["state"] = corr[array_tasks.task_id(row.parent_array_id, index)].state
+        if row.pk in corr:
+            parent = parents.get(row.parent_array_id)
+            state = states.get(corr[row.pk]) or (
+                array_tasks.virtual_state(parent) if parent else ""
+            )
+            entry["state"] = verdict(AFTERCORR, state)
         shown.append(entry)
     return shown
 
