@@ -562,7 +562,7 @@ def task_depends_on(array: JobArray, index: int) -> list[dict]:
     for row in rows:
         entry = _shown(row)
         if row.pk in corr:
-            parent = parents.get(row.parent_array_id)
+            parent = parents.get(row.parent_array_id) if row.parent_array_id else None
             state = states.get(corr[row.pk]) or (
                 array_tasks.virtual_state(parent) if parent else ""
             )
