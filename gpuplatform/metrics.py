@@ -69,7 +69,8 @@ def job_metrics() -> Iterator[Metric]:
         "gpuplatform_queue_depth", "Queued jobs by tier and SKU", labels=["tier", "sku"]
     )
     queued = (
-        Job.objects.filter(state=JobState.QUEUED)
+        # Jobs held by their dependencies wait for no GPU (docs/pipelines.md).
+        Job.objects.filter(state=JobState.QUEUED, held_by_dependencies=False)
         .values_list("tier__name", "gpu_sku__name")
         .annotate(n=Count("pk"))
     )

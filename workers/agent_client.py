@@ -163,6 +163,21 @@ class AgentApi:
             raise ApiError(f"GET {self._member(a)}secrets/: not a name -> value object", 200)
         return secrets
 
+    def list_inputs(self, a: wire.Assignment) -> list[dict]:
+        """The artifacts of the member's job's parents: [{"job", "name", "size", "sha256"}]."""
+        return self._call("GET", self._member(a) + "inputs/", token=a.token).json()["inputs"]
+
+    def get_input(self, a: wire.Assignment, job_id: str, name: str, target: pathlib.Path) -> None:
+        """Download one of them to `target` (written whole, then renamed into place)."""
+        path = self._member(a) + f"inputs/{job_id}/" + urllib.parse.quote(name, safe="/")
+        response = self._call("GET", path, token=a.token, stream=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".download.")
+        with os.fdopen(fd, "wb") as out:
+            for chunk in response.iter_content(1 << 20):
+                out.write(chunk)
+        os.replace(tmp, target)
+
 
 def _by_key(members: list[dict]) -> dict[tuple[int, int], wire.Assignment]:
     return {(m["attempt_id"], m["rank"]): wire.assignment_from_wire(m) for m in members}

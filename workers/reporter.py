@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import BinaryIO
 
 from apps.platform.names import LOST_BY_AGENT_STOP
+from workers import inputs
 from workers.agent_client import AgentApi, ApiError, TooLarge
 from workers.runner import Reporter, Run
 from workers.safefiles import open_job_file
@@ -117,6 +118,10 @@ class HttpReporter(Reporter):
             # Rather start from what is here (or from scratch) than not at all.
             log.warning("could not fetch the checkpoint of %s (%s)", run.key, error)
             return ""
+
+    def fetch_inputs(self, run: Run, dest_dir: pathlib.Path) -> None:
+        """Download the artifacts of the job's parents (workers/inputs.py)."""
+        inputs.fetch(self.api, run.assignment, dest_dir)
 
     def _store_checkpoint(self, run: Run, checkpoint: str) -> str:
         """Upload the job's checkpoint file when it changed; the stored name ("" when none or unsafe)."""

@@ -131,6 +131,9 @@ class Reporter:
         """Put the attempt's stored checkpoint (if any) in dest_dir; its local path, or ""."""
         return ""
 
+    def fetch_inputs(self, run: Run, dest_dir: pathlib.Path) -> None:
+        """Put the artifacts of the job's parents in dest_dir (docs/pipelines.md)."""
+
 
 class Runner:
     def __init__(self, *, node: str, data_dir: pathlib.Path, reporter: Reporter, kill_grace: float = 5.0,
@@ -405,6 +408,10 @@ class Runner:
         python = str(run.env_dir / "bin" / "python") if run.env_dir else sys.executable
         argv = [python if part == "{python}" else part for part in a.argv]
         env = self._environment(run, output, control, resume)
+        # A job with dependencies: their artifacts, fetched before it starts (workers/inputs.py).
+        if getattr(a, "inputs", False):
+            self.reporter.fetch_inputs(run, control / "inputs")
+            env["GPUPLATFORM_INPUT_DIR"] = str(control / "inputs")
         log_read, log_write = os.pipe()
         try:
             if self.isolation.jailed:

@@ -27,6 +27,7 @@ from django.db.models import Case, Count, F, Value, When
 from apps.admission import dispatch, idempotency, quotas, rows
 from apps.admission.writer import end_turn_at_commit, write_turn
 from apps.jobs import arrays as tasks_of
+from apps.jobs import dependencies
 from apps.jobs.arrayspec import ArraySpec, task_params
 from apps.jobs.models import JOB_PLACED, GpuAllocation, Job, JobArray, JobEvent, JobState
 from apps.jobs.services import SPEC_FIELDS, JobSpec, check_allowed, queue_full
@@ -54,13 +55,14 @@ def task_fields(spec: JobSpec) -> dict:
 
 
 def submit_array(*, tenant: Tenant, user, spec: JobSpec, array: ArraySpec, params: list, grid: dict,
-                 limits: dict, key: str | None, digest: str) -> tuple[JobArray, Job, bool]:  # fmt: skip
+                 limits: dict, key: str | None, digest: str,
+                 depends_on: list | None = None) -> tuple[JobArray, Job, bool]:  # fmt: skip
     """The array, its first task and True; or the array and first task an earlier request with
     this Idempotency-Key made, and False."""
     try:
         with write_turn() as turn:  # SQLite: submissions queue for its one write lock
             return _admit(tenant=tenant, user=user, spec=spec, array=array, params=params, grid=grid,
-                          limits=limits, key=key, digest=digest, turn=turn)  # fmt: skip
+                          limits=limits, key=key, digest=digest, turn=turn, depends_on=depends_on or [])  # fmt: skip
     except IntegrityError:
         earlier = idempotency.replay(tenant=tenant, key=key, digest=digest)
         if earlier is None or earlier.array is None:
@@ -69,7 +71,8 @@ def submit_array(*, tenant: Tenant, user, spec: JobSpec, array: ArraySpec, param
 
 
 @transaction.atomic
-def _admit(*, tenant, user, spec, array, params, grid, limits, key, digest, turn) -> tuple[JobArray, Job, bool]:  # fmt: skip
+def _admit(*, tenant, user, spec, array, params, grid, limits, key, digest, turn,
+           depends_on=()) -> tuple[JobArray, Job, bool]:  # fmt: skip
     end_turn_at_commit(turn)
     check_allowed(tenant, spec)
     if key is not None and connection.features.has_select_for_update:
@@ -77,6 +80,11 @@ def _admit(*, tenant, user, spec, array, params, grid, limits, key, digest, turn
     earlier = idempotency.replay(tenant=tenant, key=key, digest=digest)
     if earlier is not None and earlier.array is not None:
         return earlier.array, earlier, False
+    # The parents (404 for another tenant's), locked in a job's submit's order (docs/pipelines.md):
+    # the tenant, the parents, then the queued count's row.
+    if depends_on and key is None and connection.features.has_select_for_update:
+        rows.lock_tenant(tenant)
+    parents = dependencies.resolve(tenant, depends_on, array=array) if depends_on else []
     quotas.check_gpu_hours(tenant=tenant, limits=limits, gpus_wanted=spec.gpus * spec.nodes)
     # The tenant's lock (PostgreSQL; SQLite's write lock is held already), its kept count and its
     # arrays' virtual tasks: one statement (rows.array_counts).
@@ -94,7 +102,11 @@ def _admit(*, tenant, user, spec, array, params, grid, limits, key, digest, turn
         tenant=tenant, user=user, tier=spec.tier, name=spec.name, spec=array.spec, size=array.size,
         throttle=array.throttle, params=params, grid=grid, task=task_fields(spec), materialised=1,
     )  # fmt: skip
+    job_array.has_dependencies = bool(parents)  # its tasks are made held (docs/pipelines.md)
     job_array, first = first_task(job_array, array)
+    if parents:
+        dependencies.attach_array(job_array, parents)
+        dependencies.tasks_made(job_array, [first])  # released, failed, or waiting
     idempotency.remember(tenant=tenant, key=key, digest=digest, job=first)
     dispatch.after_commit()
     return job_array, first, True
@@ -113,6 +125,7 @@ def first_task(job_array: JobArray, array: ArraySpec) -> tuple[JobArray, Job]:
         reason="waiting for the dispatcher",
         params=task_params(base, job_array.params, job_array.grid, 0), **fields,
     )  # fmt: skip
+    job.has_dependencies = job.held_by_dependencies = job_array.has_dependencies
     event = JobEvent(job=job, actor=f"user:{job_array.user.username}", to_state=JobState.QUEUED,
                      reason=f"submitted (task {index} of array {job_array.pk})")  # fmt: skip
     return rows.insert_array_job_and_event(job_array, job, event)
@@ -143,6 +156,9 @@ def make_tasks(array: JobArray, count: int) -> list[Job]:
         jobs.append(job)
         events.append(JobEvent(job=job, actor=f"user:{user_name}", to_state=JobState.QUEUED,
                                reason=f"submitted (task {index} of array {array.pk})"))  # fmt: skip
+    if array.has_dependencies:  # made held: their conditions are settled below
+        for job in jobs:
+            job.has_dependencies = job.held_by_dependencies = True
     Job.objects.bulk_create(jobs)
     # Each task's place in the queue is its array's submit (its first task's time, + its
     # position in microseconds), not the moment its row was made.
@@ -156,6 +172,8 @@ def make_tasks(array: JobArray, count: int) -> list[Job]:
     JobEvent.objects.bulk_create(events)
     JobArray.objects.filter(pk=array.pk).update(materialised=stop)
     array.materialised = stop
+    if array.has_dependencies:
+        dependencies.tasks_made(array, jobs)  # released, failed, or waiting (docs/pipelines.md)
     return jobs
 
 
@@ -173,10 +191,12 @@ def materialise() -> int:
     docstring), and the end of any array whose last task's end was missed (two tasks ending at
     once on PostgreSQL each see the other still running). The number of rows made."""
     open_arrays = list(
-        JobArray.objects.filter(ended_at=None).filter(cancelled_at=None, materialised__lt=F("size"))
+        JobArray.objects.filter(ended_at=None)
+        .filter(cancelled_at=None, materialised__lt=F("size"))
+        .filter(held_by_dependencies=False, failed_reason="")  # held or failed: no rows to make
     )
     for array in JobArray.objects.filter(ended_at=None).exclude(
-        cancelled_at=None, materialised__lt=F("size")
+        cancelled_at=None, failed_reason="", materialised__lt=F("size")
     ):
         tasks_of.check_ended(array.pk)
     if not open_arrays:
@@ -209,6 +229,11 @@ def materialise() -> int:
 @transaction.atomic
 def _materialise(array_id, count: int) -> int:
     array = JobArray.objects.select_for_update().select_related("user").filter(pk=array_id).first()
-    if array is None or array.cancelled_at is not None:
+    if (
+        array is None
+        or array.cancelled_at is not None
+        or array.held_by_dependencies
+        or array.failed_reason
+    ):
         return 0
     return len(make_tasks(array, count))

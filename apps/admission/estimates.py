@@ -46,10 +46,13 @@ class Queued(NamedTuple):
     max_runtime_seconds: int
     template_id: int | None
     order: tuple = ()  # its place in queue order (apps/jobs/queue_order.py sort_key)
+    # Waiting for a dependency (docs/pipelines.md): in the queue, but not waiting for GPUs, so
+    # the replay gives it no start and it takes no place in the queue positions.
+    held: bool = False
 
 
 def queued_row(
-    pk, sku, gpus, nodes, max_runtime_seconds, template_id, level, rank, created_at
+    pk, sku, gpus, nodes, max_runtime_seconds, template_id, level, rank, created_at, held=False
 ) -> Queued:
     return Queued(
         pk,
@@ -59,6 +62,7 @@ def queued_row(
         max_runtime_seconds,
         template_id,
         sort_key(level, rank, created_at),
+        bool(held),
     )
 
 
@@ -77,6 +81,7 @@ class Estimator:
         ] = {}  # pool -> (starts, the replay at the queue's end)
         self._index: dict | None = None
         self._newest: datetime | None = None
+        self._held: tuple[int, int] | None = None  # (queue length, held rows) when counted
         self.window_ids: set | frozenset = (
             frozenset()
         )  # the ids the last queue window read, all in the replay
@@ -147,11 +152,20 @@ class Estimator:
             self._pools[pool] = (starts, state)
 
     def position(self, job: Job) -> int | None:
-        """1-based place in queue order (`queue_position`), if the job is in the loaded queue."""
+        """1-based place in queue order (`queue_position`), if the job is in the loaded queue;
+        jobs held by their dependencies have none and take none."""
+        held_after = 0
         for index in range(len(self.queue) - 1, -1, -1):  # a job just admitted sits near the end
-            if self.queue[index].pk == job.pk:
-                return index + 1
+            row = self.queue[index]
+            if row.pk == job.pk:
+                return None if row.held else index + 1 - (self.held_count() - held_after)
+            held_after += row.held
         return None
+
+    def held_count(self) -> int:
+        if self._held is None or self._held[0] != len(self.queue):
+            self._held = (len(self.queue), sum(row.held for row in self.queue))
+        return self._held[1]
 
     def _replay(
         self, pool: str, queue: list[Queued], state: Replay | None = None
@@ -168,7 +182,7 @@ class Estimator:
         waiting = (
             Waiting(job.pk, job.gpus * job.nodes, self.runtime(job))
             for job in queue
-            if job.sku == pool
+            if job.sku == pool and not job.held
         )
         starts = {pk: self.now + timedelta(seconds=offset) for pk, offset in state.starts(waiting)}
         return starts, state
@@ -272,7 +286,7 @@ def for_new_job(job: Job) -> tuple[int | None, datetime | None]:
     from the newest one counted): the position of a job behind QUEUE_LIMIT others is then
     exact but for the jobs that left the queue within that second, which still count as ahead
     (a GET is exact). A job that lands within QUEUE_LIMIT of the head is answered exactly."""
-    if job.state != JobState.QUEUED:
+    if job.state != JobState.QUEUED or job.held_by_dependencies:
         return None, None
     counts = _long.fresh()
     if counts is not None:

@@ -199,6 +199,10 @@ def _statements(vendor: str) -> dict:
     counts_tenant = col(QueuedCount, "tenant")
     jobs, events = Inserter(Job), Inserter(JobEvent)
     state, tier_id, created = col(Job, "state"), col(Job, "tier"), col(Job, "created_at")
+    # Jobs held by their dependencies are queued but wait for no GPU: no queue position counts
+    # them (docs/pipelines.md). The queue's index does not hold the flag: these counts read the
+    # rows of the queued jobs too.
+    unheld = f"{col(Job, 'held_by_dependencies')} = {'false' if vendor == 'postgresql' else '0'}"
     in_queue_order = queue_order.order_sql(
         {
             "tier__level": f"r.{col(Tier, 'level')}",
@@ -207,13 +211,13 @@ def _statements(vendor: str) -> dict:
         }
     )
     since_count = (
-        f"(SELECT COUNT(*) FROM {_q(job.db_table)} j WHERE j.{state} = %s AND j.{tier_id} = r.{col(Tier, 'id')} "
+        f"(SELECT COUNT(*) FROM {_q(job.db_table)} j WHERE j.{state} = %s AND j.{unheld} AND j.{tier_id} = r.{col(Tier, 'id')} "
         f"AND j.{created} > %s"
     )  # left open: the second count adds its upper bound
     queue_select = (
         f"SELECT j.{col(Job, 'id')}, s.{col(GpuSku, 'name')}, j.{col(Job, 'gpus')}, j.{col(Job, 'nodes')}, "
         f"j.{col(Job, 'max_runtime_seconds')}, j.{col(Job, 'template')}, r.{col(Tier, 'level')}, r.{col(Tier, 'rank')}, "
-        f"j.{created} FROM {_q(job.db_table)} j INNER JOIN {_q(tier.db_table)} r ON j.{tier_id} = r.{col(Tier, 'id')} "
+        f"j.{created}, j.{col(Job, 'held_by_dependencies')} FROM {_q(job.db_table)} j INNER JOIN {_q(tier.db_table)} r ON j.{tier_id} = r.{col(Tier, 'id')} "
         f"LEFT OUTER JOIN {_q(GpuSku._meta.db_table)} s ON j.{col(Job, 'gpu_sku')} = s.{col(GpuSku, 'id')}"
     )
     return {
@@ -247,11 +251,11 @@ def _statements(vendor: str) -> dict:
         "queued_per_tier": (
             f"SELECT r.{col(Tier, 'level')}, r.{col(Tier, 'rank')}, c.n, c.n_before FROM (SELECT {tier_id} AS tier, "
             f"COUNT(*) AS n, SUM(CASE WHEN {created} < %s THEN 1 ELSE 0 END) AS n_before FROM {_q(job.db_table)} "
-            f"WHERE {state} = %s GROUP BY {tier_id}) c INNER JOIN {_q(tier.db_table)} r ON r.{col(Tier, 'id')} = c.tier"
+            f"WHERE {state} = %s AND {unheld} GROUP BY {tier_id}) c INNER JOIN {_q(tier.db_table)} r ON r.{col(Tier, 'id')} = c.tier"
         ),  # fmt: skip
         # A long queue's counts per tier (a web thread loads them at most once a second), and the
         # jobs queued since (the (state, created_at) index from the newest one counted).
-        "queued_by_tier": f"SELECT {tier_id}, COUNT(*), MAX({created}) FROM {_q(job.db_table)} WHERE {state} = %s GROUP BY {tier_id}",
+        "queued_by_tier": f"SELECT {tier_id}, COUNT(*), MAX({created}) FROM {_q(job.db_table)} WHERE {state} = %s AND {unheld} GROUP BY {tier_id}",
         # Per tier, two ranges of the (state, tier, created_at) index: O(tiers + jobs since).
         # (A GROUP BY tier over `created_at > %s` makes SQLite walk the whole queue in that
         # index's order, for the grouping, instead.)
@@ -267,7 +271,7 @@ def _statements(vendor: str) -> dict:
         # and neither grows with it (the total was a count of the queue).
         "queue_window": (
             f"{queue_select} WHERE j.{state} = %s AND j.{created} >= %s UNION ALL "
-            f"SELECT NULL, NULL, COALESCE(SUM({counted}), 0), NULL, NULL, NULL, NULL, NULL, NULL FROM {counts}"
+            f"SELECT NULL, NULL, COALESCE(SUM({counted}), 0), NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM {counts}"
         ),
         "queue_converters": [
             _converters(Job._meta.pk, "j"),
@@ -515,7 +519,12 @@ def _queue_rows(found: list[tuple], s: dict) -> list[tuple]:
         elif not isinstance(when, datetime):
             when = _convert(when, created_conv, db)
         out.append(
-            (uuid.UUID(row[0]) if to_uuid else _convert(row[0], pk_conv, db), *row[1:8], when)
+            (
+                uuid.UUID(row[0]) if to_uuid else _convert(row[0], pk_conv, db),
+                *row[1:8],
+                when,
+                *row[9:],
+            )
         )
     return out
 
@@ -570,8 +579,8 @@ def _array_statements(vendor: str) -> dict:
     tenants, tenant_pk = _q(Tenant._meta.db_table), col(Tenant, "id")
     virtual = (
         f"SELECT COALESCE(SUM({size} - {made}), 0) FROM {arrays} WHERE {col(JobArray, 'tenant')} = %s "
-        f"AND {col(JobArray, 'cancelled_at')} IS NULL AND {made} < {size}"
-    )
+        f"AND {col(JobArray, 'cancelled_at')} IS NULL AND {col(JobArray, 'failed_reason')} = '' AND {made} < {size}"
+    )  # (an array failed by a dependency: its virtual tasks are failed, docs/pipelines.md)
     inserter = Inserter(JobArray)
     return {
         # PostgreSQL: the tenant's row lock (as lock_tenant), its kept count's row lock (as

@@ -22,6 +22,7 @@ from apps.admission import cache, dispatch, idempotency, quotas, rows
 from apps.admission.enqueue import enqueue_job
 from apps.admission.ratelimit import RateDecision, check_submit
 from apps.admission.writer import end_turn_at_commit, write_turn
+from apps.jobs import dependencies
 from apps.jobs import services as jobs
 from apps.jobs.models import Job, JobState
 from apps.jobs.services import JobSpec, tenant_limits, transition_job
@@ -87,13 +88,21 @@ class Admission:
         if self.rate is not None:
             self.rate.raise_if_refused()
 
-    def submit(self, spec: JobSpec) -> Job:
+    def submit(self, spec: JobSpec, *, depends_on: list[dependencies.Wanted] | tuple = ()) -> Job:
         """Step 4. A concurrent request that recorded the same key first wins; this one then
-        answers as its replay."""
+        answers as its replay. `depends_on`: the body's, validated (docs/pipelines.md): the job
+        is inserted held, its parents are read under their locks in `_admit`."""
         job, event = jobs.new_job(
             tenant=self.tenant, user=self.user, spec=spec
         )  # made before any lock
-        if self.key is None and _in_one_statement() and not cache.cache_key(spec, self.tenant):
+        if depends_on:
+            dependencies.hold_at_submit(job, list(depends_on))
+        if (
+            self.key is None
+            and not depends_on
+            and _in_one_statement()
+            and not cache.cache_key(spec, self.tenant)
+        ):
             saved = _admit_in_one_statement(
                 tenant=self.tenant, spec=spec, limits=self.limits, job=job, event=event
             )
@@ -110,7 +119,8 @@ class Admission:
                 write_turn() as turn
             ):  # SQLite: submissions queue for its one write lock (writer.py)
                 self.job, self.created = _admit(tenant=self.tenant, user=self.user, spec=spec, key=self.key,
-                                                digest=self.digest, limits=self.limits, turn=turn, built=built)  # fmt: skip
+                                                digest=self.digest, limits=self.limits, turn=turn, built=built,
+                                                depends_on=list(depends_on))  # fmt: skip
         except IntegrityError:
             self.job = idempotency.replay(tenant=self.tenant, key=self.key, digest=self.digest)
             if self.job is None:
@@ -147,7 +157,8 @@ def _admit_in_one_statement(
 
 @transaction.atomic
 def _admit(*, tenant: Tenant, user, spec: JobSpec, key: str | None, digest: str,
-           limits: dict, turn=None, built: tuple | None = None) -> tuple[Job, bool]:  # fmt: skip
+           limits: dict, turn=None, built: tuple | None = None,
+           depends_on: list[dependencies.Wanted] | None = None) -> tuple[Job, bool]:  # fmt: skip
     end_turn_at_commit(turn)  # first of the commit hooks: before the dispatch request
     # The tenant's row lock serializes this tenant's submissions, so the key, the cache lookups
     # and the queued-job count all see each other's writes. PostgreSQL: SELECT ... FOR NO KEY UPDATE.
@@ -159,13 +170,19 @@ def _admit(*, tenant: Tenant, user, spec: JobSpec, key: str | None, digest: str,
     earlier = idempotency.replay(tenant=tenant, key=key, digest=digest)
     if earlier is not None:
         return earlier, False  # recorded meanwhile by a request we waited for
-    cache_key = cache.cache_key(spec, tenant)
+    # The parents (404 for another tenant's), locked before the queued count's row is (the job's
+    # insert takes it): a parent ending meanwhile waits for this submit, or was read ended.
+    parents = dependencies.resolve(tenant, depends_on) if depends_on else []
+    # A job with dependencies runs after them, never from the result cache or with a twin.
+    cache_key = None if depends_on else cache.cache_key(spec, tenant)
     origin = cache.fresh_origin(tenant, cache_key, spec.template) if cache_key else None
     if origin is None:
         quotas.check_gpu_hours(tenant=tenant, limits=limits, gpus_wanted=spec.gpus * spec.nodes)
     # A submit's own steps in this transaction (job_submit's would add a savepoint: two more
     # statements while the lock is held).
     job = enqueue_job(tenant=tenant, user=user, spec=spec, limits=limits, built=built)
+    if parents:
+        dependencies.attach(job, parents)  # decides those whose parents have ended already
     dispatch.after_commit()  # after the turn's hook: the turn ends before the request is sent
     if origin is not None and cache_key:  # an origin is only ever found by its key
         _serve_from_cache(job, origin)

@@ -74,14 +74,15 @@ def submit_job(*, user, body, idempotency_key: str | None, membership: Membershi
         )  # JobSubmitSerializer's rules
         check_own_code(membership.tenant, data)
         spec = spec_from(data, default_tier=membership.tenant.tier)
+        depends_on = data.get("depends_on") or []
         if data.get("array") is not None:  # one request, one rate-limit token, whatever its size
             made, first, created = arrays.submit_array(
                 tenant=admission.tenant, user=user, spec=spec, array=data["array"],
                 params=data["array_params"], grid=data["array_grid"], limits=admission.limits,
-                key=admission.key, digest=admission.digest,
+                key=admission.key, digest=admission.digest, depends_on=depends_on,
             )  # fmt: skip
             return Submitted(job=first, created=created, headers=admission.headers, array=made)
-        admission.submit(spec)
+        admission.submit(spec, depends_on=depends_on)
     assert admission.job is not None  # a replay's, or the one submit() made (else it raised)
     replayed = admission.job.array if admission.job.array_id is not None else None
     return Submitted(job=admission.job, created=admission.created, headers=admission.headers,

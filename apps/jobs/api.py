@@ -46,7 +46,7 @@ def job_queryset(user):
     return (
         visible_jobs(user)
         .select_related("tenant", "user", "tier", "gpu_sku", "template")
-        .prefetch_related(Prefetch("attempts", queryset=attempts))
+        .prefetch_related(Prefetch("attempts", queryset=attempts), "dependencies")
         .order_by("-created_at")
     )
 

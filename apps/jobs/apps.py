@@ -8,7 +8,7 @@ class JobsConfig(AppConfig):
 
     def ready(self):
         # Imported here, not at the top: models are not loaded yet when this module is.
-        from apps.jobs import arrays, handlers
+        from apps.jobs import arrays, dependencies, handlers
         from apps.platform import events
 
         # A node's change and what it means for its attempts commit together.
@@ -19,3 +19,6 @@ class JobsConfig(AppConfig):
         )
         # A job array ends with its last task (its `array` event: the webhooks' array.ended).
         events.subscribe(events.JobEnded, arrays.on_job_ended, in_transaction=True)
+        # A parent's end decides its dependents, in the parent's transaction (docs/pipelines.md).
+        events.subscribe(events.JobEnded, dependencies.on_job_ended, in_transaction=True)
+        events.subscribe(events.ArrayEnded, dependencies.on_array_ended, in_transaction=True)

@@ -20,6 +20,7 @@ from django.utils import timezone
 from apps.jobs.arrayspec import ArraySpec, parse
 from apps.jobs.models import JOB_ACTIVE, JOB_TERMINAL, Job, JobArray, JobEvent, JobState
 from apps.jobs.services import job_cancel, job_requeue, trigger_dispatch
+from apps.platform import events
 from apps.platform.errors import ServiceError
 
 UNLIMITED = 10**9  # parse() of a stored spec: it was checked against the cap when it came in
@@ -63,6 +64,8 @@ def anchor(array: JobArray):
 
 
 def virtual_state(array: JobArray) -> str:
+    if array.failed_reason:  # a dependency of the array can never hold (docs/pipelines.md)
+        return JobState.FAILED
     return JobState.CANCELLED if array.cancelled_at else JobState.QUEUED
 
 
@@ -176,7 +179,7 @@ def check_ended(array_id) -> bool:
     array = JobArray.objects.filter(pk=array_id, ended_at=None).first()
     if array is None:
         return False
-    if array.materialised < array.size and array.cancelled_at is None:
+    if array.materialised < array.size and array.cancelled_at is None and not array.failed_reason:
         return False  # virtual tasks still to run
     if Job.objects.filter(array=array, state__in=JOB_ACTIVE).exists():
         return False
@@ -191,6 +194,7 @@ def check_ended(array_id) -> bool:
             data={"array": str(array.pk), "counts": {s: by_state[s] for s in JOB_TERMINAL},
                   "size": array.size},
         )  # fmt: skip
+    events.emit(events.ArrayEnded(array_id=array.pk))  # its dependents are decided (pipelines)
     return True
 
 

@@ -114,6 +114,12 @@ class JobArray(models.Model):
     ended_at = models.DateTimeField(
         null=True, blank=True, help_text="When its last task ended (array.ended sent once)."
     )
+    # Dependencies (docs/pipelines.md), as a job's: every task has the array's. Held: a condition
+    # on the whole array is pending, no task row is made. `failed_reason`: one can never hold:
+    # every task failed with this reason, those without a row too (as `cancelled_at` for a cancel).
+    has_dependencies = models.BooleanField(default=False)
+    held_by_dependencies = models.BooleanField(default=False)
+    failed_reason = models.CharField(max_length=300, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
@@ -200,6 +206,12 @@ class Job(models.Model):
     )
     attempts_count = models.PositiveSmallIntegerField(default=0)
     preemption_count = models.PositiveSmallIntegerField(default=0)
+    # Dependencies (docs/pipelines.md): `has_dependencies` is set at submit for a job with a
+    # `depends_on` and never changes (the agent then fetches its parents' artifacts);
+    # `held_by_dependencies` is set while a condition is still pending: the job is queued but the
+    # dispatcher, the start estimate and the queue positions leave it out until it is released.
+    has_dependencies = models.BooleanField(default=False)
+    held_by_dependencies = models.BooleanField(default=False)
 
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -224,6 +236,65 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.id})"
+
+
+class DependencyCondition(models.TextChoices):
+    AFTEROK = "afterok"  # the parent succeeded (an array: every task succeeded)
+    AFTERANY = "afterany"  # the parent ended, in any terminal state
+    AFTERNOTOK = "afternotok"  # the parent failed or was cancelled (an array: one task did)
+    AFTERCORR = "aftercorr"  # arrays: task i after task i of the parent array succeeded
+
+
+class DependencyState(models.TextChoices):
+    PENDING = "pending"  # the parent has not decided it yet
+    SATISFIED = "satisfied"
+    NEVER = "never"  # can no longer hold: the dependent job failed at once
+
+
+class JobDependency(models.Model):
+    """One condition of a job's `depends_on`, in the order submitted. The dependent job is
+    released when all of its conditions are satisfied, and fails at once when one can never be
+    (apps/jobs/dependencies.py)."""
+
+    # The dependent: a job, or a job array (every task has the array's dependencies).
+    job = models.ForeignKey(
+        Job, null=True, blank=True, on_delete=models.CASCADE, related_name="dependencies"
+    )
+    array = models.ForeignKey(
+        JobArray, null=True, blank=True, on_delete=models.CASCADE, related_name="dependencies"
+    )
+    # The parent: a job, or a job array. Indexed with the state: a parent's end reads its pending
+    # dependents from these indexes alone.
+    parent_job = models.ForeignKey(
+        Job, null=True, blank=True, on_delete=models.CASCADE, related_name="dependents",
+        db_index=False,
+    )  # fmt: skip
+    parent_array = models.ForeignKey(
+        JobArray, null=True, blank=True, on_delete=models.CASCADE, related_name="dependents",
+        db_index=False,
+    )  # fmt: skip
+    condition = models.CharField(max_length=16, choices=DependencyCondition.choices)
+    position = models.PositiveSmallIntegerField(default=0)
+    state = models.CharField(
+        max_length=16, choices=DependencyState.choices, default=DependencyState.PENDING
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["job", "position"]
+        indexes = [
+            models.Index(fields=["parent_job", "state"], name="jobs_dep_parent_state_idx"),
+            models.Index(fields=["parent_array", "state"], name="jobs_dep_parent_array_idx"),
+        ]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "position"], name="dependency_unique_position"),
+            models.UniqueConstraint(
+                fields=["array", "position"], name="dependency_unique_array_position"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_id or self.array_id} {self.condition} {self.parent_job_id or self.parent_array_id}"
 
 
 class JobAttempt(models.Model):

@@ -37,6 +37,7 @@ def assignment_for(member: AttemptMember) -> Assignment:
         secrets=list(job.secrets or []),  # names only: the values come from the secrets endpoint
         python_requirements=list((job.python or {}).get("requirements") or []),
         array_index=job.array_index,
+        inputs=job.has_dependencies,
     )
 
 

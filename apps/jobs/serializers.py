@@ -1,6 +1,7 @@
 """Input and output shapes of the jobs API. Serializers validate and shape; they never write."""
 
 import threading
+import uuid
 from datetime import timedelta
 
 from django.conf import settings
@@ -10,7 +11,7 @@ from rest_framework import serializers
 from apps.admission import rows
 from apps.admission.estimates import Estimator
 from apps.jobs import arrays as array_tasks
-from apps.jobs import arrayspec
+from apps.jobs import arrayspec, dependencies
 from apps.jobs.arrayspec import task_params
 from apps.jobs.fields import (
     ArgvField,
@@ -41,6 +42,9 @@ MAX_MEMORY_MIB = 16 * 1024 * 1024
 MAX_PIDS = 4 * 1024 * 1024
 MAX_CPU_WEIGHT = 10000
 LIMIT_FIELDS = ("memory_mib", "pids_max", "cpu_weight")
+# Body fields that are no field of the job itself: the submit use case passes them beside the
+# spec (apps/admission/submit.py), the job object shows them.
+RELATION_FIELDS = ("depends_on", "array")
 
 
 UNSTORABLE = "text must not contain NUL characters or unpaired surrogates"
@@ -60,6 +64,57 @@ def _unstorable(value) -> bool:
     if isinstance(value, list):
         return any(_unstorable(item) for item in value)
     return False
+
+
+class DependsOnField(serializers.Field):
+    """`[{"job": "<id>", "condition": "afterok"}, ...]` (docs/pipelines.md): a list of
+    dependencies.Wanted. The ids are looked up at admission (another tenant's or none: 404)."""
+
+    def to_internal_value(self, data) -> list[dependencies.Wanted]:
+        if not isinstance(data, list):
+            raise serializers.ValidationError(
+                'must be a list such as [{"job": "<id>", "condition": "afterok"}]'
+            )
+        if len(data) > dependencies.MAX_DEPENDENCIES:
+            raise serializers.ValidationError(
+                f"at most {dependencies.MAX_DEPENDENCIES} dependencies, not {len(data)}"
+            )
+        return [self._entry(i, entry) for i, entry in enumerate(data)]
+
+    def _entry(self, i: int, entry) -> dependencies.Wanted:
+        where = f"entry {i}"
+        if not isinstance(entry, dict):
+            raise serializers.ValidationError(
+                f'{where}: must be an object {{"job": "<id>", "condition": ...}}'
+            )
+        kinds = [kind for kind in ("job", "array") if kind in entry]
+        unknown = sorted(set(entry) - {"job", "array", "condition"})
+        if unknown:
+            raise serializers.ValidationError(f"{where}: unknown key(s) {', '.join(unknown)}")
+        if len(kinds) != 1:
+            raise serializers.ValidationError(f'{where}: give one of "job" or "array"')
+        kind, raw = kinds[0], entry[kinds[0]]
+        try:
+            if not isinstance(raw, str):
+                raise ValueError
+            parent = uuid.UUID(raw)
+        except ValueError:
+            raise serializers.ValidationError(
+                f"{where}: {kind} must be an id (a UUID string)"
+            ) from None
+        condition = entry.get("condition", "afterok")
+        if condition not in dependencies.CONDITIONS:
+            raise serializers.ValidationError(
+                f"{where}: unknown condition {condition!r} (one of {', '.join(dependencies.CONDITIONS)})"
+            )
+        if condition == "aftercorr" and kind != "array":
+            raise serializers.ValidationError(
+                f"{where}: aftercorr is for an array (task i after task i)"
+            )
+        return dependencies.Wanted(kind=kind, id=parent, condition=condition)
+
+    def to_representation(self, value):
+        return [{w.kind: str(w.id), "condition": w.condition} for w in value]
 
 
 class JobSubmitSerializer(serializers.Serializer):
@@ -88,6 +143,7 @@ class JobSubmitSerializer(serializers.Serializer):
     array = serializers.JSONField(required=False, help_text='e.g. "0-999%16"')
     array_params = serializers.JSONField(required=False)
     array_grid = serializers.JSONField(required=False)
+    depends_on = DependsOnField(required=False)
 
     def to_internal_value(self, data):
         if not isinstance(data, dict):
@@ -298,6 +354,7 @@ class JobSerializer(serializers.ModelSerializer):
     queue_position = serializers.SerializerMethodField()
     estimated_start_at = serializers.SerializerMethodField()
     attempts = AttemptSerializer(many=True)
+    depends_on = serializers.SerializerMethodField()
 
     class Meta:
         model = Job
@@ -307,8 +364,17 @@ class JobSerializer(serializers.ModelSerializer):
             "cacheable", "created_at", "started_at", "finished_at", "queue_position",
             "estimated_start_at", "reason", "cache_hit", "exit_code", "attempts", "retry_on_failure",
             "not_before", "memory_mib", "pids_max", "cpu_weight", "bundle", "env", "secrets", "python",
-            "array", "array_index",
+            "array", "array_index", "depends_on",
         ]  # fmt: skip
+
+    @extend_schema_field(
+        {"type": "array", "items": {"type": "object", "properties": {
+            "job": {"type": "string"}, "condition": {"type": "string"},
+            "state": {"type": "string", "enum": ["pending", "satisfied", "never"]}}}}
+    )  # fmt: skip
+    def get_depends_on(self, job: Job) -> list[dict]:
+        """As submitted, each with its state (apps/jobs/dependencies.py)."""
+        return dependencies.depends_on(job)
 
     def get_queue_position(self, job: Job) -> int | None:
         positions = self.context.get("queue_positions")
@@ -320,7 +386,7 @@ class JobSerializer(serializers.ModelSerializer):
     def get_estimated_start_at(self, job: Job):
         """From the queue ahead, capacity and running jobs' expected ends (apps/admission/estimates.py).
         One estimator per response: a list shares it across its jobs."""
-        if job.state != "queued":
+        if job.state != "queued" or job.held_by_dependencies:
             return None
         if "estimator" not in self.context:
             self.context["estimator"] = Estimator.load()
@@ -442,6 +508,8 @@ def virtual_representation(task: array_tasks.VirtualTask) -> dict:
     out["created_at"] = created[:-6] + "Z" if created.endswith("+00:00") else created
     if array.params or array.grid:
         out["params"] = task_params(shared["params"], array.params, array.grid, task.position)
+    if array.has_dependencies:  # docs/pipelines.md
+        out["depends_on"] = dependencies.task_depends_on(array, task.index)
     return out
 
 
@@ -460,12 +528,15 @@ def _task_shape(array: JobArray) -> dict:
         "command": fields.get("command"), "max_runtime_seconds": fields.get("max_runtime_seconds"),
         "checkpointable": fields.get("checkpointable"), "cacheable": fields.get("cacheable"),
         "created_at": None, "started_at": None,
-        "finished_at": _DATETIME.to_representation(cancelled) if cancelled else None,
+        "finished_at": _DATETIME.to_representation(ended) if (ended := (
+            cancelled or (array.ended_at if array.failed_reason else None))) else None,
         "queue_position": None, "estimated_start_at": None,
-        "reason": "array cancelled" if cancelled else
+        "reason": array.failed_reason if array.failed_reason else "array cancelled" if cancelled else
+        dependencies.array_waiting_reason(array) if array.held_by_dependencies else
         "waiting: a task of its array, to be queued as a job when the dispatcher can start it",
         "cache_hit": False, "exit_code": None, "attempts": [],
         "retry_on_failure": fields.get("retry_on_failure", False), "not_before": None,
         "memory_mib": fields.get("memory_mib", 0), "pids_max": fields.get("pids_max", 0),
         "cpu_weight": fields.get("cpu_weight", 0), "array": str(array.pk), "array_index": None,
+        "depends_on": [],  # per task (aftercorr's state is its index's): virtual_representation
     }  # fmt: skip

@@ -34,6 +34,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.bundles.models import Bundle
+from apps.jobs import dependencies
 from apps.jobs import services as jobs
 from apps.jobs.models import ATTEMPT_ACTIVE, AttemptMember, JobAttempt
 from apps.jobs.selectors import assignment_for, open_members_on
@@ -552,3 +553,44 @@ class BundleView(AgentView):
         response["Content-Length"] = str(bundle.size)
         response[wire.BUNDLE_SHA256_HEADER] = bundle.sha256
         return response
+
+
+# --- a job's inputs: its dependencies' artifacts (docs/pipelines.md) ---------------------------------
+
+
+class InputsView(AgentView):
+    """GET: the artifacts of the member's job's parents (its `depends_on`), only those: the agent
+    downloads them for the job before it starts (workers/inputs.py). 404 unless the member is
+    placed here, its token matches and its attempt is live."""
+
+    def get(self, request, attempt_id: int, rank: int):
+        job = _live(self.member(attempt_id, rank)).attempt.job
+        return Response({"inputs": [_input(a) for a in dependencies.input_artifacts(job)]})
+
+
+class InputView(AgentView):
+    """GET: stream one artifact of one of the member's job's parents; 404 for any other."""
+
+    def get(self, request, attempt_id: int, rank: int, job_id: uuid.UUID, name: str):
+        job = _live(self.member(attempt_id, rank)).attempt.job
+        artifact = dependencies.input_artifact(job, job_id, name)
+        if artifact is None or not default_storage.exists(artifact.file.name):
+            raise NotFound()
+        response = FileResponse(
+            default_storage.open(artifact.file.name, "rb"), content_type="application/octet-stream"
+        )
+        response["Content-Length"] = str(artifact.size)
+        response["X-Artifact-Sha256"] = artifact.sha256
+        return response
+
+
+def _live(member: AttemptMember) -> AttemptMember:
+    if member.attempt.state not in ATTEMPT_ACTIVE or member.ended_at is not None:
+        raise NotFound()
+    return member
+
+
+def _input(artifact) -> dict:
+    job = artifact.job  # a task of an array says which: the evaluate step of a sweep reads each
+    return {"job": str(artifact.job_id), "name": artifact.name, "size": artifact.size, "sha256": artifact.sha256,
+            "array": str(job.array_id) if job.array_id else None, "array_index": job.array_index}  # fmt: skip

@@ -19,4 +19,8 @@ urlpatterns = [
     path(member + "checkpoint/", views.CheckpointView.as_view(), name="agent-checkpoint"),
     path(member + "bundle/", views.BundleView.as_view(), name="agent-bundle"),
     path(member + "artifacts/<path:name>", views.ArtifactView.as_view(), name="agent-artifact"),
+    path(member + "inputs/", views.InputsView.as_view(), name="agent-inputs"),
+    path(
+        member + "inputs/<uuid:job_id>/<path:name>", views.InputView.as_view(), name="agent-input"
+    ),
 ]

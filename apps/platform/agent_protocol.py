@@ -68,6 +68,9 @@ class Assignment:
     # A job array's task (docs/arrays.md): its index, set as GPUPLATFORM_ARRAY_INDEX and
     # SLURM_ARRAY_TASK_ID in its environment; None for a job outside an array.
     array_index: int | None = None
+    # The job has dependencies (docs/pipelines.md): the agent downloads its parents' artifacts
+    # from the member's inputs endpoint before it starts, into GPUPLATFORM_INPUT_DIR.
+    inputs: bool = False
 
 
 def to_wire(value) -> dict:

@@ -39,3 +39,9 @@ class IdempotencyConflict(ServiceError):
 
 class GpuHoursExhausted(NotAllowed):
     status = 403
+
+
+class UnknownObject(ServiceError):
+    """An id the request names that the caller cannot see (another tenant's, or none): 404."""
+
+    status = 404

@@ -54,6 +54,15 @@ class JobEnded:
 
 
 @dataclass(frozen=True)
+class ArrayEnded:
+    """A job array's last task ended, or its last tasks ended without a row (cancelled, failed
+    by a dependency). Emitted by `apps.jobs.arrays.check_ended` in its transaction; the
+    dependencies on the array are decided there (an in-transaction handler)."""
+
+    array_id: Any
+
+
+@dataclass(frozen=True)
 class DispatchWanted:
     """Something changed that may let a queued job start (a submit, a finish, a node back).
     Emitted by jobs, nodes and admission; the scheduler requests a dispatcher pass."""

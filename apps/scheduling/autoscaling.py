@@ -100,7 +100,10 @@ def _idle_since(node: Node):
 
 
 def demand(policy: AutoscalePolicy) -> list[core.Demand]:
-    queued = Job.objects.filter(state=JobState.QUEUED).filter(Q(gpu_sku=policy.sku))
+    # A job held by its dependencies wants no GPU yet (docs/pipelines.md).
+    queued = Job.objects.filter(state=JobState.QUEUED, held_by_dependencies=False).filter(
+        Q(gpu_sku=policy.sku)
+    )
     return [
         core.Demand(gpus=j.gpus, nodes=j.nodes, est_runtime_s=float(j.max_runtime_seconds))
         for j in queued

@@ -208,11 +208,12 @@ def arriving_nodes() -> list[policy.ArrivingNode]:
 
 def ordered_queue():
     """Queued jobs in submit order (the policy decides who goes first), less the retries still
-    waiting out their backoff (their reason says until when) and the jobs whose previous attempt
-    still has a process stopping (a lost gang's survivors): a job never runs twice at once."""
+    waiting out their backoff (their reason says until when), the jobs whose previous attempt
+    still has a process stopping (a lost gang's survivors): a job never runs twice at once, and
+    the jobs held by their dependencies (apps/jobs/dependencies.py; released with a dispatch)."""
     still_stopping = AttemptMember.objects.filter(attempt__job=OuterRef("pk"), ended_at=None)
     return (
-        Job.objects.filter(state=JobState.QUEUED)
+        Job.objects.filter(state=JobState.QUEUED, held_by_dependencies=False)
         .select_related("tier", "tenant", "gpu_sku")
         .filter(Q(not_before__isnull=True) | Q(not_before__lte=timezone.now()))
         .filter(~Exists(still_stopping))
@@ -392,16 +393,19 @@ def _store_reservation(job_id: str) -> None:
 
 
 def queue_order():
-    """Queued jobs in queue order (apps/jobs/queue_order.py): what `queue_position` counts."""
-    return Job.objects.filter(state=JobState.QUEUED).order_by(*queue_order_of.order_by())
+    """Queued jobs in queue order (apps/jobs/queue_order.py): what `queue_position` counts (a job
+    held by its dependencies waits for no GPU: it has no position and takes none)."""
+    return Job.objects.filter(state=JobState.QUEUED, held_by_dependencies=False).order_by(
+        *queue_order_of.order_by()
+    )
 
 
 def queue_position(job: Job) -> int | None:
     """1-based position among queued jobs in strict tier order, then submit time (a simple,
     explainable figure: the fair-share policy may start a job of a less-served tenant earlier)."""
-    if job.state != JobState.QUEUED:
+    if job.state != JobState.QUEUED or job.held_by_dependencies:
         return None
-    return Job.objects.filter(state=JobState.QUEUED).filter(_ahead_filter(job)).count() + 1
+    return queue_order().filter(_ahead_filter(job)).count() + 1
 
 
 def queue_positions(jobs) -> dict:

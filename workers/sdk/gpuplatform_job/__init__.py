@@ -2,6 +2,7 @@
 (no Django): the runner puts this directory on the job's PYTHONPATH.
 
     from gpuplatform_job import params, report_progress, save_checkpoint, resume_from, output_dir
+    from gpuplatform_job import inputs, read_input  # a pipeline's step: its dependencies' artifacts
 """
 
 from __future__ import annotations
@@ -27,6 +28,31 @@ def output_dir() -> pathlib.Path:
     path = pathlib.Path(os.environ.get("GPUPLATFORM_OUTPUT_DIR", "output"))
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def input_dir() -> pathlib.Path | None:
+    """Where the agent put the artifacts of this job's dependencies (docs/pipelines.md), or None
+    for a job without dependencies."""
+    path = os.environ.get("GPUPLATFORM_INPUT_DIR")
+    return pathlib.Path(path) if path else None
+
+
+def inputs() -> list[dict[str, Any]]:
+    """The artifacts of this job's dependencies: one dict each, with `job` (the parent's id),
+    `name`, `size`, `sha256` and `path` (the local file). Empty without dependencies."""
+    root = input_dir()
+    if root is None or not (root / "inputs.json").exists():
+        return []
+    entries = json.loads((root / "inputs.json").read_text())["inputs"]
+    return [{**entry, "path": root / entry["path"]} for entry in entries]
+
+
+def read_input(job_id: str, name: str) -> bytes:
+    """The content of artifact `name` of the parent job `job_id` (KeyError if it has none)."""
+    for entry in inputs():
+        if entry["job"] == str(job_id) and entry["name"] == name:
+            return pathlib.Path(entry["path"]).read_bytes()
+    raise KeyError(f"no input {name!r} of job {job_id}")
 
 
 def checkpoint_dir() -> pathlib.Path:
