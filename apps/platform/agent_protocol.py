@@ -15,6 +15,9 @@ ATTEMPT_TOKEN_HEADER = "X-Attempt-Token"  # the fencing token of the member a re
 LOG_OFFSET_HEADER = "X-Log-Offset"  # a log chunk's first byte: appended only where the log ends
 CHECKPOINT_NAME_HEADER = "X-Checkpoint-Name"  # the checkpoint file's own name (no directories)
 CREDENTIAL_PREFIX = "gpn_"
+# `POST /reports/`: several members' reports in one call, each item fenced by its own token.
+REPORT_KINDS = ("started", "progress", "finished", "lost")
+MAX_REPORTS_PER_CALL = 200
 
 
 @dataclass(frozen=True)
