@@ -204,9 +204,15 @@ class HeartbeatView(AgentView):
         )
         if node is None:
             return Response({"replaced": True, "members": []})
-        # What runs here rides along: the agent's sync costs no second request.
-        members = open_members_on(self.node_name)
-        return Response({"replaced": False, "members": [wire.to_wire(a) for a in members.values()]})
+        # What runs here rides along, each with its resume point: the agent's sync (which
+        # starts a member whose message is late) costs no second request.
+        return Response({"replaced": False, "members": _open_members_wire(self.node_name)})
+
+
+def _open_members_wire(node_name: str) -> list[dict]:
+    members = list(open_members_on(node_name).values())
+    resume = _resume_checkpoints([(a.attempt_id, a.job_id, a.attempt_number) for a in members])
+    return [wire.to_wire(dataclasses.replace(a, resume_from=resume[a.attempt_id])) for a in members]
 
 
 class AssignmentsView(AgentView):
@@ -217,8 +223,7 @@ class AssignmentsView(AgentView):
     def get(self, request):
         wanted = request.query_params.get("attempts")
         if wanted is None:
-            members = open_members_on(self.node_name)
-            return Response({"members": [wire.to_wire(a) for a in members.values()]})
+            return Response({"members": _open_members_wire(self.node_name)})
         try:
             ids = sorted({int(part) for part in wanted.split(",") if part.strip()})
         except ValueError:
@@ -228,7 +233,9 @@ class AssignmentsView(AgentView):
                 {"attempts": [f"at most {wire.MAX_REPORTS_PER_CALL} attempt ids"]}
             )
         found = members_on(self.node_name, ids)
-        resume = _resume_checkpoints([m.attempt for m in found])
+        resume = _resume_checkpoints(
+            [(m.attempt_id, m.attempt.job_id, m.attempt.number) for m in found]
+        )
         return Response({"members": [
             wire.to_wire(dataclasses.replace(assignment_for(m), resume_from=resume[m.attempt_id]))
             for m in found
@@ -249,18 +256,21 @@ class MemberView(AgentView):
         return Response(wire.to_wire(work))
 
 
-def _resume_checkpoints(attempts: list[JobAttempt]) -> dict[int, str]:
-    """`_resume_checkpoint` of several attempts, in one query."""
-    stored: dict[int, list[tuple[int, str]]] = {}
-    rows = JobAttempt.objects.filter(job_id__in={a.job_id for a in attempts}).exclude(checkpoint="")
-    for job_id, number, name in rows.values_list("job_id", "number", "checkpoint"):
-        stored.setdefault(job_id, []).append((number, name))
+def _resume_checkpoints(attempts: list[tuple[int, object, int]]) -> dict[int, str]:
+    """`_resume_checkpoint` of several attempts, each (attempt id, job id, number), in one query."""
+    stored: dict[str, list[tuple[int, str]]] = {}
+    if attempts:
+        rows = JobAttempt.objects.filter(job_id__in={job for _, job, _ in attempts}).exclude(
+            checkpoint=""
+        )
+        for job_id, number, name in rows.values_list("job_id", "number", "checkpoint"):
+            stored.setdefault(str(job_id), []).append((number, name))
     answer = {}
-    for attempt in attempts:
-        prefix = f"checkpoints/{attempt.job_id}/"
-        names = sorted(stored.get(attempt.job_id, []), reverse=True)
-        answer[attempt.pk] = next(
-            (n for number, n in names if number <= attempt.number and n.startswith(prefix)), ""
+    for attempt_id, job_id, number in attempts:
+        prefix = f"checkpoints/{job_id}/"
+        names = sorted(stored.get(str(job_id), []), reverse=True)
+        answer[attempt_id] = next(
+            (name for n, name in names if n <= number and name.startswith(prefix)), ""
         )
     return answer
 

@@ -329,3 +329,21 @@ def test_the_runner_reports_a_start_before_its_end_without_waiting_for_either(tm
     for attempt_id in (1, 2, 3):
         assert flat.index((attempt_id, "started")) < flat.index((attempt_id, "finished"))
     assert len(kinds) < len(flat)  # some went together
+
+
+def test_the_heartbeat_lists_each_member_with_its_resume_point_so_a_late_start_costs_no_request(
+    cast,
+):
+    from apps.jobs.models import JobAttempt
+    from apps.nodes.models import Node
+
+    a, b = placed(cast, 2, {"h1": 2})
+    JobAttempt.objects.filter(pk=b.pk).update(
+        checkpoint=f"checkpoints/{b.job_id}/attempt-1/rank-0/ckpt"
+    )
+    Node.objects.filter(name="h1").update(agent_instance="i1")
+    api = agent_api(issue_credential(node_name="h1")[1])
+    members = api.heartbeat(agent_instance="i1", gpus=[])
+    assert members[(a.pk, 0)].resume_from == ""
+    assert members[(b.pk, 0)].resume_from == f"checkpoints/{b.job_id}/attempt-1/rank-0/ckpt"
+    assert api.assignments()[(b.pk, 0)].resume_from == members[(b.pk, 0)].resume_from
