@@ -124,9 +124,9 @@ class ReportBatcher:
             answers = [(None, error)] * len(batch)
         except Exception as error:  # never let the sender thread die
             answers = [(None, error)] * len(batch)
-        for item, (accepted, error) in zip(batch, answers, strict=True):
+        for item, (accepted, failure) in zip(batch, answers, strict=True):
             try:
-                item.done(accepted, error)
+                item.done(accepted, failure)
             except Exception:
                 log.exception("handling the answer to a %s report failed", item.kind)
 

@@ -263,8 +263,8 @@ def _resume_checkpoints(attempts: list[tuple[int, object, int]]) -> dict[int, st
         rows = JobAttempt.objects.filter(job_id__in={job for _, job, _ in attempts}).exclude(
             checkpoint=""
         )
-        for job_id, number, name in rows.values_list("job_id", "number", "checkpoint"):
-            stored.setdefault(str(job_id), []).append((number, name))
+        for job, number, name in rows.values_list("job_id", "number", "checkpoint"):
+            stored.setdefault(str(job), []).append((number, name))
     answer = {}
     for attempt_id, job_id, number in attempts:
         prefix = f"checkpoints/{job_id}/"

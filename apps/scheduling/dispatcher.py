@@ -293,7 +293,7 @@ def _apply(decisions, jobs: dict[str, Job], gate: DispatchGate, snapshot: Cluste
     (publish.batched). On PostgreSQL the whole pass is one transaction; SQLite has one writer at
     a time, so there it commits every SQLITE_WRITE_CHUNK decisions: agents' reports and submits
     wait at most that long for the write lock."""
-    waiting_for_victims = set()
+    waiting_for_victims: set[str] = set()
     size = SQLITE_WRITE_CHUNK if connection.vendor == "sqlite" else max(1, len(decisions))
     for start in range(0, len(decisions), size):
         _apply_chunk(
