@@ -39,6 +39,8 @@ class AgentApi:
         self.timeout = timeout
         self.session = session if session is not None else requests.Session()
         self.session.headers["Authorization"] = f"{wire.AUTH_SCHEME} {credential}"
+        # The last heartbeat answer's members and their digest (sent back: unchanged, not resent).
+        self._members: tuple[str, dict[tuple[int, int], wire.Assignment]] = ("", {})
 
     # --- plumbing ---------------------------------------------------------------------------
 
@@ -77,9 +79,20 @@ class AgentApi:
     def heartbeat(self, *, agent_instance: str, gpus: list[wire.GpuInfo]) -> dict | None:
         """The members open on this node (as `assignments()`), or None when another agent
         instance has taken this node over (this one must stop)."""
-        body = {"agent_instance": agent_instance, "gpus": [wire.to_wire(g) for g in gpus]}
+        digest, known = self._members
+        body = {
+            "agent_instance": agent_instance,
+            "gpus": [wire.to_wire(g) for g in gpus],
+            "members_digest": digest,
+        }
         answer = self._call("POST", "/heartbeat/", json=body).json()
-        return None if answer["replaced"] else _by_key(answer["members"])
+        if answer["replaced"]:
+            return None
+        if answer.get("unchanged") and digest and answer.get("members_digest") == digest:
+            return dict(known)  # what the platform has here is what its last answer said
+        members = _by_key(answer["members"])
+        self._members = (answer.get("members_digest", ""), members)
+        return dict(members)
 
     def assignments(
         self, attempts: list[int] | None = None

@@ -36,7 +36,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.jobs import services as jobs
-from apps.jobs.models import AttemptMember, JobAttempt
+from apps.jobs.models import ATTEMPT_ACTIVE, AttemptMember, JobAttempt
 from apps.jobs.selectors import assignment_for, members_on, open_members_on
 from apps.nodes.broker import node_broker_url
 from apps.nodes.credentials import credential_node
@@ -194,6 +194,9 @@ def agent_settings(node_name: str) -> dict:
 class HeartbeatSerializer(serializers.Serializer):
     agent_instance = serializers.CharField(max_length=64)
     gpus = GpuSerializer(many=True, default=list)
+    # The digest of the members list the agent holds (the last answer's `members_digest`):
+    # when what is placed here has not changed since, the answer leaves the list out.
+    members_digest = serializers.CharField(max_length=64, allow_blank=True, default="")
 
 
 class HeartbeatView(AgentView):
@@ -205,14 +208,43 @@ class HeartbeatView(AgentView):
         if node is None:
             return Response({"replaced": True, "members": []})
         # What runs here rides along, each with its resume point: the agent's sync (which
-        # starts a member whose message is late) costs no second request.
-        return Response({"replaced": False, "members": _open_members_wire(self.node_name)})
+        # starts a member whose message is late) costs no second request. Unless it has not
+        # changed since the agent's copy (one small query instead of the whole list).
+        if data["members_digest"] and data["members_digest"] == _open_members_digest(
+            self.node_name
+        ):
+            return Response({"replaced": False, "unchanged": True, "members": [],
+                             "members_digest": data["members_digest"]})  # fmt: skip
+        members = _open_members_wire(self.node_name)
+        return Response(
+            {"replaced": False, "members": members, "members_digest": wire.members_digest(members)}
+        )
 
 
 def _open_members_wire(node_name: str) -> list[dict]:
     members = list(open_members_on(node_name).values())
     resume = _resume_checkpoints([(a.attempt_id, a.job_id, a.attempt_number) for a in members])
     return [wire.to_wire(dataclasses.replace(a, resume_from=resume[a.attempt_id])) for a in members]
+
+
+def _open_members_digest(node_name: str) -> str:
+    """wire.members_digest of what _open_members_wire would answer now, from the few fields it
+    covers (what the agent's sync acts on: which members, their tokens, stops and activity)."""
+    rows = AttemptMember.objects.filter(node__name=node_name, ended_at=None).values_list(
+        "attempt_id", "rank", "attempt__token", "attempt__stop_requested", "attempt__state"
+    )
+    return wire.members_digest(
+        [
+            {
+                "attempt_id": a,
+                "rank": r,
+                "token": str(t),
+                "stop_requested": s,
+                "active": state in ATTEMPT_ACTIVE,
+            }
+            for a, r, t, s, state in rows
+        ]  # fmt: skip
+    )
 
 
 class AssignmentsView(AgentView):

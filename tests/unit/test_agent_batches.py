@@ -347,3 +347,43 @@ def test_the_heartbeat_lists_each_member_with_its_resume_point_so_a_late_start_c
     assert members[(a.pk, 0)].resume_from == ""
     assert members[(b.pk, 0)].resume_from == f"checkpoints/{b.job_id}/attempt-1/rank-0/ckpt"
     assert api.assignments()[(b.pk, 0)].resume_from == members[(b.pk, 0)].resume_from
+
+
+def test_an_unchanged_members_list_is_not_sent_again_and_any_change_is(cast):
+    from apps.jobs import services
+    from apps.nodes.models import Node
+
+    a, b = placed(cast, 2, {"h1": 2})
+    Node.objects.filter(name="h1").update(agent_instance="i1")
+    api = agent_api(issue_credential(node_name="h1")[1])
+    first = api.heartbeat(agent_instance="i1", gpus=[])
+    calls = api.session.calls
+    answers = []
+    real = api.session.request
+
+    def recording(*args, **kwargs):
+        response = real(*args, **kwargs)
+        answers.append(response.json())
+        return response
+
+    api.session.request = recording
+    assert api.heartbeat(agent_instance="i1", gpus=[]) == first
+    assert answers[-1]["unchanged"] is True and answers[-1]["members"] == []
+    services.job_cancel(job=Job.objects.get(pk=a.job_id), actor="test")  # a stop is asked: changed
+    after_cancel = api.heartbeat(agent_instance="i1", gpus=[])
+    assert "unchanged" not in answers[-1] and after_cancel[(a.pk, 0)].stop_requested == "cancel"
+    services.attempt_member_started(attempt_id=b.pk, rank=0, token=str(b.token), pid=1)
+    services.attempt_member_finished(attempt_id=b.pk, rank=0, token=str(b.token), exit_code=0)
+    assert set(api.heartbeat(agent_instance="i1", gpus=[])) == {(a.pk, 0)}  # b ended: changed
+    assert api.heartbeat(agent_instance="i1", gpus=[]) == api.heartbeat(
+        agent_instance="i1", gpus=[]
+    )
+    assert answers[-1]["unchanged"] is True and len(calls) >= 5
+    # A made-up digest gets the whole list, as an old agent that sends none does.
+    client = bearer(issue_credential(node_name="h1")[1])
+    answer = client.post(
+        f"{API}/heartbeat/", {"agent_instance": "i1", "members_digest": "f" * 32}, format="json"
+    )
+    assert "unchanged" not in answer.json() and len(answer.json()["members"]) == 1
+    old = client.post(f"{API}/heartbeat/", {"agent_instance": "i1"}, format="json").json()
+    assert len(old["members"]) == 1 and old["members_digest"] == answer.json()["members_digest"]
