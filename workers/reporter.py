@@ -67,16 +67,15 @@ class ReportBatcher:
             outcome[:] = [accepted, error]
             answered.set()
 
-        own = _Pending(assignment, kind, body, done)
         with self._ready:
+            self._pending.append(_Pending(assignment, kind, body, done))
             if self._busy:
-                self._pending.append(own)
                 self._wake()
                 batch = None
-            else:
+            else:  # in order: whatever was queued before it goes first
                 self._busy = True
-                batch = [own] + self._pending[: self.max_items - 1]
-                del self._pending[: self.max_items - 1]
+                batch = self._pending[: self.max_items]
+                del self._pending[: self.max_items]
         if batch is not None:
             try:
                 self._send(batch)

@@ -387,3 +387,20 @@ def test_an_unchanged_members_list_is_not_sent_again_and_any_change_is(cast):
     assert "unchanged" not in answer.json() and len(answer.json()["members"]) == 1
     old = client.post(f"{API}/heartbeat/", {"agent_instance": "i1"}, format="json").json()
     assert len(old["members"]) == 1 and old["members_digest"] == answer.json()["members_digest"]
+
+
+def test_a_waited_report_goes_after_what_was_queued_before_it():
+    from workers.reporter import _Pending
+
+    api = SlowApi()
+    api.gate.set()
+    batcher = ReportBatcher(api)
+    answered = []
+    # A start queued an instant before its sender thread took it; the end is reported, waited for.
+    batcher._pending.append(_Pending(work(1), "started", {"pid": 1}, lambda *a: answered.append(a)))
+    assert batcher.call(work(1), "finished", exit_code=0) is True
+    assert [(i["attempt_id"], i["kind"]) for i in api.batches[0]] == [
+        (1, "started"),
+        (1, "finished"),
+    ]
+    assert answered == [(True, None)]
