@@ -1,9 +1,9 @@
 """bench.foundation's measurements from two checkouts, interleaved, with each platform process's CPU.
 
-    python bench/side_by_side.py BASE_TREE NEW_TREE [--rounds 2] [--out results.jsonl]
-    python bench/side_by_side.py --one TREE WHAT N DATA_DIR      (one measurement; what it runs)
+    python bench/_side_by_side.py BASE_TREE NEW_TREE [--rounds 2] [--out results.jsonl]
+    python bench/_side_by_side.py --one TREE WHAT N DATA_DIR      (one measurement; what it runs)
 
-Run as a script, not with -m: each measurement runs in a fresh interpreter from its own tree (`cwd` and `sys.path` there, so
+Not part of `make bench` (it needs two checkouts). Run as a script, not with -m: each measurement runs in a fresh interpreter from its own tree (`cwd` and `sys.path` there, so
 each tree's own bench/foundation.py, tests/e2e/platform.py and code), base, new, base, new, ...,
 each tree: latency 20, throughput 200, peer 100 (bench.foundation's --quick shapes). Besides the
 figures, it records the CPU seconds each platform process used (the web with its workers, the
