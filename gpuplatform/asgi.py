@@ -27,6 +27,12 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 from django.core.wsgi import get_wsgi_application  # noqa: E402
 
 STREAMS = re.compile(r"^/api/v1/jobs/[^/]+/events/$")
+# An agent that goes unanswered for its fence window kills its jobs (workers/agent.py): its
+# heartbeat must never queue behind a burst of submits holding every thread of the pool, so
+# heartbeats (and registrations, so an agent's restart is seen at once) have a pool of their own
+# in each worker, as large as the other: on SQLite each waits for the one write lock, and a
+# single thread made every node's heartbeat wait for the others'.
+LIVENESS = re.compile(r"^/internal/agent/v1/(heartbeat|register)/$")
 BODY_IN_MEMORY = 1024 * 1024  # a larger request body spills to a temporary file
 GATHER_BYTES = 256 * 1024  # a response up to this size is built in one hop
 
@@ -35,13 +41,15 @@ def build(wsgi_app, *, threads: int | None = None):
     """The router over a WSGI app (the platform's, or the bench's with its extra URLs)."""
     threads = threads or int(os.environ.get("GPUPLATFORM_WEB_THREADS") or 4)
     pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="wsgi")
+    liveness = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="wsgi-liveness")
     streams = get_asgi_application()
 
     async def application(scope, receive, send):
         if scope["type"] == "http" and STREAMS.match(scope["path"]):
             await streams(scope, receive, send)
         elif scope["type"] == "http":
-            await serve_wsgi(wsgi_app, pool, scope, receive, send)
+            lane = liveness if LIVENESS.match(scope["path"]) else pool
+            await serve_wsgi(wsgi_app, lane, scope, receive, send)
         elif scope["type"] == "lifespan":
             await lifespan(receive, send)
 

@@ -41,7 +41,8 @@ class DjangoSession:
     def request(
         self, method, url, *, headers=None, timeout=None, json=None, data=None, stream=False
     ):
-        path = urllib.parse.urlsplit(url).path
+        parts = urllib.parse.urlsplit(url)
+        path = parts.path + (f"?{parts.query}" if parts.query else "")
         merged = {**self.headers, **(headers or {})}
         content_type = merged.pop("Content-Type", "application/octet-stream")
         if json is not None:

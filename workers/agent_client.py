@@ -40,6 +40,8 @@ class AgentApi:
         self.timeout = timeout
         self.session = session if session is not None else requests.Session()
         self.session.headers["Authorization"] = f"{wire.AUTH_SCHEME} {credential}"
+        # The last heartbeat answer's members and their digest (sent back: unchanged, not resent).
+        self._members: tuple[str, dict[tuple[int, int], wire.Assignment]] = ("", {})
 
     # --- plumbing ---------------------------------------------------------------------------
 
@@ -78,12 +80,30 @@ class AgentApi:
     def heartbeat(self, *, agent_instance: str, gpus: list[wire.GpuInfo]) -> dict | None:
         """The members open on this node (as `assignments()`), or None when another agent
         instance has taken this node over (this one must stop)."""
-        body = {"agent_instance": agent_instance, "gpus": [wire.to_wire(g) for g in gpus]}
+        digest, known = self._members
+        body = {
+            "agent_instance": agent_instance,
+            "gpus": [wire.to_wire(g) for g in gpus],
+            "members_digest": digest,
+        }
         answer = self._call("POST", "/heartbeat/", json=body).json()
-        return None if answer["replaced"] else _by_key(answer["members"])
+        if answer["replaced"]:
+            return None
+        if answer.get("unchanged") and digest and answer.get("members_digest") == digest:
+            return dict(known)  # what the platform has here is what its last answer said
+        members = _by_key(answer["members"])
+        self._members = (answer.get("members_digest", ""), members)
+        return dict(members)
 
-    def assignments(self) -> dict[tuple[int, int], wire.Assignment]:
-        return _by_key(self._call("GET", "/assignments/").json()["members"])
+    def assignments(
+        self, attempts: list[int] | None = None
+    ) -> dict[tuple[int, int], wire.Assignment]:
+        """The members open on this node; with `attempts`, those attempts' members here (ended
+        ones too, `active` says), each with its `resume_from`: a start message's check."""
+        if attempts is None:
+            return _by_key(self._call("GET", "/assignments/").json()["members"])
+        query = ",".join(str(a) for a in sorted(set(attempts)))
+        return _by_key(self._call("GET", f"/assignments/?attempts={query}").json()["members"])
 
     def assignment(self, attempt_id: int, rank: int, token: str) -> wire.Assignment | None:
         """The member if the platform has it placed on this node under this token, else None."""
@@ -98,6 +118,15 @@ class AgentApi:
             "POST", self._member(a) + f"{kind}/", token=a.token, json=body, ok=(200, 404)
         )
         return response.status_code == 200 and bool(response.json().get("accepted"))
+
+    def reports(self, items: list[dict]) -> list[dict]:
+        """Several members' reports in one call (`POST /reports/`): each item has attempt_id,
+        rank, token, kind and the kind's fields; the answer has one result per item, in order
+        (`{"status": 200, "accepted": bool}`, or 404 / 400 / 500 for that item alone)."""
+        results = self._call("POST", "/reports/", json={"reports": items}).json()["results"]
+        if len(results) != len(items):
+            raise ApiError(f"POST /reports/: {len(results)} results for {len(items)} reports")
+        return results
 
     def append_log(self, a: wire.Assignment, offset: int, chunk: bytes) -> tuple[bool, int]:
         """(appended, the stored log's size): not appended when the stored log does not end at `offset`."""

@@ -1,5 +1,5 @@
 """The runner's reports, sent through the agent API (workers/agent_client.py), each fenced by the
-attempt token. Files the job wrote (its checkpoint, its artifacts) are opened only through
+attempt token; starts and ends of several members coalesce into one call (ReportBatcher). Files the job wrote (its checkpoint, its artifacts) are opened only through
 workers/safefiles.py: a link the job planted is never followed."""
 
 from __future__ import annotations
@@ -7,9 +7,12 @@ from __future__ import annotations
 import logging
 import os
 import pathlib
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import BinaryIO
 
+from apps.platform.agent_protocol import MAX_REPORTS_PER_CALL, Assignment
 from apps.platform.names import LOST_BY_AGENT_STOP
 from workers import inputs
 from workers.agent_client import AgentApi, ApiError, TooLarge
@@ -20,38 +23,188 @@ log = logging.getLogger(__name__)
 LOG_CHUNK = 4 << 20  # bytes of log per request
 
 
+Done = Callable[[bool | None, Exception | None], None]  # (accepted, or the error that stopped it)
+
+
+@dataclass
+class _Pending:
+    assignment: Assignment
+    kind: str
+    body: dict
+    done: Done
+
+
+class ReportBatcher:
+    """Sends the runner's started / progress / finished / lost reports, several members' in one
+    call (`POST /reports/`), as a group commit does: one call is in flight at a time; a report
+    made while none is goes at once (no added latency when idle: a caller that waits for its
+    answer sends it from its own thread, one that does not wake the sender thread), and the
+    reports that queue up meanwhile go together in the next call. Against a control plane
+    without the batch endpoint (404 or 405 for it) each report goes to its member's own
+    endpoint, as before."""
+
+    def __init__(self, api: AgentApi, *, max_items: int = MAX_REPORTS_PER_CALL):
+        self.api, self.max_items = api, max_items
+        self.single = False  # the control plane has no batch endpoint
+        self.calls = 0  # requests sent (for tests and logs)
+        self._pending: list[_Pending] = []
+        self._busy = False  # a call is in flight
+        self._ready = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, assignment: Assignment, kind: str, body: dict, done: Done) -> None:
+        """Queue a report; `done(accepted, error)` is called once it is answered (from the
+        thread that sent it): accepted False when refused (stale token, ended, not placed here)."""
+        with self._ready:
+            self._pending.append(_Pending(assignment, kind, body, done))
+            self._wake()
+
+    def call(self, assignment: Assignment, kind: str, **body) -> bool:
+        """A report, waited for (sent with whatever else is queued): raises what stopped it."""
+        answered = threading.Event()
+        outcome: list = [None, None]
+
+        def done(accepted: bool | None, error: Exception | None) -> None:
+            outcome[:] = [accepted, error]
+            answered.set()
+
+        with self._ready:
+            self._pending.append(_Pending(assignment, kind, body, done))
+            if self._busy:
+                self._wake()
+                batch = None
+            else:  # in order: whatever was queued before it goes first
+                self._busy = True
+                batch = self._pending[: self.max_items]
+                del self._pending[: self.max_items]
+        if batch is not None:
+            try:
+                self._send(batch)
+            finally:
+                with self._ready:
+                    self._busy = False
+                    self._wake()
+        answered.wait()
+        if outcome[1] is not None:
+            raise outcome[1]
+        return bool(outcome[0])
+
+    def _wake(self) -> None:  # holding self._ready
+        if self._pending and not self._busy:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="reports", daemon=True)
+                self._thread.start()
+            self._ready.notify_all()
+
+    def _loop(self) -> None:
+        while True:
+            with self._ready:
+                while not self._pending or self._busy:
+                    self._ready.wait()
+                self._busy = True
+                batch = self._pending[: self.max_items]
+                del self._pending[: self.max_items]
+            try:
+                self._send(batch)
+            finally:
+                with self._ready:
+                    self._busy = False
+                    self._wake()
+
+    def _send(self, batch: list[_Pending]) -> None:
+        answers: list[tuple[bool | None, Exception | None]]
+        try:
+            answers = self._batch(batch) if not self.single else self._one_by_one(batch)
+        except ApiError as error:
+            if error.status in (404, 405) and not self.single:
+                log.warning("the platform has no batch report endpoint; reporting one by one")
+                self.single = True
+                self._send(batch)
+                return
+            answers = [(None, error)] * len(batch)
+        except Exception as error:  # never let the sender thread die
+            answers = [(None, error)] * len(batch)
+        for item, (accepted, failure) in zip(batch, answers, strict=True):
+            try:
+                item.done(accepted, failure)
+            except Exception:
+                log.exception("handling the answer to a %s report failed", item.kind)
+
+    def _batch(self, batch: list[_Pending]) -> list[tuple[bool | None, Exception | None]]:
+        items = [{"attempt_id": p.assignment.attempt_id, "rank": p.assignment.rank, "token": p.assignment.token,
+                  "kind": p.kind, **p.body} for p in batch]  # fmt: skip
+        self.calls += 1
+        answers: list[tuple[bool | None, Exception | None]] = []
+        for item, result in zip(batch, self.api.reports(items), strict=True):
+            status = result.get("status", 200)
+            if status == 200:
+                answers.append((bool(result.get("accepted")), None))
+            elif status == 404:
+                answers.append((False, None))  # as the single endpoint's 404: refused
+            else:
+                what = f"{item.kind} report of attempt {item.assignment.attempt_id} rank {item.assignment.rank}"
+                answers.append(
+                    (None, ApiError(f"{what}: {status} {result.get('errors', '')}", status))
+                )
+        return answers
+
+    def _one_by_one(self, batch: list[_Pending]) -> list[tuple[bool | None, Exception | None]]:
+        answers: list[tuple[bool | None, Exception | None]] = []
+        for item in batch:
+            self.calls += 1
+            try:
+                answers.append((self.api.report(item.assignment, item.kind, **item.body), None))
+            except Exception as error:
+                answers.append((None, error))
+        return answers
+
+
 class HttpReporter(Reporter):
     def __init__(self, api: AgentApi):
         self.api = api
+        self.batcher = ReportBatcher(api)
 
     def started(self, run: Run) -> bool:
         """False: the attempt or member ended before this process started (the runner stops it)."""
         # pid 0: reported before its process starts, while its own code is prepared
         # (workers/prepare.py), so that the attempt's lease is renewed meanwhile.
         pid = run.process.pid if run.process is not None else 0
-        return self.api.report(run.assignment, "started", pid=pid)
+        return self.batcher.call(run.assignment, "started", pid=pid)
+
+    def started_later(self, run: Run, done: Done) -> None:
+        """`started` without waiting: `done(accepted, error)` once it is answered."""
+        pid = run.process.pid if run.process is not None else 0
+        self.batcher.submit(run.assignment, "started", {"pid": pid}, done)
 
     def progress(self, run: Run, progress: float, checkpoint: str) -> None:
         stored = self._store_checkpoint(run, checkpoint)
-        self.api.report(run.assignment, "progress", progress=progress, checkpoint=stored)
+        self.batcher.call(run.assignment, "progress", progress=progress, checkpoint=stored)
 
     def finished(self, run: Run, exit_code, reason: str, checkpoint: str) -> None:
+        kind, body = self._end(run, exit_code, reason, checkpoint)
+        self.batcher.call(run.assignment, kind, **body)
+
+    def finished_later(self, run: Run, exit_code, reason: str, checkpoint: str, done: Done) -> None:
+        """`finished` without waiting for the answer (the checkpoint is stored first, here)."""
+        kind, body = self._end(run, exit_code, reason, checkpoint)
+        self.batcher.submit(run.assignment, kind, body, done)
+
+    def _end(self, run: Run, exit_code, reason: str, checkpoint: str) -> tuple[str, dict]:
         # Stopped by the agent, not the job's fault: retried. (If the platform already ended the
         # member, as it has for UNASSIGNED unless a race fooled the agent, the report changes nothing.)
         lost = LOST_BY_AGENT_STOP.get(run.stop_reason)
         if lost is not None:
-            self.lost(run, lost)
-            return
+            return "lost", {"reason": lost[:300]}
         if run.failure == "lost":  # it could not be prepared through no fault of the job's
-            self.lost(run, reason)
-            return
+            return "lost", {"reason": reason[:300]}
         stored = self._store_checkpoint(run, checkpoint)
-        extra = {"retryable": False} if run.failure == "final" else {}
-        self.api.report(run.assignment, "finished", exit_code=exit_code, reason=reason[:300],
-                        checkpoint=stored, **extra)  # fmt: skip
+        body = {"exit_code": exit_code, "reason": reason[:300], "checkpoint": stored}
+        if run.failure == "final":  # its own code could not be prepared: never retried
+            body["retryable"] = False
+        return "finished", body
 
     def lost(self, run: Run, reason: str) -> None:
-        self.api.report(run.assignment, "lost", reason=reason[:300])
+        self.batcher.call(run.assignment, "lost", reason=reason[:300])
 
     def sync_log(self, run: Run) -> None:
         """Send what the log gained since the last sync (appended where the stored copy ends)."""

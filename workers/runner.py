@@ -344,10 +344,28 @@ class Runner:
         if exit_code == 0 and not run.stop_reason:
             self._collect_outputs(run)
         checkpoint = self._checkpoint_path(run)
+        later = getattr(self.reporter, "finished_later", None)
         try:
+            if later is not None:
+                # Answered from the reporter's thread, batched with other members' reports: the
+                # tick goes on to the next run meanwhile (it skips this one: finished is set).
+                later(
+                    run,
+                    exit_code,
+                    reason,
+                    checkpoint,
+                    lambda _, error: self._end_reported(run, error),
+                )
+                return
             self.reporter.finished(run, exit_code, reason, checkpoint)
-        except Exception:
-            log.exception("could not report the end of %s; will retry", run.key)
+        except Exception as error:
+            self._end_reported(run, error)
+            return
+        self._end_reported(run, None)
+
+    def _end_reported(self, run: Run, error: Exception | None) -> None:
+        if error is not None:
+            log.error("could not report the end of %s (%s); will retry", run.key, error)
             run.finished = False
             return
         self.preparer.release(run)
@@ -437,15 +455,28 @@ class Runner:
                  extra={"job_id": a.job_id, "attempt_id": a.attempt_id, "node": self.node, "rank": a.rank})  # fmt: skip
         if run.start_reported:
             return  # reported before it was prepared (workers/prepare.py)
+        later = getattr(self.reporter, "started_later", None)
+        if later is not None:
+            # Answered from the reporter's thread (batched with other members' reports): the
+            # launcher spawns the next member meanwhile. The end waits for this answer.
+            later(run, lambda accepted, error: self._start_reported(run, accepted, error))
+            return
         try:
             accepted = self.reporter.started(run)
-        except Exception:
+        except Exception as error:
+            self._start_reported(run, None, error)
+            return
+        self._start_reported(run, accepted, None)
+
+    def _start_reported(self, run: Run, accepted: bool | None, error: Exception | None) -> None:
+        a = run.assignment
+        if error is not None:
             # The process runs: its end is still reported (and settles the attempt); never
             # report it finished while it runs, or its GPUs would go to another job.
-            log.exception("could not report the start of attempt %s rank %s", a.attempt_id, a.rank)
-            accepted = None
-        finally:
-            run.start_reported = True
+            log.error(
+                "could not report the start of attempt %s rank %s (%s)", a.attempt_id, a.rank, error
+            )
+        run.start_reported = True
         if accepted is False:
             # The attempt ended (lost, cancelled) between our read and the launch: stop it now
             # rather than at the next sync, so it never runs beside the job's next attempt.

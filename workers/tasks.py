@@ -9,7 +9,7 @@ for a stop, that the platform asked it to stop). A forged start or stop changes 
 import hmac
 import logging
 
-from apps.scheduling.queues import START_ATTEMPT_TASK, STOP_ATTEMPT_TASK
+from apps.scheduling.queues import START_ATTEMPT_TASK, START_ATTEMPTS_TASK, STOP_ATTEMPT_TASK
 from workers.celery_app import app
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,42 @@ def start_attempt(attempt_id: int, rank: int, token: str) -> None:
         log.info("attempt %s rank %s is no longer active; not starting it", attempt_id, rank)
         return
     agent.runner.launch(work)
+
+
+@app.task(name=START_ATTEMPTS_TASK, ignore_result=True)
+def start_attempts(members: list) -> None:
+    """What one dispatcher pass placed on this node: `[{"attempt_id", "rank", "token"}, ...]`.
+    One request checks them all (`GET /assignments/?attempts=...`, this node's members of those
+    attempts only); each member starts only if the platform has it here, active, under the token
+    the message names. Anything else in the message (forged, stale, another node's) is ignored."""
+    from workers.agent_client import ApiError
+
+    agent = _agent()
+    if agent is None:
+        return
+    try:
+        wanted = [(int(m["attempt_id"]), int(m["rank"]), str(m["token"])) for m in members]
+    except (TypeError, KeyError, ValueError):
+        log.warning("malformed start message ignored")
+        return
+    if not wanted:
+        return
+    try:
+        placed = agent.api.assignments(attempts=[attempt_id for attempt_id, _, _ in wanted])
+    except ApiError as error:
+        log.warning("could not check a start message for %d member(s) (%s); the next sync repairs it",
+                    len(wanted), error)  # fmt: skip
+        return
+    for attempt_id, rank, token in wanted:
+        work = placed.get((attempt_id, rank))
+        if work is None or not hmac.compare_digest(work.token, token):
+            log.warning("message for attempt %s rank %s is not for a member placed here with that token; ignored",
+                        attempt_id, rank)  # fmt: skip
+            continue
+        if not work.active:
+            log.info("attempt %s rank %s is no longer active; not starting it", attempt_id, rank)
+            continue
+        agent.runner.launch(work)
 
 
 @app.task(name=STOP_ATTEMPT_TASK, ignore_result=True)

@@ -1,5 +1,7 @@
 """Read-only queries used by node agents: what they should be running."""
 
+from django.db.models import Prefetch
+
 from apps.jobs.models import ATTEMPT_ACTIVE, AttemptMember
 from apps.platform.agent_protocol import Assignment  # the wire type, defined without Django
 
@@ -7,7 +9,10 @@ from apps.platform.agent_protocol import Assignment  # the wire type, defined wi
 def assignment_for(member: AttemptMember) -> Assignment:
     attempt = member.attempt
     job = attempt.job
-    members = list(attempt.members.select_related("node").order_by("rank"))
+    if "members" in getattr(attempt, "_prefetched_objects_cache", {}):
+        members = list(attempt.members.all())  # _with_gang: ordered by rank, nodes joined
+    else:
+        members = list(attempt.members.select_related("node").order_by("rank"))
     leader = members[0].node
     template = job.template  # None without a query when the job has none
     argv = list(template.argv) if template is not None else list(job.command or [])
@@ -50,9 +55,21 @@ def assignment(attempt_id: int, rank: int, token: str) -> Assignment | None:
     return assignment_for(member) if member else None
 
 
+def _with_gang(members):
+    """Members with what assignment_for reads, in a fixed number of queries however many."""
+    gang = AttemptMember.objects.select_related("node").order_by("rank")
+    return members.select_related(
+        "attempt__job__template", "attempt__job__tier", "node"
+    ).prefetch_related(Prefetch("attempt__members", queryset=gang))
+
+
 def open_members_on(node_name: str) -> dict[tuple[int, int], Assignment]:
     """Members placed on this node whose process has not been reported gone."""
-    members = AttemptMember.objects.select_related(
-        "attempt__job__template", "attempt__job__tier", "node"
-    ).filter(node__name=node_name, ended_at=None)
+    members = _with_gang(AttemptMember.objects.filter(node__name=node_name, ended_at=None))
     return {(m.attempt_id, m.rank): assignment_for(m) for m in members}
+
+
+def members_on(node_name: str, attempt_ids: list[int]) -> list[AttemptMember]:
+    """These attempts' members placed on this node, ended or not (assignment_for says which)."""
+    members = AttemptMember.objects.filter(node__name=node_name, attempt_id__in=attempt_ids)
+    return list(_with_gang(members.order_by("attempt_id", "rank")))

@@ -11,6 +11,8 @@ other member, or a wrong token, is 404 as if it did not exist. docs/architecture
 from __future__ import annotations
 
 import dataclasses
+import hmac
+import logging
 import os
 import tempfile
 import uuid
@@ -19,6 +21,7 @@ from typing import cast
 from django.conf import settings
 from django.core.files import File
 from django.core.files.storage import default_storage
+from django.db import transaction
 from django.http import FileResponse
 from django.views.decorators.debug import sensitive_variables
 from rest_framework import serializers, status
@@ -37,7 +40,7 @@ from apps.bundles.models import Bundle
 from apps.jobs import dependencies
 from apps.jobs import services as jobs
 from apps.jobs.models import ATTEMPT_ACTIVE, AttemptMember, JobAttempt
-from apps.jobs.selectors import assignment_for, open_members_on
+from apps.jobs.selectors import assignment_for, members_on, open_members_on
 from apps.nodes.broker import node_broker_url
 from apps.nodes.credentials import credential_node
 from apps.nodes.services import NodeInfo, node_heartbeat, node_register
@@ -47,6 +50,7 @@ from apps.secrets.crypto import SecretUnreadable
 from apps.secrets.services import secret_values
 
 CHUNK = 1 << 20
+log = logging.getLogger(__name__)
 
 
 # --- authentication and authorisation ------------------------------------------------------------
@@ -195,6 +199,9 @@ def agent_settings(node_name: str) -> dict:
 class HeartbeatSerializer(serializers.Serializer):
     agent_instance = serializers.CharField(max_length=64)
     gpus = GpuSerializer(many=True, default=list)
+    # The digest of the members list the agent holds (the last answer's `members_digest`):
+    # when what is placed here has not changed since, the answer leaves the list out.
+    members_digest = serializers.CharField(max_length=64, allow_blank=True, default="")
 
 
 class HeartbeatView(AgentView):
@@ -205,15 +212,71 @@ class HeartbeatView(AgentView):
         )
         if node is None:
             return Response({"replaced": True, "members": []})
-        # What runs here rides along: the agent's sync costs no second request.
-        members = open_members_on(self.node_name)
-        return Response({"replaced": False, "members": [wire.to_wire(a) for a in members.values()]})
+        # What runs here rides along, each with its resume point: the agent's sync (which
+        # starts a member whose message is late) costs no second request. Unless it has not
+        # changed since the agent's copy (one small query instead of the whole list).
+        if data["members_digest"] and data["members_digest"] == _open_members_digest(
+            self.node_name
+        ):
+            return Response({"replaced": False, "unchanged": True, "members": [],
+                             "members_digest": data["members_digest"]})  # fmt: skip
+        members = _open_members_wire(self.node_name)
+        return Response(
+            {"replaced": False, "members": members, "members_digest": wire.members_digest(members)}
+        )
+
+
+def _open_members_wire(node_name: str) -> list[dict]:
+    members = list(open_members_on(node_name).values())
+    resume = _resume_checkpoints([(a.attempt_id, a.job_id, a.attempt_number) for a in members])
+    return [wire.to_wire(dataclasses.replace(a, resume_from=resume[a.attempt_id])) for a in members]
+
+
+def _open_members_digest(node_name: str) -> str:
+    """wire.members_digest of what _open_members_wire would answer now, from the few fields it
+    covers (what the agent's sync acts on: which members, their tokens, stops and activity)."""
+    rows = AttemptMember.objects.filter(node__name=node_name, ended_at=None).values_list(
+        "attempt_id", "rank", "attempt__token", "attempt__stop_requested", "attempt__state"
+    )
+    return wire.members_digest(
+        [
+            {
+                "attempt_id": a,
+                "rank": r,
+                "token": str(t),
+                "stop_requested": s,
+                "active": state in ATTEMPT_ACTIVE,
+            }
+            for a, r, t, s, state in rows
+        ]  # fmt: skip
+    )
 
 
 class AssignmentsView(AgentView):
+    """GET: the members open on this node. `?attempts=1,2,3`: only those attempts' members on
+    this node (open or not), each with its `resume_from`, so a start message naming several
+    members costs the agent one request (the agent compares each token with the message's)."""
+
     def get(self, request):
-        members = open_members_on(self.node_name)
-        return Response({"members": [wire.to_wire(a) for a in members.values()]})
+        wanted = request.query_params.get("attempts")
+        if wanted is None:
+            return Response({"members": _open_members_wire(self.node_name)})
+        try:
+            ids = sorted({int(part) for part in wanted.split(",") if part.strip()})
+        except ValueError:
+            raise ValidationError({"attempts": ["comma-separated attempt ids"]}) from None
+        if len(ids) > wire.MAX_REPORTS_PER_CALL:
+            raise ValidationError(
+                {"attempts": [f"at most {wire.MAX_REPORTS_PER_CALL} attempt ids"]}
+            )
+        found = members_on(self.node_name, ids)
+        resume = _resume_checkpoints(
+            [(m.attempt_id, m.attempt.job_id, m.attempt.number) for m in found]
+        )
+        return Response({"members": [
+            wire.to_wire(dataclasses.replace(assignment_for(m), resume_from=resume[m.attempt_id]))
+            for m in found
+        ]})  # fmt: skip
 
 
 # --- one member -----------------------------------------------------------------------------------
@@ -262,6 +325,25 @@ class SecretsView(AgentView):
                 response = Response({"secrets": values})
         response["Cache-Control"] = "no-store"
         return response
+
+
+def _resume_checkpoints(attempts: list[tuple[int, object, int]]) -> dict[int, str]:
+    """`_resume_checkpoint` of several attempts, each (attempt id, job id, number), in one query."""
+    stored: dict[str, list[tuple[int, str]]] = {}
+    if attempts:
+        rows = JobAttempt.objects.filter(job_id__in={job for _, job, _ in attempts}).exclude(
+            checkpoint=""
+        )
+        for job, number, name in rows.values_list("job_id", "number", "checkpoint"):
+            stored.setdefault(str(job), []).append((number, name))
+    answer = {}
+    for attempt_id, job_id, number in attempts:
+        prefix = f"checkpoints/{job_id}/"
+        names = sorted(stored.get(str(job_id), []), reverse=True)
+        answer[attempt_id] = next(
+            (name for n, name in names if n <= number and name.startswith(prefix)), ""
+        )
+    return answer
 
 
 def _resume_checkpoint(attempt: JobAttempt) -> str:
@@ -350,6 +432,114 @@ class LostView(StartedView):
         accepted = jobs.attempt_member_lost(attempt_id=attempt_id, rank=rank, token=self._token(),
                                             reason=data["reason"])  # fmt: skip
         return Response({"accepted": accepted})
+
+
+class LostReport(serializers.Serializer):
+    reason = serializers.CharField(max_length=300)
+
+
+class StartedReport(serializers.Serializer):
+    pid = serializers.IntegerField(min_value=0)
+
+
+class ReportItem(serializers.Serializer):
+    """One member's report in a batch: the member, its attempt's token (what `X-Attempt-Token`
+    carries on the single endpoints) and the kind; the kind's own fields sit beside these."""
+
+    attempt_id = serializers.IntegerField(min_value=1)
+    rank = serializers.IntegerField(min_value=0)
+    token = serializers.CharField(max_length=64)
+    kind = serializers.ChoiceField(choices=wire.REPORT_KINDS)
+
+
+REPORT_BODIES = {"started": StartedReport, "progress": ProgressReport, "finished": FinishedReport,
+                 "lost": LostReport}  # fmt: skip
+
+
+class ReportsView(AgentView):
+    """POST `{"reports": [{"attempt_id", "rank", "token", "kind", ...the kind's fields}, ...]}`:
+    several members' started / progress / finished / lost reports in one call, applied in one
+    transaction through the same guarded services as the single endpoints. Each item is fenced on
+    its own: one that is not this node's member under that token answers `{"status": 404}` and
+    changes nothing, one with bad fields `{"status": 400, "errors": {...}}`; the others still
+    apply. The answer's `results` are in the order of `reports`, each `{"status": 200,
+    "accepted": bool}` when it reached its service."""
+
+    def post(self, request):
+        items = request.data.get("reports") if isinstance(request.data, dict) else None
+        if not isinstance(items, list) or not items:
+            raise ValidationError({"reports": ["a non-empty list of reports"]})
+        if len(items) > wire.MAX_REPORTS_PER_CALL:
+            raise ValidationError(
+                {"reports": [f"at most {wire.MAX_REPORTS_PER_CALL} reports a call"]}
+            )
+        heads: list[dict | None] = []
+        results: list[dict | None] = [None] * len(items)
+        for i, item in enumerate(items):
+            head = ReportItem(data=item if isinstance(item, dict) else {})
+            if head.is_valid():
+                heads.append(head.validated_data)
+            else:
+                heads.append(None)
+                results[i] = {"status": 400, "errors": head.errors}
+        members = self._members({h["attempt_id"] for h in heads if h is not None})
+        # Jobs in id order, each job's reports in the order sent (a start before its end): two
+        # batches never take the same two jobs' row locks in opposite orders.
+        order = []
+        for i, head in enumerate(heads):
+            if head is None:
+                continue
+            member = members.get((head["attempt_id"], head["rank"]))
+            if member is None or not hmac.compare_digest(str(member.attempt.token), head["token"]):
+                results[i] = {"status": 404}
+                continue
+            order.append((member.attempt.job_id, i))
+        with transaction.atomic():
+            for _, i in sorted(order):
+                head = cast(dict, heads[i])
+                results[i] = self._apply(
+                    members[(head["attempt_id"], head["rank"])], head, items[i]
+                )
+        return Response({"results": results})
+
+    def _members(self, attempt_ids: set[int]) -> dict[tuple[int, int], AttemptMember]:
+        found = AttemptMember.objects.select_related("attempt").filter(
+            attempt_id__in=attempt_ids, node__name=self.node_name
+        )
+        return {(m.attempt_id, m.rank): m for m in found}
+
+    def _apply(self, member: AttemptMember, head: dict, item: dict) -> dict:
+        body = REPORT_BODIES[head["kind"]](data=item, context={"job_id": member.attempt.job_id})
+        if not body.is_valid():
+            return {"status": 400, "errors": body.errors}
+        data, kind = body.validated_data, head["kind"]
+        key = {"attempt_id": member.attempt_id, "token": head["token"]}
+        # Each service is atomic: inside the batch's transaction, a savepoint, so one item's
+        # failure rolls back that item only.
+        try:
+            if kind == "started":
+                accepted = jobs.attempt_member_started(**key, rank=member.rank, pid=data["pid"])
+            elif kind == "progress":
+                accepted = jobs.attempt_progress(
+                    **key, progress=data["progress"], checkpoint=data["checkpoint"]
+                )
+            elif kind == "finished":
+                accepted = jobs.attempt_member_finished(
+                    **key,
+                    rank=member.rank,
+                    exit_code=data["exit_code"],
+                    reason=data["reason"],
+                    checkpoint=data["checkpoint"],
+                    retryable=data["retryable"],
+                )
+            else:
+                accepted = jobs.attempt_member_lost(**key, rank=member.rank, reason=data["reason"])
+        except Exception:
+            log.exception(
+                "report %s of attempt %s rank %s failed", kind, member.attempt_id, member.rank
+            )
+            return {"status": 500}
+        return {"status": 200, "accepted": accepted}
 
 
 # --- files: log, artifacts, checkpoints -------------------------------------------------------------

@@ -9,6 +9,7 @@ urlpatterns = [
     path("register/", views.RegisterView.as_view(), name="agent-register"),
     path("heartbeat/", views.HeartbeatView.as_view(), name="agent-heartbeat"),
     path("assignments/", views.AssignmentsView.as_view(), name="agent-assignments"),
+    path("reports/", views.ReportsView.as_view(), name="agent-reports"),
     path(member, views.MemberView.as_view(), name="agent-member"),
     path(member + "started/", views.StartedView.as_view(), name="agent-started"),
     path(member + "progress/", views.ProgressView.as_view(), name="agent-progress"),

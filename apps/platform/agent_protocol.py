@@ -7,6 +7,7 @@ is added on the other. Endpoints and their rules: docs/architecture.md, "Agent A
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from dataclasses import dataclass, field
 
 API_PREFIX = "/internal/agent/v1"
@@ -16,6 +17,9 @@ LOG_OFFSET_HEADER = "X-Log-Offset"  # a log chunk's first byte: appended only wh
 CHECKPOINT_NAME_HEADER = "X-Checkpoint-Name"  # the checkpoint file's own name (no directories)
 BUNDLE_SHA256_HEADER = "X-Bundle-Sha256"  # the digest of the bundle a member's GET bundle/ streams
 CREDENTIAL_PREFIX = "gpn_"
+# `POST /reports/`: several members' reports in one call, each item fenced by its own token.
+REPORT_KINDS = ("started", "progress", "finished", "lost")
+MAX_REPORTS_PER_CALL = 200
 
 
 @dataclass(frozen=True)
@@ -95,3 +99,14 @@ def log_name(job_id: str, attempt_number: int, rank: int) -> str:
     """Where a member's log lives in the platform's storage (the web reads it there)."""
     suffix = "" if rank == 0 else f".rank-{rank}"
     return f"logs/{job_id}/attempt-{attempt_number}{suffix}.log"
+
+
+def members_digest(members: list[dict]) -> str:
+    """What a heartbeat's members list says the agent must act on (which members, their tokens,
+    stop requests and activity), as a short digest: the agent sends back the last one it got,
+    and an unchanged list is not sent again. Both ends compute it here."""
+    keys = sorted(
+        (m["attempt_id"], m["rank"], m["token"], m["stop_requested"], bool(m["active"]))
+        for m in members
+    )
+    return hashlib.sha256(repr(keys).encode()).hexdigest()[:32]

@@ -22,6 +22,8 @@ class Task(StrEnum):
     RECONCILE = "scheduling.reconcile"
     AUTOSCALE = "scheduling.autoscale"
     START_ATTEMPT = "workers.start_attempt"
+    # What one dispatcher pass placed on one node, in one message: [{attempt_id, rank, token}, ...]
+    START_ATTEMPTS = "workers.start_attempts"
     STOP_ATTEMPT = "workers.stop_attempt"
     WEBHOOKS_PUMP = "webhooks.pump"
     WEBHOOKS_DELIVER = "webhooks.deliver"

@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import cast
 
 from django.conf import settings
-from django.db import IntegrityError
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
@@ -35,7 +35,7 @@ from apps.jobs.models import (
 from apps.jobs.services import MemberPlacement, job_place, job_preempt
 from apps.nodes.models import GpuHealth, Node, NodeState
 from apps.platform.errors import ServiceError
-from apps.scheduling import core
+from apps.scheduling import core, publish
 from apps.scheduling.core import policy
 from apps.scheduling.models import ProvisionRequest, ProvisionState
 from apps.scheduling.redis import client
@@ -43,6 +43,7 @@ from apps.tenants.models import Tier
 
 log = logging.getLogger(__name__)
 QUEUE_SCAN_LIMIT = 5000  # queued jobs handed to the policy per pass
+SQLITE_WRITE_CHUNK = 8  # decisions applied per transaction on SQLite (one writer at a time)
 HELD = "held:"  # pseudo-pods for GPUs still held by attempts that have ended (processes stopping)
 STOPPING = "(stopping)"
 RESERVATION_KEY = "gpuplatform:dispatch:reservation"
@@ -279,29 +280,50 @@ def dispatch_once() -> DispatchResult:
         tenant_usage(now, config.half_life_s), config=config, held_reservation=_held_reservation(jobs),
         arriving=arriving_nodes(),
     )  # fmt: skip
-    waiting_for_victims = set()
-    for decision in decisions:
-        job = jobs.get(getattr(decision, "job_id", "") or getattr(decision, "for_job_id", ""))
-        if isinstance(decision, policy.Start) and job is not None:
-            if not gate.hold(job, decision.placement) and _apply_start(job, decision, snapshot):
-                gate.placed(job, decision.placement)
-                result.placed.append(decision.job_id)
-        elif isinstance(decision, policy.Preempt):
-            result.preempted += _apply_preempt(decision, job)
-            waiting_for_victims.add(decision.for_job_id)
-        elif isinstance(decision, policy.Reserve) and job is not None:
-            _store_reservation(decision.job_id)
-            if decision.job_id not in waiting_for_victims:
-                _set_reason(job, _reservation_reason(decision))
-            result.waiting += 1
-        elif isinstance(decision, policy.Wait) and job is not None:
-            _set_reason(job, decision.reason)
-            result.waiting += 1
+    _apply(list(decisions), jobs, gate, snapshot, result)
     result.seconds = time.monotonic() - started
     if result.placed or result.preempted:
         log.info("dispatch: placed %d, preempted %d, %d waiting, %.3fs", len(result.placed), len(result.preempted),
                  result.waiting, result.seconds)  # fmt: skip
     return result
+
+
+def _apply(decisions, jobs: dict[str, Job], gate: DispatchGate, snapshot: ClusterSnapshot,
+           result: DispatchResult) -> None:  # fmt: skip
+    """Apply a pass's decisions in few transactions (each placement, preemption and reason its
+    own savepoint, still guarded: one that loses a race changes nothing and the rest go on), and
+    after each commit send one start message per node for what it placed there
+    (publish.batched). On PostgreSQL the whole pass is one transaction; SQLite has one writer at
+    a time, so there it commits every SQLITE_WRITE_CHUNK decisions: agents' reports and submits
+    wait at most that long for the write lock."""
+    waiting_for_victims: set[str] = set()
+    size = SQLITE_WRITE_CHUNK if connection.vendor == "sqlite" else max(1, len(decisions))
+    for start in range(0, len(decisions), size):
+        _apply_chunk(
+            decisions[start : start + size], jobs, gate, snapshot, result, waiting_for_victims
+        )
+
+
+def _apply_chunk(decisions, jobs: dict[str, Job], gate: DispatchGate, snapshot: ClusterSnapshot,
+                 result: DispatchResult, waiting_for_victims: set) -> None:  # fmt: skip
+    with publish.batched(), transaction.atomic():
+        for decision in decisions:
+            job = jobs.get(getattr(decision, "job_id", "") or getattr(decision, "for_job_id", ""))
+            if isinstance(decision, policy.Start) and job is not None:
+                if not gate.hold(job, decision.placement) and _apply_start(job, decision, snapshot):
+                    gate.placed(job, decision.placement)
+                    result.placed.append(decision.job_id)
+            elif isinstance(decision, policy.Preempt):
+                result.preempted += _apply_preempt(decision, job)
+                waiting_for_victims.add(decision.for_job_id)
+            elif isinstance(decision, policy.Reserve) and job is not None:
+                _store_reservation(decision.job_id)
+                if decision.job_id not in waiting_for_victims:
+                    _set_reason(job, _reservation_reason(decision))
+                result.waiting += 1
+            elif isinstance(decision, policy.Wait) and job is not None:
+                _set_reason(job, decision.reason)
+                result.waiting += 1
 
 
 def _drop_moved(jobs: dict[str, Job], snapshot: ClusterSnapshot) -> None:

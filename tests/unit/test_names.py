@@ -10,7 +10,7 @@ def test_queues_and_task_names_are_the_strings_celery_already_routes():
     assert Queue.WEBHOOKS == "webhooks"
     assert {task.value for task in Task} == {
         "scheduling.dispatch", "scheduling.reconcile", "scheduling.autoscale", "workers.start_attempt",
-        "workers.stop_attempt", "webhooks.pump", "webhooks.deliver", "bundles.expire",
+        "workers.start_attempts", "workers.stop_attempt", "webhooks.pump", "webhooks.deliver", "bundles.expire",
     }  # fmt: skip
 
 

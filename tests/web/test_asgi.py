@@ -2,6 +2,7 @@
 response goes out in one piece, a large one in chunks and is closed, lifespan is answered."""
 
 import asyncio
+import threading
 
 from gpuplatform.asgi import GATHER_BYTES, build
 
@@ -109,3 +110,37 @@ def test_lifespan_is_answered():
 
     asyncio.run(build(lambda e, s: [], threads=1)({"type": "lifespan"}, receive, send))
     assert sent == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
+
+
+def test_an_agent_heartbeat_is_served_while_every_thread_of_the_pool_is_busy():
+    """A burst of slow submits must not hold an agent's heartbeat past its fence window."""
+    release = threading.Event()
+    served = []
+
+    def wsgi(environ, start_response):
+        if environ["PATH_INFO"] == "/api/v1/jobs/":
+            release.wait(10)  # a submit waiting on the database
+        served.append((environ["PATH_INFO"], threading.current_thread().name))
+        start_response("200 OK", [])
+        return [b"{}"]
+
+    app = build(wsgi, threads=2)
+
+    async def scenario():
+        async def one(path, method="GET"):
+            async def receive():
+                return {"type": "http.request", "body": b"", "more_body": False}
+
+            async def send(message):
+                pass
+
+            await app(http(path, method), receive, send)
+
+        busy = [asyncio.create_task(one("/api/v1/jobs/", "POST")) for _ in range(2)]
+        await asyncio.wait_for(one("/internal/agent/v1/heartbeat/", "POST"), timeout=5)
+        assert [path for path, _ in served] == ["/internal/agent/v1/heartbeat/"]
+        release.set()
+        await asyncio.gather(*busy)
+
+    asyncio.run(scenario())
+    assert served[0][1].startswith("wsgi-liveness") and len(served) == 3

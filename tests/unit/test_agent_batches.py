@@ -1,0 +1,406 @@
+"""Batched agent traffic (issue 16's drain rate, issue 18's faster starts and ends): several
+members' reports in one call (`POST /internal/agent/v1/reports/`), each item fenced on its own;
+one start message per node naming all a pass placed there, checked with one request; and the
+agent's reporter coalescing the reports that queue up while a call is in flight."""
+
+import argparse
+import threading
+import time
+
+import pytest
+
+from apps.jobs.models import AttemptMember, Job
+from apps.nodes.credentials import issue_credential
+from apps.platform.agent_protocol import MAX_REPORTS_PER_CALL
+from apps.scheduling import publish
+from tests.agent_http import agent_api
+from tests.factories import make_cast, make_node
+from tests.unit.test_agent_api import bearer
+from tests.unit.test_dispatcher import dispatch_once, submit
+from tests.unit.test_runner import Recorder, Work, py
+from workers import current, tasks
+from workers.agent import Agent, Config
+from workers.agent_client import ApiError
+from workers.reporter import ReportBatcher
+from workers.runner import Runner
+
+API = "/internal/agent/v1"
+FORGED = "00000000-0000-0000-0000-000000000000"
+
+
+@pytest.fixture
+def cast(db):
+    return make_cast()
+
+
+def placed(cast, count: int, node_gpus: dict[str, int]) -> list:
+    for name, gpus in node_gpus.items():
+        make_node(name, gpus=gpus)
+    jobs = [submit(cast, gpus=1) for _ in range(count)]
+    dispatch_once()
+    return [Job.objects.get(pk=job.pk).attempts.get() for job in jobs]
+
+
+def on(attempts, node: str) -> list:
+    return [a for a in attempts if a.members.get().node.name == node]
+
+
+def item(attempt, kind: str, token: str | None = None, **body) -> dict:
+    return {
+        "attempt_id": attempt.pk,
+        "rank": 0,
+        "token": token or str(attempt.token),
+        "kind": kind,
+        **body,
+    }
+
+
+def post(node: str, reports) -> dict:
+    client = bearer(issue_credential(node_name=node)[1])
+    response = client.post(f"{API}/reports/", {"reports": reports}, format="json")
+    assert response.status_code == 200, response.content
+    return response.json()["results"]
+
+
+# --- the batch endpoint -------------------------------------------------------------------------------
+
+
+def test_one_call_starts_and_ends_several_members_in_order(cast):
+    a, b = placed(cast, 2, {"h1": 2})
+    results = post("h1", [item(a, "started", pid=11), item(b, "started", pid=12),
+                          item(a, "finished", exit_code=0), item(b, "finished", exit_code=3)])  # fmt: skip
+    assert results == [{"status": 200, "accepted": True}] * 4
+    states = {str(j.pk): j.state for j in Job.objects.all()}
+    assert (states[str(a.job_id)], states[str(b.job_id)]) == ("succeeded", "failed")
+    assert AttemptMember.objects.get(attempt=a).pid == 11
+
+
+def test_a_forged_token_in_one_item_changes_nothing_and_the_others_still_apply(cast):
+    a, b = placed(cast, 2, {"h1": 2})
+    results = post("h1", [item(a, "started", token=FORGED, pid=11), item(b, "started", pid=12),
+                          item(a, "finished", token="not-a-uuid", exit_code=0)])  # fmt: skip
+    assert results == [{"status": 404}, {"status": 200, "accepted": True}, {"status": 404}]
+    assert AttemptMember.objects.get(attempt=a).state == "starting"
+    assert Job.objects.get(pk=a.job_id).state == "starting"
+    assert Job.objects.get(pk=b.job_id).state == "running"
+
+
+def test_another_nodes_member_is_404_per_item(cast):
+    attempts = placed(cast, 2, {"h1": 1, "h2": 1})
+    (mine,), (theirs,) = on(attempts, "h1"), on(attempts, "h2")
+    results = post("h1", [item(theirs, "started", pid=1), item(mine, "started", pid=2),
+                          item(theirs, "lost", reason="forged")])  # fmt: skip
+    assert results == [{"status": 404}, {"status": 200, "accepted": True}, {"status": 404}]
+    assert AttemptMember.objects.get(attempt=theirs).state == "starting"
+    assert Job.objects.get(pk=theirs.job_id).state == "starting"
+
+
+def test_bad_items_are_400_naming_the_field_and_the_rest_apply(cast):
+    a, b = placed(cast, 2, {"h1": 2})
+    results = post("h1", [{"attempt_id": a.pk, "rank": 0, "token": str(a.token), "kind": "exploded"},
+                          item(a, "started", pid=-1), item(b, "started", pid=5),
+                          item(b, "finished", exit_code=0, checkpoint="checkpoints/someone-else/x"), "junk"])  # fmt: skip
+    assert results[0]["status"] == 400 and "kind" in results[0]["errors"]
+    assert results[1]["status"] == 400 and "pid" in results[1]["errors"]
+    assert results[2] == {"status": 200, "accepted": True}
+    assert results[3]["status"] == 400 and "checkpoint" in results[3]["errors"]
+    assert results[4]["status"] == 400
+    assert Job.objects.get(pk=b.job_id).state == "running"  # its bad end changed nothing
+
+
+def test_a_stale_report_is_refused_not_applied(cast):
+    (a,) = placed(cast, 1, {"h1": 1})
+    first = [item(a, "started", pid=1), item(a, "finished", exit_code=0)]
+    assert [r["accepted"] for r in post("h1", first)] == [True, True]
+    assert post("h1", [item(a, "finished", exit_code=1)]) == [{"status": 200, "accepted": False}]
+    assert Job.objects.get(pk=a.job_id).state == "succeeded"
+
+
+def test_the_body_must_be_a_bounded_list(cast):
+    client = bearer(issue_credential(node_name="h1")[1])
+    for body in (
+        {},
+        {"reports": []},
+        {"reports": "x"},
+        {"reports": [{}] * (MAX_REPORTS_PER_CALL + 1)},
+    ):
+        response = client.post(f"{API}/reports/", body, format="json")
+        assert response.status_code == 400 and "reports" in response.json()
+    assert (
+        bearer("gpn_nope.nope")
+        .post(f"{API}/reports/", {"reports": [{}]}, format="json")
+        .status_code
+        == 401
+    )
+
+
+def test_assignments_of_named_attempts_are_this_nodes_only_with_their_resume_point(cast):
+    attempts = placed(cast, 2, {"h1": 1, "h2": 1})
+    (mine,), (theirs,) = on(attempts, "h1"), on(attempts, "h2")
+    api = agent_api(issue_credential(node_name="h1")[1])
+    found = api.assignments(attempts=[mine.pk, theirs.pk, 999999])
+    assert list(found) == [(mine.pk, 0)]
+    assert found[(mine.pk, 0)].resume_from == "" and found[(mine.pk, 0)].token == str(mine.token)
+    client = bearer(issue_credential(node_name="h1")[1])
+    assert client.get(f"{API}/assignments/?attempts=1,x").status_code == 400
+
+
+# --- start messages -------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)  # the messages go out when the pass commits
+def test_a_pass_sends_one_start_message_per_node_naming_all_it_placed_there(cast, monkeypatch):
+    sent = []
+    monkeypatch.setattr(
+        publish, "_send", lambda task, queue, **kwargs: sent.append((task, queue, kwargs))
+    )
+    attempts = placed(cast, 5, {"h1": 4, "h2": 1})
+    by_queue = {queue: (task, kwargs) for task, queue, kwargs in sent}
+    assert len(sent) == 2 and set(by_queue) == {"node.h1", "node.h2"}
+    task, kwargs = by_queue["node.h1"]
+    assert task == "workers.start_attempts"
+    assert sorted(m["attempt_id"] for m in kwargs["members"]) == sorted(
+        a.pk for a in on(attempts, "h1")
+    )
+    assert all(m["token"] == str(next(a for a in attempts if a.pk == m["attempt_id"]).token)
+               for m in kwargs["members"])  # fmt: skip
+    assert by_queue["node.h2"][0] == "workers.start_attempt"  # one member: the single message
+
+
+@pytest.fixture
+def agent(cast, tmp_path):
+    config = Config(url="http://testserver", credential="unused", data_dir=tmp_path)
+    agent = Agent(argparse.Namespace(node="h1", sku="H100-80GB", gpus=4, fake=True, labels={}, concurrency=1),
+                  config=config, api=agent_api(issue_credential(node_name="h1")[1]))  # fmt: skip
+    agent.runner.reporter = Recorder()
+    current.AGENT = agent
+    yield agent
+    current.AGENT = None
+    agent.runner.kill_all("test over")
+
+
+def test_a_start_message_for_several_members_starts_every_one_with_one_request(agent, cast):
+    attempts = placed(cast, 4, {"h1": 3, "h2": 1})
+    mine, (theirs,) = on(attempts, "h1"), on(attempts, "h2")
+    members = [{"attempt_id": a.pk, "rank": 0, "token": str(a.token)} for a in mine]
+    forged = [{"attempt_id": mine[0].pk, "rank": 1, "token": str(mine[0].token)},  # no such rank
+              {"attempt_id": theirs.pk, "rank": 0, "token": str(theirs.token)},  # another node's
+              {"attempt_id": mine[1].pk, "rank": 0, "token": FORGED}]  # fmt: skip
+    calls = agent.api.session.calls
+    calls.clear()
+    tasks.start_attempts(members + forged)
+    assert len(calls) == 1 and calls[0][1].startswith(f"{API}/assignments/?attempts=")
+    assert sorted(agent.runner.runs) == sorted((a.pk, 0) for a in mine)  # each once, none forged
+    assert all(run.process is not None for run in agent.runner.runs.values())
+    assert [e[0] for e in agent.runner.reporter.events].count("started") == 3
+
+
+def test_a_start_message_only_forged_starts_nothing(agent, cast):
+    (a,) = placed(cast, 1, {"h1": 1})
+    tasks.start_attempts([{"attempt_id": a.pk, "rank": 0, "token": FORGED}])
+    tasks.start_attempts([{"attempt_id": "x"}])
+    tasks.start_attempts("not a list")
+    assert agent.runner.runs == {}
+
+
+# --- the reporter coalesces ------------------------------------------------------------------------
+
+
+class SlowApi:
+    """Stands in for the agent API: each batch call waits until the test lets it answer."""
+
+    def __init__(self, refuse: set | None = None):
+        self.batches: list[list[dict]] = []
+        self.gate = threading.Event()
+        self.refuse = refuse or set()
+
+    def reports(self, items):
+        self.batches.append(items)
+        self.gate.wait(10)
+        return [{"status": 404} if i["attempt_id"] in self.refuse else {"status": 200, "accepted": True}
+                for i in items]  # fmt: skip
+
+
+def work(attempt_id: int) -> Work:
+    return Work(argv=["true"], attempt_id=attempt_id)
+
+
+def test_a_report_made_while_idle_goes_at_once_alone():
+    api = SlowApi()
+    api.gate.set()
+    batcher = ReportBatcher(api)
+    started = time.monotonic()
+    assert batcher.call(work(1), "started", pid=1) is True
+    assert api.batches == [
+        [{"attempt_id": 1, "rank": 0, "token": "t", "kind": "started", "pid": 1}]
+    ]
+    assert time.monotonic() - started < 0.5
+
+
+def test_reports_made_while_a_call_is_in_flight_go_together_in_the_next():
+    api = SlowApi(refuse={4})
+    batcher = ReportBatcher(api)
+    answers = {}
+
+    def done_for(key):
+        return lambda accepted, error: answers.__setitem__(key, (accepted, error))
+
+    batcher.submit(work(1), "started", {"pid": 1}, done_for(1))
+    deadline = time.monotonic() + 5
+    while not api.batches and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for attempt_id in (2, 3, 4):  # queued while the first call waits for its answer
+        batcher.submit(work(attempt_id), "finished", {"exit_code": 0}, done_for(attempt_id))
+    api.gate.set()
+    while len(answers) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [[i["attempt_id"] for i in batch] for batch in api.batches] == [[1], [2, 3, 4]]
+    assert answers == {1: (True, None), 2: (True, None), 3: (True, None), 4: (False, None)}
+    assert batcher.calls == 2
+
+
+def test_a_failed_call_fails_each_report_in_it_and_a_bad_item_fails_alone():
+    class Broken:
+        def reports(self, items):
+            if items[0]["kind"] == "progress":
+                raise ApiError("POST /reports/: connection refused")
+            return [{"status": 400, "errors": {"pid": ["bad"]}}, {"status": 200, "accepted": True}][
+                : len(items)
+            ]
+
+    batcher = ReportBatcher(Broken())
+    with pytest.raises(ApiError, match="connection refused"):
+        batcher.call(work(1), "progress", progress=0.5)
+    with pytest.raises(ApiError, match="400"):
+        batcher.call(work(1), "started", pid=-1)
+
+
+def test_an_old_control_plane_without_the_batch_endpoint_gets_single_reports():
+    class Old:
+        def __init__(self):
+            self.single = []
+
+        def reports(self, items):
+            raise ApiError("POST /reports/: 404 not found", 404)
+
+        def report(self, assignment, kind, **body):
+            self.single.append((assignment.attempt_id, kind))
+            return True
+
+    api = Old()
+    batcher = ReportBatcher(api)
+    assert batcher.call(work(7), "started", pid=1) is True
+    assert batcher.call(work(7), "finished", exit_code=0) is True
+    assert api.single == [(7, "started"), (7, "finished")] and batcher.single
+
+
+def test_the_runner_reports_a_start_before_its_end_without_waiting_for_either(tmp_path):
+    """Through the reporter's later paths: the launcher and the tick go on while calls fly."""
+
+    class Later(Recorder):
+        def __init__(self):
+            super().__init__()
+            self.batcher = ReportBatcher(SlowApi())
+
+        def started_later(self, run, done):
+            self.events.append(("started", run.process.pid))
+            self.batcher.submit(run.assignment, "started", {"pid": run.process.pid}, done)
+
+        def finished_later(self, run, exit_code, reason, checkpoint, done):
+            self.events.append(("finished", exit_code, reason))
+            self.batcher.submit(run.assignment, "finished", {"exit_code": exit_code}, done)
+
+    reporter = Later()
+    runner = Runner(node="n1", data_dir=tmp_path, reporter=reporter, kill_grace=1.0)
+    for attempt_id in (1, 2, 3):
+        runner.launch(
+            Work(argv=py("pass"), attempt_id=attempt_id)
+        )  # returns: not waiting on the web
+    assert {k for k, _ in runner.runs} == {1, 2, 3}
+    deadline = time.monotonic() + 10
+    while runner.runs and time.monotonic() < deadline:
+        if time.monotonic() > deadline - 9:
+            reporter.batcher.api.gate.set()  # the web answers
+        runner.tick()
+        time.sleep(0.05)
+    assert runner.runs == {} and sorted(runner.ended) == [(1, 0), (2, 0), (3, 0)]
+    kinds = [[(i["attempt_id"], i["kind"]) for i in b] for b in reporter.batcher.api.batches]
+    flat = [entry for batch in kinds for entry in batch]
+    for attempt_id in (1, 2, 3):
+        assert flat.index((attempt_id, "started")) < flat.index((attempt_id, "finished"))
+    assert len(kinds) < len(flat)  # some went together
+
+
+def test_the_heartbeat_lists_each_member_with_its_resume_point_so_a_late_start_costs_no_request(
+    cast,
+):
+    from apps.jobs.models import JobAttempt
+    from apps.nodes.models import Node
+
+    a, b = placed(cast, 2, {"h1": 2})
+    JobAttempt.objects.filter(pk=b.pk).update(
+        checkpoint=f"checkpoints/{b.job_id}/attempt-1/rank-0/ckpt"
+    )
+    Node.objects.filter(name="h1").update(agent_instance="i1")
+    api = agent_api(issue_credential(node_name="h1")[1])
+    members = api.heartbeat(agent_instance="i1", gpus=[])
+    assert members[(a.pk, 0)].resume_from == ""
+    assert members[(b.pk, 0)].resume_from == f"checkpoints/{b.job_id}/attempt-1/rank-0/ckpt"
+    assert api.assignments()[(b.pk, 0)].resume_from == members[(b.pk, 0)].resume_from
+
+
+def test_an_unchanged_members_list_is_not_sent_again_and_any_change_is(cast):
+    from apps.jobs import services
+    from apps.nodes.models import Node
+
+    a, b = placed(cast, 2, {"h1": 2})
+    Node.objects.filter(name="h1").update(agent_instance="i1")
+    api = agent_api(issue_credential(node_name="h1")[1])
+    first = api.heartbeat(agent_instance="i1", gpus=[])
+    calls = api.session.calls
+    answers = []
+    real = api.session.request
+
+    def recording(*args, **kwargs):
+        response = real(*args, **kwargs)
+        answers.append(response.json())
+        return response
+
+    api.session.request = recording
+    assert api.heartbeat(agent_instance="i1", gpus=[]) == first
+    assert answers[-1]["unchanged"] is True and answers[-1]["members"] == []
+    services.job_cancel(job=Job.objects.get(pk=a.job_id), actor="test")  # a stop is asked: changed
+    after_cancel = api.heartbeat(agent_instance="i1", gpus=[])
+    assert "unchanged" not in answers[-1] and after_cancel[(a.pk, 0)].stop_requested == "cancel"
+    services.attempt_member_started(attempt_id=b.pk, rank=0, token=str(b.token), pid=1)
+    services.attempt_member_finished(attempt_id=b.pk, rank=0, token=str(b.token), exit_code=0)
+    assert set(api.heartbeat(agent_instance="i1", gpus=[])) == {(a.pk, 0)}  # b ended: changed
+    assert api.heartbeat(agent_instance="i1", gpus=[]) == api.heartbeat(
+        agent_instance="i1", gpus=[]
+    )
+    assert answers[-1]["unchanged"] is True and len(calls) >= 5
+    # A made-up digest gets the whole list, as an old agent that sends none does.
+    client = bearer(issue_credential(node_name="h1")[1])
+    answer = client.post(
+        f"{API}/heartbeat/", {"agent_instance": "i1", "members_digest": "f" * 32}, format="json"
+    )
+    assert "unchanged" not in answer.json() and len(answer.json()["members"]) == 1
+    old = client.post(f"{API}/heartbeat/", {"agent_instance": "i1"}, format="json").json()
+    assert len(old["members"]) == 1 and old["members_digest"] == answer.json()["members_digest"]
+
+
+def test_a_waited_report_goes_after_what_was_queued_before_it():
+    from workers.reporter import _Pending
+
+    api = SlowApi()
+    api.gate.set()
+    batcher = ReportBatcher(api)
+    answered = []
+    # A start queued an instant before its sender thread took it; the end is reported, waited for.
+    batcher._pending.append(_Pending(work(1), "started", {"pid": 1}, lambda *a: answered.append(a)))
+    assert batcher.call(work(1), "finished", exit_code=0) is True
+    assert [(i["attempt_id"], i["kind"]) for i in api.batches[0]] == [
+        (1, "started"),
+        (1, "finished"),
+    ]
+    assert answered == [(True, None)]
