@@ -17,7 +17,20 @@ from typing import cast
 
 from django.conf import settings
 from django.db import IntegrityError
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import (
+    BooleanField,
+    Case,
+    Count,
+    Exists,
+    ExpressionWrapper,
+    F,
+    OuterRef,
+    Q,
+    Value,
+    When,
+)
+from django.db.models.expressions import Window
+from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from apps.admission.quotas import DispatchGate
@@ -41,7 +54,11 @@ from apps.scheduling.redis import client
 from apps.tenants.models import Tier
 
 log = logging.getLogger(__name__)
-QUEUE_SCAN_LIMIT = 5000  # queued jobs handed to the policy per pass
+# Per tier/tenant/pool queue, the jobs handed to the policy per pass: its backfill window
+# (`PolicyConfig.backfill_depth`), so a pass sees every job it could look at, whatever the
+# queue's length, and no more.
+QUEUE_HEADS = policy.PolicyConfig().backfill_depth
+REASON_BATCH = 500  # reasons written per UPDATE
 HELD = "held:"  # pseudo-pods for GPUs still held by attempts that have ended (processes stopping)
 STOPPING = "(stopping)"
 RESERVATION_KEY = "gpuplatform:dispatch:reservation"
@@ -205,17 +222,39 @@ def arriving_nodes() -> list[policy.ArrivingNode]:
     ]
 
 
-def ordered_queue():
-    """Queued jobs in submit order (the policy decides who goes first), less the retries still
-    waiting out their backoff (their reason says until when) and the jobs whose previous attempt
-    still has a process stopping (a lost gang's survivors): a job never runs twice at once."""
+def ordered_queue(heads: int = QUEUE_HEADS):
+    """The heads of the queue: per (tier, tenant, pool) queue its first `heads` jobs by submit
+    time (the policy's order inside such a queue), plus every job with a priority boost (its
+    submit counts as earlier). A pool is what decides where a job may go: SKU, node selector,
+    and whether it runs a command (tolerations). Every queued job is visible once it reaches
+    the head of its queue, however long the queue: no oldest-N cut.
+
+    Less the retries still waiting out their backoff (their reason says until when) and the jobs
+    whose previous attempt still has a process stopping (a lost gang's survivors): a job never
+    runs twice at once."""
     still_stopping = AttemptMember.objects.filter(attempt__job=OuterRef("pk"), ended_at=None)
-    return (
+    queued = (
         Job.objects.filter(state=JobState.QUEUED)
-        .select_related("tier", "tenant", "gpu_sku")
         .filter(Q(not_before__isnull=True) | Q(not_before__lte=timezone.now()))
         .filter(~Exists(still_stopping))
-        .order_by("created_at")[:QUEUE_SCAN_LIMIT]
+    )
+    runs_command = ExpressionWrapper(Q(command__isnull=False), output_field=BooleanField())
+    head = Window(
+        RowNumber(),
+        partition_by=[
+            F("tier_id"),
+            F("tenant_id"),
+            F("gpu_sku_id"),
+            F("node_selector"),
+            runs_command,
+        ],
+        order_by=[F("created_at").asc(), F("id").asc()],
+    )
+    return (
+        queued.annotate(head=head)
+        .filter(Q(head__lte=heads) | ~Q(priority_boost=0))
+        .select_related("tier", "tenant", "gpu_sku")
+        .order_by("created_at")
     )
 
 
@@ -271,12 +310,15 @@ def dispatch_once() -> DispatchResult:
     }
     snapshot = load_cluster(strategy=placement_strategy(jobs.values()))
     _drop_moved(jobs, snapshot)
+    held = _held_reservations(jobs)
     decisions = policy.decide(
         epoch(now), snapshot.cluster, [queued_job(job) for job in jobs.values()], snapshot.running, tiers,
-        tenant_usage(now, config.half_life_s), config=config, held_reservation=_held_reservation(jobs),
+        tenant_usage(now, config.half_life_s), config=config, held_reservation=held,
         arriving=arriving_nodes(),
     )  # fmt: skip
     waiting_for_victims = set()
+    reasons: dict[str, tuple[Job, str]] = {}
+    reserved: list[str] = []
     for decision in decisions:
         job = jobs.get(getattr(decision, "job_id", "") or getattr(decision, "for_job_id", ""))
         if isinstance(decision, policy.Start) and job is not None:
@@ -284,16 +326,21 @@ def dispatch_once() -> DispatchResult:
                 gate.placed(job, decision.placement)
                 result.placed.append(decision.job_id)
         elif isinstance(decision, policy.Preempt):
-            result.preempted += _apply_preempt(decision, job)
+            result.preempted += _apply_preempt(decision, job, reasons)
             waiting_for_victims.add(decision.for_job_id)
         elif isinstance(decision, policy.Reserve) and job is not None:
-            _store_reservation(decision.job_id)
+            reserved.append(decision.job_id)
             if decision.job_id not in waiting_for_victims:
-                _set_reason(job, _reservation_reason(decision))
+                _set_reason(reasons, job, _reservation_reason(decision))
             result.waiting += 1
         elif isinstance(decision, policy.Wait) and job is not None:
-            _set_reason(job, decision.reason)
+            _set_reason(reasons, job, decision.reason)
             result.waiting += 1
+    _write_reasons(reasons)
+    if reserved:
+        _store_reservations(
+            reserved + [j for j in held if j not in reserved and j not in result.placed]
+        )
     result.seconds = time.monotonic() - started
     if result.placed or result.preempted:
         log.info("dispatch: placed %d, preempted %d, %d waiting, %.3fs", len(result.placed), len(result.preempted),
@@ -325,7 +372,9 @@ def _apply_start(job: Job, decision: policy.Start, snapshot: ClusterSnapshot) ->
         return False
 
 
-def _apply_preempt(decision: policy.Preempt, for_job: Job | None) -> list[str]:
+def _apply_preempt(
+    decision: policy.Preempt, for_job: Job | None, reasons: dict[str, tuple[Job, str]]
+) -> list[str]:
     done = []
     for victim in Job.objects.filter(
         pk__in=[v for v in decision.victim_ids if not v.startswith(HELD)]
@@ -342,6 +391,7 @@ def _apply_preempt(decision: policy.Preempt, for_job: Job | None) -> list[str]:
             log.info("could not preempt %s: %s", victim.pk, error.message)
     if for_job is not None:
         _set_reason(
+            reasons,
             for_job,
             f"waiting for {len(done)} preempted job(s) to checkpoint and stop: {decision.reason}",
         )
@@ -365,28 +415,45 @@ def _utc(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _set_reason(job: Job, reason: str) -> None:
-    reason = reason[:300]
-    if job.reason != reason:
-        Job.objects.filter(pk=job.pk, state=JobState.QUEUED, version=job.version).update(
-            reason=reason
+def _set_reason(reasons: dict[str, tuple[Job, str]], job: Job, reason: str) -> None:
+    """The pass's last word for the job; written by `_write_reasons` if it changed."""
+    reasons[str(job.pk)] = (job, reason[:300])
+
+
+def _write_reasons(reasons: dict[str, tuple[Job, str]]) -> None:
+    """One UPDATE per `REASON_BATCH` changed reasons, each guarded as a job's own update was
+    (still queued, same version): a pass over a long queue writes only what changed."""
+    changed = [(job, reason) for job, reason in reasons.values() if job.reason != reason]
+    for start in range(0, len(changed), REASON_BATCH):
+        batch = changed[start : start + REASON_BATCH]
+        Job.objects.filter(pk__in=[job.pk for job, _ in batch], state=JobState.QUEUED).update(
+            reason=Case(
+                *[
+                    When(pk=job.pk, version=job.version, then=Value(reason))
+                    for job, reason in batch
+                ],
+                default=F("reason"),
+            )
         )
+        for job, reason in batch:
+            job.reason = reason
 
 
-def _held_reservation(jobs: dict) -> str | None:
+def _held_reservations(jobs: dict) -> list[str]:
+    """The jobs that held reservations last pass (one per pool at most), still queued."""
     try:
         raw = cast(bytes | None, client().get(RESERVATION_KEY))  # a sync client: never an Awaitable
     except Exception:
-        return None
-    held = raw.decode() if raw else None
-    return held if held in jobs else None
+        return []
+    held = raw.decode().split(",") if raw else []
+    return [job_id for job_id in held if job_id in jobs]
 
 
-def _store_reservation(job_id: str) -> None:
+def _store_reservations(job_ids: list[str]) -> None:
     try:
-        client().set(RESERVATION_KEY, job_id, ex=3600)
+        client().set(RESERVATION_KEY, ",".join(job_ids[:64]), ex=3600)
     except Exception:
-        log.warning("could not remember the reservation for %s", job_id)
+        log.warning("could not remember the reservations for %s", ", ".join(job_ids))
 
 
 def queue_order():
@@ -403,7 +470,14 @@ def queue_position(job: Job) -> int | None:
 
 
 def queue_positions(jobs) -> dict:
-    return {job.pk: queue_position(job) for job in jobs if job.state == JobState.QUEUED}
+    """`queue_position` of each queued job among `jobs` (a page), in one query."""
+    queued = [job for job in jobs if job.state == JobState.QUEUED]
+    if not queued:
+        return {}
+    counts = Job.objects.filter(state=JobState.QUEUED).aggregate(
+        **{f"p{i}": Count("pk", filter=_ahead_filter(job)) for i, job in enumerate(queued)}
+    )
+    return {job.pk: counts[f"p{i}"] + 1 for i, job in enumerate(queued)}
 
 
 def _ahead_filter(job: Job) -> Q:

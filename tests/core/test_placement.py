@@ -441,3 +441,12 @@ def test_a_placement_visits_a_few_nodes_not_all(strategy):
         )
     assert CountingDict.lookups / 100 < 20  # of 2,000 nodes (2 to 6 in practice)
     cm.verify()
+
+
+def test_a_cpu_only_pod_keeps_to_its_gpu_models():
+    cm = cluster(nodes=[Node("h", 8, "H100", cpu_milli=8000), Node("a", 8, "A100", cpu_milli=8000)])
+    for i in range(3):
+        placement = cm.schedule_pod(Pod(f"cpu{i}", gpus=0, cpu_milli=2000, gpu_models=("A100",)))
+        assert placement.nodes == ["a"] and placement.assignments[0].gpu_indices == []
+    assert cm.schedule_pod(Pod("cpu3", gpus=0, cpu_milli=4000, gpu_models=("A100",))) is None
+    assert cm.why_not(Pod("x", gpus=0, gpu_models=("V100",))).excluded == {"gpu_model": 2}

@@ -576,7 +576,7 @@ def node_verdict(st: NodeState, pod: Pod) -> str:
 
 def _static_verdict(pool: Pool, pod: Pod) -> str:
     """'ok', 'prefer-not' (only PreferNoSchedule taints untolerated), or the failing reason."""
-    if pod.gpus and pod.gpu_models and pool.gpu_model not in pod.gpu_models:
+    if pod.gpu_models and pool.gpu_model not in pod.gpu_models:
         return "gpu_model"
     tolerations = [Toleration.parse(t) for t in pod.tolerations]
     untolerated = [t for t in pool.taints if not any(tol.tolerates(t) for tol in tolerations)]

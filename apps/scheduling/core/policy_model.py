@@ -114,6 +114,17 @@ class QueuedJob:
     seq: int = -1  # tie-break among equal submits; the policy fills it in when left at -1
 
 
+# A resource pool: what decides the set of nodes a job may use (GPU models, node selector,
+# tolerations). The pass keeps its backfill window and miss count per pool.
+Pool = tuple[tuple[str, ...], tuple[tuple[str, str], ...], tuple[str, ...]]
+
+
+def pool_of(job: QueuedJob) -> Pool:
+    selector = job.node_selector
+    items = tuple(sorted(selector.items())) if selector else ()
+    return (job.gpu_models, items, job.tolerations)
+
+
 @dataclass(slots=True)
 class RunningJob:
     job_id: str
