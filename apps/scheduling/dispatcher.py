@@ -165,6 +165,7 @@ def _restore_allocations(snapshot: ClusterSnapshot, gpu_at: dict[int, tuple[str,
         if at is not None:
             held.setdefault(attempt_id, {}).setdefault(at[0], []).append(at[1])
     rows = JobAttempt.objects.filter(pk__in=list(held)).values_list(*_ATTEMPT_FIELDS)
+    pods: list[tuple[core.Pod, core.Placement]] = []
     for (pk, state, started_at, created_at, checkpoint_at, preempted_for, job_id, job_state,
          tenant, allow_commands, tier, grace_s, max_runtime, preemptions, sku, selector,
          command) in rows:  # fmt: skip
@@ -178,7 +179,7 @@ def _restore_allocations(snapshot: ClusterSnapshot, gpu_at: dict[int, tuple[str,
             ]  # fmt: skip
         )
         per_node = max(len(ix) for ix in by_node.values())
-        snapshot.cluster.add_pod(core.Pod(name=name, gpus=per_node, nodes=len(by_node)), placement)
+        pods.append((core.Pod(name=name, gpus=per_node, nodes=len(by_node)), placement))
         started = started_at or created_at
         stopping = not live or state == AttemptState.PREEMPTING
         grace = timedelta(seconds=grace_s + settings.KILL_GRACE_SECONDS)
@@ -196,6 +197,7 @@ def _restore_allocations(snapshot: ClusterSnapshot, gpu_at: dict[int, tuple[str,
                 tolerations=_tolerations_of(command, allow_commands),
             )
         )  # fmt: skip
+    snapshot.cluster.add_pods(pods)  # each node re-indexed once
 
 
 def tier_policies() -> dict[str, policy.TierPolicy]:
