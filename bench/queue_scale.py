@@ -290,9 +290,12 @@ def write(quick, backend, nodes, rows, preempt, preempt_at, fill) -> None:
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(f"""## The dispatcher's pass at scale
 
-Command: `{command}` ({backend}; the dispatcher's `dispatch_once` in the bench's process, on
-{nodes:,} nodes x 8 GPUs in the database; the 2-core machine, shared). CPU is this process's
-`time.process_time` (the database's own work is not in it; the wall time in brackets is).
+Command: `{command}`
+
+{backend}; the dispatcher's `dispatch_once` in the bench's process, on {nodes:,} nodes x 8 GPUs
+in the database; the 2-core machine, shared. CPU is this process's
+`time.process_time` (the database's own work is not in it; the wall time in brackets is; on
+this shared machine, run under `nice`, the wall time is mostly waiting for a core).
 
 Pass cost on the full cluster (every GPU held by a one-GPU free job past its minimum runtime),
 one-GPU free jobs queued over {TENANTS} tenants. The first pass after the queue grew writes the
