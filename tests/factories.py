@@ -38,3 +38,52 @@ def make_node(name: str, sku: str = "H100-80GB", gpus: int = 8, labels: dict | N
     for index in range(gpus):
         Gpu.objects.create(node=node, index=index, uuid=f"GPU-{name}-{index}")
     return node
+
+
+def fast_insert(model, count: int, vary, **fields) -> None:
+    """`count` rows of `model` in a few statements: `fields` (as for `model(...)`) prepared once,
+    `vary(i)` -> {attname: value} prepared per row. Bypasses the ORM's per-row preparation of
+    every field: 50,000 rows take seconds, not a minute (tests and bench.queue_scale)."""
+    from django.db import connection, transaction
+
+    proto = model(**fields)
+    # An auto-increment key is the database's to fill in.
+    columns = [f for f in model._meta.concrete_fields if not (f.primary_key and f.db_returning)]
+    base = [f.get_db_prep_save(f.pre_save(proto, True), connection) for f in columns]
+    at = {f.attname: i for i, f in enumerate(columns)}
+    sql = "INSERT INTO {} ({}) VALUES ({})".format(
+        connection.ops.quote_name(model._meta.db_table),
+        ", ".join(connection.ops.quote_name(f.column) for f in columns),
+        ", ".join(["%s"] * len(columns)),
+    )
+    with transaction.atomic(), connection.cursor() as cursor:
+        for begin in range(0, count, 5000):
+            rows = []
+            for i in range(begin, min(count, begin + 5000)):
+                row = list(base)
+                for name, value in vary(i).items():
+                    row[at[name]] = columns[at[name]].get_db_prep_save(value, connection)
+                rows.append(row)
+            cursor.executemany(sql, rows)
+
+
+def bulk_queued_jobs(count: int, **fields) -> None:
+    """`count` queued jobs as many submits would leave them: each a new id, the name `bulk<i>`
+    and a created_at one microsecond after the last; `fields` as for `Job(...)`."""
+    import uuid
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.jobs.models import Job
+
+    start = fields.pop("created_at", None) or timezone.now()
+
+    def vary(i: int) -> dict:
+        return {
+            "id": uuid.uuid4(),
+            "name": f"bulk{i}",
+            "created_at": start + timedelta(microseconds=i),
+        }
+
+    fast_insert(Job, count, vary, name="bulk", created_at=start, **fields)

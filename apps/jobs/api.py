@@ -155,14 +155,16 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             for a in authenticators
         ]
 
-    def get_serializer_context(self):
-        context = super().get_serializer_context()
-        if self.action == "list":
-            from apps.scheduling.dispatcher import QUEUE_SCAN_LIMIT, queue_order
+    def get_serializer(self, *args, **kwargs):
+        """A list page counts the queue positions of its queued jobs in one query, however long
+        the queue (apps/scheduling/dispatcher.py queue_positions)."""
+        if getattr(self, "action", None) == "list" and args and "context" not in kwargs:
+            from apps.scheduling.dispatcher import queue_positions
 
-            ids = queue_order().values_list("pk", flat=True)[:QUEUE_SCAN_LIMIT]
-            context["queue_positions"] = {pk: position for position, pk in enumerate(ids, start=1)}
-        return context
+            context = self.get_serializer_context()
+            context["queue_positions"] = queue_positions(list(args[0]))
+            kwargs["context"] = context
+        return super().get_serializer(*args, **kwargs)
 
     def perform_authentication(self, request):
         """A submit's small JSON body is parsed first (DRF's own parsing, which the view would do

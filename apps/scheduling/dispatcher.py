@@ -17,7 +17,20 @@ from typing import cast
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import (
+    BooleanField,
+    Case,
+    Count,
+    Exists,
+    ExpressionWrapper,
+    F,
+    OuterRef,
+    Q,
+    Value,
+    When,
+)
+from django.db.models.expressions import Window
+from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from apps.admission.arrays import materialise as materialise_arrays
@@ -33,7 +46,7 @@ from apps.jobs.models import (
     JobState,
 )
 from apps.jobs.services import MemberPlacement, job_place, job_preempt
-from apps.nodes.models import GpuHealth, Node, NodeState
+from apps.nodes.models import Gpu, GpuHealth, Node, NodeState
 from apps.platform.errors import ServiceError
 from apps.scheduling import core, publish
 from apps.scheduling.core import policy
@@ -42,7 +55,11 @@ from apps.scheduling.redis import client
 from apps.tenants.models import Tier
 
 log = logging.getLogger(__name__)
-QUEUE_SCAN_LIMIT = 5000  # queued jobs handed to the policy per pass
+# Per tier/tenant/pool queue, the jobs handed to the policy per pass: its backfill window
+# (`PolicyConfig.backfill_depth`), so a pass sees every job it could look at, whatever the
+# queue's length, and no more.
+QUEUE_HEADS = policy.PolicyConfig().backfill_depth
+REASON_BATCH = 500  # reasons written per UPDATE
 SQLITE_WRITE_CHUNK = 8  # decisions applied per transaction on SQLite (one writer at a time)
 HELD = "held:"  # pseudo-pods for GPUs still held by attempts that have ended (processes stopping)
 STOPPING = "(stopping)"
@@ -83,64 +100,80 @@ def placement_strategy(jobs) -> core.Strategy | str:
 
 def load_cluster(strategy: core.Strategy | str | None = None) -> ClusterSnapshot:
     """Every node that is not lost (cordoned and draining ones take no new work), its unhealthy
-    GPUs marked unusable, and every GPU held by an attempt restored as a pod."""
+    GPUs marked unusable, and every GPU held by an attempt restored as a pod. Read as plain
+    rows (values_list), not model instances: a pass over 1,000 nodes and 8,000 attempts builds
+    no model objects for them."""
     cluster = core.ClusterManager(strategy=strategy) if strategy else core.ClusterManager()
-    gpu_ids, node_ids = {}, {}
-    nodes = Node.objects.exclude(state__in=[NodeState.LOST, NodeState.TERMINATED]).select_related(
-        "sku"
+    gpu_ids: dict[tuple[str, int], int] = {}
+    node_ids: dict[str, int] = {}
+    nodes = Node.objects.exclude(state__in=[NodeState.LOST, NodeState.TERMINATED]).values_list(
+        "pk", "name", "sku__name", "labels", "state", "isolation", "allow_unisolated_commands"
     )
-    nodes = nodes.prefetch_related("gpus")
-    for node in nodes:
-        gpus = {gpu.index: gpu for gpu in node.gpus.all()}
+    gpus_of: dict[int, dict[int, tuple[int, str]]] = {}
+    for pk, node_id, index, health in Gpu.objects.values_list("pk", "node_id", "index", "health"):
+        gpus_of.setdefault(node_id, {})[index] = (pk, health)
+    gpu_at: dict[int, tuple[str, int]] = {}  # Gpu pk -> (node name, index)
+    for pk, name, sku, labels, state, isolation, allow in nodes:
+        gpus = gpus_of.get(pk, {})
         size = max(gpus, default=-1) + 1
-        cluster.add_node(core.Node(name=node.name, gpus=size, gpu_model=node.sku.name, labels=node.labels,
-                                   taints=_taints(node)))  # fmt: skip
-        node_ids[node.name] = node.pk
-        if node.state != NodeState.READY:
-            cluster.cordon(node.name)
+        cluster.add_node(core.Node(name=name, gpus=size, gpu_model=sku, labels=labels or {},
+                                   taints=_taints(isolation, allow)))  # fmt: skip
+        node_ids[name] = pk
+        if state != NodeState.READY:
+            cluster.cordon(name)
         for index in range(size):
             gpu = gpus.get(index)
-            if gpu is None or gpu.health != GpuHealth.HEALTHY:
-                cluster.set_gpu_health(node.name, index, False)
+            if gpu is None or gpu[1] != GpuHealth.HEALTHY:
+                cluster.set_gpu_health(name, index, False)
             if gpu is not None:
-                gpu_ids[(node.name, index)] = gpu.pk
+                gpu_ids[(name, index)] = gpu[0]
+                gpu_at[gpu[0]] = (name, index)
     snapshot = ClusterSnapshot(cluster=cluster, gpu_ids=gpu_ids, node_ids=node_ids)
-    _restore_allocations(snapshot)
+    _restore_allocations(snapshot, gpu_at)
     return snapshot
 
 
-def _taints(node: Node) -> tuple[str, ...]:
-    opted_in = node.allow_unisolated_commands or settings.TRUST_UNISOLATED_NODES
-    return (UNISOLATED_TAINT,) if node.isolation == "none" and not opted_in else ()
+def _taints(isolation: str, allow_unisolated_commands: bool) -> tuple[str, ...]:
+    opted_in = allow_unisolated_commands or settings.TRUST_UNISOLATED_NODES
+    return (UNISOLATED_TAINT,) if isolation == "none" and not opted_in else ()
 
 
 def _tolerations(job: Job) -> tuple[str, ...]:
     """A job that may run arbitrary code (a command, or any job of a tenant allowed commands)
     does not tolerate an unisolated node."""
-    return () if job.command or job.tenant.allow_commands else (UNISOLATED_TAINT,)
+    return _tolerations_of(job.command, job.tenant.allow_commands)
 
 
-def _restore_allocations(snapshot: ClusterSnapshot) -> None:
+def _tolerations_of(command, allow_commands: bool) -> tuple[str, ...]:
+    return () if command or allow_commands else (UNISOLATED_TAINT,)
+
+
+LIVE_JOB = (JobState.STARTING, JobState.RUNNING, JobState.PREEMPTING)
+_ATTEMPT_FIELDS = (
+    "pk", "state", "started_at", "created_at", "checkpoint_at", "preempted_for", "job_id",
+    "job__state", "job__tenant__slug", "job__tenant__allow_commands", "job__tier__name",
+    "job__tier__preemption_grace_seconds", "job__max_runtime_seconds", "job__preemption_count",
+    "job__gpu_sku__name", "job__node_selector", "job__command",
+)  # fmt: skip
+
+
+def _restore_allocations(snapshot: ClusterSnapshot, gpu_at: dict[int, tuple[str, int]]) -> None:
     now = timezone.now()
     held: dict[int, dict[str, list[int]]] = {}
-    rows = GpuAllocation.objects.filter(released_at=None).values_list(
-        "attempt_id", "gpu__node__name", "gpu__index"
-    )
-    for attempt_id, node, index in rows:
-        if node in snapshot.node_ids:
-            held.setdefault(attempt_id, {}).setdefault(node, []).append(index)
-    attempts = JobAttempt.objects.filter(pk__in=held).select_related(
-        "job__tenant", "job__tier", "job__gpu_sku"
-    )
-    for attempt in attempts:
-        by_node = held[attempt.pk]
-        job = attempt.job
-        live = attempt.state in ATTEMPT_ACTIVE and job.state in (
-            JobState.STARTING,
-            JobState.RUNNING,
-            JobState.PREEMPTING,
-        )
-        name = str(job.pk) if live else f"{HELD}{attempt.pk}"
+    for attempt_id, gpu_id in GpuAllocation.objects.filter(released_at=None).values_list(
+        "attempt_id", "gpu_id"
+    ):
+        at = gpu_at.get(gpu_id)
+        if at is not None:
+            held.setdefault(attempt_id, {}).setdefault(at[0], []).append(at[1])
+    rows = JobAttempt.objects.filter(pk__in=list(held)).values_list(*_ATTEMPT_FIELDS)
+    pods: list[tuple[core.Pod, core.Placement]] = []
+    for (pk, state, started_at, created_at, checkpoint_at, preempted_for, job_id, job_state,
+         tenant, allow_commands, tier, grace_s, max_runtime, preemptions, sku, selector,
+         command) in rows:  # fmt: skip
+        by_node = held[pk]
+        live = state in ATTEMPT_ACTIVE and job_state in LIVE_JOB
+        name = str(job_id) if live else f"{HELD}{pk}"
         placement = core.Placement(
             assignments=[
                 core.Assignment(node=n, gpu_indices=sorted(ix), gpu_milli=[core.MILLI] * len(ix))
@@ -148,24 +181,25 @@ def _restore_allocations(snapshot: ClusterSnapshot) -> None:
             ]  # fmt: skip
         )
         per_node = max(len(ix) for ix in by_node.values())
-        snapshot.cluster.add_pod(core.Pod(name=name, gpus=per_node, nodes=len(by_node)), placement)
-        started = attempt.started_at or attempt.created_at
-        stopping = not live or attempt.state == AttemptState.PREEMPTING
-        grace = timedelta(seconds=job.tier.preemption_grace_seconds + settings.KILL_GRACE_SECONDS)
+        pods.append((core.Pod(name=name, gpus=per_node, nodes=len(by_node)), placement))
+        started = started_at or created_at
+        stopping = not live or state == AttemptState.PREEMPTING
+        grace = timedelta(seconds=grace_s + settings.KILL_GRACE_SECONDS)
         snapshot.running.append(
             policy.RunningJob(
-                job_id=name, tenant=job.tenant.slug, tier=job.tier.name, gpus=per_node, nodes=len(by_node),
+                job_id=name, tenant=tenant, tier=tier, gpus=per_node, nodes=len(by_node),
                 started_at=epoch(started),
-                est_end=epoch(now + grace) if stopping else epoch(started) + job.max_runtime_seconds,
+                est_end=epoch(now + grace) if stopping else epoch(started) + max_runtime,
                 placement=placement,
-                last_checkpoint_at=epoch(attempt.checkpoint_at) if attempt.checkpoint_at else None,
-                preemptions=job.preemption_count,
-                gpu_models=(job.gpu_sku.name,) if job.gpu_sku_id and job.gpu_sku else (),
-                node_selector=job.node_selector or {},
-                preempted_for=(attempt.preempted_for or STOPPING) if stopping else None,
-                tolerations=_tolerations(job),
+                last_checkpoint_at=epoch(checkpoint_at) if checkpoint_at else None,
+                preemptions=preemptions,
+                gpu_models=(sku,) if sku else (),
+                node_selector=selector or {},
+                preempted_for=(preempted_for or STOPPING) if stopping else None,
+                tolerations=_tolerations_of(command, allow_commands),
             )
         )  # fmt: skip
+    snapshot.cluster.add_pods(pods)  # each node re-indexed once
 
 
 def tier_policies() -> dict[str, policy.TierPolicy]:
@@ -207,18 +241,42 @@ def arriving_nodes() -> list[policy.ArrivingNode]:
     ]
 
 
-def ordered_queue():
-    """Queued jobs in submit order (the policy decides who goes first), less the retries still
-    waiting out their backoff (their reason says until when), the jobs whose previous attempt
-    still has a process stopping (a lost gang's survivors): a job never runs twice at once, and
-    the jobs held by their dependencies (apps/jobs/dependencies.py; released with a dispatch)."""
+def ordered_queue(heads: int = QUEUE_HEADS):
+    """The heads of the queue: per (tier, tenant, pool) queue its first `heads` jobs by submit
+    time (the policy's order inside such a queue), plus every job with a priority boost (its
+    submit counts as earlier). A pool is what decides where a job may go: SKU, node selector,
+    and whether it runs a command (tolerations). Every queued job is visible once it reaches
+    the head of its queue, however long the queue: no oldest-N cut.
+
+    Less the retries still waiting out their backoff (their reason says until when) and the jobs
+    whose previous attempt still has a process stopping (a lost gang's survivors): a job never
+    runs twice at once, and the jobs held by their dependencies (apps/jobs/dependencies.py;
+    released with a dispatch)."""
     still_stopping = AttemptMember.objects.filter(attempt__job=OuterRef("pk"), ended_at=None)
-    return (
+    queued = (
         Job.objects.filter(state=JobState.QUEUED, held_by_dependencies=False)
-        .select_related("tier", "tenant", "gpu_sku")
         .filter(Q(not_before__isnull=True) | Q(not_before__lte=timezone.now()))
         .filter(~Exists(still_stopping))
-        .order_by("created_at")[:QUEUE_SCAN_LIMIT]
+    )
+    runs_command = ExpressionWrapper(Q(command__isnull=False), output_field=BooleanField())
+    head = Window(
+        RowNumber(),
+        partition_by=[
+            F("tier_id"),
+            F("tenant_id"),
+            F("gpu_sku_id"),
+            F("node_selector"),
+            runs_command,
+        ],
+        order_by=[F("created_at").asc(), F("id").asc()],
+    )
+    # Numbered over narrow rows (the key and the partition), then the heads' rows fetched: the
+    # window sorts every queued row, so it carries no more of them than it needs.
+    numbered = queued.annotate(head=head).filter(Q(head__lte=heads) | ~Q(priority_boost=0))
+    return (
+        Job.objects.filter(pk__in=numbered.values("pk"))
+        .select_related("tier", "tenant", "gpu_sku")
+        .order_by("created_at")
     )
 
 
@@ -275,12 +333,13 @@ def dispatch_once() -> DispatchResult:
     }
     snapshot = load_cluster(strategy=placement_strategy(jobs.values()))
     _drop_moved(jobs, snapshot)
+    held = _held_reservations(jobs)
     decisions = policy.decide(
         epoch(now), snapshot.cluster, [queued_job(job) for job in jobs.values()], snapshot.running, tiers,
-        tenant_usage(now, config.half_life_s), config=config, held_reservation=_held_reservation(jobs),
+        tenant_usage(now, config.half_life_s), config=config, held_reservation=held,
         arriving=arriving_nodes(),
     )  # fmt: skip
-    _apply(list(decisions), jobs, gate, snapshot, result)
+    _apply(list(decisions), jobs, gate, snapshot, result, held)
     result.seconds = time.monotonic() - started
     if result.placed or result.preempted:
         log.info("dispatch: placed %d, preempted %d, %d waiting, %.3fs", len(result.placed), len(result.preempted),
@@ -289,23 +348,31 @@ def dispatch_once() -> DispatchResult:
 
 
 def _apply(decisions, jobs: dict[str, Job], gate: DispatchGate, snapshot: ClusterSnapshot,
-           result: DispatchResult) -> None:  # fmt: skip
-    """Apply a pass's decisions in few transactions (each placement, preemption and reason its
-    own savepoint, still guarded: one that loses a race changes nothing and the rest go on), and
+           result: DispatchResult, held) -> None:  # fmt: skip
+    """Apply a pass's decisions in few transactions (each placement and preemption its own
+    savepoint, still guarded: one that loses a race changes nothing and the rest go on), and
     after each commit send one start message per node for what it placed there
     (publish.batched). On PostgreSQL the whole pass is one transaction; SQLite has one writer at
     a time, so there it commits every SQLITE_WRITE_CHUNK decisions: agents' reports and submits
-    wait at most that long for the write lock."""
+    wait at most that long for the write lock. Then the reasons that changed, in batches, and
+    the pass's reservations."""
     waiting_for_victims: set[str] = set()
+    reasons: dict[str, tuple[Job, str]] = {}
+    reserved: list[str] = []
     size = SQLITE_WRITE_CHUNK if connection.vendor == "sqlite" else max(1, len(decisions))
     for start in range(0, len(decisions), size):
-        _apply_chunk(
-            decisions[start : start + size], jobs, gate, snapshot, result, waiting_for_victims
+        _apply_chunk(decisions[start : start + size], jobs, gate, snapshot, result,
+                     waiting_for_victims, reasons, reserved)  # fmt: skip
+    _write_reasons(reasons)
+    if reserved:
+        _store_reservations(
+            reserved + [j for j in held if j not in reserved and j not in result.placed]
         )
 
 
 def _apply_chunk(decisions, jobs: dict[str, Job], gate: DispatchGate, snapshot: ClusterSnapshot,
-                 result: DispatchResult, waiting_for_victims: set) -> None:  # fmt: skip
+                 result: DispatchResult, waiting_for_victims: set, reasons: dict,
+                 reserved: list) -> None:  # fmt: skip
     with publish.batched(), transaction.atomic():
         for decision in decisions:
             job = jobs.get(getattr(decision, "job_id", "") or getattr(decision, "for_job_id", ""))
@@ -314,15 +381,15 @@ def _apply_chunk(decisions, jobs: dict[str, Job], gate: DispatchGate, snapshot: 
                     gate.placed(job, decision.placement)
                     result.placed.append(decision.job_id)
             elif isinstance(decision, policy.Preempt):
-                result.preempted += _apply_preempt(decision, job)
+                result.preempted += _apply_preempt(decision, job, reasons)
                 waiting_for_victims.add(decision.for_job_id)
             elif isinstance(decision, policy.Reserve) and job is not None:
-                _store_reservation(decision.job_id)
+                reserved.append(decision.job_id)
                 if decision.job_id not in waiting_for_victims:
-                    _set_reason(job, _reservation_reason(decision))
+                    _set_reason(reasons, job, _reservation_reason(decision))
                 result.waiting += 1
             elif isinstance(decision, policy.Wait) and job is not None:
-                _set_reason(job, decision.reason)
+                _set_reason(reasons, job, decision.reason)
                 result.waiting += 1
 
 
@@ -350,7 +417,9 @@ def _apply_start(job: Job, decision: policy.Start, snapshot: ClusterSnapshot) ->
         return False
 
 
-def _apply_preempt(decision: policy.Preempt, for_job: Job | None) -> list[str]:
+def _apply_preempt(
+    decision: policy.Preempt, for_job: Job | None, reasons: dict[str, tuple[Job, str]]
+) -> list[str]:
     done = []
     for victim in Job.objects.filter(
         pk__in=[v for v in decision.victim_ids if not v.startswith(HELD)]
@@ -367,6 +436,7 @@ def _apply_preempt(decision: policy.Preempt, for_job: Job | None) -> list[str]:
             log.info("could not preempt %s: %s", victim.pk, error.message)
     if for_job is not None:
         _set_reason(
+            reasons,
             for_job,
             f"waiting for {len(done)} preempted job(s) to checkpoint and stop: {decision.reason}",
         )
@@ -390,28 +460,45 @@ def _utc(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _set_reason(job: Job, reason: str) -> None:
-    reason = reason[:300]
-    if job.reason != reason:
-        Job.objects.filter(pk=job.pk, state=JobState.QUEUED, version=job.version).update(
-            reason=reason
+def _set_reason(reasons: dict[str, tuple[Job, str]], job: Job, reason: str) -> None:
+    """The pass's last word for the job; written by `_write_reasons` if it changed."""
+    reasons[str(job.pk)] = (job, reason[:300])
+
+
+def _write_reasons(reasons: dict[str, tuple[Job, str]]) -> None:
+    """One UPDATE per `REASON_BATCH` changed reasons, each guarded as a job's own update was
+    (still queued, same version): a pass over a long queue writes only what changed."""
+    changed = [(job, reason) for job, reason in reasons.values() if job.reason != reason]
+    for start in range(0, len(changed), REASON_BATCH):
+        batch = changed[start : start + REASON_BATCH]
+        Job.objects.filter(pk__in=[job.pk for job, _ in batch], state=JobState.QUEUED).update(
+            reason=Case(
+                *[
+                    When(pk=job.pk, version=job.version, then=Value(reason))
+                    for job, reason in batch
+                ],
+                default=F("reason"),
+            )
         )
+        for job, reason in batch:
+            job.reason = reason
 
 
-def _held_reservation(jobs: dict) -> str | None:
+def _held_reservations(jobs: dict) -> list[str]:
+    """The jobs that held reservations last pass (one per pool at most), still queued."""
     try:
         raw = cast(bytes | None, client().get(RESERVATION_KEY))  # a sync client: never an Awaitable
     except Exception:
-        return None
-    held = raw.decode() if raw else None
-    return held if held in jobs else None
+        return []
+    held = raw.decode().split(",") if raw else []
+    return [job_id for job_id in held if job_id in jobs]
 
 
-def _store_reservation(job_id: str) -> None:
+def _store_reservations(job_ids: list[str]) -> None:
     try:
-        client().set(RESERVATION_KEY, job_id, ex=3600)
+        client().set(RESERVATION_KEY, ",".join(job_ids[:64]), ex=3600)
     except Exception:
-        log.warning("could not remember the reservation for %s", job_id)
+        log.warning("could not remember the reservations for %s", ", ".join(job_ids))
 
 
 def queue_order():
@@ -431,7 +518,14 @@ def queue_position(job: Job) -> int | None:
 
 
 def queue_positions(jobs) -> dict:
-    return {job.pk: queue_position(job) for job in jobs if job.state == JobState.QUEUED}
+    """`queue_position` of each queued job among `jobs` (a page), in one query."""
+    queued = [job for job in jobs if job.state == JobState.QUEUED]
+    if not queued:
+        return {}
+    counts = Job.objects.filter(state=JobState.QUEUED).aggregate(
+        **{f"p{i}": Count("pk", filter=_ahead_filter(job)) for i, job in enumerate(queued)}
+    )
+    return {job.pk: counts[f"p{i}"] + 1 for i, job in enumerate(queued)}
 
 
 def _ahead_filter(job: Job) -> Q:

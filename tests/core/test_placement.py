@@ -441,3 +441,33 @@ def test_a_placement_visits_a_few_nodes_not_all(strategy):
         )
     assert CountingDict.lookups / 100 < 20  # of 2,000 nodes (2 to 6 in practice)
     cm.verify()
+
+
+def test_a_cpu_only_pod_keeps_to_its_gpu_models():
+    cm = cluster(nodes=[Node("h", 8, "H100", cpu_milli=8000), Node("a", 8, "A100", cpu_milli=8000)])
+    for i in range(3):
+        placement = cm.schedule_pod(Pod(f"cpu{i}", gpus=0, cpu_milli=2000, gpu_models=("A100",)))
+        assert placement.nodes == ["a"] and placement.assignments[0].gpu_indices == []
+    assert cm.schedule_pod(Pod("cpu3", gpus=0, cpu_milli=4000, gpu_models=("A100",))) is None
+    assert cm.why_not(Pod("x", gpus=0, gpu_models=("V100",))).excluded == {"gpu_model": 2}
+
+
+def test_add_pods_restores_like_add_pod_one_by_one():
+    nodes = [h100(f"n{i}", gpus=4) for i in range(3)]
+    one, many = cluster(nodes=nodes), cluster(nodes=[h100(f"n{i}", gpus=4) for i in range(3)])
+    made = []
+    for i in range(5):
+        pod = Pod(f"p{i}", gpus=2)
+        made.append((pod, one.schedule_pod(pod)))
+    many.cordon("n2")
+    many.add_pods(made)
+    many.verify()
+    many.cordon("n2", False)
+    many.verify()
+    assert sorted(p.name for p in many.list_pods()) == [f"p{i}" for i in range(5)]
+    assert [many.node_view(f"n{i}").free_milli for i in range(3)] == [
+        one.node_view(f"n{i}").free_milli for i in range(3)
+    ]
+    with pytest.raises(ValueError):
+        many.add_pods([(Pod("again", gpus=2), made[0][1])])  # those GPUs are taken
+    many.verify()

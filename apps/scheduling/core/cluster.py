@@ -227,6 +227,34 @@ class ClusterManager:
             self._observe(pod)
             self._commit(pod, _copy(placement))
 
+    def add_pods(self, pods: Iterable[tuple[Pod, Placement]]) -> None:
+        """`add_pod` for many pods, each node re-indexed once at the end instead of once per pod
+        (a dispatcher restoring 8,000 allocations on 1,000 nodes). Pods are checked and recorded
+        in order; on a ValueError the pods before the failing one stay recorded. The placements
+        are kept as given, not copied: the caller hands them over and must not change them.
+        Time O(P x k x G + touched nodes x (G + log N))."""
+        with self._lock:
+            out: dict[str, NodeState] = {}
+            try:
+                for pod, placement in pods:
+                    self._check_restorable(pod, placement)
+                    self._observe(pod)
+                    for a in placement.assignments:
+                        st = self._nodes[a.node]
+                        if a.node not in out:
+                            st.pool.unindex(st)
+                            out[a.node] = st
+                        for i, m in zip(a.gpu_indices, a.gpu_milli, strict=True):
+                            st.free[i] -= m
+                        st.cpu_free -= pod.cpu_milli
+                        st.mem_free -= pod.memory_mib
+                        st.pods[pod.name] = a
+                    self._pods[pod.name] = (pod, placement)
+            finally:
+                for st in out.values():
+                    if not st.cordoned:
+                        st.pool.index(st, self.strategy.order_key)
+
     def remove_pod(self, name: str) -> Placement | None:
         """Free a pod's resources; return its placement, or None if it was not placed (idempotent).
 
@@ -576,7 +604,7 @@ def node_verdict(st: NodeState, pod: Pod) -> str:
 
 def _static_verdict(pool: Pool, pod: Pod) -> str:
     """'ok', 'prefer-not' (only PreferNoSchedule taints untolerated), or the failing reason."""
-    if pod.gpus and pod.gpu_models and pool.gpu_model not in pod.gpu_models:
+    if pod.gpu_models and pool.gpu_model not in pod.gpu_models:
         return "gpu_model"
     tolerations = [Toleration.parse(t) for t in pod.tolerations]
     untolerated = [t for t in pool.taints if not any(tol.tolerates(t) for tol in tolerations)]

@@ -42,8 +42,10 @@ The rules (docs/scheduling.md has the formulas):
 - aging: a job that has waited its tier's `age_limit_s` goes ahead of every non-aged job of its
   level, oldest first;
 - a tier never holds more than guaranteed + borrowing limit;
-- EASY backfill: the first blocked job gets a reservation on the nodes that free up first (from
-  running jobs' estimated ends); later jobs start only if they end by then or leave those GPUs;
+- EASY backfill: the first blocked job of each resource pool (the nodes a job may use) gets a
+  reservation on the nodes that free up first (from running jobs' estimated ends); later jobs
+  start only if they end by then or leave those GPUs; the pass's window and miss count are per
+  pool, so one pool's backlog never stops another's jobs;
 - preemption: a job may preempt preemptible jobs of a lower level, or, when its tier is under its
   guarantee, of a same-level tier over its guarantee; victims must have run `min_runtime_s` and been
   preempted fewer than `max_preemptions` times; the cheapest set (GPU-time since last checkpoint

@@ -88,7 +88,8 @@ class Reservations:
         self.s: Scheduler = p.s
         self.heads: list[Reservation] = []
         self.head_of: dict[str, Reservation] = {}
-        self._binding: dict[int, list[Reservation]] = {}  # level -> heads at or above it
+        # (level, GPU models) -> the heads at or above that level on nodes of those models
+        self._binding: dict[tuple[int, tuple[str, ...]], list[Reservation]] = {}
         self.failed: FailedShapes = {}
 
     def load(self) -> None:
@@ -97,9 +98,9 @@ class Reservations:
         fresh = not s._resv_dirty
         if not s.config.sticky_reservations:
             return
-        for job_id in s._held[: max(1, s.config.reservations)]:
+        for job_id in s._held:
             job = s.queued.get(job_id)
-            if job is None:
+            if job is None or len(self.in_pool(job)) >= max(1, s.config.reservations):
                 continue
             cached = s._resvs.get(job_id)
             if fresh and cached is not None and self.p.now < cached.shadow:
@@ -124,12 +125,20 @@ class Reservations:
 
     def binding(self, job: QueuedJob, level: int) -> list[Reservation]:
         """The reservations `job` must leave intact: those of its level or above but its own."""
-        binding = self._binding.get(level)
+        key = (level, job.gpu_models)
+        binding = self._binding.get(key)
         if binding is None:
-            binding = self._binding[level] = [r for r in self.heads if r.level >= level]
+            binding = self._binding[key] = [
+                r for r in self.heads if r.level >= level and r.holds_for(job.gpu_models)
+            ]
         if job.job_id in self.head_of:
             binding = [r for r in binding if r.job_id != job.job_id]
         return binding
+
+    def in_pool(self, job: QueuedJob) -> list[Reservation]:
+        """The reservations on nodes `job` could use (of any level): a reservation holds its
+        own pool only, so a job of another GPU model never waits behind it."""
+        return [r for r in self.heads if r.holds_for(job.gpu_models)]
 
     def reserve(self, job: QueuedJob) -> Reservation | None:
         """The earliest time and nodes for `job`, on nodes no other reservation holds."""
@@ -143,16 +152,18 @@ class Reservations:
         shadow, gained = found
         need = pick_reserved(s.view, gained, job.gpus, job.nodes, job.gpu_models, taken)
         released = {node: gained[node] for node in need if node in gained}
-        return Reservation(job.job_id, s.tiers[job.tier].level, shadow, need, released)
+        models = frozenset(s.view.model[node] for node in need)
+        return Reservation(job.job_id, s.tiers[job.tier].level, shadow, need, released, models)
 
     def make_head(self, job: QueuedJob, force: bool = False) -> bool:
         """Give a blocked job a reservation (or renew its own); False never stops the pass."""
         p = self.p
         resv = self.head_of.get(job.job_id)
         if resv is None:
-            if len(self.heads) >= self.s.config.reservations and not force:
+            same_pool = self.in_pool(job)
+            if len(same_pool) >= self.s.config.reservations and not force:
                 level = self.s.tiers[job.tier].level
-                lowest = min(self.heads, key=lambda r: r.level)
+                lowest = min(same_pool, key=lambda r: r.level)
                 if lowest.level >= level:
                     p.wait(job, p.shortage, job)
                     return True

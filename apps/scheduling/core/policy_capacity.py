@@ -117,6 +117,13 @@ class Reservation:
     shadow: float
     need: dict[str, int]
     released: dict[str, int] = field(default_factory=dict)
+    models: frozenset[str] = frozenset()  # the GPU models of its nodes: the pool it holds
+
+    def holds_for(self, gpu_models: tuple[str, ...]) -> bool:
+        """Whether a job of these models could use any of its nodes (it binds that job only)."""
+        if not gpu_models:
+            return True
+        return not self.models.isdisjoint(gpu_models)
 
     def extra(self, view: FreeView, node: str) -> int:
         return view.free[node] + self.released.get(node, 0) - self.need[node]

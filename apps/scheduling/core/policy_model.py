@@ -45,11 +45,11 @@ class PolicyConfig:
     preemption: bool = True
     victim_cost: str = "checkpoint"  # policy_victims.VICTIM_COSTS: checkpoint | youngest (Slurm)
     half_life_s: float = 72 * HOUR  # decay of tenant and tier usage
-    backfill_depth: int = 256  # jobs looked at per pass (Slurm's bf_max_job_test)
+    backfill_depth: int = 256  # jobs looked at per pass and resource pool (bf_max_job_test)
     grace_s: float = 0.0  # a victim releases its GPUs this long after the signal
     preempt_plans_per_pass: int = 4
     preempt_retry_s: float = 60.0  # a job whose plan failed is not replanned before this
-    reservations: int = 1  # blocked jobs that hold a reservation at once (1: EASY backfill)
+    reservations: int = 1  # blocked jobs per resource pool holding a reservation (1: EASY)
     # Fair share inside a tier (`fair` ordering): aging lifts the jobs of tenants below their
     # max-min share of the tier after A_T, the others' after `aging_above_share` x A_T; and a
     # tenant below its share may preempt (reclaim) a preemptible job of a tenant of its tier
@@ -60,7 +60,7 @@ class PolicyConfig:
     reclaim_min_runtime_s: float = 3600.0  # a reclaim victim has run at least this long
     reclaim_after_s: float = 0.0  # a job reclaims only after waiting this long
     sticky_reservations: bool = True  # a reservation stays with its job until it starts
-    backfill_misses: int = 48  # stop a pass after this many jobs in a row could not start
+    backfill_misses: int = 48  # a pool is done for the pass after this many misses in a row
     full_pass_every_s: float = 300.0  # arrivals alone trigger a pass over the arrivals only
     slurm_weights: tuple[float, float, float] = (100000.0, 10000.0, 1000.0)  # QOS, FS, age
     slurm_max_age_s: float = 7 * 24 * HOUR
@@ -112,6 +112,17 @@ class QueuedJob:
     checkpoint_interval_s: float = 0.0  # it saves progress this often (0: never, or unknown)
     restart_cost_s: float = 0.0  # a restart spends this long before making progress
     seq: int = -1  # tie-break among equal submits; the policy fills it in when left at -1
+
+
+# A resource pool: what decides the set of nodes a job may use (GPU models, node selector,
+# tolerations). The pass keeps its backfill window and miss count per pool.
+Pool = tuple[tuple[str, ...], tuple[tuple[str, str], ...], tuple[str, ...]]
+
+
+def pool_of(job: QueuedJob) -> Pool:
+    selector = job.node_selector
+    items = tuple(sorted(selector.items())) if selector else ()
+    return (job.gpu_models, items, job.tolerations)
 
 
 @dataclass(slots=True)

@@ -16,6 +16,7 @@ from apps.scheduling.core.policy_backfill import Reservations, make_backfill
 from apps.scheduling.core.policy_capacity import Reservation
 from apps.scheduling.core.policy_model import (
     Decision,
+    Pool,
     QueuedJob,
     RunningJob,
     Start,
@@ -23,6 +24,7 @@ from apps.scheduling.core.policy_model import (
     Wait,
     alloc_of,
     gpu_label,
+    pool_of,
 )
 from apps.scheduling.core.policy_preemption import Preemption
 from apps.scheduling.core.policy_sort import Shares
@@ -58,18 +60,34 @@ class Pass:
     # --- the loop -------------------------------------------------------------------------
 
     def run(self) -> list[Decision]:
+        """The jobs in queue order. The backfill window (`backfill_depth` jobs looked at) and the
+        miss count (`backfill_misses` in a row that could not start) are kept per resource pool
+        (`pool_of`: the nodes a job may use), so one pool's backlog never stops the pass for
+        another; the pass ends when every pool with queued jobs is done."""
         order = self.order if self.order is not None else self.s._order(self.now, self.shares)
         preemptors_left, reclaimers_left = self.preempt.preemptors_queued()
         self._start_held()
-        scanned = misses = 0
+        scanned: dict[Pool, int] = {}
+        misses: dict[Pool, int] = {}
+        done: set[Pool] = set()  # pools whose window is spent or that missed too often
+        live = max(1, sum(1 for n in self.s.pools.values() if n > 0))
+        depth, most_misses = self.cfg.backfill_depth, self.cfg.backfill_misses
         early = {job.job_id for job in self.taken}
         for job in order:
             if early and job.job_id in early:
                 continue
-            scanned += 1
-            if scanned > self.cfg.backfill_depth or misses >= self.cfg.backfill_misses:
-                self.wait(job, "behind {} jobs in queue order", scanned - 1)
-                break
+            pool = pool_of(job)
+            if pool in done:
+                self.wait(job, "behind {} jobs in queue order", scanned[pool])
+                continue
+            seen = scanned[pool] = scanned.get(pool, 0) + 1
+            if seen > depth or misses.get(pool, 0) >= most_misses:
+                scanned[pool] = seen - 1
+                done.add(pool)
+                self.wait(job, "behind {} jobs in queue order", seen - 1)
+                if len(done) >= live:
+                    break
+                continue
             started = len(self.taken)
             preemptor = self.preempt.may_preempt(job)
             reclaimers = self.preempt.reclaimers
@@ -77,16 +95,25 @@ class Pass:
                 reclaimers_left -= job.tenant in reclaimers[job.tier]
             else:
                 preemptors_left -= preemptor
-            if self.s.view.free_total == 0 and not preemptor and self.resv.heads:
-                # Nothing starts without preemption; stop once no job left could preempt.
+            if self.s.view.free_total == 0 and not preemptor and self.resv.in_pool(job):
+                # Nothing starts without preemption and its pool has its reservation; once no
+                # job left could preempt, the pool is done.
+                if job.job_id in self.resv.head_of:
+                    self.resv.make_head(job)  # it keeps its reservation: say so again
+                    continue
                 self.wait(job, self.shortage, job)
-                misses += 1
+                misses[pool] = misses.get(pool, 0) + 1
                 if self._no_preemptor_left(preemptors_left, reclaimers_left):
-                    break
+                    done.add(pool)
+                    if len(done) >= live:
+                        break
                 continue
             if not self._step(job):
                 break
-            misses = 0 if len(self.taken) > started or not self.resv.heads else misses + 1
+            if len(self.taken) > started or not self.resv.in_pool(job):
+                misses[pool] = 0
+            else:
+                misses[pool] = misses.get(pool, 0) + 1
         if self.explain:
             for job in order:
                 self.wait(job, "behind the jobs ahead in queue order")
@@ -116,7 +143,11 @@ class Pass:
                 continue
             if s.tier_gpus(job.tier) + job.gpus * job.nodes > s._tier_cap(tier):
                 continue
-            binding = [r for r in self.resv.heads if r is not resv and r.level >= tier.level]
+            binding = [
+                r
+                for r in self.resv.heads
+                if r is not resv and r.level >= tier.level and r.holds_for(job.gpu_models)
+            ]
             placement = self.resv.place(job, binding)
             if placement is not None:
                 self.resv.drop(job.job_id)
@@ -252,6 +283,7 @@ class Pass:
         s = self.s
         for job in self.taken:
             del s.queued[job.job_id]
+            s._count_pool(job, -1)
             s.index.remove(job.tier, job.tenant, job.submit, job.seq)
             s._plan_failed.pop(job.job_id, None)
         live = [r for r in self.resv.heads if r.job_id in s.queued]

@@ -17,11 +17,13 @@ from apps.scheduling.core.policy_model import (
     ArrivingNode,
     Decision,
     PolicyConfig,
+    Pool,
     QueuedJob,
     RunningJob,
     TierPolicy,
     Usage,
     alloc_of,
+    pool_of,
 )
 from apps.scheduling.core.policy_order import QueueIndex
 from apps.scheduling.core.policy_pass import Pass
@@ -57,6 +59,7 @@ class Scheduler:
         self.queued: dict[str, QueuedJob] = {}
         self.running: dict[str, RunningJob] = {}
         self.index = QueueIndex(lambda tier: self.tiers[tier].level)
+        self.pools: dict[Pool, int] = {}  # queued jobs per resource pool
         self._ends: list[tuple[float, int, str]] = []  # running jobs by estimated end
         self._end_key: dict[str, tuple[float, int, str]] = {}
         self._seq = 0
@@ -125,6 +128,7 @@ class Scheduler:
             self._seq += 1
             job.seq = self._seq
         self.queued[job.job_id] = job
+        self._count_pool(job, 1)
         self._tenant_tier[job.tenant] = job.tier
         self.index.add(job.tier, job.tenant, job.submit, job.seq, job)
         self._arrived.append(job)
@@ -133,6 +137,7 @@ class Scheduler:
     def cancel(self, job_id: str) -> None:
         """Drop a queued job."""
         job = self.queued.pop(job_id)
+        self._count_pool(job, -1)
         self.index.remove(job.tier, job.tenant, job.submit, job.seq)
         self._changed = True
         if job_id in self._held:
@@ -238,6 +243,14 @@ class Scheduler:
         return not levels or tier.level > min(levels)
 
     # --- helpers used by the pass -------------------------------------------------------------
+
+    def _count_pool(self, job: QueuedJob, delta: int) -> None:
+        pool = pool_of(job)
+        left = self.pools.get(pool, 0) + delta
+        if left > 0:
+            self.pools[pool] = left
+        else:
+            self.pools.pop(pool, None)
 
     def _usage_of(self, tenant: str) -> Usage:
         usage = self._tenant_usage.get(tenant)

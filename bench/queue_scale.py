@@ -1,0 +1,320 @@
+"""The dispatcher's pass at scale (issue 18): 1,000 nodes x 8 GPUs in the database.
+
+1. pass cost on the full cluster (every GPU held by a preemptible free-tier job past its minimum
+   runtime) with 1,000 / 10,000 / 100,000 one-GPU free jobs queued (four tenants): CPU time of
+   this process (`time.process_time`) and wall time around one `dispatch_once`, the first pass
+   after the queue grew (it writes the new jobs' reasons) and the next (nothing changed);
+2. time from an enterprise submit (the admission path, `enqueue.job_submit`) behind 50,000
+   queued jobs to the pass that decided its preemption;
+3. placements per second filling the empty cluster with 8,000 one-GPU jobs, one pass after the
+   other until all are placed.
+
+`DATABASE_URL=postgres://postgres@127.0.0.1:5432/<its own db> python -m bench.queue_scale
+[--quick]` writes docs/bench/50-queue-scale.md. It empties that database's tables first (flush)
+and reuses it between the configurations. Without DATABASE_URL: a SQLite file in a temporary
+directory. Redis: REDIS_URL, else an embedded one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import os
+import pathlib
+import sys
+import tempfile
+import time
+import uuid
+from datetime import timedelta
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+OUT = ROOT / "docs" / "bench" / "50-queue-scale.md"
+TENANTS = 4
+
+
+def setup() -> str:
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="gpuplatform-queue-bench-"))
+    os.environ.setdefault("GPUPLATFORM_DATA_DIR", str(tmp))
+    os.environ.setdefault("SECRET_KEY", "bench-not-a-secret")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuplatform.settings")
+    if not os.environ.get("REDIS_URL"):
+        from gpuplatform import embedded_redis
+
+        server = embedded_redis.start(tmp / "redis", persist=False)
+        os.environ["REDIS_URL"] = server.url
+        atexit.register(server.stop)
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    call_command("flush", interactive=False, verbosity=0)
+    return (
+        "PostgreSQL"
+        if os.environ.get("DATABASE_URL", "").startswith("postgres")
+        else "SQLite (a temporary file)"
+    )
+
+
+class World:
+    """The rows the bench works on: tiers, tenants, nodes with GPUs, running and queued jobs."""
+
+    def __init__(self, nodes: int, gpus: int) -> None:
+        from apps.jobs.models import JobTemplate
+        from apps.nodes.models import Gpu, GpuSku, Node
+        from apps.tenants.defaults import ensure_defaults
+        from apps.tenants.models import Tier
+        from apps.tenants.services import tenant_create, user_create
+        from tests.factories import fast_insert
+
+        ensure_defaults()
+        Tier.objects.filter(name="free").update(min_runtime_seconds=0)
+        self.free = [tenant_create(slug=f"free{t}", tier_name="free") for t in range(TENANTS)]
+        self.users = [
+            user_create(username=f"user{t}", tenant_slug=f"free{t}")[0] for t in range(TENANTS)
+        ]
+        tenant_create(slug="bigco", tier_name="enterprise")
+        self.boss = user_create(username="boss", tenant_slug="bigco")[0]
+        self.sku = GpuSku.objects.get_or_create(name="H100-80GB")[0]
+        self.template = JobTemplate.objects.get(name="demo-train")
+        self.tier_free = Tier.objects.get(name="free")
+        self.nodes, self.gpus = nodes, gpus
+        names = [f"n{i:04d}" for i in range(nodes)]
+        fast_insert(Node, nodes, lambda i: {"name": names[i]}, name="x", sku=self.sku)
+        ids = dict(Node.objects.values_list("name", "pk"))
+        self.node_ids = [ids[n] for n in names]
+        fast_insert(
+            Gpu, nodes * gpus,
+            lambda i: {"node_id": self.node_ids[i // gpus], "index": i % gpus, "uuid": f"GPU-{i}"},
+            node_id=self.node_ids[0], index=0, uuid="x",
+        )  # fmt: skip
+        self.gpu_ids = {
+            (node, index): pk
+            for pk, node, index in Gpu.objects.values_list("pk", "node_id", "index")
+        }
+        self.queued = 0
+
+    def queue(self, count: int) -> None:
+        """`count` more one-GPU free jobs, round-robin over the free tenants."""
+        from tests.factories import bulk_queued_jobs
+
+        per = count // TENANTS
+        for t in range(TENANTS):
+            bulk_queued_jobs(
+                per, tenant=self.free[t], user=self.users[t], tier=self.tier_free,
+                template=self.template, params={"steps": 1}, gpus=1, gpu_sku=self.sku,
+                max_runtime_seconds=3600,
+            )  # fmt: skip
+        self.queued += per * TENANTS
+        analyze()
+
+    def fill(self) -> None:
+        """Every GPU held by a running one-GPU free job that started an hour ago."""
+        from django.utils import timezone
+
+        from apps.jobs.models import AttemptMember, GpuAllocation, Job, JobAttempt
+        from tests.factories import fast_insert
+
+        total = self.nodes * self.gpus
+        started = timezone.now() - timedelta(hours=1)
+        job_ids = [uuid.uuid4() for _ in range(total)]
+        fast_insert(
+            Job, total,
+            lambda i: {"id": job_ids[i], "tenant_id": self.free[i % TENANTS].pk,
+                       "user_id": self.users[i % TENANTS].pk},
+            name="running", tenant=self.free[0], user=self.users[0], tier=self.tier_free,
+            template=self.template, params={"steps": 1}, gpus=1, gpu_sku=self.sku,
+            max_runtime_seconds=86_400, state="running", attempts_count=1, started_at=started,
+        )  # fmt: skip
+        fast_insert(
+            JobAttempt, total, lambda i: {"job_id": job_ids[i], "token": uuid.uuid4()},
+            job_id=job_ids[0], number=1, state="running", started_at=started,
+        )  # fmt: skip
+        attempts = dict(JobAttempt.objects.filter(ended_at=None).values_list("job_id", "pk"))
+        by_index = [attempts[j] for j in job_ids]
+        g = self.gpus
+        fast_insert(
+            AttemptMember, total,
+            lambda i: {"attempt_id": by_index[i], "node_id": self.node_ids[i // g],
+                       "gpu_indices": [i % g]},
+            attempt_id=by_index[0], rank=0, node_id=self.node_ids[0], state="running",
+            started_at=started, pid=1,
+        )  # fmt: skip
+        fast_insert(
+            GpuAllocation, total,
+            lambda i: {"attempt_id": by_index[i], "gpu_id": self.gpu_ids[(self.node_ids[i // g], i % g)]},
+            attempt_id=by_index[0], gpu_id=self.gpu_ids[(self.node_ids[0], 0)],
+        )  # fmt: skip
+        analyze()
+
+    def empty(self) -> None:
+        """No jobs at all (raw statements: the ORM's cascade would collect 100,000 rows)."""
+        from django.db import connection
+
+        tables = ["jobs_gpuallocation", "jobs_attemptmember", "jobs_jobevent", "jobs_jobattempt",
+                  "jobs_job"]  # fmt: skip
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute(f"TRUNCATE {', '.join(tables)} CASCADE")
+            else:
+                for table in tables:
+                    cursor.execute(f"DELETE FROM {table}")
+        self.queued = 0
+
+
+def analyze() -> None:
+    """Fresh planner statistics after a bulk insert (what autovacuum would do soon after): the
+    queue's plan depends on them."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+
+
+def one_pass() -> tuple[float, float, object]:
+    from apps.scheduling.dispatcher import dispatch_once
+
+    cpu, wall = time.process_time(), time.perf_counter()
+    result = dispatch_once()
+    return time.process_time() - cpu, time.perf_counter() - wall, result
+
+
+def profiled(call):
+    """With GPUPLATFORM_BENCH_PROFILE=<file>: the call under cProfile, its stats dumped there."""
+    path = os.environ.get("GPUPLATFORM_BENCH_PROFILE")
+    if not path:
+        return call()
+    import cProfile
+
+    profile = cProfile.Profile()
+    out = profile.runcall(call)
+    profile.dump_stats(path)
+    return out
+
+
+def pass_costs(world: World, sizes: list[int], preempt_at: int) -> tuple[list[dict], dict]:
+    rows: list[dict] = []
+    preempt: dict = {}
+    for size in sorted({*sizes, preempt_at}):
+        world.queue(size - world.queued)
+        first = one_pass()
+        second = one_pass()
+        if size == sizes[0]:
+            profiled(one_pass)  # a third pass, not counted
+        if size in sizes:
+            rows.append({"queued": size, "first": first[:2], "steady": second[:2]})
+            print(f"queued {size}: first {first[:2]}, steady {second[:2]}", flush=True)
+        if size == preempt_at:
+            preempt = enterprise_preemption(world)
+            print(f"preemption behind {size}: {preempt}", flush=True)
+    return rows, preempt
+
+
+def enterprise_preemption(world: World) -> dict:
+    """An enterprise job submitted behind the queue; then put back as it was."""
+    from apps.admission import enqueue
+    from apps.jobs import services
+    from apps.jobs.models import Job, JobAttempt
+
+    spec = services.JobSpec(
+        name="urgent", tier=world.boss.membership.tenant.tier, template=world.template,
+        params={"steps": 1}, command=None, gpus=8, nodes=1, gpu_sku=world.sku, node_selector={},
+        max_runtime_seconds=600, checkpointable=True, cacheable=False,
+    )  # fmt: skip
+    wall = time.perf_counter()
+    job = enqueue.job_submit(tenant=world.boss.membership.tenant, user=world.boss, spec=spec)
+    submitted = time.perf_counter() - wall
+    cpu, pass_wall, result = one_pass()
+    total = time.perf_counter() - wall
+    preempted = list(result.preempted)  # type: ignore[attr-defined]
+    Job.objects.filter(pk__in=preempted).update(state="running")
+    JobAttempt.objects.filter(job_id__in=preempted, ended_at=None).update(
+        state="running", preempted_for="", stop_requested=""
+    )
+    Job.objects.filter(pk=job.pk).delete()
+    return {"victims": len(preempted), "submit": submitted, "pass_cpu": cpu, "pass_wall": pass_wall,
+            "total": total}  # fmt: skip
+
+
+def fill_rate(world: World, jobs: int, budget_s: float) -> dict:
+    """Passes one after the other until every job is placed, or for `budget_s` of wall time."""
+    world.empty()
+    world.queue(jobs)
+    placed, passes = 0, 0
+    cpu, wall = time.process_time(), time.perf_counter()
+    while placed < jobs and time.perf_counter() - wall < budget_s:
+        _, _, result = one_pass()
+        passes += 1
+        got = len(result.placed)  # type: ignore[attr-defined]
+        if not got:
+            break
+        placed += got
+    wall = time.perf_counter() - wall
+    cpu = time.process_time() - cpu
+    out = {"placed": placed, "passes": passes, "wall": wall, "cpu": cpu, "per_second": placed / wall,
+           "budget": budget_s, "jobs": jobs}  # fmt: skip
+    print(f"fill: {out}", flush=True)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="100 nodes, 1,000 / 10,000 queued")
+    args = parser.parse_args()
+    backend = setup()
+    nodes = 100 if args.quick else 1000
+    sizes = [1000, 10_000] if args.quick else [1000, 10_000, 100_000]
+    preempt_at = 10_000 if args.quick else 50_000
+    world = World(nodes, 8)
+    began = time.perf_counter()
+    world.fill()
+    print(f"filled {nodes} x 8 in {time.perf_counter() - began:.1f} s", flush=True)
+    rows, preempt = pass_costs(world, sizes, preempt_at)
+    fill = fill_rate(world, nodes * 8, 20 if args.quick else 40)
+    write(args.quick, backend, nodes, rows, preempt, preempt_at, fill)
+    return 0
+
+
+def write(quick, backend, nodes, rows, preempt, preempt_at, fill) -> None:
+    base = rows[0]["steady"][0]
+    world_jobs = fill["jobs"]
+    table = "\n".join(
+        f"| {r['queued']:,} | {r['first'][0]:.3f} s ({r['first'][1]:.3f} s) | "
+        f"{r['steady'][0]:.3f} s ({r['steady'][1]:.3f} s) | {r['steady'][0] / base:.2f}x |"
+        for r in rows
+    )
+    command = "python -m bench.queue_scale" + (" --quick" if quick else "")
+    if backend == "PostgreSQL":
+        command = "DATABASE_URL=postgres://... " + command
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(f"""## The dispatcher's pass at scale
+
+Command: `{command}`
+
+{backend}; the dispatcher's `dispatch_once` in the bench's process, on {nodes:,} nodes x 8 GPUs
+in the database; the 2-core machine, shared. CPU is this process's
+`time.process_time` (the database's own work is not in it; the wall time in brackets is; on
+this shared machine, run under `nice`, the wall time is mostly waiting for a core).
+
+Pass cost on the full cluster (every GPU held by a one-GPU free job past its minimum runtime),
+one-GPU free jobs queued over {TENANTS} tenants. The first pass after the queue grew writes the
+new heads' reasons; the steady pass is the next one, with nothing changed.
+
+| queued | first pass CPU (wall) | steady pass CPU (wall) | steady CPU / the smallest queue's |
+|---|---|---|---|
+{table}
+
+An enterprise submit (8 GPUs, through the admission path) behind {preempt_at:,} queued jobs: the
+first pass preempted {preempt["victims"]} job(s) for it; {preempt["total"]:.3f} s from the submit
+call to the end of that pass (submit {preempt["submit"]:.3f} s, pass {preempt["pass_wall"]:.3f} s
+wall, {preempt["pass_cpu"]:.3f} s CPU).
+
+Filling the empty cluster with {world_jobs:,} one-GPU jobs queued (passes one after the other,
+for at most {fill["budget"]:.0f} s): {fill["placed"]:,} placed in {fill["passes"]} passes,
+{fill["wall"]:.1f} s ({fill["cpu"]:.1f} s CPU): **{fill["per_second"]:.0f} placements/s**.
+""")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""The dispatcher over long queues (issue 18), against the real database: one pool's backlog
+never idles another, every queued job reaches the policy once it heads its queue, and reasons
+are written only when they change."""
+
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from apps.jobs import services
+from apps.jobs.models import Job, JobAttempt, JobTemplate
+from apps.nodes.models import GpuSku
+from apps.scheduling import dispatcher
+from apps.scheduling.dispatcher import dispatch_once, ordered_queue, queue_position, queue_positions
+from apps.tenants.models import Tenant, Tier
+from tests.factories import bulk_queued_jobs, make_cast, make_node
+from tests.unit.test_dispatcher import submit
+
+
+@pytest.fixture
+def cast(db):
+    return make_cast()
+
+
+def started(job: Job) -> None:
+    attempt = job.attempts.get()
+    services.attempt_member_started(attempt_id=attempt.pk, rank=0, token=str(attempt.token), pid=1)
+
+
+def test_a_job_for_an_idle_sku_starts_behind_50_blocked_jobs_for_a_busy_one(cast):
+    make_node("h1", sku="H100-80GB", gpus=8)
+    make_node("a1", sku="A100-40GB", gpus=8)
+    busy = submit(cast, "bob", gpus=8)  # enterprise, on the only H100 node
+    assert dispatch_once().placed == [str(busy.id)]
+    blocked = [submit(cast, "bob", gpus=4) for _ in range(50)]
+    other = submit(cast, "dave", gpus=2, sku="A100-40GB")  # pro, for the idle A100 node
+    result = dispatch_once()
+    assert result.placed == [str(other.id)]
+    first = Job.objects.get(pk=blocked[0].pk)
+    assert first.reason.startswith("first in line: h1 held for it")
+    assert Job.objects.filter(pk__in=[j.pk for j in blocked], state="queued").count() == 50
+
+
+def bulk_queue(cast, count: int, *, user: str = "dave", tier: str = "free") -> None:
+    """`count` one-GPU queued jobs for H100 (as many submits would leave them)."""
+    person = cast[user][0]
+    bulk_queued_jobs(
+        count, tenant=Tenant.objects.get(pk=person.membership.tenant_id), user=person,
+        tier=Tier.objects.get(name=tier), template=JobTemplate.objects.get(name="demo-train"),
+        params={"steps": 1}, gpus=1, gpu_sku=GpuSku.objects.get_or_create(name="H100-80GB")[0],
+        max_runtime_seconds=3600,
+    )  # fmt: skip
+
+
+def test_an_enterprise_job_behind_50000_free_jobs_preempts_in_the_first_pass(cast):
+    Tier.objects.filter(name="free").update(min_runtime_seconds=0)
+    for n in range(2):
+        make_node(f"h{n}", gpus=8)
+    running = [submit(cast, "dave", tier="free", gpus=8) for _ in range(2)]
+    assert len(dispatch_once().placed) == 2
+    for job in running:
+        started(job)
+    JobAttempt.objects.update(started_at=timezone.now() - timedelta(hours=1))
+    began = time.monotonic()
+    bulk_queue(cast, 50_000)
+    urgent = submit(cast, "bob", gpus=8)  # enterprise, the newest job of 50,001
+    assert Job.objects.filter(state="queued").count() == 50_001
+    result = dispatch_once()
+    assert len(result.preempted) == 1 and result.preempted[0] in {str(j.id) for j in running}
+    urgent.refresh_from_db()
+    assert urgent.state == "queued" and "preempted" in urgent.reason
+    assert time.monotonic() - began < 60
+
+
+def test_the_policy_is_handed_the_heads_of_each_queue_not_the_oldest_rows(cast):
+    make_node("h1", gpus=1)
+    assert dispatcher.QUEUE_HEADS == 256  # the policy's backfill_depth; 3 here
+    bulk_queue(cast, 10)  # globex (pro tenant) in tier free: one queue
+    late = [submit(cast, "bob"), submit(cast, "bob", sku="A100-40GB"), submit(cast, "dave")]
+    heads = list(ordered_queue(heads=3))
+    names = [job.name for job in heads]
+    assert names[:3] == ["bulk0", "bulk1", "bulk2"]  # the free queue's first three, in order
+    assert {j.pk for j in late} <= {j.pk for j in heads}  # each other queue's head is there
+    assert len(heads) == 6
+    Job.objects.filter(name="bulk9").update(priority_boost=2)
+    assert "bulk9" in [job.name for job in ordered_queue(heads=3)]  # boosted: submit is earlier
+
+
+def test_reasons_are_written_once_in_a_batch_and_not_again_unchanged(cast):
+    make_node("h1", gpus=2)
+    jobs = [submit(cast, "dave", tier="free", gpus=2) for _ in range(6)]
+    with CaptureQueriesContext(connection) as first:
+        dispatch_once()
+    updates = [q["sql"] for q in first.captured_queries if q["sql"].startswith('UPDATE "jobs_job"')]
+    reasons = [q for q in updates if '"reason" = CASE' in q]
+    assert len(reasons) == 1  # every waiting job's reason in one statement
+    assert all(Job.objects.get(pk=j.pk).reason for j in jobs[1:])
+    with CaptureQueriesContext(connection) as second:
+        dispatch_once()
+    assert not [q for q in second.captured_queries if q["sql"].startswith('UPDATE "jobs_job"')]
+
+
+def test_a_page_of_jobs_counts_its_positions_in_one_query(cast):
+    jobs = [submit(cast, "dave", tier="free"), submit(cast, "bob"), submit(cast, "dave")]
+    with CaptureQueriesContext(connection) as counted:
+        positions = queue_positions(jobs)
+    assert len(counted.captured_queries) == 1
+    assert positions == {job.pk: queue_position(job) for job in jobs}
+    assert sorted(positions.values()) == [1, 2, 3]
