@@ -518,11 +518,12 @@ def queue_position(job: Job) -> int | None:
 
 
 def queue_positions(jobs) -> dict:
-    """`queue_position` of each queued job among `jobs` (a page), in one query."""
-    queued = [job for job in jobs if job.state == JobState.QUEUED]
+    """`queue_position` of each queued job among `jobs` (a page), in one query; none for a job
+    held by its dependencies (it waits for no GPU), and those take no place ahead of others."""
+    queued = [job for job in jobs if job.state == JobState.QUEUED and not job.held_by_dependencies]
     if not queued:
         return {}
-    counts = Job.objects.filter(state=JobState.QUEUED).aggregate(
+    counts = Job.objects.filter(state=JobState.QUEUED, held_by_dependencies=False).aggregate(
         **{f"p{i}": Count("pk", filter=_ahead_filter(job)) for i, job in enumerate(queued)}
     )
     return {job.pk: counts[f"p{i}"] + 1 for i, job in enumerate(queued)}
