@@ -57,7 +57,7 @@ def test_a_tenant_at_its_share_ages_after_twice_the_age_limit():
 
 def test_without_the_option_every_aged_job_is_lifted_in_submit_order():
     tiers = default_tiers()
-    s = cluster_of(1, gpus=2, tiers=tiers)
+    s = cluster_of(1, gpus=2, tiers=tiers, config=PolicyConfig(aging_within_share=False))
     start_running(s, 0, running("h-run", tenant="heavy", est_end=200_000))
     start_running(s, 0, running("blocker", tenant="x", est_end=180_000))
     s.submit(job("h-old", tenant="heavy", submit=1))

@@ -11,7 +11,10 @@ def test_plain_policies_are_orderings(settings, name):
     settings.SCHEDULING_POLICY = name
     config = dispatcher.policy_config(None)
     assert config.ordering == name
-    assert not config.tenant_reclaim and not config.aging_within_share
+    assert not config.tenant_reclaim
+    # Share-gated aging is the `fair` order's default since issue 18 (other orders ignore it).
+    assert config.aging_within_share and config.aging_above_share == 3.5
+    assert config.aging_gangs_at_limit
 
 
 @pytest.mark.django_db
@@ -21,3 +24,4 @@ def test_fair_reclaim_is_fair_with_fair_share_inside_tiers(settings):
     assert config.ordering == "fair"
     assert config.tenant_reclaim and config.aging_within_share
     assert config.reclaim_after_s == 1800.0
+    assert config.aging_above_share == 2.0 and not config.aging_gangs_at_limit

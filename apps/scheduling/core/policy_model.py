@@ -51,11 +51,14 @@ class PolicyConfig:
     preempt_retry_s: float = 60.0  # a job whose plan failed is not replanned before this
     reservations: int = 1  # blocked jobs per resource pool holding a reservation (1: EASY)
     # Fair share inside a tier (`fair` ordering): aging lifts the jobs of tenants below their
-    # max-min share of the tier after A_T, the others' after `aging_above_share` x A_T; and a
+    # max-min share of the tier (or holding nothing) after A_T, the others' after
+    # `aging_above_share` x A_T, their gangs after A_T (`aging_gangs_at_limit`), so a long queue
+    # earns its tenant no lane ahead of the others (the default since issue 18); and, opt-in, a
     # tenant below its share may preempt (reclaim) a preemptible job of a tenant of its tier
     # that stays at or above its share afterwards.
-    aging_within_share: bool = False
-    aging_above_share: float = 2.0  # ...a tenant at or above its share ages after this x A_T
+    aging_within_share: bool = True
+    aging_above_share: float = 3.5  # ...a tenant at or above its share ages after this x A_T
+    aging_gangs_at_limit: bool = True  # ...except its multi-node jobs: they age after A_T
     tenant_reclaim: bool = False
     reclaim_min_runtime_s: float = 3600.0  # a reclaim victim has run at least this long
     reclaim_after_s: float = 0.0  # a job reclaims only after waiting this long
@@ -70,6 +73,8 @@ class PolicyConfig:
 # `fair-reclaim` (opt-in; docs/scheduling.md): `fair` plus fair share inside each tier.
 FAIR_RECLAIM: dict[str, Any] = {
     "aging_within_share": True,
+    "aging_above_share": 2.0,
+    "aging_gangs_at_limit": False,
     "tenant_reclaim": True,
     "reclaim_after_s": 1800.0,
 }

@@ -5,7 +5,8 @@ append in O(1) amortised and a pass walks only as far as it needs (a lazy merge,
 yielded for Q tenant queues). The orders:
 
 - `fair` (the default policy): levels high to low; inside a level first the *aged* jobs (waited at
-  least their tier's `age_limit_s`) by submit time, then the rest by weighted fair share: the tier
+  least their tier's `age_limit_s`, scaled per tenant by `age_scale`, a tenant's gangs optionally
+  not) by submit time, then the rest by weighted fair share: the tier
   with the lowest usage/weight (tiers under their guaranteed share first), inside it the tenant
   with the lowest decayed usage/weight, inside the tenant by submit time. Each job yielded is
   charged to its tier and tenant, so one pass interleaves tenants like WFQ.
@@ -30,22 +31,24 @@ INF = math.inf
 class TenantQueue:
     """One tenant's queued jobs of one tier, as `(submit, seq, job)` sorted by submit."""
 
-    __slots__ = ("tenant", "tier", "items", "gpus")
+    __slots__ = ("tenant", "tier", "items", "gpus", "gangs")
 
     def __init__(self, tenant: str, tier: str) -> None:
         self.tenant = tenant
         self.tier = tier
         self.items: list[tuple[float, int, Any]] = []
         self.gpus = 0  # GPUs the queued jobs ask for (all their nodes)
+        self.gangs: list[tuple[float, int, Any]] = []  # the multi-node ones, also by submit
 
     def add(self, submit: float, seq: int, job: Any) -> None:
         """O(log n) search; append in the common case of a later submit."""
         self.gpus += job.gpus * job.nodes
         entry = (submit, seq, job)
-        if not self.items or self.items[-1][:2] < entry[:2]:
-            self.items.append(entry)
-        else:
-            insort(self.items, entry, key=lambda e: (e[0], e[1]))
+        for items in (self.items, self.gangs) if job.nodes > 1 else (self.items,):
+            if not items or items[-1][:2] < entry[:2]:
+                items.append(entry)
+            else:
+                insort(items, entry, key=lambda e: (e[0], e[1]))
 
     def remove(self, submit: float, seq: int) -> None:
         """O(log n) search + O(n) memmove."""
@@ -55,6 +58,9 @@ class TenantQueue:
         job = self.items[i][2]
         self.gpus -= job.gpus * job.nodes
         del self.items[i]
+        if job.nodes > 1:
+            k = bisect_right(self.gangs, (submit, seq), key=lambda e: (e[0], e[1])) - 1
+            del self.gangs[k]
 
 
 class QueueIndex:
@@ -110,17 +116,19 @@ class QueueIndex:
         tenant_key: Callable[[str, str], float],
         tenant_weight: Callable[[str], float],
         age_scale: Callable[[str, str], float] | None = None,
+        gangs_at_limit: bool = False,
     ) -> Iterator[Any]:
         """Levels high to low; aged jobs first; then weighted fair share (see module doc).
 
         `tier_key(tier, extra_gpus)` gives `(over_guarantee, usage/weight)` with `extra_gpus`
         already charged in this pass; `tenant_key(tier, tenant)` the tenant's usage/weight;
-        `age_scale(tier, tenant)`, when given, multiplies the tier's age limit for the tenant.
+        `age_scale(tier, tenant)`, when given, multiplies the tier's age limit for the tenant;
+        `gangs_at_limit`: a multi-node job ages at the tier's limit whatever its tenant's scale.
         """
         for level in sorted(self.levels, reverse=True):
             yield from self._fair_level(
                 self.levels[level], now, age_limit, tier_key, tier_weight, tenant_key,
-                tenant_weight, age_scale,
+                tenant_weight, age_scale, gangs_at_limit,
             )  # fmt: skip
 
     def _fair_level(
@@ -133,13 +141,17 @@ class QueueIndex:
         tenant_key: Callable[[str, str], float],
         tenant_weight: Callable[[str], float],
         age_scale: Callable[[str, str], float] | None,
+        gangs_at_limit: bool,
     ) -> Iterator[Any]:
-        aged, first_young = self._aged(tiers, now, age_limit, age_scale)
+        lifted: set[int] = set()  # seqs of gangs in the aged lane out of their queue's prefix
+        aged, first_young = self._aged(
+            tiers, now, age_limit, age_scale, lifted if gangs_at_limit else None
+        )
         if aged:
             yield from _merged(aged)
         # Built only now: the jobs yielded so far may have started and changed the usage.
         heaps = self._tenant_heaps(tiers, first_young, tenant_key)
-        yield from _weighted(heaps, tier_key, tenant_weight)
+        yield from _weighted(heaps, tier_key, tenant_weight, lifted)
 
     def _aged(
         self,
@@ -147,14 +159,18 @@ class QueueIndex:
         now: float,
         age_limit: Callable[[str], float],
         age_scale: Callable[[str, str], float] | None,
+        lifted: set[int] | None = None,
     ) -> tuple[list[Iterator[tuple[float, int, Any]]], dict[int, int]]:
-        """Per tenant queue, the stream of its aged jobs, and where its young ones begin."""
+        """Per tenant queue, the stream of its aged jobs, and where its young ones begin.
+
+        With `lifted`, a tenant whose limit is scaled up still has its gangs aged at the
+        tier's limit: they join the aged streams and their seqs go into `lifted`."""
         aged_streams: list[Iterator[tuple[float, int, Any]]] = []
         first_young: dict[int, int] = {}
         for tier in tiers:
             limit = age_limit(tier)
             for tq in self.queues([tier]):
-                cutoff = now - limit
+                base = cutoff = now - limit
                 if tq.items[0][0] > cutoff:
                     continue
                 if age_scale is not None:
@@ -163,6 +179,13 @@ class QueueIndex:
                     i = bisect_right(tq.items, cutoff, key=lambda e: e[0])
                     first_young[id(tq)] = i
                     aged_streams.append(islice(tq.items, i))
+                if lifted is not None and cutoff < base and tq.gangs and tq.gangs[0][0] <= base:
+                    lo = bisect_right(tq.gangs, cutoff, key=lambda e: e[0])
+                    hi = bisect_right(tq.gangs, base, key=lambda e: e[0])
+                    if lo < hi:
+                        gangs = tq.gangs[lo:hi]
+                        lifted.update(e[1] for e in gangs)
+                        aged_streams.append(iter(gangs))
         return aged_streams, first_young
 
     def _tenant_heaps(
@@ -191,9 +214,11 @@ def _weighted(
     heaps: dict[str, list[list[Any]]],
     tier_key: Callable[[str, float], tuple[int, float]],
     tenant_weight: Callable[[str], float],
+    skip: set[int] | None = None,
 ) -> Iterator[Any]:
     """Weighted fair share over what is left: the tier with the lowest key, inside it the
-    tenant with the lowest key; each job yielded is charged to both."""
+    tenant with the lowest key; each job yielded is charged to both. Jobs whose seq is in
+    `skip` (yielded already) are passed over."""
     charged = dict.fromkeys(heaps, 0.0)
     while heaps:
         tier = min(heaps, key=lambda t: tier_key(t, charged[t]))
@@ -201,10 +226,11 @@ def _weighted(
         entry = heap[0]
         _, _, tq, i = entry
         job = tq.items[i][2]
-        yield job
-        gpus = job.gpus * job.nodes
-        charged[tier] += gpus
-        entry[0] += gpus / tenant_weight(tq.tenant)
+        if not skip or tq.items[i][1] not in skip:
+            yield job
+            gpus = job.gpus * job.nodes
+            charged[tier] += gpus
+            entry[0] += gpus / tenant_weight(tq.tenant)
         entry[3] = i + 1
         if entry[3] < len(tq.items):
             heapq.heapreplace(heap, entry)

@@ -81,6 +81,7 @@ class FairShare(Fifo):
             tenant_key=_tenant_key(s, now),
             tenant_weight=lambda tenant: tenant_weights.get(tenant, 1.0),
             age_scale=_age_scale(s, shares) if s.config.aging_within_share else None,
+            gangs_at_limit=s.config.aging_within_share and s.config.aging_gangs_at_limit,
         )
 
 
@@ -114,14 +115,15 @@ def _tenant_key(s: Scheduler, now: float) -> Callable[[str, str], float]:
 
 
 def _age_scale(s: Scheduler, shares: Shares) -> Callable[[str, str], float]:
-    """Fair share inside a tier: a tenant at or above its share ages `aging_above_share` slower."""
+    """Fair share inside a tier: a tenant at or above its share ages `aging_above_share` slower
+    (a tenant that holds nothing is below it, even when its tier holds nothing either)."""
     above = s.config.aging_above_share
 
     def age_scale(tier: str, tenant: str) -> float:
         if tier not in shares:
             shares[tier] = s.tenant_shares(tier)
         running, share = shares[tier].get(tenant, (0, 0.0))
-        return 1.0 if running < share else above
+        return 1.0 if running < share or running == 0 else above
 
     return age_scale
 

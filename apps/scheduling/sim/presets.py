@@ -1,13 +1,14 @@
 """The policies the simulator compares, as tier settings plus a `PolicyConfig` each.
 
 - `default`: our policy (policy.py): enterprise on its own level above pro and free; pro and free
-  share a level 3:1 by weight with guaranteed shares 30% / 10%; aging; EASY backfill;
+  share a level 3:1 by weight with guaranteed shares 30% / 10%; share-gated aging (a tenant at
+  or above its share of its tier ages after 3.5 x the age limit, its gangs after 1 x); EASY backfill;
   checkpoint-aware preemption with a 10-minute minimum runtime (free) and at most 3 preemptions
   a job.
 - `fair-reclaim`: `default` plus fair share inside each tier (opt-in, `GPUPLATFORM_POLICY=
-  fair-reclaim` in the platform): aging lifts only tenants below their max-min share of the
-  tier, and a tenant below its share that waited 30 minutes reclaims by preempting a job of a
-  tenant above its share, which stays at or above it (no loop).
+  fair-reclaim` in the platform): aging lifts tenants at or above their max-min share of the
+  tier after 2 x the age limit (gangs too), and a tenant below its share that waited 30 minutes
+  reclaims by preempting a job of a tenant above its share, which stays at or above it (no loop).
 - `fifo`: submit order, head-of-line blocking, no backfill, no preemption.
 - `strict`: three strict levels (enterprise > pro > free), submit order inside a level, EASY
   backfill, the same preemption safeguards as `default`, no fair share and no aging.
@@ -38,7 +39,10 @@ def policy_preset(
     if name == "fair-reclaim":
         return tiers, PolicyConfig(grace_s=grace_s, backfill_depth=depth, **FAIR_RECLAIM)
     if name == "fifo":
-        config = PolicyConfig(ordering="fifo", backfill=False, preemption=False, grace_s=grace_s)
+        config = PolicyConfig(
+            ordering="fifo", backfill=False, preemption=False, grace_s=grace_s,
+            aging_within_share=False,  # no aging at all; the report's bound is A_T + R
+        )  # fmt: skip
         return tiers, config
     levels = {"enterprise": 3, "pro": 2, "free": 1}
     if name == "strict":
