@@ -2,7 +2,6 @@
 never idles another, every queued job reaches the policy once it heads its queue, and reasons
 are written only when they change."""
 
-import time
 from datetime import timedelta
 
 import pytest
@@ -64,7 +63,6 @@ def test_an_enterprise_job_behind_50000_free_jobs_preempts_in_the_first_pass(cas
     for job in running:
         started(job)
     JobAttempt.objects.update(started_at=timezone.now() - timedelta(hours=1))
-    began = time.monotonic()
     bulk_queue(cast, 50_000)
     urgent = submit(cast, "bob", gpus=8)  # enterprise, the newest job of 50,001
     assert Job.objects.filter(state="queued").count() == 50_001
@@ -72,7 +70,7 @@ def test_an_enterprise_job_behind_50000_free_jobs_preempts_in_the_first_pass(cas
     assert len(result.preempted) == 1 and result.preempted[0] in {str(j.id) for j in running}
     urgent.refresh_from_db()
     assert urgent.state == "queued" and "preempted" in urgent.reason
-    assert time.monotonic() - began < 60
+    # How long that pass takes is bench.queue_scale's figure (docs/bench/50-queue-scale.md), not a test's.
 
 
 def test_the_policy_is_handed_the_heads_of_each_queue_not_the_oldest_rows(cast):
