@@ -730,9 +730,8 @@ class BundleView(AgentView):
     tenant still holds."""
 
     def get(self, request, attempt_id: int, rank: int):
-        member = self.member(attempt_id, rank)
-        attempt, job = member.attempt, member.attempt.job
-        if attempt.state not in ATTEMPT_ACTIVE or member.ended_at is not None or not job.bundle:
+        job = _live(self.member(attempt_id, rank)).attempt.job
+        if not job.bundle:
             raise NotFound()
         bundle = Bundle.objects.filter(tenant_id=job.tenant_id, sha256=job.bundle).first()
         if bundle is None or not default_storage.exists(bundle.storage_name):
