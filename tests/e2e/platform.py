@@ -42,6 +42,9 @@ def fresh_database_url(data_dir: pathlib.Path, name: str) -> str:
     import psycopg
 
     parts = urllib.parse.urlsplit(url)
+    # Named after DATABASE_URL's own database too: two runs beside each other, each with its own
+    # DATABASE_URL, never drop each other's platform databases.
+    name = f"{parts.path.strip('/') or 'test'}_{name}"
     admin = urllib.parse.urlunsplit(parts._replace(path="/postgres"))
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
