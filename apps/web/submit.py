@@ -9,10 +9,16 @@ rendering of the form carries a fresh Idempotency-Key, so a double click submits
 template, and optionally a zip (or .tar.gz) of its working directory, stored as a bundle exactly
 as `POST /api/v1/bundles/` stores one (apps/bundles/services.py `store`: streamed from the
 uploaded file, the tenant's cap, deduplicated) and submitted as the body's `bundle`.
+
+Dependencies: one text input, the CLI's `--depends-on` shapes separated by commas or spaces
+(`afterok:<job id>, afterany:array:<array id>`, docs/pipelines.md), each turned into a body
+entry. An id without `job:` or `array:` is the tenant's job of that id, else its array (the
+API answers one that is neither: "no job <id>").
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 import uuid
 from dataclasses import dataclass, field
@@ -23,13 +29,17 @@ from rest_framework.exceptions import ValidationError
 
 from apps.admission.submit import submit_job
 from apps.bundles import services as bundles
-from apps.jobs import services
-from apps.jobs.models import Job, JobTemplate
+from apps.jobs import dependencies, services
+from apps.jobs.models import Job, JobArray, JobTemplate
 from apps.tenants.models import Membership
 
 PARAM_PREFIX = "param_"
 FORM_FIELDS = {"template", "params", "name", "gpus", "nodes", "gpu_sku", "tier", "command", "workdir",
-               "bundle", "env", "python", "secrets"}  # fmt: skip
+               "bundle", "env", "python", "secrets", "depends_on"}  # fmt: skip
+DEPENDENCY_SHAPE = (
+    f"write [condition:][job:|array:]<id>, the condition one of {', '.join(dependencies.CONDITIONS)} "
+    "(afterok if left out)"
+)
 
 
 def new_idempotency_key() -> str:
@@ -127,9 +137,40 @@ def own_code_body(data: QueryDict, workdir: UploadedFile | None, membership: Mem
     return body
 
 
+def dependency_entries(data: QueryDict) -> list[str]:
+    """The dependencies as typed, one string each."""
+    return data.get("depends_on", "").replace(",", " ").split()
+
+
+def depends_on_body(entries: list[str], tenant) -> list[dict]:
+    """The body's `depends_on` from the typed entries."""
+    return [_dependency(entry, tenant) for entry in entries]
+
+
+def _dependency(entry: str, tenant) -> dict:
+    *words, raw = entry.split(":")
+    condition = words.pop(0) if words and words[0] in dependencies.CONDITIONS else "afterok"
+    kind = words.pop(0) if words and words[0] in ("job", "array") else None
+    if words or not raw:
+        raise FormRefused({"depends_on": [f"{entry}: {DEPENDENCY_SHAPE}"]})
+    try:
+        parent = uuid.UUID(raw)
+    except ValueError:
+        raise FormRefused({"depends_on": [f"{entry}: {raw} is not a job or array id"]}) from None
+    if kind is None:
+        kind = "array" if condition == dependencies.AFTERCORR else _kind_of(parent, tenant)
+    return {kind: str(parent), "condition": condition}
+
+
+def _kind_of(parent: uuid.UUID, tenant) -> str:
+    return "array" if JobArray.objects.filter(pk=parent, tenant=tenant).exists() else "job"
+
+
 def submission_body(data: QueryDict, template: JobTemplate | None,
-                    own_code: dict | None = None) -> dict:  # fmt: skip
+                    own_code: dict | None = None, depends_on: list[dict] | None = None) -> dict:  # fmt: skip
     body: dict = own_code or {"template": data.get("template", "")}
+    if depends_on:
+        body["depends_on"] = depends_on
     for key in ("gpus", "nodes", "max_runtime_seconds"):
         raw = data.get(key, "").strip()
         if raw:
@@ -168,8 +209,11 @@ class Outcome:
 
 def submit(*, membership: Membership, user, data: QueryDict, template: JobTemplate | None,
            workdir: UploadedFile | None = None) -> Outcome:  # fmt: skip
+    entries = dependency_entries(data)
     try:
-        body = submission_body(data, template, own_code_body(data, workdir, membership, user))
+        depends_on = depends_on_body(entries, membership.tenant)
+        own_code = own_code_body(data, workdir, membership, user)
+        body = submission_body(data, template, own_code, depends_on)
     except FormRefused as refused:
         return Outcome(errors=refused.errors)
     try:
@@ -177,7 +221,7 @@ def submit(*, membership: Membership, user, data: QueryDict, template: JobTempla
                                membership=membership)  # fmt: skip
     except ValidationError as error:
         assert isinstance(error.detail, dict)  # a serializer's errors are always by field
-        return _spread_errors(error.detail)
+        return _spread_errors(error.detail, entries)
     except services.ServiceError as error:
         message = error.message
         if error.retry_after:
@@ -186,10 +230,12 @@ def submit(*, membership: Membership, user, data: QueryDict, template: JobTempla
     return Outcome(job=submitted.job)
 
 
-def _spread_errors(errors: dict) -> Outcome:
+def _spread_errors(errors: dict, entries: list[str]) -> Outcome:
     outcome = Outcome()
     for key, value in errors.items():
-        if key == "params" and isinstance(value, dict):
+        if key == "depends_on":
+            outcome.errors[key] = [_as_typed(str(m), entries) for m in value]
+        elif key == "params" and isinstance(value, dict):
             outcome.param_errors = {
                 name: [str(m) for m in messages] for name, messages in value.items()
             }
@@ -198,3 +244,11 @@ def _spread_errors(errors: dict) -> Outcome:
         else:
             outcome.errors[key] = [str(m) for m in (value if isinstance(value, list) else [value])]
     return outcome
+
+
+def _as_typed(message: str, entries: list[str]) -> str:
+    """The API's "entry 2: ..." names the third dependency as the person typed it."""
+    found = re.match(r"entry (\d+): ", message)
+    if found and int(found.group(1)) < len(entries):
+        return f"{entries[int(found.group(1))]}: {message[found.end() :]}"
+    return message

@@ -90,6 +90,7 @@ def job_detail(request, job_id):
         "chart": selectors.progress_chart(job),
         "queue_position": shaped["queue_position"],
         "estimated_start_at": shaped["estimated_start_at"],
+        "depends_on": shaped["depends_on"],
         "live": job.state not in JOB_TERMINAL,
         "can_cancel": job.state in JOB_ACTIVE and can_cancel(request.user, job),
     }
