@@ -19,6 +19,9 @@ class JobsConfig(AppConfig):
         )
         # A job array ends with its last task (its `array` event: the webhooks' array.ended).
         events.subscribe(events.JobEnded, arrays.on_job_ended, in_transaction=True)
+        events.subscribe(events.JobRequeued, arrays.on_job_requeued, in_transaction=True)
         # A parent's end decides its dependents, in the parent's transaction (docs/pipelines.md).
         events.subscribe(events.JobEnded, dependencies.on_job_ended, in_transaction=True)
         events.subscribe(events.ArrayEnded, dependencies.on_array_ended, in_transaction=True)
+        # A parent requeued after its end: its dependents that have not started wait again.
+        events.subscribe(events.JobRequeued, dependencies.on_job_requeued, in_transaction=True)

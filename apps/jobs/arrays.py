@@ -164,9 +164,15 @@ def requeue_failed(*, array: JobArray, actor: str) -> int:
         except ServiceError:
             continue
     if requeued:
-        JobArray.objects.filter(pk=array.pk).update(ended_at=None)
-        array.ended_at = None
+        array.ended_at = None  # in the database: on_job_requeued, for each task
     return requeued
+
+
+def on_job_requeued(event: events.JobRequeued) -> None:
+    """In-transaction handler of JobRequeued: a task of an ended array is back in the queue (its
+    requeue-failed, or staff's requeue of one task), so the array's end is to come again."""
+    if event.job.array_id is not None:
+        JobArray.objects.filter(pk=event.job.array_id).exclude(ended_at=None).update(ended_at=None)
 
 
 # --- the array's end, once -----------------------------------------------------------------------

@@ -29,8 +29,10 @@ settled as it is made (`tasks_made`): that is how aftercorr works with tasks tha
 lazily. An array whose condition can never hold fails whole: its rows fail and the tasks
 without one count as failed (JobArray.failed_reason, as `cancelled_at` for a cancel).
 
-A parent that ends and is later requeued (support staff, an array's requeue-failed) does not
-undo what its end decided.
+A parent that ends and is later requeued (support staff, an array's requeue-failed) has not
+ended any more, as Slurm sees it: the conditions its end decided go back to pending for the
+dependents that have not been placed yet (queued, no attempt), which wait again (held) until
+it ends again. A dependent that failed on it, or was placed already, stays as it is.
 
 Races: the submit locks the parent rows (PostgreSQL: FOR NO KEY UPDATE, the lock a parent's
 guarded UPDATE takes) before it reads their states, so a parent that ends meanwhile either ends
@@ -46,6 +48,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from django.db import connection
+from django.db.models import F
 from django.utils import timezone
 
 from apps.jobs import arrays as array_tasks
@@ -511,6 +514,82 @@ def settle_jobs(job_ids: set) -> None:
         pk__in=list(open_rows), state=JobState.QUEUED, held_by_dependencies=True
     ):
         _settle(job, _conditions(open_rows[job.pk]))
+
+
+# --- a parent requeued -------------------------------------------------------------------------
+
+
+def on_job_requeued(event: events.JobRequeued) -> None:
+    """In-transaction handler of JobRequeued (subscribed in apps/jobs/apps.py)."""
+    parent_requeued(event.job)
+
+
+def parent_requeued(parent: Job) -> int:
+    """`parent` ended and is queued again: the decided conditions on it (and, for a task, those
+    on its array that no longer hold) go back to pending where their dependent has not been
+    placed yet, and those dependents are held again. Returns the conditions reopened."""
+    rows = list(JobDependency.objects.filter(parent_job_id=parent.pk).exclude(state=PENDING))
+    if parent.array_id is not None:
+        rows += _undecided_on_array(parent.array_id)
+        _hold_corresponding_tasks(parent)
+    jobs = _not_placed(Job.objects.filter(pk__in={r.job_id for r in rows if r.job_id}))
+    arrays = JobArray.objects.filter(
+        pk__in={r.array_id for r in rows if r.array_id}, ended_at=None, cancelled_at=None,
+        failed_reason="",
+    )  # fmt: skip
+    job_ids, array_ids = {job.pk for job in jobs}, {array.pk for array in arrays}
+    reopened = [r.pk for r in rows if r.job_id in job_ids or r.array_id in array_ids]
+    JobDependency.objects.filter(pk__in=reopened).update(state=PENDING, decided_at=None)
+    for job in jobs:
+        _hold_again(Job.objects.filter(pk=job.pk), _first_waiting_reason(job))
+    for array in arrays:
+        JobArray.objects.filter(pk=array.pk).update(held_by_dependencies=True)
+        _hold_again(Job.objects.filter(array=array), array_waiting_reason(array))
+    return len(reopened)
+
+
+def _undecided_on_array(array_id) -> list[JobDependency]:
+    """The decided conditions on a whole array that its counts, with a task queued again, no
+    longer decide (afterany: not all ended; afternotok: no task failed any more...)."""
+    array = JobArray.objects.get(pk=array_id)
+    rows = JobDependency.objects.filter(parent_array_id=array_id).exclude(condition=AFTERCORR)
+    return [
+        row
+        for row in rows.exclude(state=PENDING)
+        if array_verdict(row.condition, array)[0] == PENDING
+    ]
+
+
+def _hold_corresponding_tasks(task: Job) -> None:
+    """aftercorr: task i of each dependent array, a row not placed yet, waits for task i again."""
+    arrays = JobDependency.objects.filter(parent_array_id=task.array_id, condition=AFTERCORR)
+    ids = [array_tasks.task_id(array_id, _index(task)) for array_id in arrays.values_list("array_id", flat=True)]  # fmt: skip
+    if ids:
+        _hold_again(Job.objects.filter(pk__in=ids), waiting_reason("job", task.pk, AFTERCORR))
+
+
+def _not_placed(jobs):
+    """Those of `jobs` still queued and never placed, locked against the dispatcher's placing
+    them meanwhile (PostgreSQL: the lock its guarded update takes)."""
+    jobs = jobs.filter(state=JobState.QUEUED, attempts_count=0)
+    if connection.features.has_select_for_update:
+        jobs = jobs.select_for_update(no_key=True)
+    return list(jobs)
+
+
+def _hold_again(jobs, reason: str) -> None:
+    """Hold those of `jobs` not placed yet. The version moves, so a dispatcher pass that read
+    one released before this commits cannot place it (its compare-and-swap fails)."""
+    jobs.filter(state=JobState.QUEUED, attempts_count=0).update(
+        held_by_dependencies=True, reason=reason[:300], version=F("version") + 1
+    )
+
+
+def _first_waiting_reason(job: Job) -> str:
+    row = JobDependency.objects.filter(job=job, state=PENDING).order_by("position").first()
+    assert row is not None  # one was just reopened
+    kind = "job" if row.parent_job_id is not None else "array"
+    return waiting_reason(kind, row.parent_job_id or row.parent_array_id, row.condition)
 
 
 # --- reading -----------------------------------------------------------------------------------

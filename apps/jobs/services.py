@@ -228,6 +228,7 @@ def request_stop(attempt: JobAttempt, *, why: str) -> None:
 def job_requeue(*, job: Job, actor: str, reason: str) -> Job:
     """Support staff: put a finished or stuck job back in the queue with a new attempt to come."""
     job = Job.objects.select_for_update().get(pk=job.pk)
+    had_ended = job.state in JOB_TERMINAL
     attempt = active_attempt(job)
     if attempt is not None:
         request_stop(attempt, why=StopReason.REQUEUE)
@@ -235,6 +236,8 @@ def job_requeue(*, job: Job, actor: str, reason: str) -> Job:
     if not transition_job(job, to=JobState.QUEUED, actor=actor, reason=reason, finished_at=None, exit_code=None,
                           progress=0.0, not_before=None):  # fmt: skip
         raise ServiceError("job changed while requeueing; try again", field="state")
+    if had_ended:
+        events.emit(events.JobRequeued(job=job))
     trigger_dispatch()
     return job
 

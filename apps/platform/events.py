@@ -54,6 +54,16 @@ class JobEnded:
 
 
 @dataclass(frozen=True)
+class JobRequeued:
+    """A job that had ended is back in the queue (support staff's requeue, an array's
+    requeue-failed). Emitted by `apps.jobs.services.job_requeue` in its transaction; its array's
+    end is to come again, and what its end decided for its dependents that have not started is
+    undone (in-transaction handlers, docs/pipelines.md)."""
+
+    job: Any = field(compare=False)  # apps.jobs.models.Job, queued again
+
+
+@dataclass(frozen=True)
 class ArrayEnded:
     """A job array's last task ended, or its last tasks ended without a row (cancelled, failed
     by a dependency). Emitted by `apps.jobs.arrays.check_ended` in its transaction; the

@@ -10,7 +10,7 @@ import pytest
 from apps.jobs import dependencies
 from apps.jobs.arrays import counts, task_id
 from apps.jobs.models import Job, JobArray
-from apps.jobs.services import job_cancel
+from apps.jobs.services import job_cancel, job_requeue
 from apps.scheduling.dispatcher import dispatch_once
 from tests.admission.test_arrays import finish
 
@@ -155,6 +155,46 @@ def test_an_array_after_a_job_that_failed_already_fails_at_submit(bob):
     array = post(bob, array="0-3", depends_on=[{"job": parent["id"]}])
     row = JobArray.objects.get(pk=array["id"])
     assert row.ended_at is not None and counts(row)["failed"] == 4
+
+
+# --- a parent array's failed tasks requeued ------------------------------------------------------
+
+
+def test_requeue_failed_holds_the_dependents_not_started_again_and_leaves_the_failed(bob):
+    array = post(bob, array="0-1")
+    ok = post(bob, depends_on=[{"array": array["id"], "condition": "afterok"}])
+    notok = post(bob, depends_on=[{"array": array["id"], "condition": "afternotok"}])
+    anyend = post(bob, depends_on=[{"array": array["id"], "condition": "afterany"}])
+    dispatch_once()
+    for task in Job.objects.filter(array_id=array["id"]):
+        finish(task, 1 if task.array_index == 1 else 0)
+    assert JobArray.objects.get(pk=array["id"]).ended_at is not None
+    assert state(ok["id"])[0] == "failed"
+    assert released(notok["id"]) and released(anyend["id"])
+    assert bob.post(f"/api/v1/arrays/{array['id']}/requeue-failed/").status_code == 200
+    assert JobArray.objects.get(pk=array["id"]).ended_at is None  # its end is to come again
+    assert state(ok["id"])[0] == "failed"  # what failed on the first end stays failed
+    for waiting, condition in ((notok, "afternotok"), (anyend, "afterany")):
+        row = Job.objects.get(pk=waiting["id"])
+        assert row.held_by_dependencies, condition
+        assert row.reason == f"waiting for dependency array {array['id']} ({condition})"
+    run_all(array["id"])  # task 1 succeeds this time
+    assert state(notok["id"])[0] == "failed" and released(anyend["id"])
+
+
+def test_a_requeued_parent_task_holds_its_aftercorr_task_again(bob):
+    parent = post(bob, array="0-1")
+    child = post(bob, array="0-1", depends_on=[{"array": parent["id"], "condition": "aftercorr"}])
+    dispatch_once()
+    for task in Job.objects.filter(array_id=parent["id"]):
+        finish(task, 0)
+    task_0 = Job.objects.get(pk=task_id(child["id"], 0))
+    assert (task_0.state, task_0.held_by_dependencies) == ("queued", False)
+    requeued = Job.objects.get(pk=task_id(parent["id"], 0))
+    job_requeue(job=requeued, actor="staff:support", reason="requeued")
+    task_0.refresh_from_db()
+    assert task_0.held_by_dependencies
+    assert task_0.reason == f"waiting for dependency {requeued.pk} (aftercorr)"
 
 
 # --- aftercorr ------------------------------------------------------------------------------------

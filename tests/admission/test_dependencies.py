@@ -11,7 +11,7 @@ import pytest
 from apps.admission import estimates
 from apps.jobs import dependencies
 from apps.jobs.models import Job, JobDependency
-from apps.jobs.services import job_cancel
+from apps.jobs.services import job_cancel, job_requeue
 from apps.scheduling.autoscaling import demand
 from apps.scheduling.dispatcher import ordered_queue, queue_position
 from tests.admission.conftest import placed_ids, run_to_end
@@ -203,6 +203,58 @@ def test_a_job_depending_on_an_already_failed_one_fails_transitively_at_submit(b
     grandchild = submit(bob, depends_on=[after(child)])
     job_cancel(job=Job.objects.get(pk=middle["id"]), actor="user:bob")
     assert state(child)[0] == "failed" and state(grandchild)[0] == "failed"
+
+
+# --- a parent requeued after its end (Slurm: its dependents not started wait again) ---------------
+
+
+def requeue(job) -> None:
+    job_requeue(job=Job.objects.get(pk=job["id"]), actor="staff:support", reason="requeued")
+
+
+def test_a_requeued_parent_holds_its_released_dependents_again(bob, tmp_path):
+    parent = submit(bob)
+    child = submit(bob, depends_on=[after(parent)])
+    end(parent, 0, tmp_path)
+    assert state(child) == ("queued", dependencies.RELEASED)  # not placed yet
+    requeue(parent)
+    row = Job.objects.get(pk=child["id"])
+    assert row.held_by_dependencies
+    assert row.reason == f"waiting for dependency {parent['id']} (afterok)"
+    assert bob.get(f"/api/v1/jobs/{child['id']}/").json()["depends_on"] == [
+        {"job": parent["id"], "condition": "afterok", "state": "pending"}
+    ]
+    assert placed_ids() == {parent["id"]}  # the dependent waits for the parent's new end
+    run_to_end(parent["id"], exit_code=1, tmp=tmp_path)
+    assert state(child) == ("failed", f"dependency {parent['id']} failed (afterok)")
+
+
+def test_a_requeued_parent_leaves_a_failed_or_placed_dependent_as_it_is(bob, tmp_path):
+    parent = submit(bob)
+    failed = submit(bob, depends_on=[after(parent, "afternotok")])
+    placed = submit(bob, depends_on=[after(parent, "afterany")])
+    end(parent, 0, tmp_path)
+    assert state(failed)[0] == "failed"
+    assert placed_ids() == {placed["id"]}
+    waiting = submit(bob, depends_on=[after(parent, "afterany")])  # released at its submit
+    requeue(parent)
+    assert state(failed) == ("failed", f"dependency {parent['id']} succeeded (afternotok)")
+    assert Job.objects.get(pk=placed["id"]).state == "starting"
+    assert JobDependency.objects.get(job_id=failed["id"]).state == "never"
+    assert JobDependency.objects.get(job_id=placed["id"]).state == "satisfied"
+    assert JobDependency.objects.get(job_id=waiting["id"]).state == "pending"
+    assert Job.objects.get(pk=waiting["id"]).held_by_dependencies
+
+
+def test_a_dispatcher_pass_that_read_a_dependent_before_it_was_held_again_cannot_place_it(
+    bob, tmp_path
+):
+    parent = submit(bob)
+    child = submit(bob, depends_on=[after(parent)])
+    end(parent, 0, tmp_path)
+    read_before = Job.objects.get(pk=child["id"])
+    requeue(parent)
+    assert Job.objects.get(pk=child["id"]).version == read_before.version + 1  # its CAS fails
 
 
 # --- who may depend on what ----------------------------------------------------------------------
