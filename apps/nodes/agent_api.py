@@ -297,19 +297,15 @@ class SecretsView(AgentView):
     """The values of the secrets the member's job names, for its agent to set in the job's
     environment at start: `{"secrets": {"NAME": "value"}}`, `Cache-Control: no-store`.
 
-    Only for a live member (its attempt active and not told to stop, the member not ended)
-    placed on this node with its attempt's token; anything else is 404. A secret the job names
+    Only for a live member (`_live(..., stopping=False)`: its attempt active and not told to
+    stop, the member not ended) placed on this node with its attempt's token; anything else is 404. A secret the job names
     that its tenant deleted after the submit is 410 `{"missing": [names], "detail": "secret X
     no longer exists"}`, and one no configured key decrypts is 409 (`detail`): the agent fails
     the member with that reason and never runs it without its secrets (docs/secrets.md)."""
 
     @sensitive_variables()  # an error report shows none of its locals (the values)
     def get(self, request, attempt_id: int, rank: int):
-        member = self.member(attempt_id, rank)
-        attempt = member.attempt
-        if attempt.state not in ATTEMPT_ACTIVE or attempt.stop_requested or member.ended_at:
-            raise NotFound()
-        job = attempt.job
+        job = _live(self.member(attempt_id, rank), stopping=False).attempt.job
         names = [name for name in job.secrets or [] if isinstance(name, str)]
         try:
             values, missing = secret_values(tenant_id=job.tenant_id, names=names)
@@ -773,8 +769,17 @@ class InputView(AgentView):
         return response
 
 
-def _live(member: AttemptMember) -> AttemptMember:
-    if member.attempt.state not in ATTEMPT_ACTIVE or member.ended_at is not None:
+def _live(member: AttemptMember, *, stopping: bool = True) -> AttemptMember:
+    """The member endpoints' liveness rule, 404 unless: the member's attempt is active and the
+    member has not ended; with `stopping=False` (secrets), its attempt not asked to stop either.
+    A member asked to stop is not to start, and one running has its values already: refusing is
+    safest. Its bundle and inputs are still served: the agent reads a bundle's 404 as final (the bundle is
+    gone) and an input's as a failed start, which would turn a cancel or a preemption racing
+    the start into a failure of the job."""
+    attempt = member.attempt
+    if attempt.state not in ATTEMPT_ACTIVE or member.ended_at is not None:
+        raise NotFound()
+    if attempt.stop_requested and not stopping:
         raise NotFound()
     return member
 

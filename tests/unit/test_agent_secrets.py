@@ -3,9 +3,11 @@ the values of the job's own secrets, only to the node its live member is placed 
 attempt's token; 404 for anything else; 410 naming a secret deleted after the submit."""
 
 import pytest
+from rest_framework.exceptions import NotFound
 
 from apps.jobs import services
-from apps.jobs.models import Job
+from apps.jobs.models import AttemptMember, Job
+from apps.nodes import agent_api
 from apps.nodes.credentials import issue_credential
 from apps.secrets.services import secret_create, secret_delete
 from apps.tenants.models import Tenant
@@ -96,6 +98,19 @@ def test_a_member_told_to_stop_is_404(placed):
     assert attempt.state == "running" and attempt.stop_requested == "cancel"
     response = mine.get(member_url(attempt, "secrets/"), **fenced(attempt))
     assert response.status_code == 404 and VALUE not in response.content.decode()
+
+
+def test_one_liveness_rule_refuses_a_member_told_to_stop_its_secrets_only(placed):
+    """`_live` is every member endpoint's rule; secrets alone refuse a member told to stop too
+    (its bundle and inputs stay served: the agent would read their 404 as the job's failure)."""
+    _, job, attempt, mine, _ = placed
+    services.job_cancel(job=job, actor="test")
+    member = AttemptMember.objects.select_related("attempt").get(attempt=attempt)
+    assert agent_api._live(member) is member
+    with pytest.raises(NotFound):
+        agent_api._live(member, stopping=False)
+    assert mine.get(member_url(attempt, "inputs/"), **fenced(attempt)).status_code == 200
+    assert mine.get(member_url(attempt, "secrets/"), **fenced(attempt)).status_code == 404
 
 
 def test_a_secret_deleted_after_the_submit_is_410_naming_it(placed):
