@@ -298,10 +298,11 @@ class SecretsView(AgentView):
     environment at start: `{"secrets": {"NAME": "value"}}`, `Cache-Control: no-store`.
 
     Only for a live member (`_live(..., stopping=False)`: its attempt active and not told to
-    stop, the member not ended) placed on this node with its attempt's token; anything else is 404. A secret the job names
-    that its tenant deleted after the submit is 410 `{"missing": [names], "detail": "secret X
-    no longer exists"}`, and one no configured key decrypts is 409 (`detail`): the agent fails
-    the member with that reason and never runs it without its secrets (docs/secrets.md)."""
+    stop, the member not ended) placed on this node with its attempt's token; anything else is
+    404. A secret the job names that its tenant deleted after the submit is 410 `{"missing":
+    [names], "detail": "secret X no longer exists"}`, and one no configured key decrypts is 409
+    (`detail`): the agent fails the member with that reason and never runs it without its
+    secrets (docs/secrets.md)."""
 
     @sensitive_variables()  # an error report shows none of its locals (the values)
     def get(self, request, attempt_id: int, rank: int):
@@ -773,9 +774,9 @@ def _live(member: AttemptMember, *, stopping: bool = True) -> AttemptMember:
     """The member endpoints' liveness rule, 404 unless: the member's attempt is active and the
     member has not ended; with `stopping=False` (secrets), its attempt not asked to stop either.
     A member asked to stop is not to start, and one running has its values already: refusing is
-    safest. Its bundle and inputs are still served: the agent reads a bundle's 404 as final (the bundle is
-    gone) and an input's as a failed start, which would turn a cancel or a preemption racing
-    the start into a failure of the job."""
+    safest. Its bundle and inputs are still served: the agent reads a bundle's 404 as final (the
+    bundle is gone) and an input's as a failed start, which would turn a cancel or a preemption
+    racing the start into a failure of the job."""
     attempt = member.attempt
     if attempt.state not in ATTEMPT_ACTIVE or member.ended_at is not None:
         raise NotFound()
