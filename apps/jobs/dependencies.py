@@ -533,10 +533,8 @@ def parent_requeued(parent: Job) -> int:
         rows += _undecided_on_array(parent.array_id)
         _hold_corresponding_tasks(parent)
     jobs = _not_placed(Job.objects.filter(pk__in={r.job_id for r in rows if r.job_id}))
-    arrays = JobArray.objects.filter(
-        pk__in={r.array_id for r in rows if r.array_id}, ended_at=None, cancelled_at=None,
-        failed_reason="",
-    )  # fmt: skip
+    not_ended = JobArray.objects.filter(ended_at=None, cancelled_at=None, failed_reason="")
+    arrays = list(not_ended.filter(pk__in={r.array_id for r in rows if r.array_id}))
     job_ids, array_ids = {job.pk for job in jobs}, {array.pk for array in arrays}
     reopened = [r.pk for r in rows if r.job_id in job_ids or r.array_id in array_ids]
     JobDependency.objects.filter(pk__in=reopened).update(state=PENDING, decided_at=None)
@@ -562,8 +560,9 @@ def _undecided_on_array(array_id) -> list[JobDependency]:
 
 def _hold_corresponding_tasks(task: Job) -> None:
     """aftercorr: task i of each dependent array, a row not placed yet, waits for task i again."""
-    arrays = JobDependency.objects.filter(parent_array_id=task.array_id, condition=AFTERCORR)
-    ids = [array_tasks.task_id(array_id, _index(task)) for array_id in arrays.values_list("array_id", flat=True)]  # fmt: skip
+    rows = JobDependency.objects.filter(parent_array_id=task.array_id, condition=AFTERCORR)
+    arrays = rows.values_list("array_id", flat=True)
+    ids = [array_tasks.task_id(array_id, _index(task)) for array_id in arrays]
     if ids:
         _hold_again(Job.objects.filter(pk__in=ids), waiting_reason("job", task.pk, AFTERCORR))
 
