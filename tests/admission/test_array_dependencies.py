@@ -182,6 +182,24 @@ def test_requeue_failed_holds_the_dependents_not_started_again_and_leaves_the_fa
     assert state(notok["id"])[0] == "failed" and released(anyend["id"])
 
 
+def test_a_requeued_parent_job_holds_a_released_array_whole_again(bob):
+    parent = post(bob)
+    array = post(bob, array="0-9", depends_on=[{"job": parent["id"], "condition": "afterok"}])
+    dispatch_once()
+    finish(Job.objects.get(pk=parent["id"]), 0)
+    first = Job.objects.get(array_id=array["id"])
+    assert state(first.pk) == ("queued", dependencies.RELEASED)
+    job_requeue(job=Job.objects.get(pk=parent["id"]), actor="staff:support", reason="requeued")
+    assert JobArray.objects.get(pk=array["id"]).held_by_dependencies
+    assert state(first.pk) == ("queued", f"waiting for dependency {parent['id']} (afterok)")
+    placed = dispatch_once().placed
+    assert placed == [parent["id"]] and JobArray.objects.get(pk=array["id"]).materialised == 1
+    finish(Job.objects.get(pk=parent["id"]), 1)  # this time it fails: the array fails whole
+    assert JobArray.objects.get(pk=array["id"]).failed_reason == (
+        f"dependency {parent['id']} failed (afterok)"
+    )
+
+
 def test_a_requeued_parent_task_holds_its_aftercorr_task_again(bob):
     parent = post(bob, array="0-1")
     child = post(bob, array="0-1", depends_on=[{"array": parent["id"], "condition": "aftercorr"}])
