@@ -52,7 +52,9 @@ def batched():
 
 def publish_start(attempt) -> None:
     starts = getattr(_collecting, "starts", None)
-    for member in attempt.members.select_related("node"):
+    # A new attempt comes with its members and their nodes read (apps.jobs.services._place): a
+    # pass's starts read no rows here.
+    for member in attempt.members.all():
         start = {"attempt_id": attempt.pk, "rank": member.rank, "token": str(attempt.token)}
         if starts is not None:
             starts[member.node.name].append(start)
