@@ -18,7 +18,7 @@ from django.conf import settings
 from django.core.files import File
 from django.core.files.storage import default_storage
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F, Prefetch, prefetch_related_objects
+from django.db.models import F
 from django.utils import timezone
 
 from apps.jobs.models import (
@@ -357,13 +357,13 @@ def _place(placements: list[JobPlacement], *, actor: str) -> dict:
         [new_event(p.job, actor=actor, reason=reasons[p.job.pk], from_state=JobState.QUEUED,
                    to_state=JobState.STARTING, attempt=attempt) for p, attempt in pairs]
     )  # fmt: skip
-    _with_members(attempts)
     for p, attempt in pairs:
         job = p.job
         job.state, job.version, job.reason = JobState.STARTING, job.version + 1, reasons[job.pk]
         job.attempts_count = attempt.number
         log_move(job, from_state=JobState.QUEUED, actor=actor, reason=job.reason, attempt=attempt)
-        events.emit(events.AttemptPlaced(attempt=attempt))
+        nodes = tuple(names[m.node_id] for m in p.members)
+        events.emit(events.AttemptPlaced(attempt=attempt, nodes=nodes))
     return {p.job.pk: attempt for p, attempt in pairs}
 
 
@@ -409,14 +409,6 @@ def _claim_queued(jobs: list[Job]) -> set:
         .values_list("pk", "version")
     )
     return {pk for pk, version in rows if expected[pk] == version}
-
-
-def _with_members(attempts: list[JobAttempt]) -> None:
-    """Each new attempt's members with their nodes, read in one query, so the start messages
-    sent on commit read no more rows (publish.publish_start)."""
-    prefetch_related_objects(
-        attempts, Prefetch("members", queryset=AttemptMember.objects.select_related("node"))
-    )
 
 
 # --- agent reports ------------------------------------------------------------------------
