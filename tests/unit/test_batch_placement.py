@@ -132,3 +132,22 @@ def test_a_pass_placing_16_jobs_costs_the_statements_of_one_placing_2(cast, monk
     with CaptureQueriesContext(connection) as sixteen:
         assert len(dispatch_once().placed) == 16
     assert len(sixteen.captured_queries) <= len(two.captured_queries)
+
+
+def test_a_pass_on_an_idle_cluster_starts_more_than_the_window(cast, monkeypatch):
+    monkeypatch.setattr(dispatcher, "QUEUE_HEADS", 2)  # the backfill window, 256 in production
+    make_node("h1", gpus=8)
+    jobs = [submit(cast) for _ in range(6)]  # one queue
+    assert dispatcher.pass_window() == 2 + 8
+    assert sorted(dispatch_once().placed) == sorted(str(job.pk) for job in jobs)
+    assert dispatcher.pass_window() == 2 + 2
+
+
+def test_the_window_counts_only_usable_free_gpus(cast, monkeypatch):
+    monkeypatch.setattr(dispatcher, "QUEUE_HEADS", 2)
+    node = make_node("h1", gpus=4)
+    make_node("h2", gpus=4)
+    Node.objects.filter(name="h2").update(state="draining")
+    Gpu.objects.filter(node=node, index=0).update(health="unhealthy")
+    services.job_place(job=submit(cast), members=[on_gpu(node, 1)])
+    assert dispatcher.pass_window() == 2 + 2
