@@ -326,9 +326,9 @@ def fill_section(fill: dict) -> str:
     return f"""{FILL_HEADING}
 
 Filling the empty cluster with {fill["jobs"]:,} one-GPU jobs queued (passes one after the other,
-for at most {fill["budget"]:.0f} s): {fill["placed"]:,} placed in {fill["passes"]} passes,
+for at most {fill["budget"]:.0f} s): {fill["placed"]:,} placed in {fill["passes"]} pass(es),
 {fill["wall"]:.1f} s ({fill["cpu"]:.1f} s CPU): **{fill["per_second"]:.0f} placements/s**
-(load average {fill["load"]:.1f} at the start). A pass places what fits, each start still
+(load average {fill["load"]:.1f} at the start; issue 18's target: 1,000/s). A pass places what fits, each start still
 guarded by its job's state and version and by the GPU allocation index, in a fixed number of
 statements (`apps.jobs.services.jobs_place`), and looks at the backfill window plus one job per
 free GPU (`dispatcher.pass_window`).
