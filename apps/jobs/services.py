@@ -379,7 +379,7 @@ def _move_to_starting(reasons: dict) -> None:
     """The claimed jobs' guarded update, each with its own reason: one UPDATE ... FROM (VALUES)
     per START_BATCH jobs. (A CASE over the ids, as the ORM would write it, costs every row a
     walk of the whole list: 8,000 placements took seconds in the database alone.) PostgreSQL and
-    SQLite both name a VALUES list's columns column1, column2."""
+    SQLite (UPDATE ... FROM since 3.33) both name a VALUES list's columns column1, column2."""
     table, pk = Job._meta.db_table, Job._meta.pk
     quote = connection.ops.quote_name
     rows = [
