@@ -84,6 +84,7 @@ class AttemptPlaced:
     `apps.jobs.services.job_place`; the scheduler sends each member's node a start message."""
 
     attempt: Any = field(compare=False)  # apps.jobs.models.JobAttempt
+    nodes: tuple[str, ...] = ()  # each member's node name, by rank (a start message per member)
 
     @property
     def attempt_id(self) -> Any:

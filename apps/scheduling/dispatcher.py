@@ -1,6 +1,6 @@
 """The dispatcher: load the cluster, the running jobs and the queue from the database, ask the
 pure policy (apps.scheduling.core.policy.decide) what to do, and apply each decision as a
-guarded update (see apps.jobs.services.job_place and job_preempt).
+guarded update (see apps.jobs.services.jobs_place and job_preempt).
 
 A pass builds fresh plain data every time: the database is the truth, and two dispatchers
 running at once can at worst both try the same placement, which the job's guarded update and
@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import cast
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import connection, transaction
 from django.db.models import (
     BooleanField,
     Case,
@@ -45,7 +45,7 @@ from apps.jobs.models import (
     JobAttempt,
     JobState,
 )
-from apps.jobs.services import MemberPlacement, job_place, job_preempt
+from apps.jobs.services import JobPlacement, MemberPlacement, job_preempt, jobs_place
 from apps.nodes.models import Gpu, GpuHealth, Node, NodeState
 from apps.platform.errors import ServiceError
 from apps.scheduling import core, publish
@@ -224,9 +224,23 @@ def tier_policies() -> dict[str, policy.TierPolicy]:
 def policy_config(tiers) -> policy.PolicyConfig:
     grace = max((t.preemption_grace_seconds for t in Tier.objects.all()), default=30)
     grace_s = float(grace + settings.KILL_GRACE_SECONDS)
+    depth = pass_window()
     if settings.SCHEDULING_POLICY == "fair-reclaim":  # `fair` plus fair share inside each tier
-        return policy.PolicyConfig(grace_s=grace_s, **policy.FAIR_RECLAIM)
-    return policy.PolicyConfig(ordering=settings.SCHEDULING_POLICY, grace_s=grace_s)
+        return policy.PolicyConfig(grace_s=grace_s, backfill_depth=depth, **policy.FAIR_RECLAIM)
+    return policy.PolicyConfig(
+        ordering=settings.SCHEDULING_POLICY, grace_s=grace_s, backfill_depth=depth
+    )
+
+
+def pass_window() -> int:
+    """Jobs a pass hands the policy per queue and lets it look at per pool: the backfill window
+    (QUEUE_HEADS) plus one per GPU free now, since each start takes at least one. A full cluster
+    looks at the window as before; an idle one starts all it can in one pass, not a window's
+    worth per pass (filling 8,000 free GPUs took 32 passes). Two counts; a GPU held on a node
+    that is not ready counts against the free ones (a smaller window: the next pass goes on)."""
+    usable = Gpu.objects.filter(health=GpuHealth.HEALTHY, node__state=NodeState.READY).count()
+    held = GpuAllocation.objects.filter(released_at=None).count()
+    return QUEUE_HEADS + max(0, usable - held)
 
 
 def arriving_nodes() -> list[policy.ArrivingNode]:
@@ -329,7 +343,9 @@ def dispatch_once() -> DispatchResult:
         DispatchGate.load()
     )  # admission: per-tenant GPU caps, coalesced followers (apps/admission)
     jobs = {
-        str(job.pk): job for job in ordered_queue() if job.tier.name in tiers and not gate.hold(job)
+        str(job.pk): job
+        for job in ordered_queue(heads=config.backfill_depth)
+        if job.tier.name in tiers and not gate.hold(job)
     }
     snapshot = load_cluster(strategy=placement_strategy(jobs.values()))
     _drop_moved(jobs, snapshot)
@@ -349,8 +365,9 @@ def dispatch_once() -> DispatchResult:
 
 def _apply(decisions, jobs: dict[str, Job], gate: DispatchGate, snapshot: ClusterSnapshot,
            result: DispatchResult, held) -> None:  # fmt: skip
-    """Apply a pass's decisions in few transactions (each placement and preemption its own
-    savepoint, still guarded: one that loses a race changes nothing and the rest go on), and
+    """Apply a pass's decisions in few transactions (the starts placed together, each still
+    guarded: one that loses a race changes nothing and the rest go on; each preemption its own
+    savepoint), and
     after each commit send one start message per node for what it placed there
     (publish.batched). On PostgreSQL the whole pass is one transaction; SQLite has one writer at
     a time, so there it commits every SQLITE_WRITE_CHUNK decisions: agents' reports and submits
@@ -373,13 +390,18 @@ def _apply(decisions, jobs: dict[str, Job], gate: DispatchGate, snapshot: Cluste
 def _apply_chunk(decisions, jobs: dict[str, Job], gate: DispatchGate, snapshot: ClusterSnapshot,
                  result: DispatchResult, waiting_for_victims: set, reasons: dict,
                  reserved: list) -> None:  # fmt: skip
+    """The chunk's starts are placed together at its end (jobs_place: a few statements for all
+    of them). The gate counts each start as it is decided, so a tenant's cap holds across the
+    chunk; a start that then loses a race stays counted for the rest of this pass only (the
+    next pass counts again from the database)."""
+    starts: list[tuple[JobPlacement, policy.Start]] = []
     with publish.batched(), transaction.atomic():
         for decision in decisions:
             job = jobs.get(getattr(decision, "job_id", "") or getattr(decision, "for_job_id", ""))
             if isinstance(decision, policy.Start) and job is not None:
-                if not gate.hold(job, decision.placement) and _apply_start(job, decision, snapshot):
+                if not gate.hold(job, decision.placement):
                     gate.placed(job, decision.placement)
-                    result.placed.append(decision.job_id)
+                    starts.append((_placement(job, decision, snapshot), decision))
             elif isinstance(decision, policy.Preempt):
                 result.preempted += _apply_preempt(decision, job, reasons)
                 waiting_for_victims.add(decision.for_job_id)
@@ -391,6 +413,9 @@ def _apply_chunk(decisions, jobs: dict[str, Job], gate: DispatchGate, snapshot: 
             elif isinstance(decision, policy.Wait) and job is not None:
                 _set_reason(reasons, job, decision.reason)
                 result.waiting += 1
+        if starts:
+            placed = jobs_place([placement for placement, _ in starts])
+            result.placed += [d.job_id for p, d in starts if p.job.pk in placed]
 
 
 def _drop_moved(jobs: dict[str, Job], snapshot: ClusterSnapshot) -> None:
@@ -400,7 +425,7 @@ def _drop_moved(jobs: dict[str, Job], snapshot: ClusterSnapshot) -> None:
         jobs.pop(running.job_id, None)
 
 
-def _apply_start(job: Job, decision: policy.Start, snapshot: ClusterSnapshot) -> bool:
+def _placement(job: Job, decision: policy.Start, snapshot: ClusterSnapshot) -> JobPlacement:
     members = [
         MemberPlacement(
             node_id=snapshot.node_ids[a.node],
@@ -409,12 +434,7 @@ def _apply_start(job: Job, decision: policy.Start, snapshot: ClusterSnapshot) ->
         )
         for a in decision.placement.assignments
     ]
-    try:
-        return job_place(job=job, members=members, why=decision.reason) is not None
-    except IntegrityError:
-        # Another dispatcher took one of these GPUs first: the database said no.
-        log.info("placement of %s lost a race for its GPUs; retrying next pass", job.pk)
-        return False
+    return JobPlacement(job=job, members=members, why=decision.reason)
 
 
 def _apply_preempt(

@@ -50,14 +50,15 @@ def batched():
                 _send(Task.START_ATTEMPTS, node_queue(node), members=members)
 
 
-def publish_start(attempt) -> None:
+def publish_start(attempt, nodes: tuple[str, ...]) -> None:
+    """Start messages for a new attempt whose members run on `nodes` (by rank): no rows read."""
     starts = getattr(_collecting, "starts", None)
-    for member in attempt.members.select_related("node"):
-        start = {"attempt_id": attempt.pk, "rank": member.rank, "token": str(attempt.token)}
+    for rank, node in enumerate(nodes):
+        start = {"attempt_id": attempt.pk, "rank": rank, "token": str(attempt.token)}
         if starts is not None:
-            starts[member.node.name].append(start)
+            starts[node].append(start)
         else:
-            _send(Task.START_ATTEMPT, node_queue(member.node.name), **start)
+            _send(Task.START_ATTEMPT, node_queue(node), **start)
 
 
 def publish_stop(attempt, member) -> None:
