@@ -148,3 +148,18 @@ def test_aging_lifts_a_tenant_up_to_its_share_and_no_further():
     for i in range(4):
         s.finish(f"x{i}", now)
     assert started(s.decide(now)) == ["a0", "small0", "small1", "small2"]
+
+
+def test_overdue_jobs_go_first_one_at_a_time():
+    s = cluster_of(1, gpus=3)
+    start_running(s, 0, running("h-run", tenant="heavy", est_end=10 * FREE_AGE))
+    start_running(s, 0, *[running(f"x{i}", tenant="x", est_end=3.6 * FREE_AGE) for i in range(2)])
+    s.submit(job("h-old1", tenant="heavy", submit=1))  # heavy holds its whole share
+    s.submit(job("h-old2", tenant="heavy", submit=2))
+    for i in range(2):
+        s.submit(job(f"pro{i}", tier="pro", tenant="p", submit=3.6 * FREE_AGE - 1000 + i))
+    for i in range(2):
+        s.finish(f"x{i}", 3.6 * FREE_AGE)
+    # Both of heavy's jobs waited past 3.5 x 48 h; only the oldest goes ahead of the pro job
+    # (pro, under its guarantee, comes first in the fair-share order).
+    assert started(s.decide(3.6 * FREE_AGE)) == ["h-old1", "pro0"]

@@ -118,7 +118,7 @@ class QueueIndex:
         tenant_weight: Callable[[str], float],
         standing: Callable[[str, str], tuple[int, float, float]] | None = None,
         overdue_after: float = INF,
-        reserved_levels: frozenset[int] = frozenset(),
+        overdue_waits: Callable[[Any], bool] | None = None,
         gangs_at_limit: bool = False,
     ) -> Iterator[Any]:
         """Levels high to low; aged jobs first; then weighted fair share (see module doc).
@@ -126,8 +126,8 @@ class QueueIndex:
         `tier_key(tier, extra_gpus)` gives `(over_guarantee, usage/weight)` with `extra_gpus`
         already charged in this pass; `tenant_key(tier, tenant)` the tenant's usage/weight.
         With `standing(tier, tenant)` (running GPUs, max-min share), aging is capped at the
-        share (`_fair_level_to_share`; no overdue job in `reserved_levels`); without it,
-        every aged job goes first (`_fair_level`).
+        share (`_fair_level_to_share`; the overdue job waits while `overdue_waits(job)`);
+        without it, every aged job goes first (`_fair_level`).
         """
         for level in sorted(self.levels, reverse=True):
             if standing is None:
@@ -137,7 +137,7 @@ class QueueIndex:
                 continue
             yield from self._fair_level_to_share(
                 self.levels[level], now, age_limit, tier_key, tenant_key, tenant_weight,
-                standing, INF if level in reserved_levels else overdue_after, gangs_at_limit,
+                standing, overdue_after, overdue_waits, gangs_at_limit,
             )  # fmt: skip
 
     def _fair_level_to_share(
@@ -150,12 +150,15 @@ class QueueIndex:
         tenant_weight: Callable[[str], float],
         standing: Callable[[str, str], tuple[int, float, float]],
         overdue_after: float,
+        overdue_waits: Callable[[Any], bool] | None,
         gangs_at_limit: bool,
     ) -> Iterator[Any]:
         """Aging capped at the share, one overdue job, then weighted fair share.
 
         1. The *overdue* job: the level's oldest job that has waited `overdue_after` x A_T,
-           whoever its tenant (one job: it starts or takes the reservation, then the next).
+           whoever its tenant, unless `overdue_waits(job)` (a job of its level holds the
+           reservation of its pool: that one starts first). One job: it starts or takes the
+           reservation, then the next.
         2. The aged lane, oldest first: the aged jobs (waited A_T) of tenants below their
            max-min share, each only if it fits in what its tenant lacks of its share after the
            jobs lifted before it, the share counting the job's GPUs in the tier too (split by
@@ -187,7 +190,7 @@ class QueueIndex:
                 elif gangs_at_limit and tq.gangs and tq.gangs[0][0] <= cutoff:
                     aged = bisect_right(tq.gangs, cutoff, key=lambda e: e[0])
                     streams.append(_marked(tq.gangs[:aged], lifted))
-        if overdue is not None:
+        if overdue is not None and not (overdue_waits and overdue_waits(overdue[2])):
             lifted.add(overdue[1])
             yield overdue[2]
         if streams:

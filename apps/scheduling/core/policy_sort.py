@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
-from apps.scheduling.core.policy_model import PolicyConfig, QueuedJob
+from apps.scheduling.core.policy_model import PolicyConfig, QueuedJob, pool_of
 from apps.scheduling.core.policy_order import SlurmPriority
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ class FairShare(Fifo):
             tenant_weight=lambda tenant: tenant_weights.get(tenant, 1.0),
             standing=_standing(s, shares) if within_share else None,
             overdue_after=cfg.aging_above_share,
-            reserved_levels=_reserved_levels(s) if within_share else frozenset(),
+            overdue_waits=_behind_a_reservation(s) if within_share else None,
             gangs_at_limit=within_share and cfg.aging_gangs_at_limit,
         )
 
@@ -118,10 +118,16 @@ def _tenant_key(s: Scheduler, now: float) -> Callable[[str, str], float]:
     return tenant_key
 
 
-def _reserved_levels(s: Scheduler) -> frozenset[int]:
-    """The levels one of whose queued jobs holds a reservation from an earlier pass."""
-    queued = s.queued
-    return frozenset(s.tiers[queued[job_id].tier].level for job_id in s._held if job_id in queued)
+def _behind_a_reservation(s: Scheduler) -> Callable[[QueuedJob], bool]:
+    """Whether a queued job of the job's level holds a reservation (from an earlier pass) in
+    the job's resource pool: that job starts first, within the longest runtime."""
+    queued, tiers = s.queued, s.tiers
+    held = {
+        (tiers[queued[job_id].tier].level, pool_of(queued[job_id]))
+        for job_id in s._held
+        if job_id in queued
+    }
+    return lambda job: bool(held) and (tiers[job.tier].level, pool_of(job)) in held
 
 
 def _standing(s: Scheduler, shares: Shares) -> Callable[[str, str], tuple[int, float, float]]:
