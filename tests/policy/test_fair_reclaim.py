@@ -1,4 +1,4 @@
-"""Fair share inside a tier (`fair-reclaim`): share-gated aging and tenant reclaim."""
+"""Fair share inside a tier (`fair-reclaim`): aging capped at the share and tenant reclaim."""
 
 from apps.scheduling.core.policy import FAIR_RECLAIM, PolicyConfig, Preempt, default_tiers
 from tests.policy.test_policy import cluster_of, job, running, start_running, started
