@@ -125,9 +125,9 @@ class QueueIndex:
 
         `tier_key(tier, extra_gpus)` gives `(over_guarantee, usage/weight)` with `extra_gpus`
         already charged in this pass; `tenant_key(tier, tenant)` the tenant's usage/weight.
-        With `standing(tier, tenant)` (running GPUs, max-min share), aging is capped at the
-        share (`_fair_level_to_share`; the overdue job waits while `overdue_waits(job)`);
-        without it, every aged job goes first (`_fair_level`).
+        With `standing(tier, tenant)` (running GPUs, max-min share, weight fraction), aging is
+        capped at the share (`_fair_level_to_share`; the overdue job waits while
+        `overdue_waits(job)`); without it, every aged job goes first (`_fair_level`).
         """
         for level in sorted(self.levels, reverse=True):
             if standing is None:
