@@ -1,4 +1,4 @@
-"""Fair share inside a tier (`fair-reclaim`): share-gated aging and tenant reclaim."""
+"""Fair share inside a tier (`fair-reclaim`): aging capped at the share and tenant reclaim."""
 
 from apps.scheduling.core.policy import FAIR_RECLAIM, PolicyConfig, Preempt, default_tiers
 from tests.policy.test_policy import cluster_of, job, running, start_running, started
@@ -36,8 +36,8 @@ def test_aging_lifts_only_tenants_below_their_share():
     start_running(s, 0, running("blocker", tenant="x", est_end=180_000))
     s.submit(job("h-old", tenant="heavy", submit=1))  # heavy holds 1 of its 1-GPU share
     s.submit(job("x-old", tenant="x", submit=2))
-    for i in range(3):
-        s.submit(job(f"pro{i}", tier="pro", tenant="p", submit=3 + i))
+    for i in range(3):  # younger than 2 x pro's 24 h: not overdue
+        s.submit(job(f"pro{i}", tier="pro", tenant="p", submit=100_000 + i))
     s.finish("blocker", 180_000)  # both free jobs waited > 48 h; x now holds nothing
     assert started(s.decide(180_000)) == ["x-old"]
 

@@ -12,9 +12,10 @@ def test_plain_policies_are_orderings(settings, name):
     config = dispatcher.policy_config(None)
     assert config.ordering == name
     assert not config.tenant_reclaim
-    # Share-gated aging is the `fair` order's default since issue 18 (other orders ignore it).
+    # Aging capped at the share is the `fair` order's default since issue 18 (other orders
+    # ignore it); gangs age with the rest of their tenant's queue.
     assert config.aging_within_share and config.aging_above_share == 3.5
-    assert config.aging_gangs_at_limit
+    assert not config.aging_gangs_at_limit
 
 
 @pytest.mark.django_db

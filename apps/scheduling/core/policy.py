@@ -39,8 +39,11 @@ The rules (docs/scheduling.md has the formulas):
 - strict priority between levels; inside a level, weighted fair share of GPUs between tiers (tiers
   under their guaranteed share first) and between tenants by usage decaying with `half_life_s`;
   submit order inside a tenant;
-- aging: a job that has waited its tier's `age_limit_s` goes ahead of every non-aged job of its
-  level, oldest first;
+- aging, capped at the share: a job that has waited its tier's `age_limit_s` goes ahead of the
+  non-aged jobs of its level, oldest first, if its tenant is below its max-min share of the tier
+  and the job fits in what the tenant lacks of it; the level's oldest job past
+  `aging_above_share` x `age_limit_s` goes first, one at a time, when no job of the level holds
+  a reservation;
 - a tier never holds more than guaranteed + borrowing limit;
 - EASY backfill: the first blocked job of each resource pool (the nodes a job may use) gets a
   reservation on the nodes that free up first (from running jobs' estimated ends); later jobs

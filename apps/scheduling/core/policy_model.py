@@ -50,15 +50,18 @@ class PolicyConfig:
     preempt_plans_per_pass: int = 4
     preempt_retry_s: float = 60.0  # a job whose plan failed is not replanned before this
     reservations: int = 1  # blocked jobs per resource pool holding a reservation (1: EASY)
-    # Fair share inside a tier (`fair` ordering): aging lifts the jobs of tenants below their
-    # max-min share of the tier (or holding nothing) after A_T, the others' after
-    # `aging_above_share` x A_T, their gangs after A_T (`aging_gangs_at_limit`), so a long queue
-    # earns its tenant no lane ahead of the others (the default since issue 18); and, opt-in, a
-    # tenant below its share may preempt (reclaim) a preemptible job of a tenant of its tier
-    # that stays at or above its share afterwards.
+    # Fair share inside a tier (`fair` ordering, docs/scheduling.md "The order"): aging is
+    # capped at the share: an aged job (waited A_T) of a tenant below its max-min share of its
+    # tier goes ahead only while it fits in what that tenant lacks of its share, so a long
+    # queue earns its tenant no lane; the level's oldest job past `aging_above_share` x A_T goes
+    # first, one job at a time, when no job of the level holds a reservation (the bound);
+    # `aging_gangs_at_limit` also lifts every tenant's aged gangs. Off: every aged job goes
+    # ahead, oldest first (the order before issue 18). And, opt-in, a tenant below its share may
+    # preempt (reclaim) a preemptible job of a tenant of its tier that stays at or above its
+    # share afterwards.
     aging_within_share: bool = True
-    aging_above_share: float = 3.5  # ...a tenant at or above its share ages after this x A_T
-    aging_gangs_at_limit: bool = True  # ...except its multi-node jobs: they age after A_T
+    aging_above_share: float = 3.5  # the overdue job: waited this x A_T, whatever its tenant
+    aging_gangs_at_limit: bool = False
     tenant_reclaim: bool = False
     reclaim_min_runtime_s: float = 3600.0  # a reclaim victim has run at least this long
     reclaim_after_s: float = 0.0  # a job reclaims only after waiting this long

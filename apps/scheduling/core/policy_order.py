@@ -4,12 +4,13 @@ Queued jobs live in one list per (tier, tenant), sorted by original submit time,
 append in O(1) amortised and a pass walks only as far as it needs (a lazy merge, O(log Q) per job
 yielded for Q tenant queues). The orders:
 
-- `fair` (the default policy): levels high to low; inside a level first the *aged* jobs (waited at
-  least their tier's `age_limit_s`, scaled per tenant by `age_scale`, a tenant's gangs optionally
-  not) by submit time, then the rest by weighted fair share: the tier
-  with the lowest usage/weight (tiers under their guaranteed share first), inside it the tenant
-  with the lowest decayed usage/weight, inside the tenant by submit time. Each job yielded is
-  charged to its tier and tenant, so one pass interleaves tenants like WFQ.
+- `fair` (the default policy): levels high to low; inside a level by weighted fair share: the
+  tier with the lowest usage/weight (tiers under their guaranteed share first), inside it the
+  tenant with the lowest decayed usage/weight, inside the tenant by submit time. Each job
+  yielded is charged to its tier and tenant, so one pass interleaves tenants like WFQ. Ahead of
+  that, aging capped at the share (`_fair_level_to_share`): the level's one *overdue* job, then
+  the *aged* jobs (waited their tier's `age_limit_s`) of tenants below their max-min share, as
+  far as they fit in it. (Without shares, every aged job first, oldest first: `_fair_level`.)
 - `level-fifo` (`strict`): levels high to low, submit order inside a level.
 - `fifo`: submit order over everything.
 - `slurm`: multifactor priority (QOS + fair-share + age), recomputed every `calc_period_s` like
@@ -115,21 +116,87 @@ class QueueIndex:
         tier_weight: Callable[[str], float],
         tenant_key: Callable[[str, str], float],
         tenant_weight: Callable[[str], float],
-        age_scale: Callable[[str, str], float] | None = None,
+        standing: Callable[[str, str], tuple[int, float, float]] | None = None,
+        overdue_after: float = INF,
+        overdue_waits: Callable[[Any], bool] | None = None,
         gangs_at_limit: bool = False,
     ) -> Iterator[Any]:
         """Levels high to low; aged jobs first; then weighted fair share (see module doc).
 
         `tier_key(tier, extra_gpus)` gives `(over_guarantee, usage/weight)` with `extra_gpus`
-        already charged in this pass; `tenant_key(tier, tenant)` the tenant's usage/weight;
-        `age_scale(tier, tenant)`, when given, multiplies the tier's age limit for the tenant;
-        `gangs_at_limit`: a multi-node job ages at the tier's limit whatever its tenant's scale.
+        already charged in this pass; `tenant_key(tier, tenant)` the tenant's usage/weight.
+        With `standing(tier, tenant)` (running GPUs, max-min share, weight fraction), aging is
+        capped at the share (`_fair_level_to_share`; the overdue job waits while
+        `overdue_waits(job)`); without it, every aged job goes first (`_fair_level`).
         """
         for level in sorted(self.levels, reverse=True):
-            yield from self._fair_level(
-                self.levels[level], now, age_limit, tier_key, tier_weight, tenant_key,
-                tenant_weight, age_scale, gangs_at_limit,
+            if standing is None:
+                yield from self._fair_level(
+                    self.levels[level], now, age_limit, tier_key, tenant_key, tenant_weight
+                )
+                continue
+            yield from self._fair_level_to_share(
+                self.levels[level], now, age_limit, tier_key, tenant_key, tenant_weight,
+                standing, overdue_after, overdue_waits, gangs_at_limit,
             )  # fmt: skip
+
+    def _fair_level_to_share(
+        self,
+        tiers: list[str],
+        now: float,
+        age_limit: Callable[[str], float],
+        tier_key: Callable[[str, float], tuple[int, float]],
+        tenant_key: Callable[[str, str], float],
+        tenant_weight: Callable[[str], float],
+        standing: Callable[[str, str], tuple[int, float, float]],
+        overdue_after: float,
+        overdue_waits: Callable[[Any], bool] | None,
+        gangs_at_limit: bool,
+    ) -> Iterator[Any]:
+        """Aging capped at the share, one overdue job, then weighted fair share.
+
+        1. The *overdue* job: the level's oldest job that has waited `overdue_after` x A_T,
+           whoever its tenant, unless `overdue_waits(job)` (a job of its level holds the
+           reservation of its pool: that one starts first). One job: it starts or takes the
+           reservation, then the next.
+        2. The aged lane, oldest first: the aged jobs (waited A_T) of tenants below their
+           max-min share, each only if it fits in what its tenant lacks of its share after the
+           jobs lifted before it, the share counting the job's GPUs in the tier too (split by
+           weight: `standing(tier, tenant)` = (running GPUs, share, weight fraction)); a
+           tenant holding nothing has its first aged job lifted whatever its size. Aging
+           brings a tenant up to its share, never past it, so a long queue buys no lane. With
+           `gangs_at_limit`, the aged gangs of every tenant join the lane too.
+        3. The rest by weighted fair share (`_weighted`), passing over the jobs lifted."""
+        lifted: set[int] = set()
+        streams: list[Iterator[tuple[float, int, Any]]] = []
+        overdue: tuple[float, int, Any] | None = None
+        for tier in tiers:
+            limit = age_limit(tier)
+            cutoff = now - limit
+            for tq in self.queues([tier]):
+                head = tq.items[0]
+                if head[0] > cutoff:
+                    continue
+                running, share, fraction = standing(tier, tq.tenant)
+                if head[0] <= now - limit * overdue_after and (
+                    overdue is None or head[:2] < overdue[:2]
+                ):
+                    overdue = head
+                if running < share or running == 0:
+                    aged = bisect_right(tq.items, cutoff, key=lambda e: e[0])
+                    room = share - running
+                    keep = 1.0 - fraction
+                    streams.append(_within(tq.items, aged, room, keep, lifted, running == 0))
+                elif gangs_at_limit and tq.gangs and tq.gangs[0][0] <= cutoff:
+                    aged = bisect_right(tq.gangs, cutoff, key=lambda e: e[0])
+                    streams.append(_marked(tq.gangs[:aged], lifted))
+        if overdue is not None and not (overdue_waits and overdue_waits(overdue[2])):
+            lifted.add(overdue[1])
+            yield overdue[2]
+        if streams:
+            yield from _merged(streams)
+        heaps = self._tenant_heaps(tiers, {}, tenant_key)
+        yield from _weighted(heaps, tier_key, tenant_weight, lifted)
 
     def _fair_level(
         self,
@@ -137,56 +204,24 @@ class QueueIndex:
         now: float,
         age_limit: Callable[[str], float],
         tier_key: Callable[[str, float], tuple[int, float]],
-        tier_weight: Callable[[str], float],
         tenant_key: Callable[[str, str], float],
         tenant_weight: Callable[[str], float],
-        age_scale: Callable[[str, str], float] | None,
-        gangs_at_limit: bool,
     ) -> Iterator[Any]:
-        lifted: set[int] = set()  # seqs of gangs in the aged lane out of their queue's prefix
-        aged, first_young = self._aged(
-            tiers, now, age_limit, age_scale, lifted if gangs_at_limit else None
-        )
+        """Every aged job first, oldest first; then weighted fair share over the rest."""
+        aged: list[Iterator[tuple[float, int, Any]]] = []
+        first_young: dict[int, int] = {}
+        for tier in tiers:
+            cutoff = now - age_limit(tier)
+            for tq in self.queues([tier]):
+                if tq.items[0][0] <= cutoff:
+                    i = bisect_right(tq.items, cutoff, key=lambda e: e[0])
+                    first_young[id(tq)] = i
+                    aged.append(islice(tq.items, i))
         if aged:
             yield from _merged(aged)
         # Built only now: the jobs yielded so far may have started and changed the usage.
         heaps = self._tenant_heaps(tiers, first_young, tenant_key)
-        yield from _weighted(heaps, tier_key, tenant_weight, lifted)
-
-    def _aged(
-        self,
-        tiers: list[str],
-        now: float,
-        age_limit: Callable[[str], float],
-        age_scale: Callable[[str, str], float] | None,
-        lifted: set[int] | None = None,
-    ) -> tuple[list[Iterator[tuple[float, int, Any]]], dict[int, int]]:
-        """Per tenant queue, the stream of its aged jobs, and where its young ones begin.
-
-        With `lifted`, a tenant whose limit is scaled up still has its gangs aged at the
-        tier's limit: they join the aged streams and their seqs go into `lifted`."""
-        aged_streams: list[Iterator[tuple[float, int, Any]]] = []
-        first_young: dict[int, int] = {}
-        for tier in tiers:
-            limit = age_limit(tier)
-            for tq in self.queues([tier]):
-                base = cutoff = now - limit
-                if tq.items[0][0] > cutoff:
-                    continue
-                if age_scale is not None:
-                    cutoff = now - limit * age_scale(tier, tq.tenant)
-                if tq.items[0][0] <= cutoff:
-                    i = bisect_right(tq.items, cutoff, key=lambda e: e[0])
-                    first_young[id(tq)] = i
-                    aged_streams.append(islice(tq.items, i))
-                if lifted is not None and cutoff < base and tq.gangs and tq.gangs[0][0] <= base:
-                    lo = bisect_right(tq.gangs, cutoff, key=lambda e: e[0])
-                    hi = bisect_right(tq.gangs, base, key=lambda e: e[0])
-                    if lo < hi:
-                        gangs = tq.gangs[lo:hi]
-                        lifted.update(e[1] for e in gangs)
-                        aged_streams.append(iter(gangs))
-        return aged_streams, first_young
+        yield from _weighted(heaps, tier_key, tenant_weight)
 
     def _tenant_heaps(
         self,
@@ -238,6 +273,39 @@ def _weighted(
             heapq.heappop(heap)
             if not heap:
                 del heaps[tier]
+
+
+def _within(
+    items: list[tuple[float, int, Any]],
+    stop: int,
+    room: float,
+    keep: float,
+    lifted: set[int],
+    first_fits: bool = False,
+) -> Iterator[tuple[float, int, Any]]:
+    """`items[:stop]` in order while they fit in `room` GPUs, a job of g GPUs taking g x `keep`
+    of it (the rest of g raises the share itself), passing over those in `lifted`; with
+    `first_fits` (a tenant holding nothing) the first always fits. The seqs given go into
+    `lifted` (as they are given: a lazy merge asks for the next once it handed on the last)."""
+    for entry in islice(items, stop):
+        if entry[1] in lifted:
+            continue
+        job = entry[2]
+        room -= job.gpus * job.nodes * keep
+        if room < 0 and not first_fits:
+            return
+        first_fits = False
+        lifted.add(entry[1])
+        yield entry
+
+
+def _marked(
+    items: Iterable[tuple[float, int, Any]], lifted: set[int]
+) -> Iterator[tuple[float, int, Any]]:
+    for entry in items:
+        if entry[1] not in lifted:
+            lifted.add(entry[1])
+            yield entry
 
 
 def _merged(lists: Sequence[Iterable[tuple[float, int, Any]]]) -> Iterator[Any]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
-from apps.scheduling.core.policy_model import PolicyConfig, QueuedJob
+from apps.scheduling.core.policy_model import PolicyConfig, QueuedJob, pool_of
 from apps.scheduling.core.policy_order import SlurmPriority
 
 if TYPE_CHECKING:
@@ -73,6 +73,8 @@ class FairShare(Fifo):
     def order(self, s: Scheduler, now: float, shares: Shares) -> Iterator[QueuedJob]:
         tiers = s.tiers
         tenant_weights = s.tenant_weights
+        cfg = s.config
+        within_share = cfg.aging_within_share
         return s.index.fair(
             now,
             age_limit=lambda tier: tiers[tier].age_limit_s,
@@ -80,8 +82,10 @@ class FairShare(Fifo):
             tier_weight=lambda tier: tiers[tier].weight,
             tenant_key=_tenant_key(s, now),
             tenant_weight=lambda tenant: tenant_weights.get(tenant, 1.0),
-            age_scale=_age_scale(s, shares) if s.config.aging_within_share else None,
-            gangs_at_limit=s.config.aging_within_share and s.config.aging_gangs_at_limit,
+            standing=_standing(s, shares) if within_share else None,
+            overdue_after=cfg.aging_above_share,
+            overdue_waits=_behind_a_reservation(s) if within_share else None,
+            gangs_at_limit=within_share and cfg.aging_gangs_at_limit,
         )
 
 
@@ -114,18 +118,34 @@ def _tenant_key(s: Scheduler, now: float) -> Callable[[str, str], float]:
     return tenant_key
 
 
-def _age_scale(s: Scheduler, shares: Shares) -> Callable[[str, str], float]:
-    """Fair share inside a tier: a tenant at or above its share ages `aging_above_share` slower
-    (a tenant that holds nothing is below it, even when its tier holds nothing either)."""
-    above = s.config.aging_above_share
+def _behind_a_reservation(s: Scheduler) -> Callable[[QueuedJob], bool]:
+    """Whether a queued job of the job's level holds a reservation (from an earlier pass) in
+    the job's resource pool: that job starts first, within the longest runtime."""
+    queued, tiers = s.queued, s.tiers
+    held = {
+        (tiers[queued[job_id].tier].level, pool_of(queued[job_id]))
+        for job_id in s._held
+        if job_id in queued
+    }
+    return lambda job: bool(held) and (tiers[job.tier].level, pool_of(job)) in held
 
-    def age_scale(tier: str, tenant: str) -> float:
+
+def _standing(s: Scheduler, shares: Shares) -> Callable[[str, str], tuple[int, float, float]]:
+    """A tenant's (running GPUs, max-min fair share of its tier, its weight over the weight of
+    its tier's tenants with work); the shares are computed once per pass."""
+    weights = s.tenant_weights
+    tier_weight: dict[str, float] = {}
+
+    def standing(tier: str, tenant: str) -> tuple[int, float, float]:
         if tier not in shares:
             shares[tier] = s.tenant_shares(tier)
+        if tier not in tier_weight:
+            tier_weight[tier] = sum(weights.get(t, 1.0) for t in shares[tier])
         running, share = shares[tier].get(tenant, (0, 0.0))
-        return 1.0 if running < share or running == 0 else above
+        total = tier_weight[tier]
+        return running, share, weights.get(tenant, 1.0) / total if total > 0 else 1.0
 
-    return age_scale
+    return standing
 
 
 class SlurmMultifactor:

@@ -1,14 +1,15 @@
 """The policies the simulator compares, as tier settings plus a `PolicyConfig` each.
 
 - `default`: our policy (policy.py): enterprise on its own level above pro and free; pro and free
-  share a level 3:1 by weight with guaranteed shares 30% / 10%; share-gated aging (a tenant at
-  or above its share of its tier ages after 3.5 x the age limit, its gangs after 1 x); EASY backfill;
-  checkpoint-aware preemption with a 10-minute minimum runtime (free) and at most 3 preemptions
-  a job.
-- `fair-reclaim`: `default` plus fair share inside each tier (opt-in, `GPUPLATFORM_POLICY=
-  fair-reclaim` in the platform): aging lifts tenants at or above their max-min share of the
-  tier after 2 x the age limit (gangs too), and a tenant below its share that waited 30 minutes
-  reclaims by preempting a job of a tenant above its share, which stays at or above it (no loop).
+  share a level 3:1 by weight with guaranteed shares 30% / 10%; aging capped at the share (an
+  aged job goes ahead only while its tenant is below its max-min share of its tier and the job
+  fits in the shortfall; past 3.5 x the age limit, the level's oldest job, one at a time); EASY
+  backfill; checkpoint-aware preemption with a 10-minute minimum runtime (free) and at most 3
+  preemptions a job.
+- `fair-reclaim`: `default` with its overdue job at 2 x the age limit (opt-in,
+  `GPUPLATFORM_POLICY=fair-reclaim` in the platform), plus tenant reclaim: a tenant below its
+  share that waited 30 minutes preempts a job of a tenant above its share, which stays at or
+  above it (no loop).
 - `fifo`: submit order, head-of-line blocking, no backfill, no preemption.
 - `strict`: three strict levels (enterprise > pro > free), submit order inside a level, EASY
   backfill, the same preemption safeguards as `default`, no fair share and no aging.

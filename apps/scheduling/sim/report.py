@@ -7,10 +7,11 @@
   over its tenants by their demand (running + queued GPUs); x_i = a tenant's allocated GPU-time /
   its fair GPU-time, over the samples in which some tenant of the tier waited;
   J = (sum x)^2 / (n sum x^2). 1.0 means every tenant got its fair share.
-- the aging bound of tier T: age_limit(T) + the longest runtime estimate in the workload (see
-  docs/scheduling.md for when it holds; with share-gated aging, `fair-reclaim`, the age limit
-  is `aging_above_share` x age_limit(T), when tenants at or above their share age); jobs over it
-  are listed, with how many jobs aged and the longest wait past the age limit.
+- the aging bound of tier T: age_limit(T) + R, R the longest runtime estimate in the workload
+  (see docs/scheduling.md for when it holds); under the `fair` order with aging capped at the
+  share (`default`, `fair-reclaim`), `aging_above_share` x age_limit(T) + 2 R (the overdue job
+  may wait for the reservation ahead of it); jobs over it are listed, with how many jobs aged
+  and the longest wait past the age limit.
 - GPU-hours lost = GPUs x lost seconds (work since the last checkpoint, grace, restarts).
 - paid GPU-hours (summary["paid_gpu_hours"], with autoscaling details under "autoscale"): every
   node from the moment it is requested (booting included, as a cloud bills) until it is removed
@@ -102,9 +103,12 @@ def summarize(sim: Any, settings: dict[str, Any], elapsed_s: float) -> dict[str,
         stats["tenants"] = len({j.tenant for j in members})
         summary["tiers"][tier] = stats
         policy = tiers.get(tier)
-        config = sim.scheduler.config  # share-gated aging lifts tenants above share later
-        scale = config.aging_above_share if config.aging_within_share else 1.0
-        bound = (policy.age_limit_s * scale + longest) if policy else math.inf
+        # Aging capped at the share: a job is sure of its turn once overdue (aging_above_share
+        # x A_T), and then after the reservation ahead of it (if any) has started: 2 R.
+        config = sim.scheduler.config
+        within = config.aging_within_share and config.ordering == "fair"
+        scale, runs = (config.aging_above_share, 2) if within else (1.0, 1)
+        bound = (policy.age_limit_s * scale + runs * longest) if policy else math.inf
         over = [j.job_id for j in members if j.start is not None and j.start - j.submit > bound]
         over += [j.job_id for j in members if j.start is None]
         limit = policy.age_limit_s if policy else math.inf
