@@ -50,9 +50,10 @@ def enqueue_job(*, tenant: Tenant, user, spec: JobSpec, limits: dict | None = No
     check_allowed(tenant, spec)
     if limits is None:
         limits = tenant_limits(tenant)
-    # The count the jobs table's triggers keep (apps/admission/queued.py); on PostgreSQL its
-    # row is locked too, so a submit that checks the cap without the tenant's lock waits for this one.
-    queued = rows.queued_kept(tenant, lock=True) or 0
+    # The count the jobs table's triggers keep (apps/admission/queued.py) and the tenant's arrays'
+    # virtual tasks; on PostgreSQL the count's row is locked first, so a submit that checks the
+    # cap without the tenant's lock waits for this one.
+    queued = rows.queued_for_cap(tenant)
     if queued >= limits["max_queued_jobs"]:
         raise queue_full(tenant, queued, limits)
     job, event, params = built or (*new_job(tenant=tenant, user=user, spec=spec), None)
