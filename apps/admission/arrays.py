@@ -1,7 +1,8 @@
 """Job arrays in (a submit with `array`) and their tasks into the queue, lazily (docs/arrays.md).
 
-Submit: one JobArray row and its first task's row, in one transaction under the tenant's lock,
-whatever the array's size: the queued-job cap counts the whole array (refused whole, 429 with
+Submit: one JobArray row and its first task's row under the lock of the tenant's count row,
+whatever the array's size (on PostgreSQL, without a key or dependencies, in one round trip:
+rows.admit_array); the queued-job cap counts the whole array (refused whole, 429 with
 Retry-After, when its tasks would take the tenant past the cap) and the rate limit took one
 token for the request (apps/admission/services.py), as for one job.
 

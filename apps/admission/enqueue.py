@@ -1,5 +1,6 @@
 """A job into the queue: the tenant's row lock, what the tenant may submit, the queued-job cap
-kept by the jobs table's triggers, and the job with its audit event in the statements of
+(the count the jobs table's triggers keep and the tenant's arrays' virtual tasks), and the job
+with its audit event in the statements of
 apps/admission/rows.py. The submit use case (apps/admission/submit.py) and the tests call it;
 it lives here, above the jobs app, because the kept count and the fast inserts are admission's.
 """

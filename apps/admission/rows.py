@@ -628,34 +628,48 @@ def admit(job: Job, event: JobEvent, *, cap: int) -> tuple[int, Job | None] | No
     on its own. Returns the queue before this job and the job as saved, or None in its place
     (the cap is reached: nothing inserted); None where the tenant has no count row yet (its
     first job: nothing inserted either)."""
-    s, c = statements(), _cap_statements(_db().vendor)
-    params = [job.tenant_id, job.tenant_id, job.tenant_id, 1, cap,
-              *s["job"].params(job), *s["event"].params(event)]  # fmt: skip
-    row = _after_lock(c["lock_count"], c["admit_job"], params)
-    if row is None:
+    s = statements()
+    found = _admit(
+        "admit_job", job.tenant_id, 1, cap, [*s["job"].params(job), *s["event"].params(event)]
+    )
+    if found is None:
         return None
-    queued, virtual, inserted = row
-    return queued + virtual, _saved_pair(job, event)[0] if inserted else None
+    queued, inserted = found
+    return queued, _saved_pair(job, event)[0] if inserted else None
 
 
-def admit_array(array, job: Job, event: JobEvent, *, cap: int) -> tuple[int, tuple | None] | None:
+def admit_array(
+    array: JobArray, job: Job, event: JobEvent, *, cap: int
+) -> tuple[int, tuple[JobArray, Job] | None] | None:
     """As `admit`, for a new job array with its first task and that task's event: the tenant's
     queue must have room for the whole array. The queue before it and (the array, its first task)
     as saved, or None in their place; None where the tenant has no count row yet."""
     s, c = statements(), _cap_statements(_db().vendor)
-    params = [array.tenant_id, array.tenant_id, array.tenant_id, array.size, cap,
-              *c["array"].params(array), *s["job"].params(job), *s["event"].params(event)]  # fmt: skip
-    row = _after_lock(c["lock_count"], c["admit_array"], params)
+    values = [*c["array"].params(array), *s["job"].params(job), *s["event"].params(event)]
+    found = _admit("admit_array", array.tenant_id, array.size, cap, values)
+    if found is None:
+        return None
+    queued, inserted = found
+    return queued, _saved_array(array, job) if inserted else None
+
+
+def _admit(name: str, tenant_id, wanted: int, cap: int, values: list) -> tuple[int, bool] | None:
+    """Statement `name` with the rows' `values`: (the tenant's queue before, whether the rows
+    went in), or None where the tenant has no count row."""
+    c = _cap_statements(_db().vendor)
+    row = _after_lock(
+        c["lock_count"], c[name], [tenant_id, tenant_id, tenant_id, wanted, cap, *values]
+    )
     if row is None:
         return None
     queued, virtual, inserted = row
-    return queued + virtual, _saved_array(array, job) if inserted else None
+    return queued + virtual, bool(inserted)
 
 
 # --- job arrays (apps/admission/arrays.py) -------------------------------------------------------
 
 
-def insert_array_job_and_event(array, job: Job, event: JobEvent):
+def insert_array_job_and_event(array: JobArray, job: Job, event: JobEvent) -> tuple[JobArray, Job]:
     """A new job array, its first task and that task's event: on PostgreSQL in one statement (a
     data-modifying WITH). Returns the array and the job as saved (`_saved`)."""
     s, a = statements(), _cap_statements(_db().vendor)
@@ -674,7 +688,7 @@ def insert_array_job_and_event(array, job: Job, event: JobEvent):
     return _saved_array(array, job)
 
 
-def _saved_array(array, job: Job):
+def _saved_array(array: JobArray, job: Job) -> tuple[JobArray, Job]:
     saved = _saved(array)
     job = _saved(job)
     job.array = saved

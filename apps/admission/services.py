@@ -7,7 +7,7 @@
 4. under the tenant's row lock: the key again, the GPU-hour quota (403), then the job, through
    `enqueue_job` (tier, commands, queued-job cap), and its place in the result cache: a hit ends
    at once, a follower waits on its identical origin. On PostgreSQL a submit with no key and no
-   cached template (the usual one) does all of step 4 in one statement instead
+   cached template (the usual one) does all of step 4 in one round trip instead
    (`_admit_in_one_statement`).
 """
 
