@@ -68,15 +68,19 @@ for its Redis round trip), the 201 from a serializer built once per thread:
 |---|---|---|---|---|
 | one round trip for an array's admit, dispatch request off the answer's path (load 5.8) | 27.2 / 20.7 ms | 9.3 ms | 0.93 s / 0.04 s | 0.56 s |
 | the same, run again (load 11.1) | 39.1 / 17.5 ms | 18.5 ms | 1.49 s / 0.03 s | 0.73 s |
+| the same, run again (load 3.1; Slurm refused: "temporarily unable to accept job") | 24.7 ms / - | 3.2 ms | 0.69 s / - | 0.46 s |
+| the same, run again (load 6.7; the figures above) | 18.7 / 18.3 ms | 5.5 ms | 0.60 s / 0.03 s | 0.34 s |
 
-Side by side in one run (before and after each serving its own database, submits interleaved
-0.3 s apart as here, 25 each, load 6 to 8): HTTP accept median 29.5 ms before, 22.3 ms after.
-Under load the web's figures stretch far more than Slurm's: the bench runs under `nice`, so the
-gunicorn it starts runs at a lower priority than slurmctld and PostgreSQL, and an HTTP submit
-waits for six processes or threads in turn (client, event loop, pool thread, PostgreSQL twice,
-Redis) where `sbatch` waits for slurmctld. So the accept target is still not met on this loaded
-machine; what is left of a submit is those waits (two PostgreSQL round trips, one to Redis, two
-thread hops in the web process) and ~2 ms of Python.
+Side by side in one run (before and after each serving its own database, 0.3 s between
+submits, the order shuffled each round): 12.1 ms before, 10.2 ms after (40 each, load 3 to 7);
+with the bench's listings between submits, as here, 15.3 ms before and 15.8 ms after (8 each,
+load 3 to 7): no difference to see. A submit right after a listing is slower than one after a
+pause, and under load the web's figures stretch far more than Slurm's: the bench runs under
+`nice`, so the gunicorn it starts runs at a lower priority than slurmctld and PostgreSQL, and an
+HTTP submit waits for six processes or threads in turn (client, event loop, pool thread,
+PostgreSQL twice, Redis) where `sbatch` waits for slurmctld. In process a submit is 2.9-3.3 ms
+at load 3 (3.5 ms before). So the accept target is still not met on this shared machine (at
+best even with Slurm's, load 6.7).
 """
 
 
