@@ -54,6 +54,33 @@ first statement, the insert, COMMIT), each 5 to 15 ms on this loaded machine, an
 Python; HTTP adds the request's own handling (~20-40 ms here). So the accept target is met in
 some runs and not in others on this machine; the listing target is met with orjson (10 pages
 just, one request with room).
+
+2026-12-02 (PostgreSQL, 7 runs each; six sessions' tests and benches on the 2 cores). Before the
+change, on a quiet machine that morning: accept (HTTP) 9.4 ms (8.4-12.1) / Slurm 8.5 ms, in
+process 3.5 ms. The change: an array's admit in one round trip (the tenant's count row locked,
+then the cap's check on its kept count and virtual tasks and the array, its first task and its
+event, committed on their own: BEGIN, two statements and COMMIT before), the cap's count read
+after the lock (a submit that waited for a concurrent array's commit missed its virtual tasks
+before), the dispatch request sent by the process's sender thread (the answer no longer waits
+for its Redis round trip), the 201 from a serializer built once per thread:
+
+| change | accept (HTTP) | in process | list, 10 pages | list, 1 request |
+|---|---|---|---|---|
+| one round trip for an array's admit, dispatch request off the answer's path (load 5.8) | 27.2 / 20.7 ms | 9.3 ms | 0.93 s / 0.04 s | 0.56 s |
+| the same, run again (load 11.1) | 39.1 / 17.5 ms | 18.5 ms | 1.49 s / 0.03 s | 0.73 s |
+| the same, run again (load 3.1; Slurm refused: "temporarily unable to accept job") | 24.7 ms / - | 3.2 ms | 0.69 s / - | 0.46 s |
+| the same, run again (load 6.7; the figures above) | 18.7 / 18.3 ms | 5.5 ms | 0.60 s / 0.03 s | 0.34 s |
+
+Side by side in one run (before and after each serving its own database, 0.3 s between
+submits, the order shuffled each round): 12.1 ms before, 10.2 ms after (40 each, load 3 to 7);
+with the bench's listings between submits, as here, 15.3 ms before and 15.8 ms after (8 each,
+load 3 to 7): no difference to see. A submit right after a listing is slower than one after a
+pause, and under load the web's figures stretch far more than Slurm's: the bench runs under
+`nice`, so the gunicorn it starts runs at a lower priority than slurmctld and PostgreSQL, and an
+HTTP submit waits for six processes or threads in turn (client, event loop, pool thread,
+PostgreSQL twice, Redis) where `sbatch` waits for slurmctld. In process a submit is 2.9-3.3 ms
+at load 3 (3.5 ms before). So the accept target is still not met on this shared machine (at
+best even with Slurm's, load 6.7).
 """
 
 
@@ -245,10 +272,11 @@ def render(result: dict, runs: int, size: int, backend: str, load: float) -> str
         f"| the same in one request (`page_size={size}`) | {ms(o['list_one_s'])} ({spread(o['list_one_s'])}) "
         f"| | under Slurm's + 2 s: {verdict_one} |",
         "",
-        'What a submit does (docs/arrays.md, "Lazy tasks"): validation of the spec once, the '
-        "tenant's lock, the queued-job cap against its kept count plus its arrays' virtual tasks, one "
-        "JobArray row and its first task's row with its event: the same statements whatever the "
-        "size. A listing page reads the array, counts its rows and reads the page's rows; the virtual "
+        'What a submit does (docs/arrays.md, "Lazy tasks"): the token with its submitter (one '
+        "statement), the rate limit (one Redis script), validation of the spec once, then one round "
+        "trip to PostgreSQL: the tenant's count row locked, then the queued-job cap against its kept "
+        "count plus its arrays' virtual tasks and one JobArray row and its first task's row with its "
+        "event, committed on their own: the same statements whatever the size. A listing page reads the array, counts its rows and reads the page's rows; the virtual "
         "tasks are built from the spec in the web process (their id is uuid5(array, index)), so the "
         "listing's cost is mostly the JSON of 1,000 task objects a page.",
     ]

@@ -1,7 +1,8 @@
 """Job arrays in (a submit with `array`) and their tasks into the queue, lazily (docs/arrays.md).
 
-Submit: one JobArray row and its first task's row, in one transaction under the tenant's lock,
-whatever the array's size: the queued-job cap counts the whole array (refused whole, 429 with
+Submit: one JobArray row and its first task's row under the lock of the tenant's count row,
+whatever the array's size (on PostgreSQL, without a key or dependencies, in one round trip:
+rows.admit_array); the queued-job cap counts the whole array (refused whole, 429 with
 Retry-After, when its tasks would take the tenant past the cap) and the rate limit took one
 token for the request (apps/admission/services.py), as for one job.
 
@@ -59,6 +60,11 @@ def submit_array(*, tenant: Tenant, user, spec: JobSpec, array: ArraySpec, param
                  depends_on: list | None = None) -> tuple[JobArray, Job, bool]:  # fmt: skip
     """The array, its first task and True; or the array and first task an earlier request with
     this Idempotency-Key made, and False."""
+    if key is None and not depends_on and _in_one_statement():
+        made = _admit_in_one_statement(tenant=tenant, user=user, spec=spec, array=array,
+                                       params=params, grid=grid, limits=limits)  # fmt: skip
+        if made is not None:
+            return (*made, True)
     try:
         with write_turn() as turn:  # SQLite: submissions queue for its one write lock
             return _admit(tenant=tenant, user=user, spec=spec, array=array, params=params, grid=grid,
@@ -68,6 +74,31 @@ def submit_array(*, tenant: Tenant, user, spec: JobSpec, array: ArraySpec, param
         if earlier is None or earlier.array is None:
             raise
         return earlier.array, earlier, False
+
+
+def _in_one_statement() -> bool:
+    return connection.vendor == "postgresql" and not connection.in_atomic_block
+
+
+def _admit_in_one_statement(*, tenant, user, spec, array, params, grid,
+                            limits) -> tuple[JobArray, Job] | None:  # fmt: skip
+    """The usual array on PostgreSQL (no Idempotency-Key, no dependencies) in one round trip,
+    committed on its own (rows.admit_array): the tenant's count row locked, then the cap's check
+    on its queue and the array, its first task and that task's event. `_admit`'s transaction
+    takes four (BEGIN, the locks and counts, the inserts, COMMIT). None: nothing written, the
+    tenant has no count row yet (no job ever queued), and `_admit` takes it from here."""
+    check_allowed(tenant, spec)
+    quotas.check_gpu_hours(tenant=tenant, limits=limits, gpus_wanted=spec.gpus * spec.nodes)
+    job_array, job, event = new_array(tenant=tenant, user=user, spec=spec, array=array,
+                                      params=params, grid=grid)  # fmt: skip
+    admitted = rows.admit_array(job_array, job, event, cap=limits["max_queued_jobs"])
+    if admitted is None:
+        return None
+    queued, saved = admitted
+    if saved is None:
+        raise too_big(tenant, array, queued, limits)
+    dispatch.request_soon()
+    return saved
 
 
 @transaction.atomic
@@ -86,24 +117,14 @@ def _admit(*, tenant, user, spec, array, params, grid, limits, key, digest, turn
         rows.lock_tenant(tenant)
     parents = dependencies.resolve(tenant, depends_on, array=array) if depends_on else []
     quotas.check_gpu_hours(tenant=tenant, limits=limits, gpus_wanted=spec.gpus * spec.nodes)
-    # The tenant's lock (PostgreSQL; SQLite's write lock is held already), its kept count and its
-    # arrays' virtual tasks: one statement (rows.array_counts).
-    kept, virtual = rows.array_counts(tenant)
-    queued = kept + virtual
-    cap = limits["max_queued_jobs"]
-    if queued + array.size > cap:
-        error = queue_full(tenant, queued, limits)
-        error.message = (
-            f"an array of {array.size} tasks would take tenant {tenant.slug} to {queued + array.size} "
-            f"queued jobs, over its cap of {cap} ({queued} queued now): refused whole"
-        )
-        raise error
-    job_array = JobArray(
-        tenant=tenant, user=user, tier=spec.tier, name=spec.name, spec=array.spec, size=array.size,
-        throttle=array.throttle, params=params, grid=grid, task=task_fields(spec), materialised=1,
-    )  # fmt: skip
-    job_array.has_dependencies = bool(parents)  # its tasks are made held (docs/pipelines.md)
-    job_array, first = first_task(job_array, array)
+    # The tenant's lock and its count row's (PostgreSQL; SQLite's write lock is held already),
+    # then its queue: kept count and arrays' virtual tasks (rows.queued_for_cap, one round trip).
+    queued = rows.queued_for_cap(tenant, lock_tenant=True)
+    if queued + array.size > limits["max_queued_jobs"]:
+        raise too_big(tenant, array, queued, limits)
+    job_array, job, event = new_array(tenant=tenant, user=user, spec=spec, array=array,
+                                      params=params, grid=grid, held=bool(parents))  # fmt: skip
+    job_array, first = rows.insert_array_job_and_event(job_array, job, event)
     if parents:
         dependencies.attach_array(job_array, parents)
         dependencies.tasks_made(job_array, [first])  # released, failed, or waiting
@@ -112,10 +133,27 @@ def _admit(*, tenant, user, spec, array, params, grid, limits, key, digest, turn
     return job_array, first, True
 
 
-def first_task(job_array: JobArray, array: ArraySpec) -> tuple[JobArray, Job]:
-    """The new array (not yet saved) with its task at position 0 and that task's event, in one
-    statement on PostgreSQL (rows.insert_array_job_and_event). The task's `created_at` is its
-    insert's: the other tasks' are counted from it (`anchor`)."""
+def too_big(tenant: Tenant, array: ArraySpec, queued: int, limits: dict):
+    """The queued-job cap's 429 for an array refused whole (`queued`: the tenant's queue now)."""
+    cap = limits["max_queued_jobs"]
+    error = queue_full(tenant, queued, limits)
+    error.message = (
+        f"an array of {array.size} tasks would take tenant {tenant.slug} to {queued + array.size} "
+        f"queued jobs, over its cap of {cap} ({queued} queued now): refused whole"
+    )
+    return error
+
+
+def new_array(*, tenant: Tenant, user, spec: JobSpec, array: ArraySpec, params: list, grid: dict,
+              held: bool = False) -> tuple[JobArray, Job, JobEvent]:  # fmt: skip
+    """The new array (not yet saved, `materialised` 1) with its task at position 0 and that
+    task's event. `held`: it has dependencies, its tasks are made held (docs/pipelines.md). The
+    task's `created_at` is its insert's: the other tasks' are counted from it (`anchor`)."""
+    job_array = JobArray(
+        tenant=tenant, user=user, tier=spec.tier, name=spec.name, spec=array.spec, size=array.size,
+        throttle=array.throttle, params=params, grid=grid, task=task_fields(spec), materialised=1,
+    )  # fmt: skip
+    job_array.has_dependencies = held
     fields = dict(job_array.task)
     base = fields.pop("params", {}) or {}
     index = array.index_at(0)
@@ -125,10 +163,10 @@ def first_task(job_array: JobArray, array: ArraySpec) -> tuple[JobArray, Job]:
         reason="waiting for the dispatcher",
         params=task_params(base, job_array.params, job_array.grid, 0), **fields,
     )  # fmt: skip
-    job.has_dependencies = job.held_by_dependencies = job_array.has_dependencies
-    event = JobEvent(job=job, actor=f"user:{job_array.user.username}", to_state=JobState.QUEUED,
+    job.has_dependencies = job.held_by_dependencies = held
+    event = JobEvent(job=job, actor=f"user:{user.username}", to_state=JobState.QUEUED,
                      reason=f"submitted (task {index} of array {job_array.pk})")  # fmt: skip
-    return rows.insert_array_job_and_event(job_array, job, event)
+    return job_array, job, event
 
 
 # --- tasks into rows -----------------------------------------------------------------------------

@@ -1,18 +1,22 @@
-"""The dispatch request after a submission, coalesced per web process.
+"""The dispatch request after a submission, coalesced per web process, and sent off the
+submission's path.
 
 Each request is a Celery message (plus its task-sent event for Flower): under a burst of
 submissions that publishing was a fifth of a submit's time, and every request after the first
 few is redundant, since one dispatcher pass reads the whole queue. The rule here keeps the
 guarantee that matters: a pass is requested *after* every admitted job's commit. The first
-submission in a quiet spell requests one at once; one that comes within WINDOW of the last
+submission in a quiet spell has one requested at once; one that comes within WINDOW of the last
 request marks a single request due at the end of that window (later ones in the window join
 it). So a job waits at most WINDOW longer for its pass, and a process sends at most 1/WINDOW
 requests a second. If the process dies before a due request goes out, the dispatcher's beat
 tick places the job (GPUPLATFORM_DISPATCH_TICK_SECONDS).
 
-Due requests are sent by one sender thread per process, started on first need and woken
-through a condition: a submission never starts a thread (a `threading.Timer` per window did,
-and starting a thread waits for it to run, a GIL hand-off in the middle of a request).
+Every request is sent by one sender thread per process, started on first need and woken
+through a condition: a submission's answer never waits for Redis (SET NX of the request's key,
+and the Celery message when there is none: 0.3 to 2 ms, most of it waiting, and the first
+submission of a quiet spell paid it in full), and a submission never starts a thread but the
+process's first (a `threading.Timer` per window did, and starting a thread waits for it to run,
+a GIL hand-off in the middle of a request).
 """
 
 from __future__ import annotations
@@ -68,21 +72,14 @@ def _ensure_sender() -> None:
 
 
 def request_soon() -> None:
-    """Called once a submission has committed."""
-    global _due, _last
-    now = time.monotonic()
+    """Called once a submission has committed: the sender thread sends a request after it."""
+    global _due
     with _cond:
         if _due:
-            return  # the request due at the end of the window is sent after this commit
-        if now - _last >= WINDOW:
-            _last = now
-            send_now = True
-        else:
-            _due, send_now = True, False
-            _ensure_sender()
-            _cond.notify()
-    if send_now:
-        _send()
+            return  # the request due is sent after this commit: the sender clears it first
+        _due = True
+        _ensure_sender()
+        _cond.notify()
 
 
 def after_commit() -> None:

@@ -1,5 +1,6 @@
 """A job into the queue: the tenant's row lock, what the tenant may submit, the queued-job cap
-kept by the jobs table's triggers, and the job with its audit event in the statements of
+(the count the jobs table's triggers keep and the tenant's arrays' virtual tasks), and the job
+with its audit event in the statements of
 apps/admission/rows.py. The submit use case (apps/admission/submit.py) and the tests call it;
 it lives here, above the jobs app, because the kept count and the fast inserts are admission's.
 """
@@ -50,9 +51,10 @@ def enqueue_job(*, tenant: Tenant, user, spec: JobSpec, limits: dict | None = No
     check_allowed(tenant, spec)
     if limits is None:
         limits = tenant_limits(tenant)
-    # The count the jobs table's triggers keep (apps/admission/queued.py); on PostgreSQL its
-    # row is locked too, so a submit that checks the cap without the tenant's lock waits for this one.
-    queued = rows.queued_kept(tenant, lock=True) or 0
+    # The count the jobs table's triggers keep (apps/admission/queued.py) and the tenant's arrays'
+    # virtual tasks; on PostgreSQL the count's row is locked first, so a submit that checks the
+    # cap without the tenant's lock waits for this one.
+    queued = rows.queued_for_cap(tenant)
     if queued >= limits["max_queued_jobs"]:
         raise queue_full(tenant, queued, limits)
     job, event, params = built or (*new_job(tenant=tenant, user=user, spec=spec), None)

@@ -29,7 +29,7 @@ from django.db.models import AutoField, BigAutoField, ForeignKey, Model
 
 from apps.admission.models import QueuedCount
 from apps.jobs import queue_order
-from apps.jobs.models import Job, JobEvent, JobTemplate
+from apps.jobs.models import Job, JobArray, JobEvent, JobTemplate
 from apps.nodes.models import GpuSku
 from apps.tenants.models import ApiToken, Membership, Quota, Tenant, Tier
 
@@ -280,16 +280,6 @@ def _statements(vendor: str) -> dict:
         "tiers": f"SELECT {col(Tier, 'id')}, {col(Tier, 'level')}, {col(Tier, 'rank')} FROM {_q(tier.db_table)}",
         "job": jobs,
         "event": events,
-        # PostgreSQL: a submit in one statement, committed on its own. The UPDATE takes the
-        # tenant's count row lock; after waiting for it, PostgreSQL checks `queued < cap`
-        # again on the row as the submit it waited for left it, so the cap holds exactly. Only
-        # then are the job and its event inserted (the job's insert trigger adds it to the count
-        # at the statement's end). No row back: the cap is reached, or the tenant has no row yet.
-        "admit": (
-            f"WITH c AS (UPDATE {counts} SET {counted} = {counted} WHERE {counts_tenant} = %s AND {counted} < %s "
-            f"RETURNING {counted}), new_job AS ({jobs.gated('c')} RETURNING 1), "
-            f"new_event AS ({events.gated('new_job')} RETURNING 1) SELECT {counted} FROM c"
-        ),
     }
 
 
@@ -399,29 +389,11 @@ def lock_tenant(tenant: Tenant) -> None:
     _one(statements()["lock_tenant"], [tenant.pk])
 
 
-def queued_kept(tenant: Tenant, *, lock: bool = False) -> int | None:
+def queued_kept(tenant: Tenant) -> int | None:
     """The tenant's queued jobs as kept by the triggers; None where it has no row (none ever
-    queued). `lock`: on PostgreSQL, take the row's lock for the rest of the transaction (and so
-    read the row as the last writer committed it)."""
-    sql = statements()["queued_kept"]
-    if lock and _db().features.has_select_for_update:
-        sql += " FOR UPDATE"
-    row = _one(sql, [tenant.pk])
+    queued). Unlocked: the queued-job cap's reads are `queued_for_cap`'s and `admit`'s."""
+    row = _one(statements()["queued_kept"], [tenant.pk])
     return None if row is None else row[0]
-
-
-def admit(job: Job, event: JobEvent, *, cap: int) -> tuple[int, Job, JobEvent] | None:
-    """PostgreSQL, outside a transaction: insert the job and its event if the tenant has fewer
-    than `cap` jobs queued, in one statement. Returns the count before this job with the two
-    rows as saved (`_saved`), or None (nothing inserted: the cap is reached, or the tenant has
-    no count row yet)."""
-    s = statements()
-    params = [job.tenant_id, cap, *s["job"].params(job), *s["event"].params(event)]
-    row = _one(s["admit"], params)
-    if row is None:
-        return None
-    job, event = _saved_pair(job, event)
-    return row[0], job, event
 
 
 def _saved_pair(job: Job, event: JobEvent) -> tuple[Job, JobEvent]:
@@ -560,17 +532,25 @@ def insert_job_and_event(
     return _saved_pair(job, event)
 
 
-# --- job arrays (apps/admission/arrays.py) -------------------------------------------------------
+# --- the queued-job cap --------------------------------------------------------------------------
+#
+# A tenant's queue is its queued jobs (the kept count, apps/admission/queued.py) and its arrays'
+# virtual tasks (apps/admission/arrays.py). Whatever adds to either holds the tenant's count row
+# until it commits: a job's insert moves the count, and an array comes with its first task's row.
+# So the cap's check takes that row's lock first and counts only then, in a statement of its own:
+# under READ COMMITTED a statement sees the database as it was when the statement began, and one
+# that waited for the lock and counted in one go would miss what the submit it waited for had
+# committed meanwhile (its array: the locked count row is read again after the wait, the arrays
+# table is not). Both statements go in one query string, one round trip (`_after_lock`).
 
 
 @cache
-def _array_statements(vendor: str) -> dict:
+def _cap_statements(vendor: str) -> dict:
     def col(model, name):
         return _q(model._meta.get_field(name).column)
 
-    from apps.jobs.models import JobArray
-
     counts, counted = _q(QueuedCount._meta.db_table), col(QueuedCount, "queued")
+    of_tenant = f"{col(QueuedCount, 'tenant')} = %s"
     arrays, size, made = (
         _q(JobArray._meta.db_table),
         col(JobArray, "size"),
@@ -581,38 +561,118 @@ def _array_statements(vendor: str) -> dict:
         f"SELECT COALESCE(SUM({size} - {made}), 0) FROM {arrays} WHERE {col(JobArray, 'tenant')} = %s "
         f"AND {col(JobArray, 'cancelled_at')} IS NULL AND {col(JobArray, 'failed_reason')} = '' AND {made} < {size}"
     )  # (an array failed by a dependency: its virtual tasks are failed, docs/pipelines.md)
-    inserter = Inserter(JobArray)
+    jobs, events, new_arrays = Inserter(Job), Inserter(JobEvent), Inserter(JobArray)
+
+    def admit(*inserters: Inserter) -> str:
+        """Each row inserted only if the one before was: the first only if the tenant has room
+        for `wanted` more (the counts read under the lock). One row back: the counts and whether
+        the rows went in; none where the tenant has no count row (nothing was inserted)."""
+        names = ["room", *(f"new_{n}" for n in range(len(inserters)))]
+        inserts = ", ".join(
+            f"{name} AS ({inserter.gated(before)} RETURNING 1)"
+            for before, name, inserter in zip(names, names[1:], inserters, strict=False)
+        )
+        return (
+            f"WITH c AS (SELECT {counted} AS queued, ({virtual}) AS virtual FROM {counts} WHERE {of_tenant}), "
+            f"room AS (SELECT 1 FROM c WHERE c.queued + c.virtual + %s <= %s), {inserts} "
+            f"SELECT c.queued, c.virtual, (SELECT COUNT(*) FROM {names[-1]}) FROM c"
+        )
+
     return {
-        # PostgreSQL: the tenant's row lock (as lock_tenant), its kept count's row lock (as
-        # queued_kept's), and its open arrays' virtual tasks, in one round trip.
-        "check": (
+        "lock_count": f"SELECT {counted} FROM {counts} WHERE {of_tenant} FOR UPDATE",
+        # NO KEY UPDATE: as lock_tenant's (`_statements`).
+        "lock_tenant_and_count": (
             f"WITH t AS (SELECT {tenant_pk} FROM {tenants} WHERE {tenant_pk} = %s FOR NO KEY UPDATE), "
-            f"c AS (SELECT {counted} FROM {counts} WHERE {col(QueuedCount, 'tenant')} = %s FOR UPDATE) "
-            f"SELECT (SELECT COUNT(*) FROM t), (SELECT {counted} FROM c), ({virtual})"
+            f"c AS (SELECT {counted} FROM {counts} WHERE {of_tenant} FOR UPDATE) "
+            f"SELECT (SELECT COUNT(*) FROM t), (SELECT COUNT(*) FROM c)"
         ),
-        "virtual": virtual,
-        "array": inserter,
+        "queued": f"SELECT (SELECT {counted} FROM {counts} WHERE {of_tenant}), ({virtual})",
+        # PostgreSQL, outside a transaction: a submit's check and inserts in one statement (after
+        # the lock's), committed on its own (the query string's implicit transaction).
+        "admit_job": admit(jobs, events),
+        "admit_array": admit(new_arrays, jobs, events),
+        "array": new_arrays,
     }  # fmt: skip
 
 
-def array_counts(tenant: Tenant) -> tuple[int, int]:
-    """In the caller's transaction: (the tenant's kept queued count, its open arrays' virtual
-    tasks). On PostgreSQL one statement that also takes the tenant's row lock and its count row's
-    (the caller takes neither); elsewhere the caller's transaction already holds the write lock."""
-    s = _array_statements(_db().vendor)
-    if _db().vendor == "postgresql":
-        row = _one(s["check"], [tenant.pk, tenant.pk, tenant.pk])
-        assert row is not None  # an aggregate's row
-        return int(row[1] or 0), int(row[2] or 0)
-    queued = queued_kept(tenant) or 0
-    row = _one(s["virtual"], [tenant.pk])
-    return queued, int(row[0] or 0) if row else 0
+def _after_lock(lock: str, sql: str, params: list):
+    """PostgreSQL: the statement `lock`, then `sql`, sent as one query string (psycopg's
+    client-side cursor, Django's default, sends it as one simple query; outside a transaction
+    the two are one, committed at the end). `params`: both statements', in order. The first row
+    of `sql`, or None."""
+    with _cursor() as cursor:
+        cursor.execute(f"{lock}; {sql}", params)
+        cursor.nextset()
+        return cursor.fetchone()
 
 
-def insert_array_job_and_event(array, job: Job, event: JobEvent):
+def queued_for_cap(tenant: Tenant, *, lock_tenant: bool = False) -> int:
+    """In the caller's transaction: the tenant's queued jobs and its arrays' virtual tasks, for
+    the queued-job cap. PostgreSQL: counted after taking the count row's lock (and the tenant's,
+    `lock_tenant`), both held to the commit; one round trip. SQLite: the caller's transaction
+    holds the one write lock already."""
+    s, pk = _cap_statements(_db().vendor), tenant.pk
+    if _db().vendor != "postgresql":
+        row = _one(s["queued"], [pk, pk])
+    elif lock_tenant:
+        row = _after_lock(s["lock_tenant_and_count"], s["queued"], [pk, pk, pk, pk])
+    else:
+        row = _after_lock(s["lock_count"], s["queued"], [pk, pk, pk])
+    assert row is not None  # a SELECT of two values: one row
+    return int(row[0] or 0) + int(row[1] or 0)
+
+
+def admit(job: Job, event: JobEvent, *, cap: int) -> tuple[int, Job | None] | None:
+    """PostgreSQL, outside a transaction: the job and its event, inserted if the tenant's queue
+    (its queued jobs and its arrays' virtual tasks) is under `cap`, in one round trip committed
+    on its own. Returns the queue before this job and the job as saved, or None in its place
+    (the cap is reached: nothing inserted); None where the tenant has no count row yet (its
+    first job: nothing inserted either)."""
+    s = statements()
+    found = _admit(
+        "admit_job", job.tenant_id, 1, cap, [*s["job"].params(job), *s["event"].params(event)]
+    )
+    if found is None:
+        return None
+    queued, inserted = found
+    return queued, _saved_pair(job, event)[0] if inserted else None
+
+
+def admit_array(
+    array: JobArray, job: Job, event: JobEvent, *, cap: int
+) -> tuple[int, tuple[JobArray, Job] | None] | None:
+    """As `admit`, for a new job array with its first task and that task's event: the tenant's
+    queue must have room for the whole array. The queue before it and (the array, its first task)
+    as saved, or None in their place; None where the tenant has no count row yet."""
+    s, c = statements(), _cap_statements(_db().vendor)
+    values = [*c["array"].params(array), *s["job"].params(job), *s["event"].params(event)]
+    found = _admit("admit_array", array.tenant_id, array.size, cap, values)
+    if found is None:
+        return None
+    queued, inserted = found
+    return queued, _saved_array(array, job) if inserted else None
+
+
+def _admit(name: str, tenant_id, wanted: int, cap: int, values: list) -> tuple[int, bool] | None:
+    """Statement `name` with the rows' `values`: (the tenant's queue before, whether the rows
+    went in), or None where the tenant has no count row."""
+    c = _cap_statements(_db().vendor)
+    row = _after_lock(
+        c["lock_count"], c[name], [tenant_id, tenant_id, tenant_id, wanted, cap, *values]
+    )
+    if row is None:
+        return None
+    queued, virtual, inserted = row
+    return queued + virtual, bool(inserted)
+
+
+# --- job arrays (apps/admission/arrays.py) -------------------------------------------------------
+
+
+def insert_array_job_and_event(array: JobArray, job: Job, event: JobEvent) -> tuple[JobArray, Job]:
     """A new job array, its first task and that task's event: on PostgreSQL in one statement (a
     data-modifying WITH). Returns the array and the job as saved (`_saved`)."""
-    s, a = statements(), _array_statements(_db().vendor)
+    s, a = statements(), _cap_statements(_db().vendor)
     array_params = a["array"].params(array)
     job_params, event_params = s["job"].params(job), s["event"].params(event)
     with _cursor() as cursor:
@@ -625,6 +685,10 @@ def insert_array_job_and_event(array, job: Job, event: JobEvent):
             cursor.execute(a["array"].sql, array_params)
             cursor.execute(s["job"].sql, job_params)
             cursor.execute(s["event"].sql, event_params)
+    return _saved_array(array, job)
+
+
+def _saved_array(array: JobArray, job: Job) -> tuple[JobArray, Job]:
     saved = _saved(array)
     job = _saved(job)
     job.array = saved

@@ -7,7 +7,7 @@
 4. under the tenant's row lock: the key again, the GPU-hour quota (403), then the job, through
    `enqueue_job` (tier, commands, queued-job cap), and its place in the result cache: a hit ends
    at once, a follower waits on its identical origin. On PostgreSQL a submit with no key and no
-   cached template (the usual one) does all of step 4 in one statement instead
+   cached template (the usual one) does all of step 4 in one round trip instead
    (`_admit_in_one_statement`).
 """
 
@@ -136,23 +136,21 @@ def _admit_in_one_statement(
     *, tenant: Tenant, spec: JobSpec, limits: dict, job: Job, event
 ) -> Job | None:
     """The usual submit on PostgreSQL (no Idempotency-Key, a template that is not cached) in
-    one statement, committed on its own (rows.admit): the cap's check on the tenant's kept
-    count, under that row's lock, and the job and its event. The transaction of `_admit` took
-    five round trips (BEGIN, the tenant's lock, the count, the insert, COMMIT), all while
-    holding the lock, and the count grew with the queue. Returns the job as saved; None:
-    nothing written, the tenant has no count row yet (its first job), and `_admit` takes it
-    from here."""
+    one round trip, committed on its own (rows.admit): the tenant's count row locked, then the
+    cap's check on its queue (its kept count and its arrays' virtual tasks) and the job and its
+    event. The transaction of `_admit` takes five (BEGIN, the tenant's lock, the count, the
+    insert, COMMIT), all while holding the lock. Returns the job as saved; None: nothing
+    written, the tenant has no count row yet (its first job), and `_admit` takes it from here."""
     quotas.check_gpu_hours(tenant=tenant, limits=limits, gpus_wanted=spec.gpus * spec.nodes)
     jobs.check_allowed(tenant, spec)
-    cap = limits["max_queued_jobs"]
-    while (admitted := rows.admit(job, event, cap=cap)) is None:
-        queued = rows.queued_kept(tenant)  # why not: a job may have left the queue since
-        if queued is None:
-            return None
-        if queued >= cap:
-            raise jobs.queue_full(tenant, queued, limits)
+    admitted = rows.admit(job, event, cap=limits["max_queued_jobs"])
+    if admitted is None:
+        return None
+    queued, saved = admitted
+    if saved is None:
+        raise jobs.queue_full(tenant, queued, limits)
     dispatch.request_soon()
-    return admitted[1]
+    return saved
 
 
 @transaction.atomic

@@ -25,6 +25,7 @@ from apps.jobs.serializers import (
     ArtifactSerializer,
     JobSerializer,
     JobSubmitSerializer,
+    created_array_representation,
     created_representation,
     virtual_representation,
 )
@@ -251,11 +252,11 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         )  # fmt: skip
         if submitted.array is not None:
             array = submitted.array
-            # A new array's counts are known: every task queued (no statement to count them).
-            fresh = {s: (array.size if s == JobState.QUEUED else 0) for s in JobState.values}
-            context = {"array_counts": {array.pk: fresh}} if submitted.created else {}
+            if submitted.created and not array.has_dependencies:
+                # Every task queued: nothing to count, and the serializer built once.
+                return Response(created_array_representation(array), status=status.HTTP_201_CREATED)
             return Response(
-                ArraySerializer(array, context=context).data,
+                ArraySerializer(array).data,
                 status=status.HTTP_201_CREATED if submitted.created else status.HTTP_200_OK,
             )
         job = submitted.job

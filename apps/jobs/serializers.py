@@ -20,7 +20,7 @@ from apps.jobs.fields import (
     StrictCharField,
     StrictIntegerField,
 )
-from apps.jobs.models import Artifact, Job, JobArray, JobAttempt, JobTemplate
+from apps.jobs.models import Artifact, Job, JobArray, JobAttempt, JobState, JobTemplate
 from apps.jobs.own_code import (
     BundleDigestField,
     EnvField,
@@ -486,6 +486,25 @@ class ArraySerializer(serializers.ModelSerializer):
 
     def get_tasks_url(self, array: JobArray) -> str:
         return f"/api/v1/jobs/?array={array.pk}"
+
+
+class CreatedArraySerializer(ArraySerializer):
+    """ArraySerializer for an array a submit has just created, with no dependencies: every task
+    is queued, so its counts need no statement (`created_array_representation`)."""
+
+    def _counts(self, array: JobArray) -> dict[str, int]:
+        return {s: (array.size if s == JobState.QUEUED else 0) for s in JobState.values}
+
+
+def created_array_representation(array: JobArray) -> dict:
+    """`ArraySerializer(array).data` of an array a submit has just created, with no dependencies
+    (tests/admission/test_arrays.py holds it equal to a GET of the array). One built serializer
+    per thread, as `created_representation`."""
+    serializer = getattr(_built, "created_array", None)
+    if serializer is None:
+        serializer = _built.created_array = CreatedArraySerializer()
+        serializer.fields  # noqa: B018 (build and bind them once)
+    return serializer.to_representation(array)
 
 
 _DATETIME = serializers.DateTimeField()

@@ -48,6 +48,14 @@ def test_a_submit_with_array_answers_with_the_array_and_makes_one_row(as_user):
     ]
 
 
+def test_the_201_answer_is_what_a_get_of_the_array_says(as_user):
+    """The 201 is built without counting the new array's tasks (all queued, none read)."""
+    created = submit(as_user("bob"), array="0-99%4", name="sweep")
+    assert created.status_code == 201, created.content
+    fetched = as_user("bob").get(f"/api/v1/arrays/{created.json()['id']}/")
+    assert created.json() == fetched.json()
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [

@@ -1,5 +1,5 @@
 """The dispatch request after a submission (apps/admission/dispatch.py): coalesced per process,
-and always sent after the commit that asked for it."""
+always sent after the commit that asked for it, and never by the submission itself."""
 
 import random
 import threading
@@ -8,6 +8,8 @@ import time
 import pytest
 
 from apps.admission import dispatch
+
+senders: set[str] = set()  # names of the threads that sent them
 
 
 @pytest.fixture
@@ -19,11 +21,13 @@ def sends(monkeypatch):
     def record():
         with lock:
             sent.append(time.monotonic())
+            senders.add(threading.current_thread().name)
 
     monkeypatch.setattr(dispatch, "_send", record)
     time.sleep(dispatch.WINDOW * 2)  # whatever an earlier test left due goes out to the old _send
     with dispatch._cond:
         dispatch._due, dispatch._last = False, float("-inf")
+    senders.clear()
     return sent
 
 
@@ -33,7 +37,11 @@ def settle():
 
 def test_the_first_request_goes_at_once_and_a_burst_becomes_one_more(sends):
     dispatch.request_soon()
-    assert len(sends) == 1  # sent by the caller itself
+    deadline = time.monotonic() + 5
+    while not sends and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert len(sends) == 1  # no window waited for (a loaded machine may take a while to run it)
+    assert senders == {"dispatch-request"}  # by the sender: the submission does not wait for it
     for _ in range(50):
         dispatch.request_soon()
     asked = time.monotonic()
@@ -79,5 +87,7 @@ def test_bursts_reuse_one_sender_thread(sends, monkeypatch):
         for _ in range(5):
             dispatch.request_soon()
         settle()
-    assert len(sends) == 6  # each burst: one at once, one at the end of its window
+    # Each burst: one at once, and one at the end of its window for those that asked after
+    # it went (none where the burst asked before the sender thread ran).
+    assert 3 <= len(sends) <= 6
     assert len(started) <= 1  # no thread (Timer) per window

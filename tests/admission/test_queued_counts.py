@@ -73,9 +73,10 @@ def test_the_command_checks_and_fixes_the_counts(as_user, capsys):
 
 @pytest.mark.django_db(transaction=True)
 def test_a_submit_outside_a_transaction_checks_the_cap_and_inserts_in_one_statement():
-    """As in production (no test transaction around the request). On PostgreSQL the cap's check
-    and both inserts are one statement with no BEGIN or COMMIT; on SQLite a transaction that
-    reads the kept count. Either way the cap holds, and a refusal names the count."""
+    """As in production (no test transaction around the request). On PostgreSQL the count row's
+    lock, then the cap's check and both inserts, are one query string (one round trip) with no
+    BEGIN or COMMIT; on SQLite a transaction that reads the kept count. Either way the cap
+    holds, and a refusal names the count."""
     people = make_cast()
     make_node("h1", "H100-80GB", 8)
     generous("acme")
@@ -90,7 +91,7 @@ def test_a_submit_outside_a_transaction_checks_the_cap_and_inserts_in_one_statem
     assert response.status_code == 201, response.content
     writes = [q["sql"] for q in ctx.captured_queries if "INSERT" in q["sql"].upper()]
     if connection.vendor == "postgresql":
-        assert len(writes) == 1 and "WITH c AS (UPDATE" in writes[0], writes
+        assert len(writes) == 1 and "FOR UPDATE; WITH c AS (" in writes[0], writes
         assert not [
             q for q in ctx.captured_queries if q["sql"].upper().startswith(("BEGIN", "COMMIT"))
         ]

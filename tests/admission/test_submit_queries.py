@@ -14,12 +14,16 @@ for_new_job). Before this was cut, a submit ran 24 statements and read the whole
 answer; then 9 built by the ORM.
 """
 
+import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from apps.admission import estimates
 from apps.jobs.models import JobEvent
-from tests.admission.conftest import TRAIN, placed_ids
+from apps.tenants.models import Tenant
+from apps.tenants.services import quota_set
+from tests.admission.conftest import TRAIN, generous, placed_ids
+from tests.factories import client_for, make_cast, make_node
 
 # PostgreSQL takes the tenant's row lock with one more statement (SQLite's BEGIN IMMEDIATE
 # already holds its single write lock) and writes the job and its event in one.
@@ -96,3 +100,27 @@ def test_the_queued_job_cap_reads_the_kept_count_not_the_queue(as_user):
     assert not [sql for sql in statements if "COUNT(" in sql.upper() and '"tenant_id" =' in sql], (
         "\n".join(statements)
     )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_array_submit_is_two_round_trips_to_postgresql_whatever_its_size():
+    """As in production (no test transaction around the request): the token with its submitter,
+    then the count row's lock, the cap's check on the tenant's queue and the array, its first
+    task and that task's event, in one query string committed on its own (apps/admission/rows.py
+    `admit_array`); the 201 reads nothing back. SQLite: the same in its transaction's statements."""
+    people = make_cast()
+    make_node("h1", "H100-80GB", 8)
+    generous("acme")
+    quota_set(tenant=Tenant.objects.get(slug="acme"), max_queued_jobs=20_000)
+    bob = client_for(people["bob"][1])
+    assert bob.post("/api/v1/jobs/", TRAIN, format="json").status_code == 201  # the count row
+    for spec in ("0-9", "0-9999"):
+        with CaptureQueriesContext(connection) as ctx:
+            answer = bob.post("/api/v1/jobs/", {**TRAIN, "array": spec}, format="json")
+        assert answer.status_code == 201, answer.content
+        statements = [q["sql"] for q in ctx.captured_queries]
+        if connection.vendor == "postgresql":
+            assert len(statements) == 2, "\n".join(statements)
+            assert "FOR UPDATE; WITH c AS (" in statements[1], statements[1]
+        else:
+            assert len(table_statements(ctx)) <= 5, "\n".join(statements)
