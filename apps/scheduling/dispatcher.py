@@ -292,6 +292,7 @@ def _apply_start(job: Job, decision: policy.Start, snapshot: ClusterSnapshot) ->
     except IntegrityError:
         # Another dispatcher took one of these GPUs first: the database said no.
         log.info("placement of %s lost a race for its GPUs; retrying next pass", job.pk)
+        kept.KEPT.suspect()  # or the kept cluster missed a change: read it all next pass
         return False
 
 

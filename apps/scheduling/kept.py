@@ -9,7 +9,7 @@ the sum of their ids and the sums of their attempts' and jobs' versions (every t
 version, and new rows have ids above every earlier one, so any change moves one of these). Where
 only the allocations' stamp moved, the pass re-reads the allocations and the rows of the attempts
 that changed; anything else (a node, a GPU, a tier's grace, a setting) rebuilds it all, and so
-does every `REBUILD_EVERY_S` (comparing the kept state with the fresh one, and saying so when
+does one pass every `REBUILD_EVERY_S` (comparing the kept state with the fresh one, and saying so when
 they differ). Checkpoint times are not versioned: re-read since the last pass, less a margin.
 
 The database stays the truth: a stale state can only make a placement lose its race (the job's
@@ -45,7 +45,7 @@ STOPPING = "(stopping)"
 # tolerate it, unless the operator opted the node in (Node.allow_unisolated_commands).
 UNISOLATED_TAINT = "gpuplatform.io/unisolated=true:NoSchedule"
 LIVE_JOB = (JobState.STARTING, JobState.RUNNING, JobState.PREEMPTING)
-REBUILD_EVERY_S = 60.0  # a full read at least this often, compared with the kept state
+REBUILD_EVERY_S = 300.0  # a full read at least this often, compared with the kept state
 DELTA_LIMIT = 2_000  # more changed attempts than this in one pass: read everything again
 CHECKPOINT_MARGIN_S = 10.0  # a checkpoint's transaction commits within this of its time
 
@@ -420,8 +420,9 @@ class UsageSpans:
         checked, self.ended_checked = self.ended_checked, timezone.now()
         margin = timedelta(seconds=CHECKPOINT_MARGIN_S)
         self._add(_usage_rows().filter(ended_at__gte=checked - margin))
+        start = epoch(since)
         for pk in [
-            pk for pk, span in self.spans.items() if span[3] is not None and span[3] < since
+            pk for pk, span in self.spans.items() if span[3] is not None and span[3] < start
         ]:
             del self.spans[pk]
         return True
@@ -472,7 +473,17 @@ class Kept:
         self._lock = threading.Lock()
         self._state: State | None = None
         self._usage: UsageSpans | None = None
+        self._suspect = False
         self.rebuilds = 0  # full reads, for tests and the bench
+
+    def suspect(self) -> None:
+        """Something disagreed with the kept state (a placement refused by the GPU allocation
+        index): read it all at the next pass."""
+        self._suspect = True
+
+    def current(self) -> State | None:
+        """The state kept now (None before the first pass, or after a failed one)."""
+        return self._state
 
     def forget(self) -> None:
         with self._lock:
@@ -504,14 +515,18 @@ class Kept:
     def _current(self, strategy: core.Strategy | str | None) -> State:
         state = self._state
         fresh_due = state is None or time.monotonic() - state.read_at >= REBUILD_EVERY_S
+        fresh_due, self._suspect = fresh_due or self._suspect, False
         if state is not None and type(state.cluster.strategy) is not type(make_strategy(strategy)):
             state = None  # a strategy of another kind indexes the nodes otherwise
         if state is not None and not fresh_due and state.refresh():
             return state
+        # Due for a full read: bring the kept state up to date first, then compare the two.
+        compare = state is not None and fresh_due and state.refresh()
         fresh = State(strategy).load()
         self.rebuilds += 1
-        if state is not None and fresh_due and not state.same_as(fresh):
-            log.warning("kept cluster state differed from the database; read it again")
+        if compare and state is not None and not state.same_as(fresh):
+            log.warning("the kept cluster state differed from a full read (or the cluster changed "
+                        "in between); kept the full read")  # fmt: skip
         self._state = fresh
         return fresh
 
