@@ -73,6 +73,11 @@ def test_it_follows_placements_starts_checkpoints_and_ends_without_reading_it_al
     assert_kept_is_a_fresh_read()
     assert dispatch_once().placed == []
     assert_kept_is_a_fresh_read()
+    big = submit(cast, gpus=4)  # fits nowhere yet: a reservation, tried against the cluster
+    assert dispatch_once().placed == []
+    big.refresh_from_db()
+    assert big.reason.startswith("first in line")
+    assert_kept_is_a_fresh_read()
 
 
 def test_a_placement_by_another_dispatcher_shows_at_the_next_pass(cast):
