@@ -2,6 +2,7 @@
 equals a fresh read of the database, brought up to date from what moved where it can be, read
 again whole where it cannot."""
 
+import gc
 from datetime import timedelta
 
 import pytest
@@ -186,3 +187,15 @@ def test_a_placement_refused_by_the_allocation_index_reads_it_all_next_pass(cast
     assert_kept_is_a_fresh_read(read_again=True)
     waiting.refresh_from_db()
     assert waiting.state == "queued"
+
+
+def test_a_large_kept_state_is_frozen_out_of_full_collections(cast, monkeypatch):
+    monkeypatch.setattr(kept, "FREEZE_FROM", 1)
+    make_node("h1", gpus=2)
+    submit(cast, gpus=2)
+    dispatch_once()
+    kept.KEPT.forget()
+    dispatch_once()  # a full read of one held attempt
+    assert gc.get_freeze_count() > 0
+    kept.KEPT.forget()
+    assert gc.get_freeze_count() == 0
