@@ -20,15 +20,12 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models import (
     BooleanField,
-    Case,
     Count,
     Exists,
     ExpressionWrapper,
     F,
     OuterRef,
     Q,
-    Value,
-    When,
 )
 from django.db.models.expressions import Window
 from django.db.models.functions import RowNumber
@@ -350,17 +347,29 @@ def _write_reasons(reasons: dict[str, tuple[Job, str]]) -> None:
     changed = [(job, reason) for job, reason in reasons.values() if job.reason != reason]
     for start in range(0, len(changed), REASON_BATCH):
         batch = changed[start : start + REASON_BATCH]
-        Job.objects.filter(pk__in=[job.pk for job, _ in batch], state=JobState.QUEUED).update(
-            reason=Case(
-                *[
-                    When(pk=job.pk, version=job.version, then=Value(reason))
-                    for job, reason in batch
-                ],
-                default=F("reason"),
-            )
-        )
+        _update_reasons(batch)
         for job, reason in batch:
             job.reason = reason
+
+
+def _update_reasons(batch: list[tuple[Job, str]]) -> None:
+    """One `UPDATE ... FROM (VALUES (id, version, reason), ...)`, guarded (still queued, same
+    version). The ORM's CASE of 500 WHENs took 0.5 s of a pass's CPU to build for 1,000 new
+    jobs' reasons; this statement is one string."""
+    table = connection.ops.quote_name(Job._meta.db_table)
+    pk = Job._meta.pk
+    assert pk is not None
+    rows = ", ".join(["(%s, %s, %s)"] * len(batch))
+    params: list = []
+    for job, reason in batch:
+        params += [pk.get_db_prep_value(job.pk, connection), job.version, reason]
+    with connection.cursor() as cursor:
+        cursor.execute(  # a VALUES list's columns are column1, column2, ... (both databases)
+            f'UPDATE {table} SET "reason" = v.column3 FROM (VALUES {rows}) AS v '
+            f'WHERE {table}."id" = v.column1 AND {table}."version" = v.column2 '
+            f'AND {table}."state" = %s',
+            [*params, JobState.QUEUED.value],
+        )
 
 
 def _held_reservations(jobs: dict) -> list[str]:
