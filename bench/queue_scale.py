@@ -275,6 +275,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="100 nodes, 1,000 / 10,000 queued")
     args = parser.parse_args()
     backend = setup()
+    load_at_start = os.getloadavg()[0]
     nodes = 100 if args.quick else 1000
     sizes = [1000, 10_000] if args.quick else [1000, 10_000, 100_000]
     preempt_at = 10_000 if args.quick else 50_000
@@ -285,11 +286,12 @@ def main() -> int:
     one_pass()  # the process's first pass reads the whole cluster (READS[0]); the queue is empty
     rows, preempt = pass_costs(world, sizes, preempt_at)
     fill = fill_rate(world, nodes * 8, 20 if args.quick else 40)
-    write(args.quick, backend, nodes, rows, preempt, preempt_at, fill, READS[0])
+    load = (load_at_start, os.getloadavg()[0])
+    write(args.quick, backend, nodes, rows, preempt, preempt_at, fill, READS[0], load)
     return 0
 
 
-def write(quick, backend, nodes, rows, preempt, preempt_at, fill, full_read) -> None:
+def write(quick, backend, nodes, rows, preempt, preempt_at, fill, full_read, load) -> None:
     from apps.scheduling.kept import REBUILD_EVERY_S
 
     base = rows[0]["steady"][0]
@@ -309,9 +311,10 @@ def write(quick, backend, nodes, rows, preempt, preempt_at, fill, full_read) -> 
 Command: `{command}`
 
 {backend}; the dispatcher's `dispatch_once` in the bench's process, on {nodes:,} nodes x 8 GPUs
-in the database; the 2-core machine, shared. CPU is this process's
-`time.process_time` (the database's own work is not in it; the wall time in brackets is; on
-this shared machine, run under `nice`, the wall time is mostly waiting for a core).
+in the database; the 2-core machine, shared (load average {load[0]:.1f} at the start of the run,
+{load[1]:.1f} at its end). CPU is this process's `time.process_time` (the database's own work is
+not in it; the wall time in brackets is; on this shared machine, run under `nice`, the wall time
+is mostly waiting for a core).
 
 The dispatcher keeps the cluster between passes (apps/scheduling/kept.py): a pass checks stamps
 of the nodes, GPUs and held allocations and reads again only what moved. The process's first
@@ -329,7 +332,13 @@ new heads' reasons; the steady pass is the next one, with nothing changed.
 An enterprise submit (8 GPUs, through the admission path) behind {preempt_at:,} queued jobs: the
 first pass preempted {preempt["victims"]} job(s) for it; {preempt["total"]:.3f} s from the submit
 call to the end of that pass (submit {preempt["submit"]:.3f} s, pass {preempt["pass_wall"]:.3f} s
-wall, {preempt["pass_cpu"]:.3f} s CPU).
+wall, {preempt["pass_cpu"]:.3f} s CPU). Besides the pass's CPU, its wall time is the database
+numbering every queued row for the heads (a window function over all of them) and the eight
+preemptions' writes, and here waiting for a core.
+
+Before the cluster was kept (the same bench, 2026-12-01, load not recorded): 1.3-1.6 s CPU per
+pass whatever the queue, and 12.7 s from the submit to the preemption (the pass 12.2 s wall,
+1.75 s CPU).
 
 Filling the empty cluster with {world_jobs:,} one-GPU jobs queued (passes one after the other,
 for at most {fill["budget"]:.0f} s): {fill["placed"]:,} placed in {fill["passes"]} passes,
