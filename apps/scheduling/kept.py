@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, Max, Q, Sum
 from django.utils import timezone
 
 from apps.jobs.models import ATTEMPT_ACTIVE, AttemptState, GpuAllocation, JobAttempt, JobState
@@ -394,8 +394,8 @@ _SPAN_FIELDS = ("pk", "job__tenant__slug", "job__tier__name", "started_at", "end
 
 class UsageSpans:
     """Per attempt that ran within four half-lives: (tenant, tier, start, end or None, GPUs),
-    kept between passes. The running ones are checked by a stamp (their count and the sum of
-    their ids): when it moves, the ids are read and the attempts that came or went read by id;
+    kept between passes. The running ones are checked by a stamp (`live_attempt_stamp`): when it
+    moves, the ids are read and the attempts that came or went read by id;
     those that ended are also read by their end time (since the last pass, less a margin), which
     catches an attempt that started and ended between two passes."""
 
@@ -458,8 +458,14 @@ def _usage_rows():
 
 
 def live_attempt_stamp() -> tuple:
-    got = _usage_rows().filter(ended_at=None).aggregate(n=Count("pk"), ids=Sum("pk"))
-    return got["n"], got["ids"] or 0
+    """The running attempts' count, id sum and latest start: one that ends lowers the count, one
+    that starts (started_at set at its move to running) moves the latest start."""
+    got = (
+        _usage_rows()
+        .filter(ended_at=None)
+        .aggregate(n=Count("pk"), ids=Sum("pk"), latest=Max("started_at"))
+    )
+    return got["n"], got["ids"] or 0, got["latest"]
 
 
 def tenant_usage(now, half_life_s: float) -> dict[str, policy.TenantUsage]:
