@@ -142,7 +142,7 @@ class State:
         gpus_stamp = gpu_stamp()
         nodes = node_rows()
         gpus_of: dict[int, dict[int, tuple[int, str]]] = {}
-        for pk, node_id, index, health in Gpu.objects.values_list(
+        for pk, node_id, index, health in Gpu.objects.order_by().values_list(
             "pk", "node_id", "index", "health"
         ):
             gpus_of.setdefault(node_id, {})[index] = (pk, health)
@@ -249,10 +249,14 @@ class State:
     def _read_checkpoints(self) -> None:
         """Checkpoints saved since the last pass (not versioned: read by time, with a margin)."""
         since, self.checkpoints_since = self.checkpoints_since, timezone.now()
-        rows = JobAttempt.objects.filter(
-            state__in=ATTEMPT_ACTIVE,
-            checkpoint_at__gte=since - timedelta(seconds=CHECKPOINT_MARGIN_S),
-        ).values_list("pk", "checkpoint_at")
+        rows = (
+            JobAttempt.objects.filter(
+                state__in=ATTEMPT_ACTIVE,
+                checkpoint_at__gte=since - timedelta(seconds=CHECKPOINT_MARGIN_S),
+            )
+            .order_by()
+            .values_list("pk", "checkpoint_at")
+        )  # no order: no join for the job's
         for pk, checkpoint_at in rows:
             held = self.holdings.get(pk)
             if held is not None:
@@ -421,7 +425,7 @@ class UsageSpans:
                 return False
             for pk in known - live:
                 self.spans.pop(pk)
-            self._add(JobAttempt.objects.filter(pk__in=list(moved), started_at__isnull=False))
+            self._add(_usage_rows().filter(pk__in=list(moved)))
             self.stamp = stamp
         checked, self.ended_checked = self.ended_checked, timezone.now()
         margin = timedelta(seconds=CHECKPOINT_MARGIN_S)
@@ -455,7 +459,7 @@ class UsageSpans:
 
 
 def _usage_rows():
-    return JobAttempt.objects.filter(started_at__isnull=False)
+    return JobAttempt.objects.filter(started_at__isnull=False).order_by()
 
 
 def live_attempt_stamp() -> tuple:
