@@ -9,7 +9,10 @@ can give the test run its services the way `make run` does.
 import atexit
 import os
 import pathlib
+import sys
 import tempfile
+
+import pytest
 
 os.environ.setdefault("SECRET_KEY", "tests-only-not-a-secret")
 os.environ.setdefault("GPUPLATFORM_DATA_DIR", tempfile.mkdtemp(prefix="gpuplatform-tests-"))
@@ -29,3 +32,14 @@ if not os.environ.get("REDIS_URL"):
 def embedded_redis_server():
     """The session's embedded Redis, or None when the run uses an outside REDIS_URL."""
     return _redis
+
+
+@pytest.fixture(autouse=True)
+def _no_kept_cluster_between_tests():
+    """The dispatcher keeps its cluster between passes (apps/scheduling/kept.py), checked against
+    stamps of ids and versions; a test's rows are rolled back and the next test's may reuse their
+    ids, so every test starts with nothing kept."""
+    yield
+    kept = sys.modules.get("apps.scheduling.kept")
+    if kept is not None:
+        kept.KEPT.forget()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from dataclasses import fields as dataclass_fields
 from datetime import timedelta
@@ -299,18 +299,19 @@ def job_place(*, job: Job, members: list[MemberPlacement], actor: str = "system:
 
 
 @transaction.atomic
-def jobs_place(placements: list[JobPlacement], *, actor: str = "system:dispatcher") -> dict:
+def jobs_place(placements: list[JobPlacement], *, actor: str = "system:dispatcher",
+               on_lost_race: Callable[[JobPlacement], None] | None = None) -> dict:  # fmt: skip
     """`job_place` for a dispatcher pass's starts, in a fixed number of statements however many
     there are: {job id: its new attempt} for the jobs placed. A job that moved on (cancelled,
     placed by another dispatcher, changing right now) is left out. When another dispatcher took
     one of the GPUs first, the allocation index refuses the whole batch: then each job is placed
-    in its own savepoint, so only the loser is refused."""
+    in its own savepoint, so only the loser is refused (and told to `on_lost_race`)."""
     try:
         with transaction.atomic():
             return _place(placements, actor=actor)
     except IntegrityError:
         if len(placements) == 1:
-            _lost_race(placements[0])
+            _lost_race(placements[0], on_lost_race)
             return {}
     placed: dict = {}
     for placement in placements:
@@ -318,12 +319,14 @@ def jobs_place(placements: list[JobPlacement], *, actor: str = "system:dispatche
             with transaction.atomic():
                 placed.update(_place([placement], actor=actor))
         except IntegrityError:
-            _lost_race(placement)
+            _lost_race(placement, on_lost_race)
     return placed
 
 
-def _lost_race(placement: JobPlacement) -> None:
+def _lost_race(placement: JobPlacement, on_lost_race) -> None:
     log.info("placement of %s lost a race for its GPUs; retrying next pass", placement.job.pk)
+    if on_lost_race is not None:
+        on_lost_race(placement)
 
 
 def _place(placements: list[JobPlacement], *, actor: str) -> dict:

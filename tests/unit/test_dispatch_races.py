@@ -20,7 +20,7 @@ def test_a_job_requeued_while_the_pass_reads_the_cluster_is_left_for_the_next_pa
     make_node("h1", gpus=2)
     job = submit(cast, gpus=2)
     assert dispatcher.dispatch_once().placed == [str(job.id)]
-    read_cluster = dispatcher.load_cluster
+    read_cluster = dispatcher.cluster_state
 
     def read_cluster_then_lose_the_job(*args, **kwargs):
         snapshot = read_cluster(*args, **kwargs)  # the job still runs here...
@@ -29,7 +29,7 @@ def test_a_job_requeued_while_the_pass_reads_the_cluster_is_left_for_the_next_pa
         )  # ...queued here
         return snapshot
 
-    monkeypatch.setattr(dispatcher, "load_cluster", read_cluster_then_lose_the_job)
+    monkeypatch.setattr(dispatcher, "cluster_state", read_cluster_then_lose_the_job)
     assert dispatcher.dispatch_once().placed == []  # no crash: "job ... is already known"
     monkeypatch.undo()
     assert dispatcher.dispatch_once().placed == [str(job.id)]

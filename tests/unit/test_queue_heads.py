@@ -93,7 +93,7 @@ def test_reasons_are_written_once_in_a_batch_and_not_again_unchanged(cast):
     with CaptureQueriesContext(connection) as first:
         dispatch_once()
     updates = [q["sql"] for q in first.captured_queries if q["sql"].startswith('UPDATE "jobs_job"')]
-    reasons = [q for q in updates if '"reason" = CASE' in q]
+    reasons = [q for q in updates if 'SET "reason" =' in q]
     assert len(reasons) == 1  # every waiting job's reason in one statement
     assert all(Job.objects.get(pk=j.pk).reason for j in jobs[1:])
     with CaptureQueriesContext(connection) as second:

@@ -1,0 +1,201 @@
+"""The dispatcher's kept cluster state (apps/scheduling/kept.py): after every kind of change it
+equals a fresh read of the database, brought up to date from what moved where it can be, read
+again whole where it cannot."""
+
+import gc
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from apps.jobs import services
+from apps.jobs.models import GpuAllocation, JobAttempt
+from apps.nodes.models import Gpu, Node
+from apps.nodes.services import mark_silent_nodes_lost, node_heartbeat, node_set_state
+from apps.platform.agent_protocol import GpuInfo
+from apps.scheduling import core, kept
+from apps.scheduling.dispatcher import dispatch_once
+from apps.tenants.models import Tier
+from tests.factories import make_cast, make_node
+from tests.unit.test_dispatcher import submit
+
+HALF_LIFE_S = 3600.0
+
+
+@pytest.fixture
+def cast(db):
+    return make_cast()
+
+
+def refreshed() -> kept.State:
+    """The kept state, brought up to date as a pass would."""
+    state = kept.KEPT.pass_state(core.FGDPlus())
+    kept.KEPT.done(state, [])
+    return state
+
+
+def assert_kept_is_a_fresh_read(*, read_again: bool = False) -> None:
+    rebuilds = kept.KEPT.rebuilds
+    state = refreshed()
+    assert kept.KEPT.rebuilds == rebuilds + (1 if read_again else 0)
+    fresh = kept.State(core.FGDPlus()).load()
+    assert state.same_as(fresh)
+    assert sorted(p.name for p in state.cluster.list_pods()) == sorted(
+        p.name for p in fresh.cluster.list_pods()
+    )
+    now = timezone.now()
+    usage = kept.KEPT.usage(state, now, HALF_LIFE_S)
+    expected = kept.tenant_usage(now, HALF_LIFE_S)
+    assert usage.keys() == expected.keys()
+    for tenant, got in usage.items():
+        assert got.tier == expected[tenant].tier
+        assert got.gpu_seconds == pytest.approx(expected[tenant].gpu_seconds)
+
+
+def started(job) -> JobAttempt:
+    attempt = job.attempts.get(ended_at=None)
+    services.attempt_member_started(attempt_id=attempt.pk, rank=0, token=str(attempt.token), pid=1)
+    return attempt
+
+
+def test_it_follows_placements_starts_checkpoints_and_ends_without_reading_it_all(cast):
+    make_node("h1", gpus=4)
+    make_node("h2", gpus=4)
+    jobs = [submit(cast, gpus=2) for _ in range(3)]
+    assert len(dispatch_once().placed) == 3
+    assert_kept_is_a_fresh_read()
+    attempts = [started(job) for job in jobs]
+    assert_kept_is_a_fresh_read()
+    services.attempt_progress(attempt_id=attempts[0].pk, token=str(attempts[0].token), progress=0.5,
+                              checkpoint="/ckpt/1")  # fmt: skip
+    assert_kept_is_a_fresh_read()
+    services.attempt_member_finished(attempt_id=attempts[1].pk, rank=0, token=str(attempts[1].token),
+                                     exit_code=0, reason="done")  # fmt: skip
+    assert_kept_is_a_fresh_read()
+    assert dispatch_once().placed == []
+    assert_kept_is_a_fresh_read()
+    big = submit(cast, gpus=4)  # fits nowhere yet: a reservation, tried against the cluster
+    assert dispatch_once().placed == []
+    big.refresh_from_db()
+    assert big.reason.startswith("first in line")
+    assert_kept_is_a_fresh_read()
+
+
+def test_a_placement_by_another_dispatcher_shows_at_the_next_pass(cast):
+    make_node("h1", gpus=2)
+    dispatch_once()  # the state is kept from here on
+    theirs = submit(cast, gpus=2)
+    other = kept.State(core.FGDPlus()).load()  # another dispatcher's own read
+    placement = other.cluster.schedule_pod(core.Pod(name=str(theirs.pk), gpus=2))
+    assert placement is not None
+    node = Node.objects.get(name="h1")
+    gpus = dict(Gpu.objects.filter(node=node).values_list("index", "pk"))
+    indices = placement.assignments[0].gpu_indices
+    services.job_place(job=theirs, members=[services.MemberPlacement(
+        node_id=node.pk, gpu_ids=[gpus[i] for i in indices], gpu_indices=list(indices))],
+        why="the other dispatcher")  # fmt: skip
+    mine = submit(cast, gpus=2)
+    assert dispatch_once().placed == []  # it sees the GPUs taken: no race to lose
+    assert str(theirs.pk) in {p.name for p in kept.KEPT.current().cluster.list_pods()}
+    assert GpuAllocation.objects.filter(released_at=None).count() == 2
+    mine.refresh_from_db()
+    assert mine.state == "queued"
+
+
+@pytest.fixture
+def free_tenant(cast):
+    from apps.tenants.services import tenant_create, user_create
+
+    Tier.objects.filter(name="free").update(min_runtime_seconds=0)
+    tenant_create(slug="hobby", tier_name="free")
+    cast["erin"] = user_create(username="erin", tenant_slug="hobby")
+    return cast
+
+
+def test_a_preemption_is_followed_and_its_victim_read_again(free_tenant):
+    make_node("h1", gpus=4)
+    victim = submit(free_tenant, "erin", gpus=4)
+    dispatch_once()
+    started(victim)
+    urgent = submit(free_tenant, "bob", gpus=4)
+    assert dispatch_once().preempted == [str(victim.pk)]
+    assert_kept_is_a_fresh_read()
+    running = {job.job_id: job for job in kept.KEPT.current().snapshot(None).running}
+    assert running[str(victim.pk)].preempted_for == str(urgent.pk)
+    assert dispatch_once().preempted == []  # no second preemption while it stops
+
+
+def test_a_victim_the_preemption_did_not_reach_is_read_again(free_tenant, monkeypatch):
+    """The policy marks its victims in the kept state; when the preemption is not applied, the
+    next pass reads them as the database has them."""
+    from apps.scheduling import dispatcher
+
+    make_node("h1", gpus=4)
+    victim = submit(free_tenant, "erin", gpus=4)
+    dispatch_once()
+    started(victim)
+    submit(free_tenant, "bob", gpus=4)
+    monkeypatch.setattr(dispatcher, "_apply_preempt", lambda *args: [])
+    assert dispatch_once().preempted == []
+    assert_kept_is_a_fresh_read()
+    running = {job.job_id: job for job in kept.KEPT.current().snapshot(None).running}
+    assert running[str(victim.pk)].preempted_for is None
+
+
+def test_a_node_cordoned_lost_or_with_an_unhealthy_gpu_reads_it_all_again(cast, settings):
+    busy = make_node("h1", gpus=2)
+    make_node("h2", gpus=2)
+    make_node("h3", gpus=2)
+    job = submit(cast, gpus=2)
+    dispatch_once()
+    assert_kept_is_a_fresh_read()
+    node_set_state(node=Node.objects.get(name="h2"), state="draining")
+    assert_kept_is_a_fresh_read(read_again=True)
+    Node.objects.filter(name="h3").update(last_heartbeat_at=timezone.now() - timedelta(hours=1))
+    assert mark_silent_nodes_lost() == ["h3"]
+    assert_kept_is_a_fresh_read(read_again=True)
+    node_heartbeat(name="h1", agent_instance=busy.agent_instance,
+                   gpus=[GpuInfo(index=0, uuid="GPU-h1-0", healthy=False),
+                         GpuInfo(index=1, uuid="GPU-h1-1")])  # fmt: skip
+    assert_kept_is_a_fresh_read(read_again=True)
+    view = kept.KEPT.current().cluster.node_view("h1")
+    assert view.healthy == [False, True] and view.pods == [str(job.pk)]
+
+
+def test_a_change_no_stamp_covers_shows_at_the_minutes_full_read(cast, monkeypatch, caplog):
+    """The periodic full read compares the kept state with the database and keeps the read."""
+    make_node("h1", gpus=2)
+    job = submit(cast, gpus=2)
+    dispatch_once()
+    refreshed()
+    kept.KEPT.current().cluster.remove_pod(str(job.pk))  # a kept state gone wrong
+    monkeypatch.setattr(kept, "REBUILD_EVERY_S", 0.0)
+    assert_kept_is_a_fresh_read(read_again=True)
+    assert "differed from a full read" in caplog.text
+
+
+def test_a_placement_refused_by_the_allocation_index_reads_it_all_next_pass(cast):
+    make_node("h1", gpus=2)
+    holder = submit(cast, gpus=2)
+    dispatch_once()
+    stale = refreshed()  # it misses the holder: h1 looks free
+    del stale.holdings[holder.attempts.get().pk]
+    stale.cluster.remove_pod(str(holder.pk))
+    waiting = submit(cast, gpus=2)
+    assert dispatch_once().placed == []  # the database said no
+    assert GpuAllocation.objects.filter(released_at=None).count() == 2
+    assert_kept_is_a_fresh_read(read_again=True)
+    waiting.refresh_from_db()
+    assert waiting.state == "queued"
+
+
+def test_a_large_kept_state_is_frozen_out_of_full_collections(cast, monkeypatch):
+    monkeypatch.setattr(kept, "FREEZE_FROM", 1)
+    make_node("h1", gpus=2)
+    submit(cast, gpus=2)
+    dispatch_once()
+    kept.KEPT.forget()
+    dispatch_once()  # a full read of one held attempt
+    assert gc.get_freeze_count() > 0
+    kept.KEPT.forget()
+    assert gc.get_freeze_count() == 0
