@@ -146,6 +146,7 @@ class Runner:
         self.instance = hashlib.sha1(str(data_dir.resolve()).encode()).hexdigest()[:8]
         self.holder = f"{node}@{self.instance}"
         self.state_file = self.agent_dir / "runs.json"
+        self._saved_groups: list[int] | None = None  # what state_file holds (None: not written yet)
         self._tighten_data_dir()
         self.device_dir = self._device_dir(fake_gpus)
         self.runs: dict[tuple[int, int], Run] = {}
@@ -633,16 +634,20 @@ class Runner:
 
     def _save_state(self) -> None:
         """Remember our process groups so a restarted agent can kill what the dead one left
-        (fenced members are found by their cgroups instead)."""
-        self.state_file.parent.mkdir(parents=True, exist_ok=True)
+        (fenced members are found by their cgroups instead). Written only when the list changed:
+        where every member is fenced it stays empty, and a job's start or end writes nothing."""
         groups = [
             run.process.pid
             for run in self.runs.values()
             if run.process is not None and run.cgroup is None
         ]
+        if groups == self._saved_groups:
+            return
+        self.state_file.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.state_file.with_suffix(".tmp")
         tmp.write_text(json.dumps({"process_groups": groups}))
         os.replace(tmp, self.state_file)
+        self._saved_groups = groups
 
     def kill_orphans(self) -> int:
         """Kill what an earlier agent of this node left: the cgroups of its fenced members
@@ -687,6 +692,7 @@ class Runner:
                 except ProcessLookupError:
                     pass
         self.state_file.unlink(missing_ok=True)
+        self._saved_groups = None
         return killed
 
     def _belongs_to_us(self, pid: int) -> bool:
