@@ -118,6 +118,7 @@ class AgentView(APIView):
             .filter(
                 attempt_id=attempt_id, rank=rank, node__name=self.node_name, attempt__token=token
             )
+            .order_by()  # one row: none of the Meta orderings' joins (job, attempt)
             .first()
         )
         if member is None:
@@ -235,8 +236,12 @@ def _open_members_wire(node_name: str) -> list[dict]:
 def _open_members_digest(node_name: str) -> str:
     """wire.members_digest of what _open_members_wire would answer now, from the few fields it
     covers (what the agent's sync acts on: which members, their tokens, stops and activity)."""
-    rows = AttemptMember.objects.filter(node__name=node_name, ended_at=None).values_list(
-        "attempt_id", "rank", "attempt__token", "attempt__stop_requested", "attempt__state"
+    rows = (
+        AttemptMember.objects.filter(node__name=node_name, ended_at=None)
+        .order_by()  # the digest sorts: no ORDER BY (and its joins to attempt and job)
+        .values_list(
+            "attempt_id", "rank", "attempt__token", "attempt__stop_requested", "attempt__state"
+        )
     )
     return wire.members_digest(
         [
@@ -331,8 +336,10 @@ def _resume_checkpoints(attempts: list[tuple[int, object, int]]) -> dict[int, st
     """`_resume_checkpoint` of several attempts, each (attempt id, job id, number), in one query."""
     stored: dict[str, list[tuple[int, str]]] = {}
     if attempts:
-        rows = JobAttempt.objects.filter(job_id__in={job for _, job, _ in attempts}).exclude(
-            checkpoint=""
+        rows = (
+            JobAttempt.objects.filter(job_id__in={job for _, job, _ in attempts})
+            .exclude(checkpoint="")
+            .order_by()  # sorted below: no ORDER BY joining the jobs
         )
         for job, number, name in rows.values_list("job_id", "number", "checkpoint"):
             stored.setdefault(str(job), []).append((number, name))
@@ -516,8 +523,10 @@ class ReportsView(AgentView):
         return Response({"results": results})
 
     def _members(self, attempt_ids: set[int]) -> dict[tuple[int, int], AttemptMember]:
-        found = AttemptMember.objects.select_related("attempt").filter(
-            attempt_id__in=attempt_ids, node__name=self.node_name
+        found = (
+            AttemptMember.objects.select_related("attempt")
+            .filter(attempt_id__in=attempt_ids, node__name=self.node_name)
+            .order_by()  # by key below: no ORDER BY joining the jobs
         )
         return {(m.attempt_id, m.rank): m for m in found}
 
