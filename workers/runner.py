@@ -43,6 +43,10 @@ FENCED = StopReason.FENCED  # the agent missed its heartbeats: its jobs die at o
 UNASSIGNED = StopReason.UNASSIGNED  # the database no longer has it on this node
 OUTPUT_CHECK_SECONDS = 2.0  # how often the output dir is measured against its cap
 CONTROL_FILE_BYTES = 1 << 20  # progress.json / checkpoint.json larger than this are ignored
+# The interpreter `{python}` stands for, resolved once (not per job: a stat per path component).
+_INTERPRETER_DIRS = {
+    pathlib.Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)
+}
 ENDED_REMEMBERED = 4096  # members that ran here, kept so that a stale order never runs them again
 
 
@@ -594,8 +598,7 @@ class Runner:
         paths = [run.workdir, run.checkpoint_dir, SDK_DIR, *own_gpus]
         if run.env_dir is not None:
             paths.append(run.env_dir)  # read-only for every job (workers/envs.py)
-        paths += {pathlib.Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
-        return paths
+        return paths + list(_INTERPRETER_DIRS)
 
     def _kill_tree(self, run: Run) -> None:
         """Every process of the job: its cgroup where fenced, else its process group."""
