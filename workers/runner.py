@@ -164,6 +164,10 @@ class Runner:
         self.lock = threading.RLock()
         self.reaper: reaper.Reaper | None = None
         self._spawn_requests: queue.Queue = queue.Queue()
+        # Set when a run may have ended (its log pipe closed) or its start was answered: the
+        # agent's tick loop then ticks at once rather than at its next beat, so a short job's
+        # end is reported without waiting out the beat.
+        self.woken = threading.Event()
         self._launcher = threading.Thread(target=self._launch_loop, name="launcher", daemon=True)
         self._launcher.start()
         fence.warn_if_unfenced(self.isolation, node)
@@ -479,6 +483,7 @@ class Runner:
                 "could not report the start of attempt %s rank %s (%s)", a.attempt_id, a.rank, error
             )
         run.start_reported = True
+        self.woken.set()  # its end may already be there to see
         if accepted is False:
             # The attempt ended (lost, cancelled) between our read and the launch: stop it now
             # rather than at the next sync, so it never runs beside the job's next attempt.
@@ -742,6 +747,7 @@ class Runner:
                     out.flush()
                 if not raw:
                     break
+        self.woken.set()
 
     def _check_output_size(self, run: Run, now: float) -> None:
         if run.over_limit or now - run.output_checked < OUTPUT_CHECK_SECONDS:
