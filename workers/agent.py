@@ -262,7 +262,10 @@ class Agent:
                 log.exception("fence check failed")
 
     def tick_loop(self) -> None:
-        while not self.stopping.wait(0.2):
+        # Every 0.2 s, and at once when the runner says a run may have ended (runner.woken).
+        while not self.stopping.is_set():
+            self.runner.woken.wait(0.2)
+            self.runner.woken.clear()
             try:
                 self.fence()
                 self.runner.tick()

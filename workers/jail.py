@@ -1,24 +1,29 @@
-"""The launcher between the agent and a fenced job: `python -m workers.jail SPEC_FD STATUS_FD`.
+"""What a fenced job's process does between fork and exec, as root: `enter(spec, status_fd)`,
+run by the runner as subprocess's preexec_fn (workers/runner.py `_spawn_fenced`) in the child
+it forked from the agent's launcher thread. It joins the member's cgroups, enters a mount
+namespace of its own (a fresh tmpfs on /tmp, /var/tmp and /dev/shm; only the paths the job needs
+made reachable; other GPUs' device files covered), drops to the job's uid and gid with no
+supplementary groups, asks to die with the agent, and changes to the job's work dir; subprocess
+then execs the job (argv, its environment: never a shell). Any failure is written to
+`status_fd` (a pipe only the agent reads) and raised, so that subprocess ends the child before
+any exec and the runner says why the job could not start.
 
-It starts as root, reads its spec (JSON) from an inherited fd (never argv: the spec holds the
-job's environment), joins the member's cgroups, enters a mount namespace of its own (a fresh
-tmpfs on /tmp, /var/tmp and /dev/shm; only the paths the job needs made reachable; other GPUs'
-device files covered), drops to the job's uid and gid with no supplementary groups, asks to die
-with the agent, and execs the job. Any failure before the exec is written to STATUS_FD, which
-closes on a successful exec (as subprocess does), and the launcher exits 127.
-Only the standard library and ctypes: it runs once per job, so it starts fast.
+No new interpreter per job: the child is a fork of the agent, and this runs before anything of
+the job's does. Between fork and exec the child holds a copy of the agent's memory, but only
+as root until `become`, which first makes it not dumpable (as the kernel does at a uid change), so no process of that uid can read its memory before the exec replaces
+it. It uses only os calls and libc through ctypes, already loaded: no import, no lock another
+thread of the agent might have held at the fork, no thread (a mount namespace of one's own
+needs a process of one thread).
 """
 
 from __future__ import annotations
 
 import ctypes
-import json
 import os
-import sys
 
 CLONE_NEWNS = 0x00020000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 4096, 16384, 1 << 18
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
 SIGKILL = 9
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -38,8 +43,11 @@ def mount(
 
 def join_cgroups(procs_files: list[str]) -> None:
     for path in procs_files:
-        with open(path, "w") as handle:
-            handle.write(str(os.getpid()))
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, str(os.getpid()).encode())
+        finally:
+            os.close(fd)
 
 
 def _inside(path: str, top: str) -> bool:
@@ -107,6 +115,9 @@ def _blank() -> str:
 
 
 def become(uid: int, gid: int) -> None:
+    # Not dumpable before the uid changes (the kernel does it too): until the exec, nothing
+    # running as the job's uid may read this copy of the agent's memory.
+    _check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
     os.setgroups([])
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)
@@ -118,12 +129,10 @@ def become(uid: int, gid: int) -> None:
     )  # no setuid way back
 
 
-def main(argv: list[str]) -> int:
-    spec_fd, status_fd = int(argv[0]), int(argv[1])
-    with os.fdopen(spec_fd, "rb") as handle:
-        spec = json.loads(handle.read())
-    status = os.fdopen(status_fd, "w")
-    os.set_inheritable(status_fd, False)  # closes at exec: the agent reads EOF as "it runs"
+def enter(spec: dict, status_fd: int) -> None:
+    """The fence, in the forked child, before subprocess execs the job: cgroups, namespace,
+    uid, the agent-still-there check, the work dir. A failure is written to `status_fd` and
+    raised (subprocess then ends the child without exec)."""
     try:
         join_cgroups(spec["cgroup_procs"])
         enter_namespace(spec)
@@ -131,13 +140,6 @@ def main(argv: list[str]) -> int:
         if os.getppid() != spec["agent_pid"]:
             raise OSError("the agent is gone")
         os.chdir(spec["cwd"])
-        os.execvpe(spec["argv"][0], spec["argv"], spec["env"])
-    except Exception as error:  # noqa: BLE001 (any failure: the job did not start)
-        status.write(f"{error}"[:500])
-        status.flush()
-        return 127
-    return 127  # not reached: exec replaced us
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    except BaseException as error:
+        os.write(status_fd, f"{error}"[:500].encode(errors="replace"))
+        raise

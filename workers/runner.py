@@ -19,12 +19,10 @@ import logging
 import os
 import pathlib
 import queue
-import select
 import signal
 import stat
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterable
@@ -34,18 +32,21 @@ from typing import BinaryIO
 from apps.platform.agent_protocol import Assignment
 from apps.platform.names import EndReason, StopReason
 from workers import isolation as fence
-from workers import masking, reaper
+from workers import jail, masking, reaper
 from workers.safefiles import open_job_file, tree_size
 
 log = logging.getLogger(__name__)
 SDK_DIR = pathlib.Path(__file__).resolve().parent / "sdk"
-JAIL = pathlib.Path(__file__).resolve().parent / "jail.py"
 PR_SET_PDEATHSIG = 1
 ENV_PASSTHROUGH = ("LD_LIBRARY_PATH", "CUDA_HOME", "NVIDIA_DRIVER_CAPABILITIES", "TZ")
 FENCED = StopReason.FENCED  # the agent missed its heartbeats: its jobs die at once
 UNASSIGNED = StopReason.UNASSIGNED  # the database no longer has it on this node
 OUTPUT_CHECK_SECONDS = 2.0  # how often the output dir is measured against its cap
 CONTROL_FILE_BYTES = 1 << 20  # progress.json / checkpoint.json larger than this are ignored
+# The interpreter `{python}` stands for, resolved once (not per job: a stat per path component).
+_INTERPRETER_DIRS = {
+    pathlib.Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)
+}
 ENDED_REMEMBERED = 4096  # members that ran here, kept so that a stale order never runs them again
 
 
@@ -149,6 +150,7 @@ class Runner:
         self.instance = hashlib.sha1(str(data_dir.resolve()).encode()).hexdigest()[:8]
         self.holder = f"{node}@{self.instance}"
         self.state_file = self.agent_dir / "runs.json"
+        self._saved_groups: list[int] | None = None  # what state_file holds (None: not written yet)
         self._tighten_data_dir()
         self.device_dir = self._device_dir(fake_gpus)
         self.runs: dict[tuple[int, int], Run] = {}
@@ -162,6 +164,10 @@ class Runner:
         self.lock = threading.RLock()
         self.reaper: reaper.Reaper | None = None
         self._spawn_requests: queue.Queue = queue.Queue()
+        # Set when a run may have ended (its log pipe closed) or its start was answered: the
+        # agent's tick loop then ticks at once rather than at its next beat, so a short job's
+        # end is reported without waiting out the beat.
+        self.woken = threading.Event()
         self._launcher = threading.Thread(target=self._launch_loop, name="launcher", daemon=True)
         self._launcher.start()
         fence.warn_if_unfenced(self.isolation, node)
@@ -477,6 +483,7 @@ class Runner:
                 "could not report the start of attempt %s rank %s (%s)", a.attempt_id, a.rank, error
             )
         run.start_reported = True
+        self.woken.set()  # its end may already be there to see
         if accepted is False:
             # The attempt ended (lost, cancelled) between our read and the launch: stop it now
             # rather than at the next sync, so it never runs beside the job's next attempt.
@@ -545,8 +552,9 @@ class Runner:
     # --- the fence ------------------------------------------------------------------------------
 
     def _spawn_fenced(self, run: Run, argv: list[str], env: dict[str, str], log_write: int) -> None:
-        """Lease a uid, hand it the member's dirs, make its cgroup, and start the jail launcher,
-        which returns once the job is exec'd (or says why it could not be)."""
+        """Lease a uid, hand it the member's dirs, make its cgroup, and start the job through
+        the fence (workers/jail.py `enter`, run in the forked child before the exec): Popen
+        returns once the job is exec'd, or raises and the jail's status pipe says why not."""
         a = run.assignment
         # A jailed isolation has both (workers/isolation.py detect()); launch() set the dir.
         assert self.isolation.uids is not None and self.isolation.cgroups is not None
@@ -559,34 +567,28 @@ class Runner:
         limits = fence.Limits.of(a, self.limits)
         run.cgroup = self.isolation.cgroups.create(self._group_name(a), limits, deny_devices=deny)
         spec = {
-            "argv": argv, "env": env, "cwd": str(run.workdir), "uid": run.uid, "gid": run.uid,
+            "cwd": str(run.workdir), "uid": run.uid, "gid": run.uid,
             "agent_pid": os.getpid(), "cgroup_procs": run.cgroup.procs_files,
             "expose": [str(p) for p in self._job_paths(run, own)],
             "private": list(fence.PRIVATE_DIRS),
             "hide": [] if self.fake_devices else [str(p) for p in others.values()],
             "tmp_size": f"{limits.memory_mib}m" if limits.memory_mib else "50%",
         }  # fmt: skip
-        # The spec holds the job's environment (its secrets too): a file in memory (memfd) read
-        # through an inherited fd, never on disk, never argv, where `ps` would show it.
-        with _memory_file(self.agent_dir) as spec_file:
-            spec_file.write(json.dumps(spec).encode())
-            spec_file.flush()
-            spec_file.seek(0)
-            status_read, status_write = os.pipe()
+        # The job's environment (its secrets too) goes to the exec as Popen's env, from memory:
+        # never on disk, never argv, where `ps` would show it.
+        status_read, status_write = os.pipe()  # neither reaches the job: both close at exec
+        try:
             try:
                 run.process = subprocess.Popen(  # noqa: S603 (argv list, no shell, by design)
-                    [sys.executable, "-I", "-S", str(JAIL), str(spec_file.fileno()), str(status_write)],
-                    cwd="/", env={"PATH": "/usr/bin:/bin"}, stdin=subprocess.DEVNULL, stdout=log_write,
-                    stderr=log_write, start_new_session=True, preexec_fn=_die_with_parent,
-                    pass_fds=(spec_file.fileno(), status_write),
+                    argv, env=env, stdin=subprocess.DEVNULL, stdout=log_write, stderr=log_write,
+                    start_new_session=True, preexec_fn=lambda: jail.enter(spec, status_write),
                 )  # fmt: skip
             finally:
                 os.close(status_write)
-            failure = _read_status(status_read)
-        if failure:
-            assert run.process is not None
-            run.process.wait(10)
-            run.launch_error = f"could not start: {failure}"[:300]
+        except subprocess.SubprocessError as error:  # the fence failed: the jail said why
+            run.launch_error = f"could not start: {_read_status(status_read) or error}"[:300]
+        finally:
+            os.close(status_read)
 
     def _gpu_files(self, indices: list[int]) -> tuple[list[pathlib.Path], dict[int, pathlib.Path]]:
         files = fence.gpu_device_files(self.device_dir)
@@ -601,8 +603,7 @@ class Runner:
         paths = [run.workdir, run.checkpoint_dir, SDK_DIR, *own_gpus]
         if run.env_dir is not None:
             paths.append(run.env_dir)  # read-only for every job (workers/envs.py)
-        paths += {pathlib.Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
-        return paths
+        return paths + list(_INTERPRETER_DIRS)
 
     def _kill_tree(self, run: Run) -> None:
         """Every process of the job: its cgroup where fenced, else its process group."""
@@ -641,16 +642,20 @@ class Runner:
 
     def _save_state(self) -> None:
         """Remember our process groups so a restarted agent can kill what the dead one left
-        (fenced members are found by their cgroups instead)."""
-        self.state_file.parent.mkdir(parents=True, exist_ok=True)
+        (fenced members are found by their cgroups instead). Written only when the list changed:
+        where every member is fenced it stays empty, and a job's start or end writes nothing."""
         groups = [
             run.process.pid
             for run in self.runs.values()
             if run.process is not None and run.cgroup is None
         ]
+        if groups == self._saved_groups:
+            return
+        self.state_file.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.state_file.with_suffix(".tmp")
         tmp.write_text(json.dumps({"process_groups": groups}))
         os.replace(tmp, self.state_file)
+        self._saved_groups = groups
 
     def kill_orphans(self) -> int:
         """Kill what an earlier agent of this node left: the cgroups of its fenced members
@@ -695,6 +700,7 @@ class Runner:
                 except ProcessLookupError:
                     pass
         self.state_file.unlink(missing_ok=True)
+        self._saved_groups = None
         return killed
 
     def _belongs_to_us(self, pid: int) -> bool:
@@ -741,6 +747,7 @@ class Runner:
                     out.flush()
                 if not raw:
                     break
+        self.woken.set()
 
     def _check_output_size(self, run: Run, now: float) -> None:
         if run.over_limit or now - run.output_checked < OUTPUT_CHECK_SECONDS:
@@ -812,16 +819,6 @@ class Runner:
                 self.reporter.collect(run, prefix + path.relative_to(output).as_posix(), handle)
 
 
-def _memory_file(fallback_dir: pathlib.Path) -> BinaryIO:
-    """A file that lives in memory only (memfd); an unnamed one in `fallback_dir` where the
-    kernel has no memfd."""
-    try:
-        fd = os.memfd_create("gpuplatform-spec", os.MFD_CLOEXEC)
-    except (AttributeError, OSError):
-        return tempfile.TemporaryFile(dir=fallback_dir)
-    return os.fdopen(fd, "w+b")
-
-
 def _files_below(root: pathlib.Path) -> list[pathlib.Path]:
     found = []
     for directory, _, filenames in os.walk(root, followlinks=False):
@@ -845,17 +842,16 @@ def _give(root: pathlib.Path, uid: int) -> None:
                 os.chown(path, uid, uid, follow_symlinks=False)
 
 
-def _read_status(fd: int, timeout: float = 30.0) -> str:
-    """What the jail launcher says before exec: nothing (EOF) when the job runs."""
+def _read_status(fd: int) -> str:
+    """What the jail wrote before its child ended (it has by the time Popen raises)."""
+    os.set_blocking(fd, False)
     chunks = []
-    with os.fdopen(fd, "rb", buffering=0) as pipe:
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            ready, _, _ = select.select([pipe], [], [], left)
-            if not ready:
-                return "the launcher did not answer"
-            chunk = pipe.read(4096)
-            if not chunk:
-                break
-            chunks.append(chunk)
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
     return b"".join(chunks).decode(errors="replace")

@@ -65,7 +65,11 @@ def _with_gang(members):
 
 def open_members_on(node_name: str) -> dict[tuple[int, int], Assignment]:
     """Members placed on this node whose process has not been reported gone."""
-    members = _with_gang(AttemptMember.objects.filter(node__name=node_name, ended_at=None))
+    members = _with_gang(
+        AttemptMember.objects.filter(node__name=node_name, ended_at=None).order_by(
+            "attempt_id", "rank"
+        )
+    )  # by key, not Meta's ordering through attempt and job (joins on every heartbeat)
     return {(m.attempt_id, m.rank): assignment_for(m) for m in members}
 
 

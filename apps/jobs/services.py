@@ -423,15 +423,25 @@ def _claim_queued(jobs: list[Job]) -> set:
 def _lock_job_of(attempt_id: int) -> None:
     """Row-lock the attempt's job for the rest of the transaction (PostgreSQL; SQLite's
     IMMEDIATE transactions already run one at a time)."""
-    job_id = JobAttempt.objects.filter(pk=attempt_id).values_list("job_id", flat=True).first()
+    # One row each: .order_by() leaves out Meta's orderings (attempts by job, jobs by date),
+    # whose joins and ORDER BY every report paid for.
+    job_id = (
+        JobAttempt.objects.filter(pk=attempt_id).order_by().values_list("job_id", flat=True).first()
+    )
     if job_id is not None:
-        list(Job.objects.select_for_update().filter(pk=job_id).values_list("pk", flat=True))
+        list(
+            Job.objects.select_for_update()
+            .filter(pk=job_id)
+            .order_by()
+            .values_list("pk", flat=True)
+        )
 
 
 def _member(attempt_id: int, rank: int, token: str) -> AttemptMember | None:
     member = (
         AttemptMember.objects.select_related("attempt", "attempt__job", "node")
         .filter(attempt_id=attempt_id, rank=rank, attempt__token=token)
+        .order_by()  # one row (see _lock_job_of)
         .first()
     )
     if member is None:

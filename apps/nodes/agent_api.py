@@ -118,6 +118,7 @@ class AgentView(APIView):
             .filter(
                 attempt_id=attempt_id, rank=rank, node__name=self.node_name, attempt__token=token
             )
+            .order_by()  # one row: none of the Meta orderings' joins (job, attempt)
             .first()
         )
         if member is None:
@@ -235,8 +236,12 @@ def _open_members_wire(node_name: str) -> list[dict]:
 def _open_members_digest(node_name: str) -> str:
     """wire.members_digest of what _open_members_wire would answer now, from the few fields it
     covers (what the agent's sync acts on: which members, their tokens, stops and activity)."""
-    rows = AttemptMember.objects.filter(node__name=node_name, ended_at=None).values_list(
-        "attempt_id", "rank", "attempt__token", "attempt__stop_requested", "attempt__state"
+    rows = (
+        AttemptMember.objects.filter(node__name=node_name, ended_at=None)
+        .order_by()  # the digest sorts: no ORDER BY (and its joins to attempt and job)
+        .values_list(
+            "attempt_id", "rank", "attempt__token", "attempt__stop_requested", "attempt__state"
+        )
     )
     return wire.members_digest(
         [
@@ -328,8 +333,10 @@ def _resume_checkpoints(attempts: list[tuple[int, object, int]]) -> dict[int, st
     """`_resume_checkpoint` of several attempts, each (attempt id, job id, number), in one query."""
     stored: dict[str, list[tuple[int, str]]] = {}
     if attempts:
-        rows = JobAttempt.objects.filter(job_id__in={job for _, job, _ in attempts}).exclude(
-            checkpoint=""
+        rows = (
+            JobAttempt.objects.filter(job_id__in={job for _, job, _ in attempts})
+            .exclude(checkpoint="")
+            .order_by()  # sorted below: no ORDER BY joining the jobs
         )
         for job, number, name in rows.values_list("job_id", "number", "checkpoint"):
             stored.setdefault(str(job), []).append((number, name))
@@ -379,64 +386,81 @@ class FinishedReport(CheckpointReport):
     retryable = serializers.BooleanField(default=True)
 
 
-def _report(serializer_class, member: AttemptMember, data) -> dict:
-    serializer = serializer_class(data=data, context={"job_id": member.attempt.job_id})
-    serializer.is_valid(raise_exception=True)
-    return serializer.validated_data
-
-
-class StartedView(AgentView):
-    class Body(serializers.Serializer):
-        pid = serializers.IntegerField(min_value=0)
-
-    def post(self, request, attempt_id: int, rank: int):
-        self.member(attempt_id, rank)
-        data = _validated(self.Body, request.data)
-        accepted = jobs.attempt_member_started(
-            attempt_id=attempt_id, rank=rank, token=self._token(), pid=data["pid"]
-        )
-        return Response({"accepted": accepted})
-
-    def _token(self) -> str:
-        return self.request.headers[wire.ATTEMPT_TOKEN_HEADER]
-
-
-class ProgressView(StartedView):
-    def post(self, request, attempt_id: int, rank: int):
-        data = _report(ProgressReport, self.member(attempt_id, rank), request.data)
-        accepted = jobs.attempt_progress(attempt_id=attempt_id, token=self._token(), progress=data["progress"],
-                                         checkpoint=data["checkpoint"])  # fmt: skip
-        return Response({"accepted": accepted})
-
-
-class FinishedView(StartedView):
-    def post(self, request, attempt_id: int, rank: int):
-        data = _report(FinishedReport, self.member(attempt_id, rank), request.data)
-        accepted = jobs.attempt_member_finished(attempt_id=attempt_id, rank=rank, token=self._token(),
-                                                exit_code=data["exit_code"], reason=data["reason"],
-                                                checkpoint=data["checkpoint"],
-                                                retryable=data["retryable"])  # fmt: skip
-        return Response({"accepted": accepted})
-
-
-class LostView(StartedView):
-    class Body(serializers.Serializer):
-        reason = serializers.CharField(max_length=300)
-
-    def post(self, request, attempt_id: int, rank: int):
-        self.member(attempt_id, rank)
-        data = _validated(self.Body, request.data)
-        accepted = jobs.attempt_member_lost(attempt_id=attempt_id, rank=rank, token=self._token(),
-                                            reason=data["reason"])  # fmt: skip
-        return Response({"accepted": accepted})
+class StartedReport(serializers.Serializer):
+    pid = serializers.IntegerField(min_value=0)
 
 
 class LostReport(serializers.Serializer):
     reason = serializers.CharField(max_length=300)
 
 
-class StartedReport(serializers.Serializer):
-    pid = serializers.IntegerField(min_value=0)
+# Each report kind's service call, one function used by the single endpoints and the batch: the
+# member is this node's and the token its attempt's (the caller checked), and the guarded
+# service checks them again in its own transaction (a stale report changes nothing).
+
+
+def _started(member: AttemptMember, token: str, data: dict) -> bool:
+    return jobs.attempt_member_started(
+        attempt_id=member.attempt_id, rank=member.rank, token=token, pid=data["pid"]
+    )
+
+
+def _progress(member: AttemptMember, token: str, data: dict) -> bool:
+    return jobs.attempt_progress(attempt_id=member.attempt_id, token=token,
+                                 progress=data["progress"], checkpoint=data["checkpoint"])  # fmt: skip
+
+
+def _finished(member: AttemptMember, token: str, data: dict) -> bool:
+    return jobs.attempt_member_finished(attempt_id=member.attempt_id, rank=member.rank, token=token,
+                                        exit_code=data["exit_code"], reason=data["reason"],
+                                        checkpoint=data["checkpoint"], retryable=data["retryable"])  # fmt: skip
+
+
+def _lost(member: AttemptMember, token: str, data: dict) -> bool:
+    return jobs.attempt_member_lost(
+        attempt_id=member.attempt_id, rank=member.rank, token=token, reason=data["reason"]
+    )
+
+
+REPORTS = {"started": (StartedReport, _started), "progress": (ProgressReport, _progress),
+           "finished": (FinishedReport, _finished), "lost": (LostReport, _lost)}  # fmt: skip
+
+
+def _report_body(kind: str, member: AttemptMember, data) -> serializers.Serializer:
+    """The kind's fields, validated against the member's job (a checkpoint must be its own)."""
+    body, _ = REPORTS[kind]
+    return body(data=data, context={"job_id": member.attempt.job_id})
+
+
+class ReportView(AgentView):
+    """POST a member's `kind` report (`/members/<attempt>/<rank>/<kind>/`, token in
+    `X-Attempt-Token`): `{"accepted": bool}`; the batch endpoint below carries several."""
+
+    kind = ""
+
+    def post(self, request, attempt_id: int, rank: int):
+        member = self.member(attempt_id, rank)
+        body = _report_body(self.kind, member, request.data)
+        body.is_valid(raise_exception=True)
+        _, apply = REPORTS[self.kind]
+        token = self.request.headers[wire.ATTEMPT_TOKEN_HEADER]  # member() checked it
+        return Response({"accepted": apply(member, token, body.validated_data)})
+
+
+class StartedView(ReportView):
+    kind = "started"
+
+
+class ProgressView(ReportView):
+    kind = "progress"
+
+
+class FinishedView(ReportView):
+    kind = "finished"
+
+
+class LostView(ReportView):
+    kind = "lost"
 
 
 class ReportItem(serializers.Serializer):
@@ -447,10 +471,6 @@ class ReportItem(serializers.Serializer):
     rank = serializers.IntegerField(min_value=0)
     token = serializers.CharField(max_length=64)
     kind = serializers.ChoiceField(choices=wire.REPORT_KINDS)
-
-
-REPORT_BODIES = {"started": StartedReport, "progress": ProgressReport, "finished": FinishedReport,
-                 "lost": LostReport}  # fmt: skip
 
 
 class ReportsView(AgentView):
@@ -500,41 +520,25 @@ class ReportsView(AgentView):
         return Response({"results": results})
 
     def _members(self, attempt_ids: set[int]) -> dict[tuple[int, int], AttemptMember]:
-        found = AttemptMember.objects.select_related("attempt").filter(
-            attempt_id__in=attempt_ids, node__name=self.node_name
+        found = (
+            AttemptMember.objects.select_related("attempt")
+            .filter(attempt_id__in=attempt_ids, node__name=self.node_name)
+            .order_by()  # by key below: no ORDER BY joining the jobs
         )
         return {(m.attempt_id, m.rank): m for m in found}
 
     def _apply(self, member: AttemptMember, head: dict, item: dict) -> dict:
-        body = REPORT_BODIES[head["kind"]](data=item, context={"job_id": member.attempt.job_id})
+        body = _report_body(head["kind"], member, item)
         if not body.is_valid():
             return {"status": 400, "errors": body.errors}
-        data, kind = body.validated_data, head["kind"]
-        key = {"attempt_id": member.attempt_id, "token": head["token"]}
+        _, apply = REPORTS[head["kind"]]
         # Each service is atomic: inside the batch's transaction, a savepoint, so one item's
         # failure rolls back that item only.
         try:
-            if kind == "started":
-                accepted = jobs.attempt_member_started(**key, rank=member.rank, pid=data["pid"])
-            elif kind == "progress":
-                accepted = jobs.attempt_progress(
-                    **key, progress=data["progress"], checkpoint=data["checkpoint"]
-                )
-            elif kind == "finished":
-                accepted = jobs.attempt_member_finished(
-                    **key,
-                    rank=member.rank,
-                    exit_code=data["exit_code"],
-                    reason=data["reason"],
-                    checkpoint=data["checkpoint"],
-                    retryable=data["retryable"],
-                )
-            else:
-                accepted = jobs.attempt_member_lost(**key, rank=member.rank, reason=data["reason"])
+            accepted = apply(member, head["token"], body.validated_data)
         except Exception:
-            log.exception(
-                "report %s of attempt %s rank %s failed", kind, member.attempt_id, member.rank
-            )
+            log.exception("report %s of attempt %s rank %s failed", head["kind"], member.attempt_id,
+                          member.rank)  # fmt: skip
             return {"status": 500}
         return {"status": 200, "accepted": accepted}
 

@@ -66,8 +66,8 @@ def credential_node(text: str) -> str | None:
     key_id, sep, secret = text[len(CREDENTIAL_PREFIX) :].partition(".")
     if not sep or not key_id or not secret:
         return None
-    row = NodeCredential.objects.filter(key_id=key_id).only("node_name", "secret_sha256", "expires_at",
-                                                            "revoked_at").first()  # fmt: skip
+    row = NodeCredential.objects.filter(key_id=key_id).order_by().only("node_name", "secret_sha256", "expires_at",
+                                                                       "revoked_at").first()  # fmt: skip
     if row is None or not hmac.compare_digest(row.secret_sha256, _digest(secret)):
         return None
     if row.revoked_at is not None or (

@@ -137,6 +137,21 @@ def test_a_failing_command_reports_its_exit_code(runner):
     assert run_until_finished(runner) == ("finished", 7, "exit code 7")
 
 
+def test_a_job_that_exits_wakes_the_tick_whose_next_tick_reports_it(runner):
+    """The agent's tick loop waits on runner.woken: a short job's end is seen without waiting
+    out the loop's beat (the log pipe's close sets it)."""
+    runner.launch(Work(argv=["sleep", "1"]))
+    runner.tick()  # its start is reported (the Recorder answers at once)
+    runner.woken.clear()  # well before it exits
+    assert runner.woken.wait(30)  # set by the job's exit, not by a tick
+    for _ in range(100):  # its exit status may lag its pipe's close by a moment
+        runner.tick()
+        if runner.reporter.finish():
+            break
+        time.sleep(0.01)
+    assert runner.reporter.finish() == ("finished", 0, "")
+
+
 def test_a_missing_program_fails_the_job_not_the_agent(runner):
     runner.launch(Work(argv=["definitely-not-a-program-xyz"]))
     finished = run_until_finished(runner)
