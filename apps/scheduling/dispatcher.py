@@ -36,6 +36,7 @@ from apps.admission.quotas import DispatchGate
 from apps.jobs import queue_order as queue_order_of
 from apps.jobs.models import (
     AttemptMember,
+    GpuAllocation,
     Job,
     JobState,
 )
