@@ -88,8 +88,7 @@ def cluster_state(strategy: core.Strategy | str) -> kept.State:
 
 
 def _tolerations(job: Job) -> tuple[str, ...]:
-    """A job that may run arbitrary code (a command, or any job of a tenant allowed commands)
-    does not tolerate an unisolated node."""
+    """The queued job's tolerations, by the running jobs' rule (kept.tolerations_of)."""
     return tolerations_of(job.command, job.tenant.allow_commands)
 
 
@@ -193,11 +192,6 @@ def queued_job(job: Job) -> policy.QueuedJob:
         gpu_models=(job.gpu_sku.name,) if job.gpu_sku_id and job.gpu_sku else (), node_selector=job.node_selector or {},
         preemptions=job.preemption_count, tolerations=_tolerations(job),
     )  # fmt: skip
-
-
-def tenant_usage(now, half_life_s: float) -> dict[str, policy.TenantUsage]:
-    """Each tenant's GPU-seconds, decayed with the policy's half-life, from recent attempts."""
-    return kept.tenant_usage(now, half_life_s)
 
 
 def dispatch_once() -> DispatchResult:
