@@ -114,6 +114,12 @@ SQLITE_OPTIONS = {
 }
 
 
+# The per-request lookups (token, submitter) as prepared statements on PostgreSQL
+# (apps/admission/rows.py, `_prepared_cursor`); 0 behind a pooler that drops them between
+# transactions (PgBouncer's transaction mode before 1.21's max_prepared_statements).
+DB_PREPARED = env_bool("GPUPLATFORM_DB_PREPARED", True)
+
+
 def _database() -> dict:
     url = env_str("DATABASE_URL")
     if not url:
@@ -133,6 +139,11 @@ def _database() -> dict:
         raise ImproperlyConfigured(f"DATABASE_URL is not a database URL: {error}") from None
     if not config.get("ENGINE"):
         raise ImproperlyConfigured(f"DATABASE_URL has an unknown scheme: {url.split(':', 1)[0]}")
+    if config["ENGINE"].endswith("postgresql") and DB_PREPARED:
+        # Django turns psycopg's prepared statements off; only the statements run on a
+        # server-binding cursor get prepared (rows.py's `_prepared_cursor`), the rest are sent
+        # with client-side binding as before.
+        config.setdefault("OPTIONS", {})["prepare_threshold"] = 5
     if config["ENGINE"].endswith("sqlite3"):
         config["OPTIONS"] = SQLITE_OPTIONS
         config["CONN_MAX_AGE"] = SQLITE_CONN_MAX_AGE

@@ -270,3 +270,49 @@ def test_the_statements_run_on_djangos_own_cursor_on_every_backend(cast):
         ):  # a broken transaction takes no more statements
             rows.token_user(digest_of(key))
     assert Job.objects.filter(pk=job.pk).count() == 1
+
+
+def test_the_per_request_lookups_are_prepared_statements_on_postgresql(cast, settings):
+    """The token's and the submitter's lookups run on a server-binding cursor, so PostgreSQL
+    plans them once per connection (`_prepared_cursor`); still Django's cursor wrapper: refused
+    in a broken transaction. Where queries are logged, or GPUPLATFORM_DB_PREPARED=0, Django's
+    own cursor: the log shows their SQL, and nothing is prepared."""
+    from django.db import IntegrityError, connection, transaction
+    from django.db.transaction import TransactionManagementError
+    from django.test.utils import CaptureQueriesContext
+
+    if connection.vendor != "postgresql":
+        pytest.skip("prepared statements are PostgreSQL's; SQLite runs the lookups as before")
+
+    def prepared() -> list[str]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT statement FROM pg_prepared_statements")
+            return [statement for (statement,) in cursor.fetchall()]
+
+    bob, key = cast["bob"]
+    settings.DB_PREPARED = False
+    for _ in range(6):
+        assert rows.membership_of(bob).tenant.slug == "acme"
+    assert not any(s.startswith('SELECT "m"') for s in prepared())
+    settings.DB_PREPARED = True
+    for _ in range(6):
+        token, user, membership = rows.token_submitter(digest_of(key))
+        assert user == bob and membership.tenant.slug == "acme"
+    assert any(
+        s.startswith('SELECT "tk"') and "$" in s for s in prepared()
+    )  # bound on the server, prepared
+    with CaptureQueriesContext(connection) as ctx:
+        for _ in range(6):
+            rows.membership_of(bob)
+    assert (
+        len(ctx.captured_queries) == 6 and '"tenants_membership"' in ctx.captured_queries[0]["sql"]
+    )
+    assert not any(s.startswith('SELECT "m"') for s in prepared())
+    for _ in range(6):
+        rows.membership_of(bob)
+    assert any(s.startswith('SELECT "m"') for s in prepared())
+    with transaction.atomic():
+        with pytest.raises(IntegrityError):
+            Tenant.objects.create(slug="acme", name="again", tier=Tier.objects.get(name="pro"))
+        with pytest.raises(TransactionManagementError):
+            rows.token_user(digest_of(key))
