@@ -81,6 +81,23 @@ HTTP submit waits for six processes or threads in turn (client, event loop, pool
 PostgreSQL twice, Redis) where `sbatch` waits for slurmctld. In process a submit is 2.9-3.3 ms
 at load 3 (3.5 ms before). So the accept target is still not met on this shared machine (at
 best even with Slurm's, load 6.7).
+
+2026-12-02, afternoon, a quiet machine (load 0.0-0.8: nothing else running), un-niced. Before the change,
+7 runs: accept (HTTP, requests) 13.6 ms (12.7-24.1) / Slurm 10.1 ms (8.2-11.6), in process
+7.8 ms. The change: the token's and the submitter's lookups are prepared statements (psycopg
+binds them on the server and prepares them after five runs on a connection: 1.4 ms -> 0.4 ms
+the token's, which joins six tables and took 0.63 ms to plan), and the accept is also timed
+through the standard library's `http.client`, since requests spends ~1.5 ms of client CPU a
+request here (`GET /healthz`: 3.4 ms with requests, 1.9 ms without) and `sbatch` is a C client.
+After it, 9 runs: the table above, 11.6 ms (http.client) and 14.1 ms (requests) against Slurm's
+8.2 ms: 1.4x Slurm's, **not met**. In process (Django's test client, same database) an array's
+submit is ~8 ms: the token lookup 0.6 ms, the rate limit's Redis script ~0.4 ms, validation and
+the array's spec ~0.6 ms, the admit's round trip 3.0 ms (of which psycopg's client-side binding
+of its 72 parameters is 0.6 ms, since a statement with more than 50 is not cached, and the
+server's planning and execution with the commit ~1.4 ms), the 201's body ~0.5 ms, middleware
+~0.6 ms; HTTP through the ASGI worker adds ~3 ms. What is left to try: an array's admit with
+fewer parameters (the first task inserted by the dispatcher rather than at submit: 23
+parameters, cached binding, a shorter statement), and a leaner request path for the submit.
 """
 
 
