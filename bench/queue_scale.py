@@ -351,6 +351,19 @@ pass whatever the queue, and 12.7 s from the submit to the preemption (the pass 
 {fill_section(fill)}""")
 
 
+FILL_NOTES = """
+Measured again on 2026-12-02 on a quiet machine (load 1.0, nothing else running), in one
+session: main 571-576 placements/s in three runs, and the commit where 1,148/s had been recorded
+(`5b8a151`, load 3.7 then) 471 and 564/s, on the same database and Redis (embedded or the
+machine's, the same figure). That figure does not reproduce, so **the 1,000/s target is not
+met** (0.57x). Where the pass's 11.6 s of CPU goes (cProfile of one fill, shares of the profiled
+time): `jobs_place` ~45% (the ORM's `bulk_create` of attempts, members, allocations and events
+builds 65,000 model instances and binds their parameters on the client), the 1,000 start
+messages ~25% (one Celery `send_task` per node, each two Redis publishes with its task-sent
+event for Flower), the policy and the state ~25%.
+"""
+
+
 def fill_section(fill: dict) -> str:
     """The fill's figure, its own section (`--only fill` rewrites it alone)."""
     return f"""{FILL_HEADING}
@@ -362,7 +375,7 @@ for at most {fill["budget"]:.0f} s): {fill["placed"]:,} placed in {fill["passes"
 guarded by its job's state and version and by the GPU allocation index, in a fixed number of
 statements (`apps.jobs.services.jobs_place`), and looks at the backfill window plus one job per
 free GPU (`dispatcher.pass_window`).
-"""
+{FILL_NOTES}"""
 
 
 if __name__ == "__main__":
