@@ -294,8 +294,9 @@ def _cursor():
     return _db().cursor()
 
 
-def _one(sql: str, params: list):
-    with _cursor() as cursor:
+def _one(sql: str, params: list, *, prepared: bool = False):
+    """The first row of `sql`, or None; `prepared`: on `_prepared_cursor`."""
+    with _prepared_cursor() if prepared else _cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchone()
 
@@ -324,12 +325,6 @@ def _prepared_cursor():
     return db.make_cursor(raw)
 
 
-def _one_prepared(sql: str, params: list):
-    with _prepared_cursor() as cursor:
-        cursor.execute(sql, params)
-        return cursor.fetchone()
-
-
 def membership_of(
     user, *, template: str | None = None, sku: str | None = None
 ) -> Membership | None:
@@ -338,7 +333,7 @@ def membership_of(
     the same statement the template and the SKU of these names: `membership.named` is
     {("template", name): JobTemplate or None, ("sku", name): GpuSku or None} for the names given."""
     s = statements()
-    row = _one_prepared(s["submitter"], [template, sku, user.pk])
+    row = _one(s["submitter"], [template, sku, user.pk], prepared=True)
     if row is None:
         return None
     return _membership(_built(s["readers"], row), template=template, sku=sku)
@@ -374,7 +369,7 @@ def token_user(digest: str) -> tuple[ApiToken, object] | None:
     """The token of this key digest and its user, as `ApiToken.objects.select_related("user")`
     gives them (revoked and expired ones too: the caller says why it refuses them)."""
     s = statements()
-    row = _one_prepared(s["token_user"], [digest])
+    row = _one(s["token_user"], [digest], prepared=True)
     return None if row is None else _token_and_user(_built(s["token_readers"], row))
 
 
@@ -382,7 +377,7 @@ def token_submitter(digest: str, *, template: str | None = None, sku: str | None
     """(token, user, membership as `membership_of` gives it, or None) for this key digest, in one
     statement; None where no token has it."""
     s = statements()
-    row = _one_prepared(s["token_submitter"], [template, sku, digest])
+    row = _one(s["token_submitter"], [template, sku, digest], prepared=True)
     if row is None:
         return None
     readers = s["token_readers"]
