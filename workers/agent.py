@@ -122,6 +122,9 @@ class Agent:
         self._sync_due: tuple[Members, Runs] | None = None
         self.nvml: Nvml | None = None
         self.platform: dict = {}  # the register answer: broker URL, queue, timings
+        # The key this agent's start messages are signed with (the register answer's), in
+        # memory only: None until registered, or where the platform signs none.
+        self.message_key: bytes | None = None
         self.heartbeat_seconds = config.heartbeat_seconds
         self.kill_grace = config.kill_grace_seconds
         # When the platform last took our heartbeat (its start), and how long we may go without
@@ -157,6 +160,7 @@ class Agent:
         self.platform = self.api.register(node=self.args.node, agent_instance=self.instance, sku=self.args.sku,
                                           gpus=gpus, labels=self.args.labels, hostname=socket.gethostname(),
                                           isolation=isolation)  # fmt: skip
+        self.message_key = bytes.fromhex(self.platform.get("message_key") or "") or None
         self.heartbeat_seconds = float(self.platform["heartbeat_seconds"])
         self.fence_after = self.heartbeat_seconds * int(self.platform["node_lost_after_heartbeats"])
         self.kill_grace = self.runner.kill_grace = float(self.platform["kill_grace_seconds"])

@@ -2,13 +2,17 @@
 long-running job lives in the agent's runner, so a task never outlives the broker's visibility
 timeout and a redelivered one is a no-op (the runner launches a member once).
 
-A message is only a hint, and anyone who can write to the broker can forge one: each is acted on
-only after the agent API confirms that this (attempt, rank, token) is placed on this node (and,
-for a stop, that the platform asked it to stop). A forged start or stop changes nothing."""
+Anyone who can write to the broker could forge a message. A dispatcher pass's start message
+carries its members' assignments signed with this agent's key (apps/platform/agent_protocol.py,
+"signed start messages"): those start at once. Any other message is only a hint, acted on after
+the agent API confirms that this (attempt, rank, token) is placed on this node (and, for a stop,
+that the platform asked it to stop). A forged start or stop changes nothing."""
 
 import hmac
 import logging
+import time
 
+from apps.platform import agent_protocol as wire
 from apps.scheduling.queues import START_ATTEMPT_TASK, START_ATTEMPTS_TASK, STOP_ATTEMPT_TASK
 from workers.celery_app import app
 
@@ -55,9 +59,11 @@ def start_attempt(attempt_id: int, rank: int, token: str) -> None:
 
 
 @app.task(name=START_ATTEMPTS_TASK, ignore_result=True)
-def start_attempts(members: list) -> None:
-    """What one dispatcher pass placed on this node: `[{"attempt_id", "rank", "token"}, ...]`.
-    One request checks them all (`GET /assignments/?attempts=...`, this node's members of those
+def start_attempts(members: list, signed: str | None = None, signature: str | None = None) -> None:
+    """What one dispatcher pass placed on this node: `[{"attempt_id", "rank", "token"}, ...]`,
+    and (`signed`, `signature`) their assignments signed for this agent, which start without a
+    request. Unsigned, or signed with another key (forged, an earlier agent's, expired), one
+    request checks them all (`GET /assignments/?attempts=...`, this node's members of those
     attempts only); each member starts only if the platform has it here, active, under the token
     the message names. Anything else in the message (forged, stale, another node's) is ignored."""
     from workers.agent_client import ApiError
@@ -65,6 +71,18 @@ def start_attempts(members: list) -> None:
     agent = _agent()
     if agent is None:
         return
+    if signed is not None and agent.message_key:
+        try:
+            works = wire.open_start_message(agent.message_key, signed, signature, node=agent.args.node,
+                                            agent_instance=agent.instance, now=time.time())  # fmt: skip
+        except (wire.BadStartMessage, ValueError, KeyError, TypeError) as error:
+            log.warning("a signed start message does not hold (%s); checking its members with the platform",
+                        error)  # fmt: skip
+        else:
+            for work in works:
+                if work.active:
+                    agent.runner.launch(work)
+            return
     try:
         wanted = [(int(m["attempt_id"]), int(m["rank"]), str(m["token"])) for m in members]
     except (TypeError, KeyError, ValueError):

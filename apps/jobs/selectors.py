@@ -8,31 +8,39 @@ from apps.platform.agent_protocol import Assignment  # the wire type, defined wi
 
 def assignment_for(member: AttemptMember) -> Assignment:
     attempt = member.attempt
-    job = attempt.job
     if "members" in getattr(attempt, "_prefetched_objects_cache", {}):
         members = list(attempt.members.all())  # _with_gang: ordered by rank, nodes joined
     else:
         members = list(attempt.members.select_related("node").order_by("rank"))
-    leader = members[0].node
+    # This member is to run: a gang's attempt stays active after one member's end.
+    return assignment_of(attempt.job, attempt, rank=member.rank, gpu_indices=member.gpu_indices,
+                         world_size=len(members), leader=members[0].node,
+                         active=attempt.state in ATTEMPT_ACTIVE and member.ended_at is None)  # fmt: skip
+
+
+def assignment_of(job, attempt, *, rank: int, gpu_indices, world_size: int, leader, active: bool,
+                  resume_from: str | None = None) -> Assignment:  # fmt: skip
+    """A member's assignment from its job, its attempt and the node of rank 0 (`labels`,
+    `hostname`): rows already in memory (the dispatcher builds its start messages' from the
+    rows it has just written), no query but the job's template where it is not loaded."""
     template = job.template  # None without a query when the job has none
     argv = list(template.argv) if template is not None else list(job.command or [])
     return Assignment(
         job_id=str(job.pk),
         attempt_id=attempt.pk,
         attempt_number=attempt.number,
-        rank=member.rank,
+        rank=rank,
         token=str(attempt.token),
         argv=argv,
         params=job.params,
-        gpu_indices=list(member.gpu_indices),
-        world_size=len(members),
+        gpu_indices=list(gpu_indices),
+        world_size=world_size,
         master_addr=leader.labels.get("address") or leader.hostname or "127.0.0.1",
         master_port=29500 + attempt.pk % 1000,
         max_runtime_seconds=job.max_runtime_seconds,
         checkpoint=attempt.checkpoint,
         stop_requested=attempt.stop_requested,
-        # This member is to run: a gang's attempt stays active after one member's end.
-        active=attempt.state in ATTEMPT_ACTIVE and member.ended_at is None,
+        active=active,
         grace_seconds=job.tier.preemption_grace_seconds,
         memory_mib=job.memory_mib,
         pids_max=job.pids_max,
@@ -43,6 +51,7 @@ def assignment_for(member: AttemptMember) -> Assignment:
         python_requirements=list((job.python or {}).get("requirements") or []),
         array_index=job.array_index,
         inputs=job.has_dependencies,
+        resume_from=resume_from,
     )
 
 

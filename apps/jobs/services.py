@@ -36,6 +36,7 @@ from apps.jobs.models import (
     JobState,
     JobTemplate,
 )
+from apps.jobs.selectors import assignment_of
 from apps.jobs.states import attempt_sources, check_attempt_move, check_job_move, job_sources
 from apps.nodes.models import GpuSku, Node
 from apps.platform import events
@@ -338,11 +339,10 @@ def _place(placements: list[JobPlacement], *, actor: str) -> dict:
     placements = [p for p in placements if p.job.pk in won]
     if not placements:
         return {}
-    names = dict(
-        Node.objects.filter(pk__in={m.node_id for p in placements for m in p.members}).values_list(
-            "pk", "name"
-        )
+    nodes = Node.objects.only("name", "labels", "hostname", "agent_instance").in_bulk(
+        {m.node_id for p in placements for m in p.members}
     )
+    names = {pk: node.name for pk, node in nodes.items()}
     reasons = {p.job.pk: _placement_reason(p, names) for p in placements}
     _move_to_starting(reasons)
     lease = timezone.now() + timedelta(seconds=settings.STARTING_TIMEOUT_SECONDS)
@@ -368,9 +368,23 @@ def _place(placements: list[JobPlacement], *, actor: str) -> dict:
         job.state, job.version, job.reason = JobState.STARTING, job.version + 1, reasons[job.pk]
         job.attempts_count = attempt.number
         log_move(job, from_state=JobState.QUEUED, actor=actor, reason=job.reason, attempt=attempt)
-        nodes = tuple(names[m.node_id] for m in p.members)
-        events.emit(events.AttemptPlaced(attempt=attempt, nodes=nodes))
+        events.emit(events.AttemptPlaced(attempt=attempt, nodes=tuple(names[m.node_id] for m in p.members),
+                                         assignments=_assignments(p, attempt, nodes),
+                                         agents=tuple(nodes[m.node_id].agent_instance for m in p.members)))  # fmt: skip
     return {p.job.pk: attempt for p, attempt in pairs}
+
+
+def _assignments(placement: JobPlacement, attempt: JobAttempt, nodes: dict) -> tuple:
+    """Each member's assignment, by rank, from the rows just written: what its start message
+    carries (apps/scheduling/publish.py). A first attempt resumes from nothing; a later one's
+    resume point is left for its agent to look up (None)."""
+    leader = nodes[placement.members[0].node_id]
+    resume = "" if attempt.number == 1 else None
+    return tuple(
+        assignment_of(placement.job, attempt, rank=rank, gpu_indices=m.gpu_indices,
+                      world_size=len(placement.members), leader=leader, active=True, resume_from=resume)
+        for rank, m in enumerate(placement.members)
+    )  # fmt: skip
 
 
 def _placement_reason(placement: JobPlacement, names: dict[int, str]) -> str:

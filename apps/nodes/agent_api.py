@@ -42,7 +42,7 @@ from apps.jobs import services as jobs
 from apps.jobs.models import ATTEMPT_ACTIVE, AttemptMember, JobAttempt
 from apps.jobs.selectors import assignment_for, members_on, open_members_on
 from apps.nodes.broker import node_broker_url
-from apps.nodes.credentials import credential_node
+from apps.nodes.credentials import credential_node, message_key
 from apps.nodes.services import NodeInfo, node_heartbeat, node_register
 from apps.platform import agent_protocol as wire
 from apps.scheduling.queues import START_ATTEMPT_TASK, STOP_ATTEMPT_TASK, node_queue
@@ -174,7 +174,8 @@ class RegisterView(AgentView):
         info = NodeInfo(name=self.node_name, sku=data["sku"], gpus=_gpus(data["gpus"]), labels=data["labels"],
                         hostname=data["hostname"], isolation=data["isolation"])  # fmt: skip
         node_register(info=info, agent_instance=data["agent_instance"])
-        return Response(agent_settings(self.node_name))
+        key = message_key(node_name=self.node_name, agent_instance=data["agent_instance"])
+        return Response({**agent_settings(self.node_name), "message_key": key.hex()})
 
 
 def agent_settings(node_name: str) -> dict:

@@ -14,6 +14,7 @@ import secrets
 from datetime import timedelta
 
 from django.utils import timezone
+from django.utils.crypto import salted_hmac
 
 from apps.nodes.models import NodeCredential
 from apps.platform.agent_protocol import CREDENTIAL_PREFIX
@@ -34,6 +35,15 @@ def issue_credential(
     row = NodeCredential.objects.create(node_name=node_name, key_id=key_id, secret_sha256=_digest(secret),
                                         expires_at=expires)  # fmt: skip
     return row, f"{CREDENTIAL_PREFIX}{key_id}.{secret}"
+
+
+def message_key(*, node_name: str, agent_instance: str) -> bytes:
+    """The key the platform signs a node's start messages with (apps/platform/agent_protocol.py,
+    "signed start messages"), and that the agent gets in its register answer. Derived, never
+    stored: from the platform's secret key, the node and the agent's instance, so a restarted or
+    replacing agent gets a new one and the messages signed for the one before do not verify."""
+    return salted_hmac("gpuplatform.nodes.start-message", f"{node_name}\n{agent_instance}",
+                       algorithm="sha256").digest()  # fmt: skip
 
 
 def revoke_credentials(*, node_name: str) -> int:

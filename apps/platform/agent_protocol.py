@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import hmac
+import json
 from dataclasses import dataclass, field
 
 API_PREFIX = "/internal/agent/v1"
@@ -20,6 +22,9 @@ CREDENTIAL_PREFIX = "gpn_"
 # `POST /reports/`: several members' reports in one call, each item fenced by its own token.
 REPORT_KINDS = ("started", "progress", "finished", "lost")
 MAX_REPORTS_PER_CALL = 200
+# A signed start message (below) is good for this long after it was signed, as the broker's own
+# expiry of the message (apps/scheduling/publish.py).
+START_MESSAGE_SECONDS = 300
 
 
 @dataclass(frozen=True)
@@ -110,3 +115,46 @@ def members_digest(members: list[dict]) -> str:
         for m in members
     )
     return hashlib.sha256(repr(keys).encode()).hexdigest()[:32]
+
+
+# --- signed start messages ---------------------------------------------------------------------------
+#
+# A start message carries the whole assignment of each member it names, signed with a key only
+# the platform and the agent that runs the node now hold (HMAC-SHA256 of the exact JSON text; the
+# key is derived from the platform's secret key, the node and the agent's instance, and handed to
+# the agent in its register answer: apps/nodes/credentials.py `message_key`). The agent starts a
+# member it can verify without asking the agent API first. A message that does not verify
+# (forged, another node's, an earlier agent's, expired) is only a hint: the agent confirms it
+# through the API, as it does every stop message.
+
+
+class BadStartMessage(ValueError):
+    """A signed start message this agent cannot act on alone (why, in the message)."""
+
+
+def start_message_signature(key: bytes, signed: str) -> str:
+    return hmac.new(key, signed.encode(), hashlib.sha256).hexdigest()
+
+
+def signed_start_message(key: bytes, *, node: str, agent_instance: str,
+                         members: list[Assignment], expires: float) -> dict:  # fmt: skip
+    """The `signed` text and its `signature`, as a start message's arguments."""
+    signed = json.dumps({"node": node, "agent_instance": agent_instance, "expires": expires,
+                         "members": [to_wire(m) for m in members]},
+                        separators=(",", ":"), sort_keys=True)  # fmt: skip
+    return {"signed": signed, "signature": start_message_signature(key, signed)}
+
+
+def open_start_message(key: bytes, signed, signature, *, node: str, agent_instance: str,
+                       now: float) -> list[Assignment]:  # fmt: skip
+    """The assignments of a start message signed for this agent, or BadStartMessage."""
+    if not isinstance(signed, str) or not isinstance(signature, str):
+        raise BadStartMessage("not signed")
+    if not hmac.compare_digest(start_message_signature(key, signed), signature):
+        raise BadStartMessage("its signature does not verify with this agent's key")
+    data = json.loads(signed)  # signed by the platform: well formed
+    if data["node"] != node or data["agent_instance"] != agent_instance:
+        raise BadStartMessage(f"signed for {data['node']} agent {data['agent_instance']}")
+    if now > float(data["expires"]):
+        raise BadStartMessage("expired")
+    return [assignment_from_wire(m) for m in data["members"]]

@@ -85,6 +85,10 @@ class AttemptPlaced:
 
     attempt: Any = field(compare=False)  # apps.jobs.models.JobAttempt
     nodes: tuple[str, ...] = ()  # each member's node name, by rank (a start message per member)
+    # Each member's assignment (agent_protocol.Assignment), by rank, and the agent instance of
+    # its node when placed: its start message is signed for that agent. Empty: names only.
+    assignments: tuple = field(default=(), compare=False)
+    agents: tuple[str, ...] = ()
 
     @property
     def attempt_id(self) -> Any:

@@ -179,7 +179,7 @@ def ordered_queue(heads: int = QUEUE_HEADS):
     numbered = queued.annotate(head=head).filter(Q(head__lte=heads) | ~Q(priority_boost=0))
     return (
         Job.objects.filter(pk__in=numbered.values("pk"))
-        .select_related("tier", "tenant", "gpu_sku")
+        .select_related("tier", "tenant", "gpu_sku", "template")
         .order_by("created_at")
     )
 

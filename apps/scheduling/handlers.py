@@ -11,7 +11,7 @@ def request_dispatch(event: events.DispatchWanted) -> None:
 
 
 def publish_start(event: events.AttemptPlaced) -> None:
-    publish.publish_start(event.attempt, event.nodes)
+    publish.publish_start(event.attempt, event.nodes, event.assignments, event.agents)
 
 
 def publish_stop(event: events.StopRequested) -> None:

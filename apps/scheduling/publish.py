@@ -2,16 +2,21 @@
 polls it on every heartbeat, so a message lost here is repaired within one interval.
 
 Inside `batched()` (a dispatcher pass), the starts of the attempts placed are collected and sent
-when it ends, one message per node naming all that node's members (Task.START_ATTEMPTS): an
-agent checks them with one request. Outside it, each member gets its own start message."""
+when it ends, one message per node naming all that node's members (Task.START_ATTEMPTS), with
+their whole assignments signed for the agent that runs the node now (apps/platform/
+agent_protocol.py, "signed start messages"): the agent starts them without a request. Outside
+it, each member gets its own start message, which the agent confirms through the agent API."""
 
 import contextlib
 import logging
 import threading
+import time
 from collections import defaultdict
 
 from celery import current_app
 
+from apps.nodes.credentials import message_key
+from apps.platform import agent_protocol as wire
 from apps.platform.names import Task, node_queue
 
 log = logging.getLogger(__name__)
@@ -22,7 +27,8 @@ def _send(task: str, queue: str, **kwargs) -> None:
     try:
         # The project's Celery app (gpuplatform/celery.py, loaded with Django's settings): named
         # through Celery, not imported, since gpuplatform sits above the apps.
-        current_app.send_task(task, kwargs=kwargs, queue=queue, retry=False, expires=300)
+        current_app.send_task(task, kwargs=kwargs, queue=queue, retry=False,
+                              expires=wire.START_MESSAGE_SECONDS)  # fmt: skip
     except Exception:  # broker down: the agent's poll picks the work up
         log.warning(
             "could not publish %s to %s; the agent poll will repair it", task, queue, exc_info=True
@@ -38,25 +44,42 @@ def batched():
         yield
         return
     starts: dict[str, list[dict]] = defaultdict(list)
-    _collecting.starts = starts
+    signable: dict[str, list[tuple[str, wire.Assignment]]] = defaultdict(list)
+    _collecting.starts, _collecting.signable = starts, signable
     try:
         yield
     finally:
-        _collecting.starts = None
+        _collecting.starts = _collecting.signable = None
         for node, members in starts.items():
-            if len(members) == 1:
-                _send(Task.START_ATTEMPT, node_queue(node), **members[0])
-            else:
-                _send(Task.START_ATTEMPTS, node_queue(node), members=members)
+            signed = _signed(node, signable.get(node, []), len(members))
+            _send(Task.START_ATTEMPTS, node_queue(node), members=members, **signed)
 
 
-def publish_start(attempt, nodes: tuple[str, ...]) -> None:
-    """Start messages for a new attempt whose members run on `nodes` (by rank): no rows read."""
+def _signed(node: str, works: list[tuple[str, wire.Assignment]], count: int) -> dict:
+    """The node's start message's `signed` assignments and `signature`, for the agent that ran
+    the node when they were placed; {} (the names only, confirmed by the agent through the agent
+    API) where an assignment is missing or no agent has registered on the node."""
+    instances = {instance for instance, _ in works}
+    if len(works) != count or len(instances) != 1 or not next(iter(instances)):
+        return {}
+    (instance,) = instances
+    return wire.signed_start_message(message_key(node_name=node, agent_instance=instance), node=node,
+                                     agent_instance=instance, members=[work for _, work in works],
+                                     expires=time.time() + wire.START_MESSAGE_SECONDS)  # fmt: skip
+
+
+def publish_start(
+    attempt, nodes: tuple[str, ...], assignments: tuple = (), agents: tuple = ()
+) -> None:
+    """Start messages for a new attempt whose members run on `nodes` (by rank), with their
+    `assignments` and the `agents` running those nodes to sign them for: no rows read."""
     starts = getattr(_collecting, "starts", None)
     for rank, node in enumerate(nodes):
         start = {"attempt_id": attempt.pk, "rank": rank, "token": str(attempt.token)}
         if starts is not None:
             starts[node].append(start)
+            if len(assignments) == len(nodes) and len(agents) == len(nodes):
+                _collecting.signable[node].append((agents[rank], assignments[rank]))
         else:
             _send(Task.START_ATTEMPT, node_queue(node), **start)
 

@@ -164,7 +164,10 @@ def test_a_pass_sends_one_start_message_per_node_naming_all_it_placed_there(cast
     )
     assert all(m["token"] == str(next(a for a in attempts if a.pk == m["attempt_id"]).token)
                for m in kwargs["members"])  # fmt: skip
-    assert by_queue["node.h2"][0] == "workers.start_attempt"  # one member: the single message
+    assert by_queue["node.h2"][0] == "workers.start_attempts"  # one member: the same message
+    assert [m["attempt_id"] for m in by_queue["node.h2"][1]["members"]] == [
+        a.pk for a in on(attempts, "h2")
+    ]
 
 
 @pytest.fixture
