@@ -4,7 +4,7 @@ tests in tests/isolation check that the kernel enforces them)."""
 
 import pathlib
 
-from workers.isolation import Cgroups, Limits, Settings, _mounts, _under
+from workers.isolation import Cgroups, Limits, Settings, _mounts, _under, favors_dynmods
 
 
 def fake_v2(tmp_path) -> pathlib.Path:
@@ -77,3 +77,12 @@ def test_the_agents_own_group_is_found_under_each_mount():
     assert _under(pathlib.Path("/sys/fs/cgroup/memory"), "/a", "/a/b") == pathlib.Path(
         "/sys/fs/cgroup/memory/b"
     )
+
+
+def test_the_agent_reads_whether_cgroup2_favors_dynamic_moves():
+    hybrid = "cgroup /sys/fs/cgroup/memory cgroup rw,relatime,memory 0 0\n"
+    assert favors_dynmods(hybrid) is None  # no cgroup2 mount
+    plain = hybrid + "cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0\n"
+    assert favors_dynmods(plain) is False
+    assert favors_dynmods(plain.replace("rw,relatime 0", "rw,relatime,favordynmods 0")) is True
+    assert favors_dynmods() in (True, False, None)  # this host's, whatever it is
