@@ -143,7 +143,7 @@ def _database() -> dict:
         # Django turns psycopg's prepared statements off; only the statements run on a
         # server-binding cursor get prepared (rows.py's `_prepared_cursor`), the rest are sent
         # with client-side binding as before.
-        config.setdefault("OPTIONS", {})["prepare_threshold"] = 5
+        config.setdefault("OPTIONS", {}).setdefault("prepare_threshold", 5)  # the URL's own wins
     if config["ENGINE"].endswith("sqlite3"):
         config["OPTIONS"] = SQLITE_OPTIONS
         config["CONN_MAX_AGE"] = SQLITE_CONN_MAX_AGE

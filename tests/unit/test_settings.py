@@ -53,3 +53,12 @@ def test_the_embedded_redis_starts_answers_and_stops(tmp_path):
         server.stop()
     assert not embedded_redis.ping(server.port)
     assert embedded_redis.discover_url(tmp_path / "redis") is None
+
+
+def test_an_operators_prepare_threshold_in_the_database_url_is_kept(monkeypatch):
+    from gpuplatform import settings
+
+    monkeypatch.setenv("DATABASE_URL", "postgres://u@db.example:5432/d")
+    assert settings._database()["OPTIONS"]["prepare_threshold"] == 5  # ours, by default
+    monkeypatch.setenv("DATABASE_URL", "postgres://u@db.example:5432/d?prepare_threshold=20")
+    assert settings._database()["OPTIONS"]["prepare_threshold"] == 20
