@@ -43,28 +43,30 @@ def batched():
     if outer is not None:  # already collecting: the outermost block sends
         yield
         return
-    starts: dict[str, list[dict]] = defaultdict(list)
-    signable: dict[str, list[tuple[str, wire.Assignment]]] = defaultdict(list)
-    _collecting.starts, _collecting.signable = starts, signable
+    # Per node: each member's start (its names) with the agent instance and assignment to sign
+    # it for (None where the placement carried none).
+    starts: dict[str, list[tuple[dict, str, wire.Assignment | None]]] = defaultdict(list)
+    _collecting.starts = starts
     try:
         yield
     finally:
-        _collecting.starts = _collecting.signable = None
-        for node, members in starts.items():
-            signed = _signed(node, signable.get(node, []), len(members))
-            _send(Task.START_ATTEMPTS, node_queue(node), members=members, **signed)
+        _collecting.starts = None
+        for node, entries in starts.items():
+            members = [start for start, _, _ in entries]
+            _send(Task.START_ATTEMPTS, node_queue(node), members=members, **_signed(node, entries))
 
 
-def _signed(node: str, works: list[tuple[str, wire.Assignment]], count: int) -> dict:
+def _signed(node: str, entries: list[tuple[dict, str, wire.Assignment | None]]) -> dict:
     """The node's start message's `signed` assignments and `signature`, for the agent that ran
     the node when they were placed; {} (the names only, confirmed by the agent through the agent
     API) where an assignment is missing or no agent has registered on the node."""
-    instances = {instance for instance, _ in works}
-    if len(works) != count or len(instances) != 1 or not next(iter(instances)):
+    instances = {instance for _, instance, _ in entries}
+    works = [work for _, _, work in entries if work is not None]
+    if len(works) != len(entries) or len(instances) != 1 or not next(iter(instances)):
         return {}
     (instance,) = instances
     return wire.signed_start_message(message_key(node_name=node, agent_instance=instance), node=node,
-                                     agent_instance=instance, members=[work for _, work in works],
+                                     agent_instance=instance, members=works,
                                      expires=time.time() + wire.START_MESSAGE_SECONDS)  # fmt: skip
 
 
@@ -74,12 +76,12 @@ def publish_start(
     """Start messages for a new attempt whose members run on `nodes` (by rank), with their
     `assignments` and the `agents` running those nodes to sign them for: no rows read."""
     starts = getattr(_collecting, "starts", None)
+    signable = len(assignments) == len(nodes) and len(agents) == len(nodes)
     for rank, node in enumerate(nodes):
         start = {"attempt_id": attempt.pk, "rank": rank, "token": str(attempt.token)}
         if starts is not None:
-            starts[node].append(start)
-            if len(assignments) == len(nodes) and len(agents) == len(nodes):
-                _collecting.signable[node].append((agents[rank], assignments[rank]))
+            starts[node].append((start, agents[rank] if signable else "",
+                                 assignments[rank] if signable else None))  # fmt: skip
         else:
             _send(Task.START_ATTEMPT, node_queue(node), **start)
 
