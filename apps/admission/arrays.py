@@ -1,8 +1,9 @@
 """Job arrays in (a submit with `array`) and their tasks into the queue, lazily (docs/arrays.md).
 
-Submit: one JobArray row and its first task's row under the lock of the tenant's count row,
-whatever the array's size (on PostgreSQL, without a key or dependencies, in one round trip:
-rows.admit_array); the queued-job cap counts the whole array (refused whole, 429 with
+Submit: one JobArray row under the lock of the tenant's count row, whatever the array's size
+(on PostgreSQL, without a key or dependencies, in one round trip: rows.admit_array; every task
+virtual until the dispatcher's next pass), or with its first task's row (`_admit`: an
+Idempotency-Key's record and the dependencies' links name that task); the queued-job cap counts the whole array (refused whole, 429 with
 Retry-After, when its tasks would take the tenant past the cap) and the rate limit took one
 token for the request (apps/admission/services.py), as for one job.
 
@@ -84,21 +85,27 @@ def _admit_in_one_statement(*, tenant, user, spec, array, params, grid,
                             limits) -> tuple[JobArray, Job] | None:  # fmt: skip
     """The usual array on PostgreSQL (no Idempotency-Key, no dependencies) in one round trip,
     committed on its own (rows.admit_array): the tenant's count row locked, then the cap's check
-    on its queue and the array, its first task and that task's event. `_admit`'s transaction
-    takes four (BEGIN, the locks and counts, the inserts, COMMIT). None: nothing written, the
-    tenant has no count row yet (no job ever queued), and `_admit` takes it from here."""
+    on its queue and the array's row alone. Every task is virtual (`materialised` 0): the
+    dispatcher's next pass, which the submit asks for, makes the first rows before it orders the
+    queue (`materialise`), so no task starts later for it. One row of 23 values instead of three
+    of 72 (psycopg caches the binding of a statement of up to 50): ~1.4 ms less a submit
+    (docs/bench/50-arrays.md). `_admit`'s transaction takes four round trips (BEGIN, the locks
+    and counts, the inserts, COMMIT) and makes the first task's row there (an Idempotency-Key's
+    record and the dependencies' links name it). Returns the array and its first task, unsaved
+    (the row it will be: `first_task`). None: nothing written, the tenant has no count row yet
+    (no job ever queued), and `_admit` takes it from here."""
     check_allowed(tenant, spec)
     quotas.check_gpu_hours(tenant=tenant, limits=limits, gpus_wanted=spec.gpus * spec.nodes)
-    job_array, job, event = new_array(tenant=tenant, user=user, spec=spec, array=array,
-                                      params=params, grid=grid)  # fmt: skip
-    admitted = rows.admit_array(job_array, job, event, cap=limits["max_queued_jobs"])
+    job_array = array_row(tenant=tenant, user=user, spec=spec, array=array, params=params,
+                          grid=grid, materialised=0)  # fmt: skip
+    admitted = rows.admit_array(job_array, cap=limits["max_queued_jobs"])
     if admitted is None:
         return None
     queued, saved = admitted
     if saved is None:
         raise too_big(tenant, array, queued, limits)
     dispatch.request_soon()
-    return saved
+    return saved, first_task(saved, array)
 
 
 @transaction.atomic
@@ -144,29 +151,42 @@ def too_big(tenant: Tenant, array: ArraySpec, queued: int, limits: dict):
     return error
 
 
+def array_row(*, tenant: Tenant, user, spec: JobSpec, array: ArraySpec, params: list, grid: dict,
+              materialised: int) -> JobArray:  # fmt: skip
+    """The new array's row (not yet saved)."""
+    return JobArray(
+        tenant=tenant, user=user, tier=spec.tier, name=spec.name, spec=array.spec, size=array.size,
+        throttle=array.throttle, params=params, grid=grid, task=task_fields(spec),
+        materialised=materialised,
+    )  # fmt: skip
+
+
 def new_array(*, tenant: Tenant, user, spec: JobSpec, array: ArraySpec, params: list, grid: dict,
               held: bool = False) -> tuple[JobArray, Job, JobEvent]:  # fmt: skip
     """The new array (not yet saved, `materialised` 1) with its task at position 0 and that
     task's event. `held`: it has dependencies, its tasks are made held (docs/pipelines.md). The
     task's `created_at` is its insert's: the other tasks' are counted from it (`anchor`)."""
-    job_array = JobArray(
-        tenant=tenant, user=user, tier=spec.tier, name=spec.name, spec=array.spec, size=array.size,
-        throttle=array.throttle, params=params, grid=grid, task=task_fields(spec), materialised=1,
-    )  # fmt: skip
+    job_array = array_row(tenant=tenant, user=user, spec=spec, array=array, params=params,
+                          grid=grid, materialised=1)  # fmt: skip
     job_array.has_dependencies = held
+    job = first_task(job_array, array)
+    job.has_dependencies = job.held_by_dependencies = held
+    event = JobEvent(job=job, actor=f"user:{user.username}", to_state=JobState.QUEUED,
+                     reason=f"submitted (task {job.array_index} of array {job_array.pk})")  # fmt: skip
+    return job_array, job, event
+
+
+def first_task(job_array: JobArray, array: ArraySpec) -> Job:
+    """The array's task at position 0 as its row will be (not saved here)."""
     fields = dict(job_array.task)
     base = fields.pop("params", {}) or {}
     index = array.index_at(0)
-    job = Job(
+    return Job(
         id=tasks_of.task_id(job_array.pk, index), tenant_id=job_array.tenant_id,
         user_id=job_array.user_id, array=job_array, array_index=index,
         reason="waiting for the dispatcher",
         params=task_params(base, job_array.params, job_array.grid, 0), **fields,
     )  # fmt: skip
-    job.has_dependencies = job.held_by_dependencies = held
-    event = JobEvent(job=job, actor=f"user:{user.username}", to_state=JobState.QUEUED,
-                     reason=f"submitted (task {index} of array {job_array.pk})")  # fmt: skip
-    return job_array, job, event
 
 
 # --- tasks into rows -----------------------------------------------------------------------------
@@ -197,10 +217,11 @@ def make_tasks(array: JobArray, count: int) -> list[Job]:
     if array.has_dependencies:  # made held: their conditions are settled below
         for job in jobs:
             job.has_dependencies = job.held_by_dependencies = True
-    Job.objects.bulk_create(jobs)
-    # Each task's place in the queue is its array's submit (its first task's time, + its
-    # position in microseconds), not the moment its row was made.
+    # Each task's place in the queue is its array's submit (its first task's time, or the
+    # array's where this makes the first, + its position in microseconds), not the moment its row
+    # was made. Read before the insert, which would otherwise be the first task it finds.
     anchor = tasks_of.anchor(array)
+    Job.objects.bulk_create(jobs)
     at = {job.pk: anchor + timedelta(microseconds=p) for p, job in enumerate(jobs, start)}
     Job.objects.filter(pk__in=list(at)).update(
         created_at=Case(*(When(pk=pk, then=Value(t)) for pk, t in at.items()))

@@ -616,7 +616,7 @@ def _cap_statements(vendor: str) -> dict:
         # PostgreSQL, outside a transaction: a submit's check and inserts in one statement (after
         # the lock's), committed on its own (the query string's implicit transaction).
         "admit_job": admit(jobs, events),
-        "admit_array": admit(new_arrays, jobs, events),
+        "admit_array": admit(new_arrays),
         "array": new_arrays,
     }  # fmt: skip
 
@@ -664,19 +664,16 @@ def admit(job: Job, event: JobEvent, *, cap: int) -> tuple[int, Job | None] | No
     return queued, _saved_pair(job, event)[0] if inserted else None
 
 
-def admit_array(
-    array: JobArray, job: Job, event: JobEvent, *, cap: int
-) -> tuple[int, tuple[JobArray, Job] | None] | None:
-    """As `admit`, for a new job array with its first task and that task's event: the tenant's
-    queue must have room for the whole array. The queue before it and (the array, its first task)
-    as saved, or None in their place; None where the tenant has no count row yet."""
-    s, c = statements(), _cap_statements(_db().vendor)
-    values = [*c["array"].params(array), *s["job"].params(job), *s["event"].params(event)]
+def admit_array(array: JobArray, *, cap: int) -> tuple[int, JobArray | None] | None:
+    """As `admit`, for a new job array's row alone (its tasks all virtual): the tenant's queue
+    must have room for the whole array. The queue before it and the array as saved, or None in
+    its place; None where the tenant has no count row yet."""
+    values = _cap_statements(_db().vendor)["array"].params(array)
     found = _admit("admit_array", array.tenant_id, array.size, cap, values)
     if found is None:
         return None
     queued, inserted = found
-    return queued, _saved_array(array, job) if inserted else None
+    return queued, _saved(array) if inserted else None
 
 
 def _admit(name: str, tenant_id, wanted: int, cap: int, values: list) -> tuple[int, bool] | None:

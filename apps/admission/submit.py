@@ -38,7 +38,8 @@ class Submitted:
     created: bool  # False: an idempotent replay answered with the job an earlier request created
     # X-RateLimit-* (a refusal carries them too: submit_job's `headers`)
     headers: dict[str, str] = field(default_factory=dict)
-    # A submit with `array` (docs/arrays.md): the array; `job` is its first task.
+    # A submit with `array` (docs/arrays.md): the array; `job` is its first task (not saved where
+    # the array was written as its row alone: the row the dispatcher will make).
     array: JobArray | None = None
 
 

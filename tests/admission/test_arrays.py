@@ -4,6 +4,7 @@ cancel-all, requeue-failed, quotas, other tenants."""
 import uuid
 
 import pytest
+from django.db import connection
 
 from apps.jobs.models import GpuAllocation, Job, JobArray, JobAttempt, JobEvent
 from apps.jobs.selectors import assignment_for
@@ -11,6 +12,7 @@ from apps.jobs.services import attempt_member_finished, attempt_member_started
 from apps.scheduling.dispatcher import dispatch_once
 from apps.tenants.models import Tenant
 from apps.tenants.services import quota_set
+from tests.factories import client_for, make_cast, make_node
 
 TRAIN = {"template": "demo-train", "params": {"steps": 2}, "gpus": 1, "gpu_sku": "H100-80GB"}
 
@@ -328,3 +330,37 @@ def cast_post(cast, name, body):
     from tests.factories import client_for
 
     return client_for(cast[name][1]).post("/api/v1/jobs/", body, format="json")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_on_postgresql_an_array_is_its_row_alone_until_the_dispatchers_pass_makes_its_tasks():
+    """As in production (no test transaction around the request), an array without a key or
+    dependencies is written as its row alone (apps/admission/arrays.py `_admit_in_one_statement`):
+    every task virtual, listed and counted as queued; the next pass makes the first rows, each with
+    the id and the place in the queue (`created_at`) it was listed with: the array's submit."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the one-statement admit is PostgreSQL's; SQLite's makes the first task's row")
+    people = make_cast()
+    make_node("h1", "H100-80GB", 8)
+    quota_set(
+        tenant=Tenant.objects.get(slug="acme"), submit_rate_per_minute=100_000, submit_burst=100_000
+    )
+    bob = client_for(people["bob"][1])
+    assert submit(bob).status_code == 201  # the tenant's count row
+    created = submit(bob, array="0-19%3", name="sweep")
+    assert created.status_code == 201, created.content
+    array = created.json()
+    assert JobArray.objects.get(pk=array["id"]).materialised == 0
+    assert not Job.objects.filter(array_id=array["id"]).exists()
+    assert array["counts"]["queued"] == 20
+    assert bob.get(f"/api/v1/arrays/{array['id']}/").json() == array
+    listed = bob.get(array["tasks_url"] + "&page_size=100").json()["results"]
+    assert [t["array_index"] for t in listed] == list(range(20))
+    dispatch_once()
+    rows = {str(j.pk): j for j in Job.objects.filter(array_id=array["id"])}
+    assert rows and len(placed(array["id"])) == 3  # %3
+    again = bob.get(array["tasks_url"] + "&page_size=100").json()["results"]
+    assert [t["id"] for t in again] == [t["id"] for t in listed]
+    assert [t["created_at"] for t in again] == [t["created_at"] for t in listed]
+    first = rows[listed[0]["id"]]
+    assert first.created_at == JobArray.objects.get(pk=array["id"]).created_at
