@@ -28,11 +28,31 @@ def _send(task: str, queue: str, **kwargs) -> None:
         # The project's Celery app (gpuplatform/celery.py, loaded with Django's settings): named
         # through Celery, not imported, since gpuplatform sits above the apps.
         current_app.send_task(task, kwargs=kwargs, queue=queue, retry=False,
-                              expires=wire.START_MESSAGE_SECONDS)  # fmt: skip
+                              expires=wire.START_MESSAGE_SECONDS, argsrepr="()",
+                              kwargsrepr=shown(kwargs))  # fmt: skip
     except Exception:  # broker down: the agent's poll picks the work up
         log.warning(
             "could not publish %s to %s; the agent poll will repair it", task, queue, exc_info=True
         )
+
+
+def shown(kwargs: dict) -> str:
+    """A message's arguments as Celery shows them (its `kwargsrepr`: the message's headers, the
+    task-sent event that Flower and every event subscriber read, the agent's log): the names, never
+    an attempt's token, in the message itself or inside the signed assignments. Also spares the
+    dispatcher Celery's own repr of up to 1 KiB of each message (a fifth of a pass's publishing,
+    docs/bench/50-queue-scale.md)."""
+    out: dict = {}
+    for name, value in kwargs.items():
+        if name == "token":
+            out[name] = "<hidden>"
+        elif name == "members":
+            out[name] = [{k: v for k, v in member.items() if k != "token"} for member in value]
+        elif name in ("signed", "signature"):
+            out[name] = f"<{len(value)} characters>"
+        else:
+            out[name] = value
+    return repr(out)
 
 
 @contextlib.contextmanager

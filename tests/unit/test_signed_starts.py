@@ -191,3 +191,22 @@ def test_a_forged_message_signed_with_another_key_starts_nothing(agent, cast, se
         [{"attempt_id": attempt.pk, "rank": 0, "token": forged_member.token}], **forged
     )
     assert agent.runner.runs == {}
+
+
+@pytest.mark.django_db(transaction=True)  # the messages go out when the pass commits
+def test_what_celery_shows_of_a_message_names_no_token(cast, monkeypatch):
+    """Celery puts a message's `kwargsrepr` in its headers and in the task-sent event that Flower
+    and any event subscriber read: a start or stop message shows its names, never an attempt's
+    token (bare, or inside the signed assignments)."""
+    options: list[dict] = []
+    monkeypatch.setattr(publish.current_app, "send_task", lambda task, **o: options.append(o))
+    [attempt] = place(cast, 1, {"n1": INSTANCE})
+    publish.publish_stop(attempt, attempt.members.get())
+    assert len(options) == 2 and all(o["argsrepr"] == "()" for o in options)
+    start, stop = options
+    token = str(attempt.token)
+    assert token in start["kwargs"]["signed"] and stop["kwargs"]["token"] == token
+    for o in options:
+        assert token not in o["kwargsrepr"], o["kwargsrepr"]
+    assert f"'attempt_id': {attempt.pk}" in start["kwargsrepr"]
+    assert "'token': '<hidden>'" in stop["kwargsrepr"]
