@@ -362,14 +362,30 @@ builds 65,000 model instances and binds their parameters on the client), the 1,0
 messages ~25% (one Celery `send_task` per node, each two Redis publishes with its task-sent
 event for Flower), the policy and the state ~25%.
 
-The pass-cost and preemption figures above are from main on 2026-12-02 and miss their targets
-(0.25 s CPU; 1 s). The commit where 0.11-0.19 s and 0.55 s were recorded the day before
+On 2026-12-02 main's pass-cost and preemption figures missed their targets (0.25 s CPU;
+1 s). The commit where 0.11-0.19 s and 0.55 s were recorded the day before
 (`6fbcbbf`, load 2.9-1.7 then) was run again right after, on the same quiet machine (load 0.1 at
 its start) and database: steady passes 0.47 / 0.35 / 0.32 s CPU at 1,000 / 10,000 / 100,000
 queued, the preemption 1.16 s (pass 0.49 s CPU), and 63 placements/s for the fill (main: 0.31 /
 0.32 / 0.35 s, 1.22 s, 561-576/s). So main is no slower than that commit; the same code costs
 2-3x the CPU seconds it did the day before on this shared virtual machine, and the targets are
 not met on today's machine.
+
+2026-12-03, a quiet machine (load 0.5-1.3 after a fresh boot, nothing else running; the host's
+CPU speed itself moved up to 2x from second to second: a 10^7-step Python loop took 0.87-1.96 s),
+main, three full runs within 10 minutes (the figures above are the second): steady passes
+0.23 / 0.27 / 0.28, 0.17 / 0.22 / 0.21 and 0.20 / 0.18 / 0.22 s CPU at 1,000 / 10,000 / 100,000
+queued; the preemption behind 50,000 1.27, 0.75 and 0.61 s; the fill 725, 953 and 974
+placements/s. So that day the pass targets (each under 0.25 s, the 100,000 pass at most 2x the
+1,000 one) and the preemption target (under 1 s) held in two runs of three, and the fill stayed
+short of 1,000/s (0.95-0.97x at best). The start messages no longer carry Celery's own repr of
+their arguments (`kwargsrepr`: their names, without the attempts' tokens; apps/scheduling/
+publish.py `shown`): side by side with the commit before, `--only fill`, two rounds: 635 -> 722
+and 818 -> 890 placements/s (9.6 -> 8.9 and 8.2 -> 7.3 s CPU). Tried and dropped: the pass's
+members, allocations and events as multi-row INSERTs written from the models' metadata (as the
+submit's rows are): 1.6x the CPU of the ORM's `bulk_create` for 8,000 events and 8,000 members
+(1.25 s against 0.79 s, medians of eight interleaved rounds), since Django 5.2's `bulk_create`
+on PostgreSQL already inserts through `UNNEST`, one array parameter a column.
 """
 
 
