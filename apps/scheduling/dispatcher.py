@@ -77,11 +77,6 @@ def placement_strategy(jobs) -> core.Strategy | str:
     return core.FGDPlus(workload=core.Workload.from_pods(pods)) if pods else core.FGDPlus()
 
 
-def load_cluster(strategy: core.Strategy | str | None = None) -> ClusterSnapshot:
-    """A fresh read of the cluster (apps/scheduling/kept.py `State.load`), for one use."""
-    return kept.State(strategy).load().snapshot(strategy)
-
-
 def cluster_state(strategy: core.Strategy | str) -> kept.State:
     """The pass's cluster: the kept state, brought up to date (apps/scheduling/kept.py)."""
     return kept.KEPT.pass_state(strategy)

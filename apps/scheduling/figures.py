@@ -15,11 +15,16 @@ DISPATCH_KEY = "gpuplatform:metrics:dispatch"
 REJECTIONS_KEY = "gpuplatform:metrics:admission_rejections"
 
 
-def record_dispatch_pass(seconds: float) -> None:
-    """Called by the dispatcher after each pass; never fails the pass."""
+def record_dispatch_pass(seconds: float, *, fragmentation: float | None = None) -> None:
+    """Called by the dispatcher after each pass, with the kept cluster's fragmentation when it
+    measured it (apps/scheduling/tasks.py: at most every FRAGMENTATION_EVERY_S); never fails the
+    pass."""
     try:
         pipe = client().pipeline()
-        pipe.hset(DISPATCH_KEY, mapping={"last_seconds": seconds, "last_at": time.time()})
+        figures = {"last_seconds": seconds, "last_at": time.time()}
+        if fragmentation is not None:
+            figures |= {"fragmentation": fragmentation, "fragmentation_at": time.time()}
+        pipe.hset(DISPATCH_KEY, mapping=figures)
         pipe.hincrbyfloat(DISPATCH_KEY, "seconds_total", seconds)
         pipe.hincrby(DISPATCH_KEY, "passes_total", 1)
         pipe.execute()

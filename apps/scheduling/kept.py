@@ -501,6 +501,18 @@ class Kept:
         """The state kept now (None before the first pass, or after a failed one)."""
         return self._state
 
+    def fragmentation(self) -> float | None:
+        """The kept cluster's fragmentation (the core's measure: the share of free GPU capacity
+        the workload seen could not use), as `/metrics` exports it; None when nothing is kept or
+        a pass holds the state now."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            state = self._state
+            return None if state is None else float(state.cluster.utilization()["fragmentation"])
+        finally:
+            self._lock.release()
+
     def forget(self) -> None:
         with self._lock:
             self._state = self._usage = None
