@@ -12,8 +12,10 @@ docs/reliability.md, "What an agent's broker credential can do"):
 - No remote control, no events, no heartbeat/gossip/mingle: those are pub/sub channels and
   pidbox queues shared by every worker, which an agent does not need (its state reaches the
   platform through the agent API) and which would let it read other workers' task events.
-- The queue is not declared by the agent (`no_declare`): the platform binds it when it publishes
-  (and when it hands out the credential), so the agent needs no write to the binding sets.
+- The queue is not declared by the agent (`no_declare`): the platform binds it when it hands out
+  the credential, so the agent needs no write to the binding sets. The platform's messages to
+  it go through the anonymous exchange (routing key = the list's name), which needs no binding:
+  the dispatcher does not declare the queue on each publish either (apps/scheduling/publish.py).
 """
 
 from __future__ import annotations

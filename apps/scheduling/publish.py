@@ -27,9 +27,14 @@ def _send(task: str, queue: str, **kwargs) -> None:
     try:
         # The project's Celery app (gpuplatform/celery.py, loaded with Django's settings): named
         # through Celery, not imported, since gpuplatform sits above the apps.
+        # `declare=[]`: Celery sends a node queue's messages through the anonymous exchange (the
+        # routing key is the list's name: kombu pushes to it without a binding), and the node's
+        # binding is made with its broker credential (apps/nodes/broker.py); a declare per new
+        # queue and pooled connection cost an LLEN pipeline and a SADD (a tenth of a pass that
+        # starts jobs on 1,000 nodes for the first time, docs/bench/50-queue-scale.md).
         current_app.send_task(task, kwargs=kwargs, queue=queue, retry=False,
                               expires=wire.START_MESSAGE_SECONDS, argsrepr="()",
-                              kwargsrepr=shown(kwargs))  # fmt: skip
+                              kwargsrepr=shown(kwargs), declare=[])  # fmt: skip
     except Exception:  # broker down: the agent's poll picks the work up
         log.warning(
             "could not publish %s to %s; the agent poll will repair it", task, queue, exc_info=True
