@@ -334,19 +334,22 @@ def _apply_preempt(
 
 def _reservation_reason(decision: policy.Reserve) -> str:
     """The reservation in words, from the decision's fields: the policy's clock (epoch seconds)
-    shown as a UTC time, the policy's own sentence kept (to the second, as it rounds)."""
+    shown as a UTC time to the minute. To the second, the text changed from one pass to the next
+    with nothing else changed: a job placed ahead ends, in the pass that placed it, at the pass's
+    clock plus its limit, and in the next pass (read back from its attempt's row) at the row's
+    insert time plus its limit, some milliseconds later; each change is a write and an event."""
     nodes = ", ".join(decision.nodes[:4]) + (", ..." if len(decision.nodes) > 4 else "")
     held = f"first in line: {nodes} held for it from {_utc(decision.at)}"
     if not decision.shortage:  # decided without `explain`: the policy said only "reserved"
         return f"{held}; {decision.reason}"
     return (
-        f"{held}; first in line, reserved {len(decision.nodes)} node(s) from {_utc(round(decision.at))} "
+        f"{held}; first in line, reserved {len(decision.nodes)} node(s) "
         f"(when running jobs end by their limits); now {decision.shortage}"
     )
 
 
 def _utc(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return datetime.fromtimestamp(epoch, tz=UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def _set_reason(reasons: dict[str, tuple[Job, str]], job: Job, reason: str) -> None:

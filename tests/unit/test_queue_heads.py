@@ -101,6 +101,26 @@ def test_reasons_are_written_once_in_a_batch_and_not_again_unchanged(cast):
     assert not [q for q in second.captured_queries if q["sql"].startswith('UPDATE "jobs_job"')]
 
 
+def test_a_reservations_reason_does_not_move_with_the_insert_time_of_the_job_ahead(cast):
+    """The job placed ahead ends, in the pass that placed it, at the pass's clock plus its limit,
+    and in the next pass (read back from its attempt's row) at the row's insert time plus its
+    limit, a little later (by up to a second on a loaded machine). The reservation's reason is to
+    the minute, so it is not rewritten for that."""
+    make_node("h1", gpus=2)
+    jobs = [submit(cast, "dave", tier="free", gpus=2) for _ in range(3)]
+    dispatch_once()
+    ahead = JobAttempt.objects.get()
+    reason = Job.objects.get(pk=jobs[1].pk).reason
+    assert reason.startswith("first in line: h1 held for it from"), reason
+    inserted = ahead.created_at
+    later = timedelta(seconds=-1 if inserted.second >= 58 else 1)  # another second, the same minute
+    JobAttempt.objects.filter(pk=ahead.pk).update(created_at=inserted + later)
+    with CaptureQueriesContext(connection) as second:
+        dispatch_once()
+    assert Job.objects.get(pk=jobs[1].pk).reason == reason
+    assert not [q for q in second.captured_queries if q["sql"].startswith('UPDATE "jobs_job"')]
+
+
 def test_a_page_of_jobs_counts_its_positions_in_one_query(cast):
     jobs = [submit(cast, "dave", tier="free"), submit(cast, "bob"), submit(cast, "dave")]
     with CaptureQueriesContext(connection) as counted:
