@@ -3,9 +3,10 @@
 Submit: one JobArray row under the lock of the tenant's count row, whatever the array's size
 (on PostgreSQL, without a key or dependencies, in one round trip: rows.admit_array; every task
 virtual until the dispatcher's next pass), or with its first task's row (`_admit`: an
-Idempotency-Key's record and the dependencies' links name that task); the queued-job cap counts the whole array (refused whole, 429 with
-Retry-After, when its tasks would take the tenant past the cap) and the rate limit took one
-token for the request (apps/admission/services.py), as for one job.
+Idempotency-Key's record and the dependencies' links name that task); the queued-job cap
+counts the whole array (refused whole, 429 with Retry-After, when its tasks would take the
+tenant past the cap) and the rate limit took one token for the request
+(apps/admission/services.py), as for one job.
 
 Materialise: once per dispatcher pass (`materialise`, the first step of
 apps/scheduling/dispatcher.py's `dispatch_once`), each open array gets as many queued task rows

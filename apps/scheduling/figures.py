@@ -23,7 +23,7 @@ def record_dispatch_pass(seconds: float, *, fragmentation: float | None = None) 
         pipe = client().pipeline()
         figures = {"last_seconds": seconds, "last_at": time.time()}
         if fragmentation is not None:
-            figures |= {"fragmentation": fragmentation, "fragmentation_at": time.time()}
+            figures["fragmentation"] = fragmentation
         pipe.hset(DISPATCH_KEY, mapping=figures)
         pipe.hincrbyfloat(DISPATCH_KEY, "seconds_total", seconds)
         pipe.hincrby(DISPATCH_KEY, "passes_total", 1)
