@@ -87,6 +87,41 @@ def test_the_policy_is_handed_the_heads_of_each_queue_not_the_oldest_rows(cast):
     assert "bulk9" in [job.name for job in ordered_queue(heads=3)]  # boosted: submit is earlier
 
 
+@pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="the index's read of the heads is PostgreSQL's"
+)
+def test_the_heads_read_through_the_index_are_the_heads_the_window_numbers(cast):
+    """PostgreSQL reads the heads through the queue's index (a skip from one queue's key to the
+    next, then each queue's first jobs); the window numbers every queued row. Same jobs, over
+    queues that differ in each part of the key, a missing SKU, ties on the submit time, and the
+    jobs that may not start (held, backing off, still stopping) or jump the line (boosted)."""
+    from apps.jobs.models import AttemptMember
+
+    now = timezone.now()
+    jobs = [submit(cast, user, tier=tier, sku=sku, selector=selector)
+            for user in ("bob", "dave") for tier in ("pro", "free") for sku in ("H100-80GB", "A100-40GB")
+            for selector in ({}, {"rack": "r1"}) for _ in range(4)]  # fmt: skip
+    Job.objects.filter(pk__in=[j.pk for j in jobs[::5]]).update(command=["true"])
+    Job.objects.filter(pk__in=[j.pk for j in jobs[1::7]]).update(gpu_sku=None)
+    Job.objects.filter(pk__in=[j.pk for j in jobs[8:12]]).update(created_at=now)  # ties: by id
+    Job.objects.filter(pk__in=[j.pk for j in jobs[3::9]]).update(held_by_dependencies=True)
+    backing_off = now + timedelta(hours=1)
+    Job.objects.filter(pk__in=[j.pk for j in jobs[4::11]]).update(not_before=backing_off)
+    Job.objects.filter(pk__in=[j.pk for j in jobs[-3:]]).update(priority_boost=1)
+    make_node("h1", gpus=8)
+    stopping = submit(cast, "bob")
+    dispatch_once()  # places `stopping`, whose member then keeps running as its job is requeued
+    assert AttemptMember.objects.filter(attempt__job=stopping, ended_at=None).exists()
+    Job.objects.filter(pk=stopping.pk).update(state="queued")
+    for heads in (1, 2, 3):
+        through_index = {j.pk for j in ordered_queue(heads=heads)}
+        numbered = dispatcher._numbered_heads(heads, timezone.now()).values_list("pk", flat=True)
+        assert through_index == set(numbered)
+        assert stopping.pk not in through_index
+        assert {j.pk for j in jobs[-3:]} <= through_index
+    assert len({j.pk for j in ordered_queue(heads=1)}) > 16  # more queues than tiers x tenants
+
+
 def test_reasons_are_written_once_in_a_batch_and_not_again_unchanged(cast):
     make_node("h1", gpus=2)
     jobs = [submit(cast, "dave", tier="free", gpus=2) for _ in range(6)]
