@@ -340,9 +340,9 @@ new heads' reasons; the steady pass is the next one, with nothing changed.
 An enterprise submit (8 GPUs, through the admission path) behind {preempt_at:,} queued jobs: the
 first pass preempted {preempt["victims"]} job(s) for it; {preempt["total"]:.3f} s from the submit
 call to the end of that pass (submit {preempt["submit"]:.3f} s, pass {preempt["pass_wall"]:.3f} s
-wall, {preempt["pass_cpu"]:.3f} s CPU). Besides the pass's CPU, its wall time is the database
-numbering every queued row for the heads (a window function over all of them) and the eight
-preemptions' writes, and here waiting for a core.
+wall, {preempt["pass_cpu"]:.3f} s CPU). Besides the pass's CPU, its wall time is the heads' read
+(on PostgreSQL through the queue's index: a few ms; SQLite numbers every queued row in a window),
+the eight preemptions' writes, and here waiting for a core.
 
 Before the cluster was kept (the same bench, 2026-12-01, load not recorded): 1.3-1.6 s CPU per
 pass whatever the queue, and 12.7 s from the submit to the preemption (the pass 12.2 s wall,
