@@ -144,3 +144,14 @@ def test_an_agent_heartbeat_is_served_while_every_thread_of_the_pool_is_busy():
 
     asyncio.run(scenario())
     assert served[0][1].startswith("wsgi-liveness") and len(served) == 3
+
+
+def test_a_worker_imports_the_views_as_it_starts_not_at_its_first_request():
+    import os
+    import subprocess
+    import sys
+
+    probe = "import sys, gpuplatform.asgi; print('apps.jobs.api' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                          env=dict(os.environ, DJANGO_SETTINGS_MODULE="gpuplatform.settings"))  # fmt: skip
+    assert done.stdout.strip() == "True"
