@@ -210,14 +210,16 @@ def _heads_through_index(heads: int, now: datetime) -> tuple[str, list]:
     probe per queue), and each queue's first `heads` jobs that may start are read from its
     range of the index in order (LATERAL ... LIMIT): a few milliseconds at 50,000 queued, where
     the window sorted them all (0.2-0.26 s, docs/scheduling.md). A missing SKU is keyed as 0,
-    which no row's id is. Jobs with a priority boost come from their own small index."""
+    which no row's id is; a node selector by the MD5 of its (canonical) text, since a selector
+    can be larger than an index entry may be. Jobs with a priority boost come from their own
+    small index."""
     job, member, attempt = (
         Job._meta.db_table,
         AttemptMember._meta.db_table,
         JobAttempt._meta.db_table,
     )
     queued = f"state = '{JobState.QUEUED.value}'"  # a literal: it proves the indexes' predicate
-    key = "tier_id, tenant_id, COALESCE(gpu_sku_id, 0), node_selector, (command IS NOT NULL)"
+    key = "tier_id, tenant_id, COALESCE(gpu_sku_id, 0), md5(node_selector::text), (command IS NOT NULL)"
     may_start = (
         "NOT j.held_by_dependencies AND (j.not_before IS NULL OR j.not_before <= %s) "
         f"AND NOT EXISTS (SELECT 1 FROM {member} m JOIN {attempt} a ON a.id = m.attempt_id "
@@ -228,12 +230,12 @@ def _heads_through_index(heads: int, now: datetime) -> tuple[str, list]:
         f"(SELECT {key} FROM {job} WHERE {queued} ORDER BY 1, 2, 3, 4, 5 LIMIT 1) "
         f"UNION ALL SELECT n.* FROM queues q CROSS JOIN LATERAL ("
         f"SELECT {key} FROM {job} j WHERE j.{queued} AND "
-        f"(j.tier_id, j.tenant_id, COALESCE(j.gpu_sku_id, 0), j.node_selector, (j.command IS NOT NULL)) "
+        f"(j.tier_id, j.tenant_id, COALESCE(j.gpu_sku_id, 0), md5(j.node_selector::text), (j.command IS NOT NULL)) "
         f"> (q.tier_id, q.tenant_id, q.sku, q.selector, q.runs) ORDER BY 1, 2, 3, 4, 5 LIMIT 1) n) "
         f"SELECT h.id FROM queues q CROSS JOIN LATERAL ("
         f"SELECT j.id FROM {job} j WHERE j.{queued} AND j.tier_id = q.tier_id "
         f"AND j.tenant_id = q.tenant_id AND COALESCE(j.gpu_sku_id, 0) = q.sku "
-        f"AND j.node_selector = q.selector AND (j.command IS NOT NULL) = q.runs AND {may_start} "
+        f"AND md5(j.node_selector::text) = q.selector AND (j.command IS NOT NULL) = q.runs AND {may_start} "
         f"ORDER BY j.created_at, j.id LIMIT %s) h "
         f"UNION SELECT j.id FROM {job} j WHERE j.{queued} AND j.priority_boost <> 0 "
         f"AND {may_start}"

@@ -2,6 +2,7 @@
 never idles another, every queued job reaches the policy once it heads its queue, and reasons
 are written only when they change."""
 
+import secrets
 from datetime import timedelta
 
 import pytest
@@ -94,7 +95,8 @@ def test_the_heads_read_through_the_index_are_the_heads_the_window_numbers(cast)
     """PostgreSQL reads the heads through the queue's index (a skip from one queue's key to the
     next, then each queue's first jobs); the window numbers every queued row. Same jobs, over
     queues that differ in each part of the key, a missing SKU, ties on the submit time, and the
-    jobs that may not start (held, backing off, still stopping) or jump the line (boosted)."""
+    jobs that may not start (held, backing off, still stopping) or jump the line (boosted), and
+    the widest node selector a submit takes."""
     from apps.jobs.models import AttemptMember
 
     now = timezone.now()
@@ -107,7 +109,12 @@ def test_the_heads_read_through_the_index_are_the_heads_the_window_numbers(cast)
     Job.objects.filter(pk__in=[j.pk for j in jobs[3::9]]).update(held_by_dependencies=True)
     backing_off = now + timedelta(hours=1)
     Job.objects.filter(pk__in=[j.pk for j in jobs[4::11]]).update(not_before=backing_off)
-    Job.objects.filter(pk__in=[j.pk for j in jobs[-3:]]).update(priority_boost=1)
+    boosted = jobs[-3:]
+    Job.objects.filter(pk__in=[j.pk for j in boosted]).update(priority_boost=1)
+    # The largest selector a submit takes (32 labels of 63 + 63 characters, which compress
+    # poorly): larger than a B-tree entry may be, so the index keys a selector by its hash.
+    widest = {secrets.token_urlsafe(48)[:63]: secrets.token_urlsafe(48)[:63] for _ in range(32)}
+    wide = [submit(cast, "dave", tier="free", selector=widest) for _ in range(2)]
     make_node("h1", gpus=8)
     stopping = submit(cast, "bob")
     dispatch_once()  # places `stopping`, whose member then keeps running as its job is requeued
@@ -118,7 +125,8 @@ def test_the_heads_read_through_the_index_are_the_heads_the_window_numbers(cast)
         numbered = dispatcher._numbered_heads(heads, timezone.now()).values_list("pk", flat=True)
         assert through_index == set(numbered)
         assert stopping.pk not in through_index
-        assert {j.pk for j in jobs[-3:]} <= through_index
+        assert {j.pk for j in boosted} <= through_index
+        assert wide[0].pk in through_index  # the head of its own queue
     assert len({j.pk for j in ordered_queue(heads=1)}) > 16  # more queues than tiers x tenants
 
 

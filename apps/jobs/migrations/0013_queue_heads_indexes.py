@@ -6,6 +6,10 @@ queue: 0.2-0.26 s at 50,000 queued, against 4-8 ms through the index; docs/sched
 second index holds the few queued jobs with a priority boost, which are handed over whatever
 their place. Partial (queued jobs only), so a job's row leaves them when it starts.
 
+The node selector is keyed by the MD5 of its text (jsonb's text is canonical: the same labels,
+the same text): a selector itself may be up to 32 labels of 63 + 63 characters, more than a
+B-tree entry may hold (2,704 bytes), and an index on it would refuse such a job's insert.
+
 SQLite keeps the window (no LATERAL there) and gets neither index: each would only cost its
 submits an insert more.
 """
@@ -14,8 +18,8 @@ from django.db import migrations
 
 HEADS = (
     "CREATE INDEX IF NOT EXISTS jobs_job_queue_heads_idx ON jobs_job "
-    "(tier_id, tenant_id, (COALESCE(gpu_sku_id, 0)), node_selector, ((command IS NOT NULL)), "
-    "created_at, id) WHERE state = 'queued'"
+    "(tier_id, tenant_id, (COALESCE(gpu_sku_id, 0)), (md5(node_selector::text)), "
+    "((command IS NOT NULL)), created_at, id) WHERE state = 'queued'"
 )
 BOOSTED = (
     "CREATE INDEX IF NOT EXISTS jobs_job_queue_boosted_idx ON jobs_job (created_at) "
