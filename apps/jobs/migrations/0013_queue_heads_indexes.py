@@ -10,6 +10,9 @@ The node selector is keyed by the MD5 of its text (jsonb's text is canonical: th
 the same text): a selector itself may be up to 32 labels of 63 + 63 characters, more than a
 B-tree entry may hold (2,704 bytes), and an index on it would refuse such a job's insert.
 
+Built CONCURRENTLY (so outside a transaction: `atomic = False`): on an installation with a long
+queue the build does not block its submits and the dispatcher's writes meanwhile.
+
 SQLite keeps the window (no LATERAL there) and gets neither index: each would only cost its
 submits an insert more.
 """
@@ -17,12 +20,12 @@ submits an insert more.
 from django.db import migrations
 
 HEADS = (
-    "CREATE INDEX IF NOT EXISTS jobs_job_queue_heads_idx ON jobs_job "
+    "CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_job_queue_heads_idx ON jobs_job "
     "(tier_id, tenant_id, (COALESCE(gpu_sku_id, 0)), (md5(node_selector::text)), "
     "((command IS NOT NULL)), created_at, id) WHERE state = 'queued'"
 )
 BOOSTED = (
-    "CREATE INDEX IF NOT EXISTS jobs_job_queue_boosted_idx ON jobs_job (created_at) "
+    "CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_job_queue_boosted_idx ON jobs_job (created_at) "
     "WHERE state = 'queued' AND priority_boost <> 0"
 )
 
@@ -35,11 +38,12 @@ def create(apps, schema_editor):
 
 def drop(apps, schema_editor):
     if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute("DROP INDEX IF EXISTS jobs_job_queue_heads_idx")
-        schema_editor.execute("DROP INDEX IF EXISTS jobs_job_queue_boosted_idx")
+        schema_editor.execute("DROP INDEX CONCURRENTLY IF EXISTS jobs_job_queue_heads_idx")
+        schema_editor.execute("DROP INDEX CONCURRENTLY IF EXISTS jobs_job_queue_boosted_idx")
 
 
 class Migration(migrations.Migration):
+    atomic = False
     dependencies = [
         ("jobs", "0012_job_dependencies"),
     ]
