@@ -218,27 +218,27 @@ def _heads_through_index(heads: int, now: datetime) -> tuple[str, list]:
         AttemptMember._meta.db_table,
         JobAttempt._meta.db_table,
     )
-    queued = f"state = '{JobState.QUEUED.value}'"  # a literal: it proves the indexes' predicate
-    key = "tier_id, tenant_id, COALESCE(gpu_sku_id, 0), md5(node_selector::text), (command IS NOT NULL)"
+    queued = f"j.state = '{JobState.QUEUED.value}'"  # a literal: it proves the indexes' predicate
+    # A queue's key, part by part, as the index has it (on `j`, the jobs table).
+    parts = {"tier_id": "j.tier_id", "tenant_id": "j.tenant_id", "sku": "COALESCE(j.gpu_sku_id, 0)",
+             "selector": "md5(j.node_selector::text)", "runs": "(j.command IS NOT NULL)"}  # fmt: skip
+    key, names = ", ".join(parts.values()), ", ".join(parts)
+    after = f"({key}) > ({', '.join(f'q.{name}' for name in parts)})"
+    same_queue = " AND ".join(f"{part} = q.{name}" for name, part in parts.items())
     may_start = (
         "NOT j.held_by_dependencies AND (j.not_before IS NULL OR j.not_before <= %s) "
         f"AND NOT EXISTS (SELECT 1 FROM {member} m JOIN {attempt} a ON a.id = m.attempt_id "
         "WHERE a.job_id = j.id AND m.ended_at IS NULL)"
     )
     sql = (
-        f"WITH RECURSIVE queues (tier_id, tenant_id, sku, selector, runs) AS ("
-        f"(SELECT {key} FROM {job} WHERE {queued} ORDER BY 1, 2, 3, 4, 5 LIMIT 1) "
+        f"WITH RECURSIVE queues ({names}) AS ("
+        f"(SELECT {key} FROM {job} j WHERE {queued} ORDER BY {key} LIMIT 1) "
         f"UNION ALL SELECT n.* FROM queues q CROSS JOIN LATERAL ("
-        f"SELECT {key} FROM {job} j WHERE j.{queued} AND "
-        f"(j.tier_id, j.tenant_id, COALESCE(j.gpu_sku_id, 0), md5(j.node_selector::text), (j.command IS NOT NULL)) "
-        f"> (q.tier_id, q.tenant_id, q.sku, q.selector, q.runs) ORDER BY 1, 2, 3, 4, 5 LIMIT 1) n) "
+        f"SELECT {key} FROM {job} j WHERE {queued} AND {after} ORDER BY {key} LIMIT 1) n) "
         f"SELECT h.id FROM queues q CROSS JOIN LATERAL ("
-        f"SELECT j.id FROM {job} j WHERE j.{queued} AND j.tier_id = q.tier_id "
-        f"AND j.tenant_id = q.tenant_id AND COALESCE(j.gpu_sku_id, 0) = q.sku "
-        f"AND md5(j.node_selector::text) = q.selector AND (j.command IS NOT NULL) = q.runs AND {may_start} "
+        f"SELECT j.id FROM {job} j WHERE {queued} AND {same_queue} AND {may_start} "
         f"ORDER BY j.created_at, j.id LIMIT %s) h "
-        f"UNION SELECT j.id FROM {job} j WHERE j.{queued} AND j.priority_boost <> 0 "
-        f"AND {may_start}"
+        f"UNION SELECT j.id FROM {job} j WHERE {queued} AND j.priority_boost <> 0 AND {may_start}"
     )  # fmt: skip
     return sql, [now, heads, now]
 

@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from apps.jobs import services
-from apps.jobs.models import Job, JobAttempt, JobTemplate
+from apps.jobs.models import AttemptMember, Job, JobAttempt, JobTemplate
 from apps.nodes.models import GpuSku
 from apps.scheduling import dispatcher
 from apps.scheduling.dispatcher import dispatch_once, ordered_queue, queue_position, queue_positions
@@ -97,8 +97,6 @@ def test_the_heads_read_through_the_index_are_the_heads_the_window_numbers(cast)
     queues that differ in each part of the key, a missing SKU, ties on the submit time, and the
     jobs that may not start (held, backing off, still stopping) or jump the line (boosted), and
     the widest node selector a submit takes."""
-    from apps.jobs.models import AttemptMember
-
     now = timezone.now()
     jobs = [submit(cast, user, tier=tier, sku=sku, selector=selector)
             for user in ("bob", "dave") for tier in ("pro", "free") for sku in ("H100-80GB", "A100-40GB")
