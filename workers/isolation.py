@@ -30,6 +30,8 @@ NVIDIA_CONTROL_MINORS = (254, 255)  # nvidia-modeset, nvidiactl: shared by every
 PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")  # world-writable on the host: a fresh tmpfs per job
 CGROUP_ROOT = pathlib.Path("/sys/fs/cgroup")
 V1_CONTROLLERS = ("memory", "pids", "cpu", "devices", "freezer")
+V2_LIMIT_CONTROLLERS: tuple[str, ...] = ("memory", "pids", "cpu")
+V2_LIMIT_FILES = {"memory": "memory.max", "pids": "pids.max", "cpu": "cpu.weight"}
 
 
 # --- settings (from the environment: the agent has no Django) --------------------------------
@@ -198,9 +200,11 @@ class Cgroups:
     `gpuplatform/<node>/<attempt>-<rank>`, so a restarted agent finds what its predecessor left."""
 
     def __init__(
-        self, *, v2_base: pathlib.Path | None, v1_bases: dict[str, pathlib.Path], pure_v2: bool
-    ):
+        self, *, v2_base: pathlib.Path | None, v1_bases: dict[str, pathlib.Path], pure_v2: bool,
+        v2_controllers: tuple[str, ...] = V2_LIMIT_CONTROLLERS,
+    ):  # fmt: skip
         self.v2_base, self.v1_bases, self.pure_v2 = v2_base, v1_bases, pure_v2
+        self.v2_controllers = v2_controllers  # pure v2: the limit controllers handed down to jobs
 
     @property
     def layout(self) -> str:
@@ -233,11 +237,14 @@ class Cgroups:
         memory = str(limits.memory_mib * 2**20) if limits.memory_mib else None
         if self.pure_v2:
             assert group.v2 is not None  # pure v2: create() made its v2 group
-            if memory:
+            on = self.v2_controllers  # a controller the kernel lacks has no file (_delegate_v2)
+            if memory and "memory" in on:
                 _write(group.v2 / "memory.max", memory)
                 _write_if_there(group.v2 / "memory.swap.max", "0")
-            _write(group.v2 / "pids.max", str(limits.pids_max))
-            _write(group.v2 / "cpu.weight", str(limits.cpu_weight))
+            if "pids" in on:
+                _write(group.v2 / "pids.max", str(limits.pids_max))
+            if "cpu" in on:
+                _write(group.v2 / "cpu.weight", str(limits.cpu_weight))
             return  # device files: the mount namespace hides the others (no devices file in v2)
         if memory and "memory" in group.v1:
             _write(group.v1["memory"] / "memory.limit_in_bytes", memory)
@@ -327,10 +334,11 @@ def find_cgroups(node: str) -> Cgroups | None:
         return None
     pure_v2 = not v1_mounts and v2_mount == CGROUP_ROOT
     v2_own = _under(v2_mount, "/", own.get("", "/"))
+    v2_controllers = V2_LIMIT_CONTROLLERS
     try:
         v1_bases: dict[str, pathlib.Path] = {}
         if pure_v2:
-            v2_base = _delegate_v2(v2_own, node)
+            v2_base, v2_controllers = _delegate_v2(v2_own, node)
         else:
             v2_base = _mkdirs(v2_own, node)
             for controller, (mount, root) in v1_mounts.items():
@@ -346,7 +354,9 @@ def find_cgroups(node: str) -> Cgroups | None:
             "neither cgroup.kill nor a freezer: a job's processes could not be killed as a whole"
         )
         return None
-    return Cgroups(v2_base=v2_base, v1_bases=v1_bases, pure_v2=pure_v2)
+    return Cgroups(
+        v2_base=v2_base, v1_bases=v1_bases, pure_v2=pure_v2, v2_controllers=v2_controllers
+    )
 
 
 def _mkdirs(own: pathlib.Path, node: str) -> pathlib.Path:
@@ -355,11 +365,22 @@ def _mkdirs(own: pathlib.Path, node: str) -> pathlib.Path:
     return base
 
 
-def _delegate_v2(own: pathlib.Path, node: str) -> pathlib.Path:
+def _delegate_v2(own: pathlib.Path, node: str) -> tuple[pathlib.Path, tuple[str, ...]]:
     """Pure v2: controllers reach a child only through subtree_control, and a group with
     processes may not hand them on ("no internal processes"), so the agent first moves itself
-    into a leaf of its own group (what systemd's Delegate=yes expects)."""
-    wanted = "+memory +pids +cpu"
+    into a leaf of its own group (what systemd's Delegate=yes expects). Only the controllers
+    the kernel offers here are asked for (asking for one it lacks is refused, ENOENT): a kernel
+    without one still fences jobs, without that limit, and the agent's log names it. The base
+    of the node's groups, and the controllers handed down to them."""
+    offered = set((own / "cgroup.controllers").read_text().split())
+    enabled = tuple(name for name in V2_LIMIT_CONTROLLERS if name in offered)
+    missing = [name for name in V2_LIMIT_CONTROLLERS if name not in offered]
+    if missing:
+        log.warning("this kernel's cgroup v2 offers no %s controller here: jobs on this node run without "
+                    "their %s limit", "/".join(missing), "/".join(V2_LIMIT_FILES[name] for name in missing))  # fmt: skip
+    if not enabled:
+        return _mkdirs(own, node), enabled  # nothing to hand on: membership and cgroup.kill only
+    wanted = " ".join(f"+{name}" for name in enabled)
     try:
         _write(own / "cgroup.subtree_control", wanted)
     except OSError as error:
@@ -379,7 +400,7 @@ def _delegate_v2(own: pathlib.Path, node: str) -> pathlib.Path:
     base = top / _node_dir(node)
     base.mkdir(exist_ok=True)
     _write(base / "cgroup.subtree_control", wanted)
-    return base
+    return base, enabled
 
 
 # --- the uid pool -------------------------------------------------------------------------------

@@ -16,6 +16,9 @@ import urllib.parse
 import requests
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+# The checkout first, then whatever the run was given (packages carried to a machine whose own
+# Python lacks them, as on the GPU machine of tests/gpu/).
+PYTHONPATH = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
 FAST = {
     # 1 s x 3 before a node is lost: 0.5 s lost live nodes on a loaded 2-core machine.
     "GPUPLATFORM_HEARTBEAT_SECONDS": "1",
@@ -89,7 +92,7 @@ class Platform:
             GPUPLATFORM_DATA_DIR=str(data_dir),
             DATABASE_URL=fresh_database_url(data_dir, name),
             REDIS_URL=self.redis.url if self.redis else separate_redis_url(redis_db),
-            PYTHONPATH=str(ROOT),
+            PYTHONPATH=PYTHONPATH,
             GPUPLATFORM_URL=self.url,  # the agents the autoscaler's local provider starts reach it here
             GPUPLATFORM_TRUST_UNISOLATED_NODES="1",  # unprivileged test agents: isolation "none"
             **(env or {}),
@@ -180,7 +183,7 @@ class Platform:
         as an operator would), its own data dir. No database, no secret key, no Redis URL."""
         credential = self.manage("create_node_credential", node).strip().splitlines()[-1]
         return {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(ROOT), "LOG_LEVEL": FAST["LOG_LEVEL"],
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": PYTHONPATH, "LOG_LEVEL": FAST["LOG_LEVEL"],
             "GPUPLATFORM_URL": self.url, "GPUPLATFORM_NODE_CREDENTIAL": credential,
             "GPUPLATFORM_DATA_DIR": str(self.agent_dir(node)),
         }  # fmt: skip

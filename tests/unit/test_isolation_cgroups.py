@@ -4,7 +4,15 @@ tests in tests/isolation check that the kernel enforces them)."""
 
 import pathlib
 
-from workers.isolation import Cgroups, Limits, Settings, _mounts, _under, favors_dynmods
+from workers.isolation import (
+    Cgroups,
+    Limits,
+    Settings,
+    _delegate_v2,
+    _mounts,
+    _under,
+    favors_dynmods,
+)
 
 
 def fake_v2(tmp_path) -> pathlib.Path:
@@ -25,6 +33,36 @@ def test_pure_v2_writes_memory_max_pids_max_and_cpu_weight_in_one_group(tmp_path
         group.v2 / "devices.deny"
     ).exists()  # v2 has no devices file: the namespace hides them
     assert group.procs_files == [str(group.v2 / "cgroup.procs")]
+
+
+def test_pure_v2_writes_no_limit_whose_controller_the_kernel_lacks(tmp_path):
+    # Seen on a GPU machine (Firecracker, kernel 6.18): the agent's group was handed memory
+    # alone (no pids, no cpu); its jobs still fence.
+    cgroups = Cgroups(v2_base=fake_v2(tmp_path), v1_bases={}, pure_v2=True,
+                      v2_controllers=("memory", "pids"))  # fmt: skip
+    group = cgroups.create(
+        "7-0", Limits(memory_mib=512, pids_max=64, cpu_weight=300), deny_devices=[]
+    )
+    assert (group.v2 / "memory.max").read_text() == str(512 * 2**20)
+    assert (group.v2 / "pids.max").read_text() == "64"
+    assert not (group.v2 / "cpu.weight").exists()
+
+
+def test_delegation_asks_only_for_the_controllers_the_kernel_offers(tmp_path, caplog):
+    own = tmp_path / "agent.scope"
+    own.mkdir()
+    (own / "cgroup.controllers").write_text("cpuset io memory pids\n")  # no cpu
+    base, enabled = _delegate_v2(own, "n1")
+    assert enabled == ("memory", "pids") and base == own / "gpuplatform" / "n1"
+    for group in (own, own / "gpuplatform", base):
+        assert (group / "cgroup.subtree_control").read_text() == "+memory +pids"
+    assert "no cpu controller" in caplog.text and "cpu.weight" in caplog.text
+
+    bare = tmp_path / "bare.scope"
+    bare.mkdir()
+    (bare / "cgroup.controllers").write_text("\n")  # none at all: membership and kill only
+    base, enabled = _delegate_v2(bare, "n1")
+    assert enabled == () and base.is_dir() and not (bare / "cgroup.subtree_control").exists()
 
 
 def test_hybrid_writes_v1_limits_and_denies_other_gpus(tmp_path):
