@@ -311,7 +311,11 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 4  # tasks are short hand-offs; see docs/reliability.md
 CELERY_TASK_IGNORE_RESULT = True
-CELERY_TASK_SEND_SENT_EVENT = True
+# Celery's default: no task-sent event. Agents send no task events (their broker user may not
+# publish on any channel), so a sent event showed every start and stop message in Flower as sent
+# and never received (tests/broker/test_task_events.py); Flower shows the dispatcher's and
+# webhooks' tasks from their receipt on. It also halves the Redis publishes of a start message.
+CELERY_TASK_SEND_SENT_EVENT = False
 CELERY_WORKER_SEND_TASK_EVENTS = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {

@@ -1,7 +1,7 @@
 """The dispatch request after a submission, coalesced per web process, and sent off the
 submission's path.
 
-Each request is a Celery message (plus its task-sent event for Flower): under a burst of
+Each request is a Celery message (with a task-sent event for Flower until 2026-12-04): under a burst of
 submissions that publishing was a fifth of a submit's time, and every request after the first
 few is redundant, since one dispatcher pass reads the whole queue. The rule here keeps the
 guarantee that matters: a pass is requested *after* every admitted job's commit. The first
