@@ -142,6 +142,20 @@ brings the accept under sbatch's 6.4-7.5 ms without a submit path that skips DRF
 second run within Slurm's MinJobAge (600 s here) of the first is refused by slurmctld
 ("temporarily unable to accept job"): 15 runs leave 150,000 finished task records and
 MaxJobCount is 200,000.
+
+2026-12-04, a quiet machine (load 0.3-0.7), two runs 10 minutes apart (the figures above are
+the second): accept (http.client) 6.0 ms (4.7-8.2) against sbatch's 5.2 ms (4.6-7.6), 1.15x,
+and 6.9 ms (4.0-11.8) against 6.7 ms (6.2-8.2), 1.03x: **not met**, within a millisecond. In
+both runs the same submit through `requests` was faster (5.5 and 5.6 ms) although requests
+spends more client CPU: it goes second, right after the http.client one, while the judged
+http.client submit comes right after the previous run's listings. So a submit after other work
+pays ~0.5-2 ms of cold Python (in process, on a database with a few thousand arrays: 4.6 ms a
+submit back to back, 7.0 ms with 20 ms between), which sbatch's C does not; sbatch itself runs
+after a `scancel` and a polling loop. The method is unchanged (the judged row still the first
+after the listings). Tried: the dispatch request's sender thread held back 5 or 20 ms after a
+submit, so that it cannot take the GIL while the answer is finished: 8.55 / 8.25 / 8.16 ms
+(now / 5 ms / 20 ms, 200 submits each, 100 ms apart, eight interleaved rounds): no effect
+beyond noise, not kept.
 """
 
 
