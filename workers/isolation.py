@@ -237,14 +237,14 @@ class Cgroups:
         memory = str(limits.memory_mib * 2**20) if limits.memory_mib else None
         if self.pure_v2:
             assert group.v2 is not None  # pure v2: create() made its v2 group
-            on = self.v2_controllers  # a controller the kernel lacks has no file (_delegate_v2)
-            if memory and "memory" in on:
-                _write(group.v2 / "memory.max", memory)
+            # Only the controllers handed down (_delegate_v2): one the kernel lacks has no file.
+            values = {"memory": memory, "pids": str(limits.pids_max), "cpu": str(limits.cpu_weight)}
+            for name in self.v2_controllers:
+                value = values[name]
+                if value:  # no memory limit asked: memory.max stays "max"
+                    _write(group.v2 / V2_LIMIT_FILES[name], value)
+            if memory and "memory" in self.v2_controllers:
                 _write_if_there(group.v2 / "memory.swap.max", "0")
-            if "pids" in on:
-                _write(group.v2 / "pids.max", str(limits.pids_max))
-            if "cpu" in on:
-                _write(group.v2 / "cpu.weight", str(limits.cpu_weight))
             return  # device files: the mount namespace hides the others (no devices file in v2)
         if memory and "memory" in group.v1:
             _write(group.v1["memory"] / "memory.limit_in_bytes", memory)

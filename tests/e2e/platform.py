@@ -159,7 +159,10 @@ class Platform:
         return {"ALLOWED_HOSTS": f"{hosts},{self.listen}",
                 "GPUPLATFORM_AGENT_REDIS_URL": f"redis://{self.listen}:{parts.port}{parts.path}"}  # fmt: skip
 
-    def start_agent(self, node: str, sku: str, gpus: int, labels: str = "") -> None:
+    def start_agent(
+        self, node: str, sku: str, gpus: int, labels: str = "", *, fake: bool = True
+    ) -> None:
+        """`fake`: declared GPUs; else the agent finds them with NVML (tests/gpu)."""
         argv = [
             sys.executable,
             "-m",
@@ -170,7 +173,7 @@ class Platform:
             sku,
             "--gpus",
             str(gpus),
-            "--fake",
+            *(["--fake"] if fake else []),
         ]
         if labels:
             argv += ["--labels", labels]

@@ -104,11 +104,7 @@ def platform(gpus, tmp_path_factory):
     )
     try:
         platform.start({})
-        argv = [sys.executable, "-m", "workers.agent", "--node", NODE, "--sku", SKU,
-                "--gpus", str(len(gpus))]  # fmt: skip  # no --fake: NVML
-        platform.agents[NODE] = argv
-        platform.agent_envs[NODE] = platform.agent_environment(NODE)
-        platform.spawn(f"agent-{NODE}", argv, env=platform.agent_envs[NODE])
+        platform.start_agent(NODE, SKU, len(gpus), fake=False)  # NVML's GPUs
         platform.wait_until(platform.ready, timeout=90, what="the real agent registered")
         yield platform
     finally:
