@@ -17,6 +17,10 @@ Slurm, in the same run (`../shared/peers/slurm`, SLURM_CONF, default
 with its partition DOWN so that nothing starts meanwhile, `sbatch --array=0-9999 --wrap true`
 until it returns, then `squeue -r` (one line per task) until it has printed all of them, then
 `scancel`. Where Slurm is not there the section says so and shows ours alone.
+
+The runs interleave: Slurm's run, ours, ours, Slurm's, ... (who goes first alternates), and
+each timed accept comes after the same idle pause (PAUSE_S), so that both systems are measured
+in the same phase of this shared machine, from the same state.
 """
 
 from __future__ import annotations
@@ -162,51 +166,60 @@ beyond noise, not kept.
 # --- Slurm ---------------------------------------------------------------------------------------
 
 
-SLURM_SCRIPT = r"""
+# One run: sbatch until it returns, then squeue -r until it has printed every task, then scancel
+# and wait until the array is gone (the partition is DOWN around all runs, `slurm_partition`).
+SLURM_RUN = r"""
 set -euo pipefail
 # bash's own clock (5.0+): `$(date +%s.%N)` forks a subshell and a process, 2-3 ms a reading on
 # this machine, which the figures before 2026-12-03 counted into sbatch's time.
 now() { if [ -n "${EPOCHREALTIME:-}" ]; then REPLY=$EPOCHREALTIME; else REPLY=$(date +%s.%N); fi; }
-scontrol update partitionname=gpu state=DOWN
-for run in $(seq 1 {runs}); do
-  now; t0=$REPLY; id=$(sbatch --parsable -o /dev/null -J benchArr --array=0-{last} --wrap true); now; t1=$REPLY
-  n=$(squeue -r -h -j "$id" -o %i | wc -l); now; t2=$REPLY
-  echo "SLURM $t0 $t1 $t2 $n"
-  scancel "$id"
-  while [ -n "$(squeue -h -j "$id" -o %i 2>/dev/null | head -1)" ]; do sleep 0.2; done
-done
-scontrol update partitionname=gpu state=UP
+now; t0=$REPLY; id=$(sbatch --parsable -o /dev/null -J benchArr --array=0-{last} --wrap true); now; t1=$REPLY
+n=$(squeue -r -h -j "$id" -o %i | wc -l); now; t2=$REPLY
+echo "SLURM $t0 $t1 $t2 $n"
+scancel "$id"
+while [ -n "$(squeue -h -j "$id" -o %i 2>/dev/null | head -1)" ]; do sleep 0.2; done
 """
+# Before each timed accept, ours or Slurm's, the machine is left idle this long: both submits
+# then start from the same state (until 2026-12-04 Slurm's came after its scancel's polling loop
+# and ours right after the previous run's listings, each system's runs in a block of their own).
+PAUSE_S = 0.5
 
 
-def slurm(runs: int, size: int) -> dict:
-    """Medians of Slurm's sbatch --array and squeue -r, or {"missing": why}."""
+def slurm_conf() -> str | None:
+    """SLURM_CONF's path where a Slurm client and its configuration are here, else None."""
     conf = os.environ.get("SLURM_CONF", "/tmp/slurmlab/etc/slurm.conf")
-    if not shutil.which("sbatch") or not os.path.exists(conf):
-        return {
-            "missing": f"no Slurm here (sbatch on PATH: {bool(shutil.which('sbatch'))}, {conf})"
-        }
-    command = [
-        "bash",
-        "-c",
-        SLURM_SCRIPT.replace("{runs}", str(runs)).replace("{last}", str(size - 1)),
-    ]
+    return conf if shutil.which("sbatch") and os.path.exists(conf) else None
+
+
+def _slurm(script: str, conf: str) -> subprocess.CompletedProcess:
+    command = ["bash", "-c", script]
     if os.environ.get("SLURM_LOCK"):
         command = ["flock", "-o", "-w", "300", os.environ["SLURM_LOCK"], *command]
-    done = subprocess.run(command, env=dict(os.environ, SLURM_CONF=conf), capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
+    return subprocess.run(command, env=dict(os.environ, SLURM_CONF=conf), capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+
+
+def slurm_partition(conf: str, state: str) -> None:
+    """The lab's partition DOWN (nothing starts while measured) or UP again."""
+    done = _slurm(f"scontrol update partitionname=gpu state={state}", conf)
     if done.returncode:
-        return {"missing": f"Slurm failed: {done.stderr.strip()[-300:]}"}
-    accept, listed, counts = [], [], []
-    for line in done.stdout.splitlines():
-        if line.startswith("SLURM "):
-            t0, t1, t2, n = line.split()[1:]
-            accept.append(float(t1) - float(t0))
-            listed.append(float(t2) - float(t1))
-            counts.append(int(n))
-    named = subprocess.run(["sbatch", "--version"], capture_output=True, text=True)
-    version = (named.stdout or named.stderr).strip()
-    return {"accept_s": accept, "squeue_s": listed, "tasks_listed": counts, "version": version}
+        raise RuntimeError(f"scontrol: {done.stderr.strip()[-300:]}")
+
+
+def slurm_run(conf: str, size: int) -> tuple[float, float, int]:
+    """One run of Slurm's: (sbatch's seconds, squeue -r's seconds, task lines listed)."""
+    done = _slurm(SLURM_RUN.replace("{last}", str(size - 1)), conf)
+    if done.returncode:
+        raise RuntimeError(f"Slurm failed: {done.stderr.strip()[-300:]}")
+    line = next(line for line in done.stdout.splitlines() if line.startswith("SLURM "))
+    t0, t1, t2, n = line.split()[1:]
+    return float(t1) - float(t0), float(t2) - float(t1), int(n)
+
+
+def slurm_version(conf: str) -> str:
+    named = subprocess.run(["sbatch", "--version"], env=dict(os.environ, SLURM_CONF=conf),
+                           capture_output=True, text=True)  # fmt: skip
+    return (named.stdout or named.stderr).strip()
 
 
 # --- ours ----------------------------------------------------------------------------------------
@@ -279,59 +292,106 @@ def _lean_client(platform):
 
     for _ in range(WARM_SUBMITS):
         submit(json.dumps({**BODY, "array": "0-9"}).encode())
+    submit.connection = connection  # type: ignore[attr-defined]
     return submit
 
 
-def ours(runs: int, size: int, platform) -> dict:
-    session = platform.api("bob")
-    spec = f"0-{size - 1}"
-    http, lean_http, listing, whole, in_process = [], [], [], [], []
-    for _ in range(2):  # warm the workers' connections and caches
-        session.post(platform.url + "/api/v1/jobs/", json={**BODY, "array": "0-9"}, timeout=60)
-    lean = _lean_client(platform)
-    for _ in range(runs):
-        lean_http.append(lean(json.dumps({**BODY, "array": spec}).encode()))
+class Ours:
+    """Our side of each run, through the web `platform` serves (start_web)."""
+
+    def __init__(self, platform, size: int):
+        self.platform, self.size = platform, size
+        self.session = platform.api("bob")
+        self.body = {**BODY, "array": f"0-{size - 1}"}
+        for _ in range(2):  # warm the workers' connections and caches
+            self.session.post(
+                platform.url + "/api/v1/jobs/", json={**BODY, "array": "0-9"}, timeout=60
+            )
+        self.lean = _lean_client(platform)
+        self.figures: dict = {"http_s": [], "http_lean_s": [], "list_s": [], "list_one_s": []}
+
+    def run(self) -> None:
+        """The judged submit (http.client) after the pause, the same through requests, then
+        every task listed in pages and in one request."""
+        f, url = self.figures, self.platform.url
+        # A new connection, made before the pause: a kept-alive one may have been closed by the
+        # server's keep-alive timeout (5 s) during Slurm's run. The connect is not timed.
+        self.lean.connection.close()
+        self.lean.connection.connect()
+        time.sleep(PAUSE_S)
+        f["http_lean_s"].append(self.lean(json.dumps(self.body).encode()))
         started = time.perf_counter()
-        answer = session.post(
-            platform.url + "/api/v1/jobs/", json={**BODY, "array": spec}, timeout=120
-        )
-        http.append(time.perf_counter() - started)
+        answer = self.session.post(url + "/api/v1/jobs/", json=self.body, timeout=120)
+        f["http_s"].append(time.perf_counter() - started)
         assert answer.status_code == 201, answer.text
         array = answer.json()
-        assert array["size"] == size and array["counts"]["queued"] == size
-        seconds, seen, made = list_all(
-            session, f"{platform.url}{array['tasks_url']}&page_size={PAGE}"
+        assert array["size"] == self.size and array["counts"]["queued"] == self.size
+        seconds, seen, made = list_all(self.session, f"{url}{array['tasks_url']}&page_size={PAGE}")
+        assert seen == self.size, (seen, self.size)
+        f["list_s"].append(seconds)
+        f["list_requests"] = made
+        seconds, seen, _ = list_all(
+            self.session, f"{url}{array['tasks_url']}&page_size={self.size}"
         )
-        assert seen == size, (seen, size)
-        listing.append(seconds)
-        seconds, seen, _ = list_all(session, f"{platform.url}{array['tasks_url']}&page_size={size}")
-        assert seen == size, (seen, size)
-        whole.append(seconds)
-    # In process: submit_job against the same database, no HTTP.
-    os.environ.update(DATABASE_URL=platform.env["DATABASE_URL"], REDIS_URL=platform.env["REDIS_URL"],
-                      DJANGO_SETTINGS_MODULE="gpuplatform.settings")  # fmt: skip
-    import django
+        assert seen == self.size, (seen, self.size)
+        f["list_one_s"].append(seconds)
 
-    django.setup()
-    from django.contrib.auth import get_user_model
+    def in_process(self, runs: int) -> None:
+        """submit_job against the same database, no HTTP (after every run: it sets Django up
+        in this process)."""
+        env = self.platform.env
+        os.environ.update(DATABASE_URL=env["DATABASE_URL"], REDIS_URL=env["REDIS_URL"],
+                          DJANGO_SETTINGS_MODULE="gpuplatform.settings")  # fmt: skip
+        import django
 
-    from apps.admission.submit import submit_job
+        django.setup()
+        from django.contrib.auth import get_user_model
 
-    bob = get_user_model().objects.get(username="bob")
-    submit_job(user=bob, body={**BODY, "array": "0-9"}, idempotency_key=None)
-    for _ in range(runs):
-        started = time.perf_counter()
-        submitted = submit_job(user=bob, body={**BODY, "array": spec}, idempotency_key=None)
-        in_process.append(time.perf_counter() - started)
-        assert submitted.array is not None and submitted.array.size == size
-    return {
-        "http_s": http,
-        "http_lean_s": lean_http,
-        "in_process_s": in_process,
-        "list_s": listing,
-        "list_requests": made,
-        "list_one_s": whole,
-    }
+        from apps.admission.submit import submit_job
+
+        bob = get_user_model().objects.get(username="bob")
+        submit_job(user=bob, body={**BODY, "array": "0-9"}, idempotency_key=None)
+        self.figures["in_process_s"] = []
+        for _ in range(runs):
+            started = time.perf_counter()
+            submitted = submit_job(user=bob, body=self.body, idempotency_key=None)
+            self.figures["in_process_s"].append(time.perf_counter() - started)
+            assert submitted.array is not None and submitted.array.size == self.size
+
+
+def measure(runs: int, size: int, platform) -> dict:
+    """`runs` runs, Slurm's and ours interleaved (which goes first alternates), each timed
+    accept after the same idle pause; then our in-process submits."""
+    result: dict = {}
+    conf = slurm_conf()
+    if conf is None:
+        result["slurm"] = {"missing": f"no Slurm here (sbatch on PATH: {bool(shutil.which('sbatch'))}, "
+                                      f"{os.environ.get('SLURM_CONF', '/tmp/slurmlab/etc/slurm.conf')})"}  # fmt: skip
+    ours = Ours(platform, size)
+    slurm: dict = {"accept_s": [], "squeue_s": [], "tasks_listed": []}
+    try:
+        if conf:
+            slurm_partition(conf, "DOWN")
+        for run in range(runs):
+            for side in ("slurm", "ours") if run % 2 == 0 else ("ours", "slurm"):
+                if side == "ours":
+                    ours.run()
+                elif conf:
+                    time.sleep(PAUSE_S)
+                    accept, listed, n = slurm_run(conf, size)
+                    slurm["accept_s"].append(accept)
+                    slurm["squeue_s"].append(listed)
+                    slurm["tasks_listed"].append(n)
+    except RuntimeError as error:
+        result["slurm"] = {"missing": str(error)}
+    finally:
+        if conf:
+            slurm_partition(conf, "UP")
+    if "slurm" not in result:
+        result["slurm"] = {**slurm, "version": slurm_version(conf)}
+    ours.in_process(runs)
+    result["ours"] = ours.figures
+    return result
 
 
 # --- the section ---------------------------------------------------------------------------------
@@ -426,14 +486,13 @@ def main() -> int:
         else "SQLite (embedded default)"
     )
     load = os.getloadavg()[0]
-    result = {"slurm": slurm(args.runs, args.size)}
-    print("slurm", result["slurm"], flush=True)
     with tempfile.TemporaryDirectory(prefix="gpuplatform-bench-arrays-") as tmp:
         platform = start_web(pathlib.Path(tmp))
         try:
-            result["ours"] = ours(args.runs, args.size, platform)
+            result = measure(args.runs, args.size, platform)
         finally:
             platform.stop()
+    print("slurm", result["slurm"], flush=True)
     print("ours", result["ours"], flush=True)
     OUT.parent.mkdir(parents=True, exist_ok=True)
     saved = {
