@@ -131,14 +131,17 @@ class State:
         self.read_at = time.monotonic()
         self.checkpoints_since = timezone.now()
         self.dirty: set[str] = set()  # pod names to read again (the policy changed them)
+        self.usable = 0  # healthy GPUs on ready nodes, as read (a change reads it all again)
 
     # --- a full read ------------------------------------------------------------------------
 
-    def load(self) -> State:
+    def load(self, tiers: list[Tier] | None = None) -> State:
         """Every node that is not lost (cordoned and draining ones take no new work), its
         unhealthy GPUs marked unusable, and every GPU held by an attempt restored as a pod. Read
         as plain rows (values_list): no model objects for 1,000 nodes and 8,000 attempts. The
-        stamps are read before the rows they cover, so a change in between shows next pass."""
+        stamps are read before the rows they cover, so a change in between shows next pass
+        (`tiers`: the pass's Tier rows, read before this, for the stamp of their graces)."""
+        settings_read = settings_stamp(tiers)
         gpus_stamp = gpu_stamp()
         nodes = node_rows()
         gpus_of: dict[int, dict[int, tuple[int, str]]] = {}
@@ -155,6 +158,8 @@ class State:
             self.node_ids[name] = pk
             if state != NodeState.READY:
                 cluster.cordon(name)
+            else:
+                self.usable += sum(1 for _, health in gpus.values() if health == GpuHealth.HEALTHY)
             for index in range(size):
                 gpu = gpus.get(index)
                 if gpu is None or gpu[1] != GpuHealth.HEALTHY:
@@ -164,16 +169,16 @@ class State:
                     self.gpu_at[gpu[0]] = (name, index)
         allocations = allocation_rows()
         self._hold(allocations, set(self._attempts_of(allocations)))
-        self.stamp = Stamp(nodes, gpus_stamp, allocation_stamp(allocations), settings_stamp())
+        self.stamp = Stamp(nodes, gpus_stamp, allocation_stamp(allocations), settings_read)
         return self
 
     # --- bringing it up to date -------------------------------------------------------------
 
-    def refresh(self) -> bool:
+    def refresh(self, tiers: list[Tier] | None = None) -> bool:
         """Bring the state up to date with the database; False when only a full read can (a node,
-        a GPU or a setting changed, or too much at once)."""
+        a GPU or a setting changed, or too much at once). `tiers` as for `load`."""
         assert self.stamp is not None
-        if settings_stamp() != self.stamp.settings or gpu_stamp() != self.stamp.gpus:
+        if settings_stamp(tiers) != self.stamp.settings or gpu_stamp() != self.stamp.gpus:
             return False
         if node_rows() != self.stamp.nodes:
             return False
@@ -263,6 +268,14 @@ class State:
                 held.running.last_checkpoint_at = epoch(checkpoint_at)
 
     # --- what a pass gets -------------------------------------------------------------------
+
+    def free_gpus(self) -> int:
+        """Healthy GPUs on ready nodes less every GPU held (wherever it is), as the state was
+        last checked: what the dispatcher's two counts gave (`dispatcher.pass_window`). Nodes
+        and GPUs are as read (any change to them reads the state again), the held GPUs are the
+        allocations' count in the stamp each pass checks."""
+        assert self.stamp is not None
+        return max(0, self.usable - self.stamp.allocations[0])
 
     def snapshot(self, strategy: core.Strategy | str | None) -> ClusterSnapshot:
         """The state for one pass: the pass's placement strategy, and the stopping jobs' ends
@@ -360,7 +373,9 @@ def gpu_stamp() -> tuple:
     """GPU rows are made once per (node, index) and never change node or index: their count,
     the sum of their ids and the unhealthy ones say everything a pass reads of them."""
     counts = Gpu.objects.aggregate(n=Count("pk"), ids=Sum("pk"))
-    unhealthy = Gpu.objects.exclude(health=GpuHealth.HEALTHY).values_list("pk", flat=True)
+    unhealthy = (  # no order: no join for the node's name (Meta's)
+        Gpu.objects.exclude(health=GpuHealth.HEALTHY).order_by().values_list("pk", flat=True)
+    )
     return counts["n"], counts["ids"], tuple(sorted(unhealthy))
 
 
@@ -379,12 +394,14 @@ def held_allocation_stamp() -> tuple:
     return (got["n"], got["ids"] or 0, got["av"] or 0, got["jv"] or 0)
 
 
-def settings_stamp() -> tuple:
-    """What else the state was built from: the tiers' grace, the tenants allowed commands (their
-    running jobs' tolerations), and the settings read."""
+def settings_stamp(tiers: list[Tier] | None = None) -> tuple:
+    """What else the state was built from: the tiers' grace (from the pass's Tier rows, or read
+    here), the tenants allowed commands (their running jobs' tolerations), and the settings read."""
     from apps.tenants.models import Tenant
 
-    graces = tuple(Tier.objects.order_by("pk").values_list("pk", "preemption_grace_seconds"))
+    if tiers is None:
+        tiers = list(Tier.objects.all())
+    graces = tuple(sorted((tier.pk, tier.preemption_grace_seconds) for tier in tiers))
     allowed = tuple(
         Tenant.objects.filter(allow_commands=True).order_by("pk").values_list("pk", flat=True)
     )
@@ -530,29 +547,32 @@ class Kept:
             spans.read_at = state.read_at
         return spans.usage(now, half_life_s)
 
-    def pass_state(self, strategy: core.Strategy | str | None) -> State:
-        """The up-to-date state for a pass; hand it back with `done` (or `failed`)."""
+    def pass_state(
+        self, strategy: core.Strategy | str | None, tiers: list[Tier] | None = None
+    ) -> State:
+        """The up-to-date state for a pass; hand it back with `done` (or `failed`). `tiers`:
+        the pass's Tier rows (for the stamp of their graces; read here when None)."""
         if not self._lock.acquire(blocking=False):
-            return State(strategy).load()  # another pass holds it: a state of its own
+            return State(strategy).load(tiers)  # another pass holds it: a state of its own
         try:
-            state = self._current(strategy)
+            state = self._current(strategy, tiers)
         except BaseException:
             self._state = self._usage = None
             self._lock.release()
             raise
         return state
 
-    def _current(self, strategy: core.Strategy | str | None) -> State:
+    def _current(self, strategy: core.Strategy | str | None, tiers: list[Tier] | None) -> State:
         state = self._state
         fresh_due = state is None or time.monotonic() - state.read_at >= REBUILD_EVERY_S
         fresh_due, self._suspect = fresh_due or self._suspect, False
         if state is not None and type(state.cluster.strategy) is not type(make_strategy(strategy)):
             state = None  # a strategy of another kind indexes the nodes otherwise
-        if state is not None and not fresh_due and state.refresh():
+        if state is not None and not fresh_due and state.refresh(tiers):
             return state
         # Due for a full read: bring the kept state up to date first, then compare the two.
-        compare = state is not None and fresh_due and state.refresh()
-        fresh = State(strategy).load()
+        compare = state is not None and fresh_due and state.refresh(tiers)
+        fresh = State(strategy).load(tiers)
         self.rebuilds += 1
         if compare and state is not None and not state.same_as(fresh):
             log.warning("the kept cluster state differed from a full read (or the cluster changed "
