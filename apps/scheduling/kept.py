@@ -29,10 +29,11 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import Count, Max, Q, Sum
+from django.db import connection
+from django.db.models import Q
 from django.utils import timezone
 
-from apps.jobs.models import ATTEMPT_ACTIVE, AttemptState, GpuAllocation, JobAttempt, JobState
+from apps.jobs.models import ATTEMPT_ACTIVE, AttemptState, GpuAllocation, Job, JobAttempt, JobState
 from apps.nodes.models import Gpu, GpuHealth, Node, NodeState
 from apps.scheduling import core
 from apps.scheduling.core import policy
@@ -369,14 +370,24 @@ def node_rows() -> list[tuple]:
     )
 
 
+# The stamps every pass checks, as SQL written once: the ORM built each statement anew every
+# pass (0.3-0.4 ms of CPU each, for a read of microseconds; a pass that places one job took
+# 10 ms). Their values are only ever compared with the same stamp's earlier values.
+
+
+def _fetch(sql: str, params: tuple = ()) -> list[tuple]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
 def gpu_stamp() -> tuple:
     """GPU rows are made once per (node, index) and never change node or index: their count,
     the sum of their ids and the unhealthy ones say everything a pass reads of them."""
-    counts = Gpu.objects.aggregate(n=Count("pk"), ids=Sum("pk"))
-    unhealthy = (  # no order: no join for the node's name (Meta's)
-        Gpu.objects.exclude(health=GpuHealth.HEALTHY).order_by().values_list("pk", flat=True)
-    )
-    return counts["n"], counts["ids"], tuple(sorted(unhealthy))
+    table = Gpu._meta.db_table
+    ((count, ids),) = _fetch(f"SELECT COUNT(id), SUM(id) FROM {table}")
+    unhealthy = _fetch(f"SELECT id FROM {table} WHERE health <> %s", (GpuHealth.HEALTHY.value,))
+    return count, ids, tuple(sorted(pk for (pk,) in unhealthy))
 
 
 def allocation_rows() -> list[tuple]:
@@ -388,10 +399,14 @@ def allocation_stamp(rows: list[tuple]) -> tuple:
 
 
 def held_allocation_stamp() -> tuple:
-    got = GpuAllocation.objects.filter(released_at=None).aggregate(
-        n=Count("pk"), ids=Sum("pk"), av=Sum("attempt__version"), jv=Sum("attempt__job__version")
+    """`allocation_stamp` of the held allocations, summed by the database."""
+    tables = GpuAllocation._meta.db_table, JobAttempt._meta.db_table, Job._meta.db_table
+    ((count, ids, attempt_versions, job_versions),) = _fetch(
+        "SELECT COUNT(g.id), SUM(g.id), SUM(a.version), SUM(j.version) FROM {} g "
+        "JOIN {} a ON a.id = g.attempt_id JOIN {} j ON j.id = a.job_id "
+        "WHERE g.released_at IS NULL".format(*tables)
     )
-    return (got["n"], got["ids"] or 0, got["av"] or 0, got["jv"] or 0)
+    return count, ids or 0, attempt_versions or 0, job_versions or 0
 
 
 def settings_stamp(tiers: list[Tier] | None = None) -> tuple:
@@ -402,9 +417,8 @@ def settings_stamp(tiers: list[Tier] | None = None) -> tuple:
     if tiers is None:
         tiers = list(Tier.objects.all())
     graces = tuple(sorted((tier.pk, tier.preemption_grace_seconds) for tier in tiers))
-    allowed = tuple(
-        Tenant.objects.filter(allow_commands=True).order_by("pk").values_list("pk", flat=True)
-    )
+    rows = _fetch(f"SELECT id FROM {Tenant._meta.db_table} WHERE allow_commands ORDER BY id")
+    allowed = tuple(pk for (pk,) in rows)
     return graces, allowed, settings.TRUST_UNISOLATED_NODES, settings.KILL_GRACE_SECONDS
 
 
@@ -482,12 +496,11 @@ def _usage_rows():
 def live_attempt_stamp() -> tuple:
     """The running attempts' count, id sum and latest start: one that ends lowers the count, one
     that starts (started_at set at its move to running) moves the latest start."""
-    got = (
-        _usage_rows()
-        .filter(ended_at=None)
-        .aggregate(n=Count("pk"), ids=Sum("pk"), latest=Max("started_at"))
+    ((count, ids, latest),) = _fetch(
+        f"SELECT COUNT(id), SUM(id), MAX(started_at) FROM {JobAttempt._meta.db_table} "
+        "WHERE started_at IS NOT NULL AND ended_at IS NULL"
     )
-    return got["n"], got["ids"] or 0, got["latest"]
+    return count, ids or 0, latest
 
 
 def tenant_usage(now, half_life_s: float) -> dict[str, policy.TenantUsage]:

@@ -6,6 +6,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.db.models import QuerySet
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -162,3 +163,29 @@ def test_the_numbered_heads_are_each_queues_first_jobs_that_may_start(cast):
         assert numbered == expected(heads)
         assert stopping.pk not in numbered
         assert {job.pk for job in dispatcher.ordered_queue(heads=heads)} == numbered
+
+
+def test_checking_the_kept_state_builds_no_orm_aggregate(cast, monkeypatch):
+    """The stamps a pass checks (GPUs, held allocations, tenants allowed commands, running
+    attempts) are SQL written once: the ORM built each anew every pass, most of its cost."""
+    make_node("h1", gpus=8)
+    job = submit(cast)
+    dispatch_once()
+    started(job)
+
+    def built(*args, **kwargs):
+        raise AssertionError("an ORM aggregate built in the kept state's check")
+
+    rebuilds = kept.KEPT.rebuilds
+    monkeypatch.setattr(QuerySet, "aggregate", built)
+    state = kept.KEPT.pass_state(core.FGDPlus())
+    try:
+        assert kept.KEPT.rebuilds == rebuilds  # brought up to date, not read again
+        kept.KEPT.usage(state, timezone.now(), 3600.0)
+    finally:
+        kept.KEPT.done(state, [])
+
+
+def test_a_pass_with_no_node_on_its_way_reads_no_provision_request(cast):
+    reads = [q["sql"] for q in placing_one(cast).captured_queries if "provisionrequest" in q["sql"]]
+    assert len(reads) == 1 and reads[0].startswith("SELECT 1 FROM")  # the probe, no rows read
