@@ -471,17 +471,20 @@ def lock_reported_members(
     report does: two transactions never take two jobs' locks in opposite orders; PostgreSQL, as
     job_preempt and job_cancel lock them; SQLite's IMMEDIATE transaction is the lock), then read
     their members. With `node_name`, only attempts with a member on that node are locked and
-    only that node's members are returned (an agent's batch). Two statements for a whole batch."""
+    only that node's members are returned (an agent's batch). Two statements for a whole batch
+    (one on SQLite, whose write transactions run one at a time: there the transaction is the
+    lock, as for _lock_job_of)."""
     ids = set(attempt_ids)
-    attempts = JobAttempt.objects.filter(pk__in=ids)
-    if node_name is not None:
-        attempts = attempts.filter(members__node__name=node_name)
-    list(
-        Job.objects.select_for_update()
-        .filter(pk__in=attempts.values("job_id"))
-        .order_by("pk")
-        .values_list("pk", flat=True)
-    )
+    if connection.features.has_select_for_update:  # else (SQLite) the transaction is the lock
+        attempts = JobAttempt.objects.filter(pk__in=ids)
+        if node_name is not None:
+            attempts = attempts.filter(members__node__name=node_name)
+        list(
+            Job.objects.select_for_update()
+            .filter(pk__in=attempts.values("job_id"))
+            .order_by("pk")
+            .values_list("pk", flat=True)
+        )
     rows = (
         AttemptMember.objects.select_related("attempt__job", "node")
         .filter(attempt_id__in=ids)
