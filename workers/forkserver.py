@@ -13,7 +13,8 @@ one's exit status, which the agent's `Launched` gives as `poll()`'s answer.
 
 It dies with the agent (a parent-death signal, and the socket's end), and then its jobs with it
 (each asks for SIGKILL when its parent dies, workers/jail.py `become`); the agent's cgroup
-reaper (workers/reaper.py) kills whatever forked away from that.
+reaper (workers/reaper.py) kills whatever forked away from that. It ignores SIGTERM, SIGINT and
+SIGHUP: those are for the agent, whose graceful stop signals the jobs itself.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ import threading
 
 MAX_MESSAGE = 1 << 20  # a request: argv, environment, spec (a job's environment is small)
 PR_SET_PDEATHSIG = 1
+# Ignored by the server (a SIGTERM to the agent's process group or service must not kill the
+# jobs before the agent's graceful stop has asked them to end), or by Python itself (SIGPIPE,
+# SIGXFSZ): the child puts each back to its default before the exec, as subprocess does.
+IGNORED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ)
 
 
 # --- in the agent ----------------------------------------------------------------------------
@@ -159,7 +164,8 @@ def _child(jail, request: dict, output_fd: int, status_fd: int) -> None:
     """In the forked child: never returns (execs the job, or exits 127 saying why not)."""
     try:
         signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for signum in (signal.SIGCHLD, *IGNORED):
+            signal.signal(signum, signal.SIG_DFL)
         os.setsid()
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
@@ -206,7 +212,8 @@ def serve(agent_pid: int, fd: int) -> None:
     os.set_blocking(wake_write, False)
     signal.set_wakeup_fd(wake_write)
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    for signum in IGNORED:
+        signal.signal(signum, signal.SIG_IGN)
     while True:
         readable, _, _ = select.select([sock, wake_read], [], [])
         if wake_read in readable:

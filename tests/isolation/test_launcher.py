@@ -65,3 +65,29 @@ def test_a_fenced_member_writes_no_state_file_as_it_starts_and_ends(runner):
     assert finish(runner, second)[1] == 0
     after = os.stat(runner.state_file)
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+
+
+def test_the_fork_server_outlives_a_sigterm_and_its_jobs_ignore_no_signal(runner):
+    """A SIGTERM to the agent's process group (or its service) reaches the fork server too: the
+    jobs must still end through the agent's graceful stop, not with the server. And nothing the
+    server (a Python process: SIGPIPE, SIGXFSZ) ignores stays ignored in the job."""
+    key = launch(runner, "import time; time.sleep(300)")
+    assert runner._forks is not None
+    os.kill(runner._forks.pid, signal.SIGTERM)
+    time.sleep(0.3)
+    assert alive(runner._forks.pid) and runner.runs[key].process.poll() is None
+    runner.stop(*key, why="test over")
+    finish(runner, key)
+    ignored = _ignored_signals(runner, attempt_id=2)
+    assert ignored == 0, f"the job starts with signals ignored: {ignored:#x}"
+
+
+def _ignored_signals(runner, *, attempt_id: int) -> int:
+    from tests.isolation.conftest import Job, log_of
+
+    work = Job(argv=["sh", "-c", "grep SigIgn /proc/self/status"], attempt_id=attempt_id,
+               job_id=f"job-{attempt_id}")  # fmt: skip
+    assert runner.launch(work)
+    finish(runner, (attempt_id, 0))
+    line = log_of(runner, (attempt_id, 0)).split()
+    return int(line[line.index("SigIgn:") + 1], 16)
