@@ -29,7 +29,7 @@ import subprocess
 import sys
 import threading
 
-MAX_MESSAGE = 1 << 20  # a request: argv, environment, spec (a job's environment is small)
+MAX_MESSAGE = 192 << 10  # a request: argv, environment, spec; under the socket buffer (~208 KiB)
 PR_SET_PDEATHSIG = 1
 # Ignored by the server (a SIGTERM to the agent's process group or service must not kill the
 # jobs before the agent's graceful stop has asked them to end), or by Python itself (SIGPIPE,
@@ -141,7 +141,9 @@ class ForkServer:
         return self.process.poll() is None
 
     def close(self) -> None:
-        self.sock.close()  # the server sees the end and exits (its jobs are killed with it)
+        # Shut down first: the reader thread's recv holds the socket open past a bare close.
+        self.sock.shutdown(socket.SHUT_RDWR)  # the server sees the end and exits (its jobs die)
+        self.sock.close()
         self.process.wait(5)
 
 

@@ -8,9 +8,11 @@ import os
 import signal
 import time
 
+import pytest
+
 from tests.isolation.conftest import finish, launch
 from tests.processes import alive
-from workers.forkserver import ForkServer
+from workers.forkserver import ForkServer, LaunchFailed
 
 
 def test_a_failed_fence_step_runs_nothing_of_the_job_and_says_why(runner, monkeypatch, tmp_path):
@@ -91,3 +93,13 @@ def _ignored_signals(runner, *, attempt_id: int) -> int:
     finish(runner, (attempt_id, 0))
     line = log_of(runner, (attempt_id, 0)).split()
     return int(line[line.index("SigIgn:") + 1], 16)
+
+
+def test_a_request_larger_than_the_socket_takes_is_refused_before_it_is_sent():
+    server = ForkServer()
+    try:
+        with pytest.raises(LaunchFailed, match="too large"):
+            server.launch(["true"], {"BIG": "x" * 300_000}, {}, 1)
+        assert server.alive()
+    finally:
+        server.close()
