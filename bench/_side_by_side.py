@@ -8,7 +8,8 @@ each tree's own bench/foundation.py, tests/e2e/platform.py and code), base, new,
 each tree: latency 20, throughput 200, peer 100 (bench.foundation's --quick shapes). Besides the
 figures, it records the CPU seconds each platform process used (the web with its workers, the
 dispatcher, the agents with the jobs they ran: itself, its reaped children and its live
-descendants), read just before the platform stops. docs/bench/13-drain.md has a run of it.
+descendants with theirs, such as an agent's fork server and the jobs it reaped), read just
+before the platform stops. docs/bench/13-drain.md has a run of it.
 """
 
 from __future__ import annotations
@@ -45,7 +46,9 @@ def one(tree: str, what: str, n: int, data_dir: pathlib.Path) -> dict:
             for child in process.children(recursive=True):
                 try:
                     child_times = child.cpu_times()
+                    # Its reaped children too: an agent's fork server reaps the jobs it forked.
                     total += child_times.user + child_times.system
+                    total += child_times.children_user + child_times.children_system
                 except psutil.Error:
                     pass
             return total

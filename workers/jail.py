@@ -1,19 +1,19 @@
 """What a fenced job's process does between fork and exec, as root: `enter(spec, status_fd)`,
-run by the runner as subprocess's preexec_fn (workers/runner.py `_spawn_fenced`) in the child
-it forked from the agent's launcher thread. It joins the member's cgroups, enters a mount
-namespace of its own (a fresh tmpfs on /tmp, /var/tmp and /dev/shm; only the paths the job needs
-made reachable; other GPUs' device files covered), drops to the job's uid and gid with no
-supplementary groups, asks to die with the agent, and changes to the job's work dir; subprocess
+run in the child the fork server forks for each job (workers/forkserver.py). It joins the
+member's cgroups, enters a mount namespace of its own (a fresh tmpfs on /tmp, /var/tmp and
+/dev/shm; only the paths the job needs made reachable; other GPUs' device files covered), drops
+to the job's uid and gid with no supplementary groups, asks to die with its parent (the fork
+server, which dies with the agent), and changes to the job's work dir; the fork server's child
 then execs the job (argv, its environment: never a shell). Any failure is written to
-`status_fd` (a pipe only the agent reads) and raised, so that subprocess ends the child before
-any exec and the runner says why the job could not start.
+`status_fd` (a pipe only the fork server reads, and says to the agent) and raised, so the child
+ends before any exec and the runner says why the job could not start.
 
-No new interpreter per job: the child is a fork of the agent, and this runs before anything of
-the job's does. Between fork and exec the child holds a copy of the agent's memory, but only
-as root until `become`, which first makes it not dumpable (as the kernel does at a uid change), so no process of that uid can read its memory before the exec replaces
-it. It uses only os calls and libc through ctypes, already loaded: no import, no lock another
-thread of the agent might have held at the fork, no thread (a mount namespace of one's own
-needs a process of one thread).
+No new interpreter per job: the child is a fork of the fork server, and this runs before
+anything of the job's does. Between fork and exec the child holds a copy of the fork server's
+memory (the job's request, its environment), but only as root until `become`, which first makes
+it not dumpable (as the kernel does at a uid change), so no process of that uid can read it
+before the exec replaces it. It uses only os calls and libc through ctypes, already loaded: no
+import, no thread (a mount namespace of one's own needs a process of one thread).
 """
 
 from __future__ import annotations
@@ -130,9 +130,9 @@ def become(uid: int, gid: int) -> None:
 
 
 def enter(spec: dict, status_fd: int) -> None:
-    """The fence, in the forked child, before subprocess execs the job: cgroups, namespace,
-    uid, the agent-still-there check, the work dir. A failure is written to `status_fd` and
-    raised (subprocess then ends the child without exec)."""
+    """The fence, in the forked child, before the job's exec: cgroups, namespace, uid, the
+    parent-still-there check (`agent_pid`: the fork server's pid), the work dir. A failure is
+    written to `status_fd` and raised (the child then ends without exec)."""
     try:
         join_cgroups(spec["cgroup_procs"])
         enter_namespace(spec)

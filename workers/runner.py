@@ -3,10 +3,11 @@ shell) in its own process group, with its GPUs in CUDA_VISIBLE_DEVICES, its own 
 scrubbed environment, a max runtime, its log captured through a pipe into the agent's own dir,
 and its output files collected. Where the agent can fence (root, cgroups: workers/isolation.py)
 each member also runs as its own uid in its own cgroup and mount namespace (workers/jail.py),
-and is killed as a whole cgroup, so no descendant outlives it.
+and is killed as a whole cgroup, so no descendant outlives it; those members are forked by a
+small resident process (workers/forkserver.py), not by the agent.
 
-All processes are spawned from one long-lived launcher thread, because the parent-death
-signal (PR_SET_PDEATHSIG) fires when the spawning *thread* exits.
+All processes (the fork server too) are spawned from one long-lived launcher thread, because
+the parent-death signal (PR_SET_PDEATHSIG) fires when the spawning *thread* exits.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from typing import BinaryIO
 from apps.platform.agent_protocol import Assignment
 from apps.platform.names import EndReason, StopReason
 from workers import isolation as fence
-from workers import jail, masking, reaper
+from workers import masking, reaper
+from workers.forkserver import ForkServer, Launched, LaunchFailed
 from workers.safefiles import open_job_file, tree_size
 
 log = logging.getLogger(__name__)
@@ -62,7 +64,7 @@ class Run:
     assignment: Assignment  # what the agent API placed here (apps/platform/agent_protocol.py)
     workdir: pathlib.Path
     log_path: pathlib.Path  # in the agent's own dir: the job cannot replace it
-    process: subprocess.Popen | None = None
+    process: subprocess.Popen | Launched | None = None
     started: float = 0.0
     stop_reason: str = ""  # a StopReason, the platform's word, or what the job went over
     stop_deadline: float | None = None
@@ -164,6 +166,9 @@ class Runner:
         self.lock = threading.RLock()
         self.reaper: reaper.Reaper | None = None
         self._spawn_requests: queue.Queue = queue.Queue()
+        # Forks the fenced jobs (workers/forkserver.py): started by the launcher thread, whose
+        # end (the agent's) its parent-death signal follows.
+        self._forks: ForkServer | None = None
         # Set when a run may have ended (its log pipe closed) or its start was answered: the
         # agent's tick loop then ticks at once rather than at its next beat, so a short job's
         # end is reported without waiting out the beat.
@@ -553,8 +558,8 @@ class Runner:
 
     def _spawn_fenced(self, run: Run, argv: list[str], env: dict[str, str], log_write: int) -> None:
         """Lease a uid, hand it the member's dirs, make its cgroup, and start the job through
-        the fence (workers/jail.py `enter`, run in the forked child before the exec): Popen
-        returns once the job is exec'd, or raises and the jail's status pipe says why not."""
+        the fence (workers/jail.py `enter`, run in the child the fork server forks, before the
+        exec): the launch returns once the job is exec'd, or raises saying why not."""
         a = run.assignment
         # A jailed isolation has both (workers/isolation.py detect()); launch() set the dir.
         assert self.isolation.uids is not None and self.isolation.cgroups is not None
@@ -566,29 +571,28 @@ class Runner:
         deny = [device for device in map(fence.char_device, others.values()) if device]
         limits = fence.Limits.of(a, self.limits)
         run.cgroup = self.isolation.cgroups.create(self._group_name(a), limits, deny_devices=deny)
+        forks = self._fork_server()
         spec = {
+            # The job's parent is the fork server: the fence checks that one is still there.
             "cwd": str(run.workdir), "uid": run.uid, "gid": run.uid,
-            "agent_pid": os.getpid(), "cgroup_procs": run.cgroup.procs_files,
+            "agent_pid": forks.pid, "cgroup_procs": run.cgroup.procs_files,
             "expose": [str(p) for p in self._job_paths(run, own)],
             "private": list(fence.PRIVATE_DIRS),
             "hide": [] if self.fake_devices else [str(p) for p in others.values()],
             "tmp_size": f"{limits.memory_mib}m" if limits.memory_mib else "50%",
         }  # fmt: skip
-        # The job's environment (its secrets too) goes to the exec as Popen's env, from memory:
-        # never on disk, never argv, where `ps` would show it.
-        status_read, status_write = os.pipe()  # neither reaches the job: both close at exec
+        # The job's environment (its secrets too) goes to the exec from memory, over the fork
+        # server's socket: never on disk, never argv, where `ps` would show it.
         try:
-            try:
-                run.process = subprocess.Popen(  # noqa: S603 (argv list, no shell, by design)
-                    argv, env=env, stdin=subprocess.DEVNULL, stdout=log_write, stderr=log_write,
-                    start_new_session=True, preexec_fn=lambda: jail.enter(spec, status_write),
-                )  # fmt: skip
-            finally:
-                os.close(status_write)
-        except subprocess.SubprocessError as error:  # the fence failed: the jail said why
-            run.launch_error = f"could not start: {_read_status(status_read) or error}"[:300]
-        finally:
-            os.close(status_read)
+            run.process = forks.launch(argv, env, spec, log_write)
+        except LaunchFailed as error:  # a fence step or the exec failed: the server said why
+            run.launch_error = f"could not start: {error}"[:300]
+
+    def _fork_server(self) -> ForkServer:
+        """The fork server, started on first use (again if it died: its jobs died with it)."""
+        if self._forks is None or not self._forks.alive():
+            self._forks = ForkServer(on_exit=self.woken.set)
+        return self._forks
 
     def _gpu_files(self, indices: list[int]) -> tuple[list[pathlib.Path], dict[int, pathlib.Path]]:
         files = fence.gpu_device_files(self.device_dir)
@@ -840,18 +844,3 @@ def _give(root: pathlib.Path, uid: int) -> None:
                 os.chmod(path, 0o700)
             elif stat.S_ISREG(info.st_mode) and info.st_nlink == 1:
                 os.chown(path, uid, uid, follow_symlinks=False)
-
-
-def _read_status(fd: int) -> str:
-    """What the jail wrote before its child ended (it has by the time Popen raises)."""
-    os.set_blocking(fd, False)
-    chunks = []
-    while True:
-        try:
-            chunk = os.read(fd, 4096)
-        except BlockingIOError:
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    return b"".join(chunks).decode(errors="replace")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from dataclasses import fields as dataclass_fields
@@ -451,35 +452,96 @@ def _lock_job_of(attempt_id: int) -> None:
         )
 
 
-def _member(attempt_id: int, rank: int, token: str) -> AttemptMember | None:
-    member = (
-        AttemptMember.objects.select_related("attempt", "attempt__job", "node")
-        .filter(attempt_id=attempt_id, rank=rank, attempt__token=token)
-        .order_by()  # one row (see _lock_job_of)
-        .first()
+@dataclass(frozen=True)
+class ReportedMember:
+    """A member an agent reports on, as the report services act on it: read after its job's row
+    lock, in the transaction that changes it, with its attempt, job and node; beside it every
+    member of its attempt (`gang`, itself included, sharing one attempt object), so a gang's start
+    or end is decided without another read. The services keep these objects current as they
+    change the rows, so the next report of the same batch sees what the last one did."""
+
+    member: AttemptMember
+    gang: tuple[AttemptMember, ...]
+
+
+def lock_reported_members(
+    *, attempt_ids: Iterable[int], node_name: str | None = None
+) -> dict[tuple[int, int], ReportedMember]:
+    """In the caller's transaction: row-lock the jobs of these attempts (in id order, as every
+    report does: two transactions never take two jobs' locks in opposite orders; PostgreSQL, as
+    job_preempt and job_cancel lock them; SQLite's IMMEDIATE transaction is the lock), then read
+    their members. With `node_name`, only attempts with a member on that node are locked and
+    only that node's members are returned (an agent's batch). Two statements for a whole batch
+    (one on SQLite, whose write transactions run one at a time: there the transaction is the
+    lock, as for _lock_job_of)."""
+    ids = set(attempt_ids)
+    if connection.features.has_select_for_update:  # else (SQLite) the transaction is the lock
+        attempts = JobAttempt.objects.filter(pk__in=ids)
+        if node_name is not None:
+            attempts = attempts.filter(members__node__name=node_name)
+        list(
+            Job.objects.select_for_update()
+            .filter(pk__in=attempts.values("job_id"))
+            .order_by("pk")
+            .values_list("pk", flat=True)
+        )
+    rows = (
+        AttemptMember.objects.select_related("attempt__job", "node")
+        .filter(attempt_id__in=ids)
+        .order_by()  # grouped below: no ORDER BY joining the jobs
     )
-    if member is None:
+    gangs: dict[int, list[AttemptMember]] = {}
+    for member in rows:
+        gang = gangs.setdefault(member.attempt_id, [])
+        if gang:
+            member.attempt = gang[0].attempt  # one attempt object per attempt
+        gang.append(member)
+    return {
+        (member.attempt_id, member.rank): ReportedMember(member=member, gang=tuple(gang))
+        for gang in gangs.values()
+        for member in gang
+        if node_name is None or member.node.name == node_name
+    }
+
+
+def _reported(attempt_id: int, rank: int, token: str) -> ReportedMember | None:
+    """One member's report (the single endpoints, tests): its job locked, the token checked."""
+    reported = lock_reported_members(attempt_ids=[attempt_id]).get((attempt_id, rank))
+    if reported is None or not _same_token(reported.member.attempt, token):
         log.warning(
             "report for unknown attempt %s rank %s or stale token; ignored", attempt_id, rank
         )
-    return member
+        return None
+    return reported
+
+
+def _same_token(attempt: JobAttempt, token: str) -> bool:
+    try:
+        return uuid.UUID(str(token)) == attempt.token
+    except ValueError:
+        return False
 
 
 @transaction.atomic
 def attempt_member_started(*, attempt_id: int, rank: int, token: str, pid: int) -> bool:
-    member = _member(attempt_id, rank, token)
-    if (
-        member is None
-        or member.state != AttemptState.STARTING
-        or member.attempt.state not in ATTEMPT_ACTIVE
-    ):
+    reported = _reported(attempt_id, rank, token)
+    return reported is not None and member_started(reported, pid=pid)
+
+
+@transaction.atomic
+def member_started(reported: ReportedMember, *, pid: int) -> bool:
+    """The member's process runs (`reported`: from lock_reported_members, in this transaction).
+    The attempt and the job run once every member of the gang does."""
+    member, attempt = reported.member, reported.member.attempt
+    if member.state != AttemptState.STARTING or attempt.state not in ATTEMPT_ACTIVE:
         return False
     now = timezone.now()
-    AttemptMember.objects.filter(pk=member.pk).update(
+    if not AttemptMember.objects.filter(pk=member.pk, state=AttemptState.STARTING).update(
         state=AttemptState.RUNNING, pid=pid, started_at=now
-    )
-    attempt = member.attempt
-    if attempt.members.exclude(state=AttemptState.RUNNING).exists():
+    ):
+        return False
+    member.state, member.pid, member.started_at = AttemptState.RUNNING, pid, now
+    if any(other.state != AttemptState.RUNNING for other in reported.gang):
         return True  # a gang starts when its last member is up
     lease = now + timedelta(
         seconds=settings.HEARTBEAT_SECONDS * settings.NODE_LOST_AFTER_HEARTBEATS
@@ -494,7 +556,16 @@ def attempt_member_started(*, attempt_id: int, rank: int, token: str, pid: int) 
 @transaction.atomic
 def attempt_progress(*, attempt_id: int, token: str, progress: float, checkpoint: str = "") -> bool:
     attempt = JobAttempt.objects.select_related("job").filter(pk=attempt_id, token=token).first()
-    if attempt is None or attempt.state not in ATTEMPT_ACTIVE:
+    return attempt is not None and _progress(attempt, progress=progress, checkpoint=checkpoint)
+
+
+@transaction.atomic
+def member_progress(reported: ReportedMember, *, progress: float, checkpoint: str = "") -> bool:
+    return _progress(reported.member.attempt, progress=progress, checkpoint=checkpoint)
+
+
+def _progress(attempt: JobAttempt, *, progress: float, checkpoint: str) -> bool:
+    if attempt.state not in ATTEMPT_ACTIVE:
         return False
     progress = min(1.0, max(0.0, float(progress)))
     if int(progress * PROGRESS_SAMPLES) > int(attempt.job.progress * PROGRESS_SAMPLES):
@@ -513,6 +584,7 @@ def attempt_progress(*, attempt_id: int, token: str, progress: float, checkpoint
             checkpoint=checkpoint[:500], checkpoint_at=timezone.now()
         )
     Job.objects.filter(pk=attempt.job_id, state__in=JOB_PLACED).update(progress=progress)
+    attempt.job.progress = progress
     return True
 
 
@@ -520,22 +592,33 @@ def attempt_progress(*, attempt_id: int, token: str, progress: float, checkpoint
 def attempt_member_finished(*, attempt_id: int, rank: int, token: str, exit_code: int | None,
                             reason: str = "", checkpoint: str = "", retryable: bool = True) -> bool:  # fmt: skip
     """A member's process tree is gone. Release its GPUs and settle the attempt and the job."""
-    # Lock the job first, as job_preempt and job_cancel do: a preemption committed between our
-    # reads and the settling would leave the job's version stale, its guarded transition would
-    # change nothing, and the job would sit in `preempting` until its lease ran out.
-    _lock_job_of(attempt_id)
-    member = _member(attempt_id, rank, token)
-    if member is None or member.ended_at is not None:
+    reported = _reported(attempt_id, rank, token)
+    return reported is not None and member_finished(reported, exit_code=exit_code, reason=reason,
+                                                    checkpoint=checkpoint, retryable=retryable)  # fmt: skip
+
+
+@transaction.atomic
+def member_finished(reported: ReportedMember, *, exit_code: int | None, reason: str = "",
+                    checkpoint: str = "", retryable: bool = True) -> bool:  # fmt: skip
+    """attempt_member_finished for a member read by lock_reported_members in this transaction.
+    The job was locked before the read, as job_preempt and job_cancel lock it: a preemption
+    committed between our read and the settling would leave the job's version stale, its guarded
+    transition would change nothing, and the job would sit in `preempting` until its lease ran
+    out."""
+    member = reported.member
+    if member.ended_at is not None:
         return False
     now = timezone.now()
     ok = exit_code == 0 and not reason
     member_state = AttemptState.SUCCEEDED if ok else AttemptState.FAILED
-    attempt = JobAttempt.objects.select_related("job").get(pk=member.attempt_id)
+    attempt = member.attempt
     if attempt.stop_requested == StopReason.CANCEL:
         member_state = AttemptState.CANCELLED
-    AttemptMember.objects.filter(pk=member.pk).update(
+    if not AttemptMember.objects.filter(pk=member.pk, ended_at=None).update(
         state=member_state, exit_code=exit_code, ended_at=now
-    )
+    ):
+        return False
+    member.state, member.exit_code, member.ended_at = member_state, exit_code, now
     GpuAllocation.objects.filter(
         attempt=attempt, gpu__node_id=member.node_id, released_at=None
     ).update(released_at=now)
@@ -544,9 +627,17 @@ def attempt_member_finished(*, attempt_id: int, rank: int, token: str, exit_code
         attempt.checkpoint = checkpoint[:500]
     if attempt.state in ATTEMPT_ACTIVE:
         _settle_attempt(attempt, member, ok=ok, exit_code=exit_code, reason=reason,
-                        retryable=retryable)  # fmt: skip
+                        retryable=retryable, gang=reported.gang)  # fmt: skip
     trigger_dispatch()
     return True
+
+
+def _gang_running(attempt: JobAttempt, gang: Iterable[AttemptMember] | None) -> bool:
+    """Whether a member of the attempt has not ended: from `gang` (its members as the report
+    services hold them, read under the job's lock) when given, else from the database."""
+    if gang is not None:
+        return any(member.ended_at is None for member in gang)
+    return attempt.members.filter(ended_at=None).exists()
 
 
 def _settle_attempt(
@@ -557,6 +648,7 @@ def _settle_attempt(
     exit_code,
     reason: str,
     retryable: bool = True,
+    gang: Iterable[AttemptMember] | None = None,
 ) -> None:
     actor = f"agent:{member.node.name}"
     job = attempt.job
@@ -566,10 +658,10 @@ def _settle_attempt(
         )
         return
     if attempt.stop_requested == StopReason.PREEMPT:
-        _settle_preempted(attempt, actor=actor, exit_code=exit_code)
+        _settle_preempted(attempt, actor=actor, exit_code=exit_code, gang=gang)
         return
     if ok:
-        if attempt.members.filter(ended_at=None).exists():
+        if _gang_running(attempt, gang):
             return  # wait for the rest of the gang
         end_attempt(attempt, state=AttemptState.SUCCEEDED, exit_code=0)
         transition_job(job, to=JobState.SUCCEEDED, expect=JOB_PLACED, actor=actor, reason="exit code 0",
@@ -577,7 +669,7 @@ def _settle_attempt(
         return
     why = reason or f"exit code {exit_code}"
     end_attempt(attempt, state=AttemptState.FAILED, reason=why, exit_code=exit_code)
-    stop_rest_of_gang(attempt, why=StopReason.GANG_MEMBER_FAILED)
+    stop_rest_of_gang(attempt, why=StopReason.GANG_MEMBER_FAILED, gang=gang)
     if job.retry_on_failure and retryable and reason != EndReason.TIMEOUT:
         retry_or_fail(job, attempt, actor=actor, why=why, exit_code=exit_code)
         return
@@ -585,10 +677,12 @@ def _settle_attempt(
                    exit_code=exit_code, finished_at=timezone.now())  # fmt: skip
 
 
-def _settle_preempted(attempt: JobAttempt, *, actor: str, exit_code) -> None:
+def _settle_preempted(
+    attempt: JobAttempt, *, actor: str, exit_code, gang: Iterable[AttemptMember] | None = None
+) -> None:
     """Every member has stopped: the attempt is `preempted`, the job queued again (it keeps its
     place: the queue orders by original submit time) and resumes from its checkpoint."""
-    if attempt.members.filter(ended_at=None).exists():
+    if _gang_running(attempt, gang):
         return
     job = attempt.job
     end_attempt(
@@ -628,8 +722,10 @@ def end_attempt(
     )
 
 
-def stop_rest_of_gang(attempt: JobAttempt, *, why: str) -> None:
-    if attempt.members.filter(ended_at=None).exists():
+def stop_rest_of_gang(
+    attempt: JobAttempt, *, why: str, gang: Iterable[AttemptMember] | None = None
+) -> None:
+    if _gang_running(attempt, gang):
         request_stop(attempt, why=why)
 
 
@@ -707,13 +803,24 @@ def retry_or_fail(
 def attempt_member_lost(*, attempt_id: int, rank: int, token: str, reason: str) -> bool:
     """The agent could not run or keep a member (agent stopping, launch impossible): an
     infrastructure failure, so the job is retried rather than failed."""
-    member = _member(attempt_id, rank, token)
-    if member is None or member.ended_at is not None:
+    reported = _reported(attempt_id, rank, token)
+    return reported is not None and member_lost(reported, reason=reason)
+
+
+@transaction.atomic
+def member_lost(reported: ReportedMember, *, reason: str) -> bool:
+    """attempt_member_lost for a member read by lock_reported_members in this transaction."""
+    member = reported.member
+    if member.ended_at is not None:
         return False
     now = timezone.now()
-    AttemptMember.objects.filter(pk=member.pk).update(state=AttemptState.LOST, ended_at=now)
+    if not AttemptMember.objects.filter(pk=member.pk, ended_at=None).update(
+        state=AttemptState.LOST, ended_at=now
+    ):
+        return False
+    member.state, member.ended_at = AttemptState.LOST, now
     GpuAllocation.objects.filter(
-        attempt_id=attempt_id, gpu__node_id=member.node_id, released_at=None
+        attempt_id=member.attempt_id, gpu__node_id=member.node_id, released_at=None
     ).update(released_at=now)
     if member.attempt.state in ATTEMPT_ACTIVE:
         attempt_lost(attempt=member.attempt, reason=reason, actor=f"agent:{member.node.name}")

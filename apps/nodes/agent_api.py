@@ -396,31 +396,26 @@ class LostReport(serializers.Serializer):
 
 
 # Each report kind's service call, one function used by the single endpoints and the batch: the
-# member is this node's and the token its attempt's (the caller checked), and the guarded
-# service checks them again in its own transaction (a stale report changes nothing).
+# member is this node's and the token its attempt's (the caller checked both on the member as
+# jobs.lock_reported_members read it, after its job's lock, in the transaction the service
+# changes it in); the guarded updates are the last word (a stale report changes nothing).
 
 
-def _started(member: AttemptMember, token: str, data: dict) -> bool:
-    return jobs.attempt_member_started(
-        attempt_id=member.attempt_id, rank=member.rank, token=token, pid=data["pid"]
-    )
+def _started(reported: jobs.ReportedMember, data: dict) -> bool:
+    return jobs.member_started(reported, pid=data["pid"])
 
 
-def _progress(member: AttemptMember, token: str, data: dict) -> bool:
-    return jobs.attempt_progress(attempt_id=member.attempt_id, token=token,
-                                 progress=data["progress"], checkpoint=data["checkpoint"])  # fmt: skip
+def _progress(reported: jobs.ReportedMember, data: dict) -> bool:
+    return jobs.member_progress(reported, progress=data["progress"], checkpoint=data["checkpoint"])
 
 
-def _finished(member: AttemptMember, token: str, data: dict) -> bool:
-    return jobs.attempt_member_finished(attempt_id=member.attempt_id, rank=member.rank, token=token,
-                                        exit_code=data["exit_code"], reason=data["reason"],
-                                        checkpoint=data["checkpoint"], retryable=data["retryable"])  # fmt: skip
+def _finished(reported: jobs.ReportedMember, data: dict) -> bool:
+    return jobs.member_finished(reported, exit_code=data["exit_code"], reason=data["reason"],
+                                checkpoint=data["checkpoint"], retryable=data["retryable"])  # fmt: skip
 
 
-def _lost(member: AttemptMember, token: str, data: dict) -> bool:
-    return jobs.attempt_member_lost(
-        attempt_id=member.attempt_id, rank=member.rank, token=token, reason=data["reason"]
-    )
+def _lost(reported: jobs.ReportedMember, data: dict) -> bool:
+    return jobs.member_lost(reported, reason=data["reason"])
 
 
 REPORTS = {"started": (StartedReport, _started), "progress": (ProgressReport, _progress),
@@ -440,12 +435,15 @@ class ReportView(AgentView):
     kind = ""
 
     def post(self, request, attempt_id: int, rank: int):
-        member = self.member(attempt_id, rank)
+        member = self.member(attempt_id, rank)  # this node's, under its attempt's token
         body = _report_body(self.kind, member, request.data)
         body.is_valid(raise_exception=True)
         _, apply = REPORTS[self.kind]
-        token = self.request.headers[wire.ATTEMPT_TOKEN_HEADER]  # member() checked it
-        return Response({"accepted": apply(member, token, body.validated_data)})
+        with transaction.atomic():
+            locked = jobs.lock_reported_members(attempt_ids=[attempt_id], node_name=self.node_name)
+            reported = locked.get((attempt_id, rank))
+            accepted = reported is not None and apply(reported, body.validated_data)
+        return Response({"accepted": accepted})
 
 
 class StartedView(ReportView):
@@ -500,19 +498,24 @@ class ReportsView(AgentView):
             else:
                 heads.append(None)
                 results[i] = {"status": 400, "errors": head.errors}
-        members = self._members({h["attempt_id"] for h in heads if h is not None})
-        # Jobs in id order, each job's reports in the order sent (a start before its end): two
-        # batches never take the same two jobs' row locks in opposite orders.
-        order = []
-        for i, head in enumerate(heads):
-            if head is None:
-                continue
-            member = members.get((head["attempt_id"], head["rank"]))
-            if member is None or not hmac.compare_digest(str(member.attempt.token), head["token"]):
-                results[i] = {"status": 404}
-                continue
-            order.append((member.attempt.job_id, i))
         with transaction.atomic():
+            # The batch's jobs locked (in id order), then their members read: two statements
+            # for the whole batch, and the services read nothing more.
+            members = jobs.lock_reported_members(
+                attempt_ids={h["attempt_id"] for h in heads if h is not None},
+                node_name=self.node_name,
+            )
+            # Jobs in id order, each job's reports in the order sent (a start before its end).
+            order = []
+            for i, head in enumerate(heads):
+                if head is None:
+                    continue
+                reported = members.get((head["attempt_id"], head["rank"]))
+                token = str(reported.member.attempt.token) if reported else ""
+                if reported is None or not hmac.compare_digest(token, head["token"]):
+                    results[i] = {"status": 404}
+                    continue
+                order.append((reported.member.attempt.job_id, i))
             for _, i in sorted(order):
                 head = cast(dict, heads[i])
                 results[i] = self._apply(
@@ -520,23 +523,17 @@ class ReportsView(AgentView):
                 )
         return Response({"results": results})
 
-    def _members(self, attempt_ids: set[int]) -> dict[tuple[int, int], AttemptMember]:
-        found = (
-            AttemptMember.objects.select_related("attempt")
-            .filter(attempt_id__in=attempt_ids, node__name=self.node_name)
-            .order_by()  # by key below: no ORDER BY joining the jobs
-        )
-        return {(m.attempt_id, m.rank): m for m in found}
-
-    def _apply(self, member: AttemptMember, head: dict, item: dict) -> dict:
+    def _apply(self, reported: jobs.ReportedMember, head: dict, item: dict) -> dict:
+        member = reported.member
         body = _report_body(head["kind"], member, item)
         if not body.is_valid():
             return {"status": 400, "errors": body.errors}
         _, apply = REPORTS[head["kind"]]
         # Each service is atomic: inside the batch's transaction, a savepoint, so one item's
-        # failure rolls back that item only.
+        # failure rolls back that item only (its objects may then be ahead of the rows: the
+        # guarded updates refuse whatever a later item of this batch bases on them).
         try:
-            accepted = apply(member, head["token"], body.validated_data)
+            accepted = apply(reported, body.validated_data)
         except Exception:
             log.exception("report %s of attempt %s rank %s failed", head["kind"], member.attempt_id,
                           member.rank)  # fmt: skip

@@ -76,12 +76,14 @@ def credential_node(text: str) -> str | None:
     key_id, sep, secret = text[len(CREDENTIAL_PREFIX) :].partition(".")
     if not sep or not key_id or not secret:
         return None
-    row = NodeCredential.objects.filter(key_id=key_id).order_by().only("node_name", "secret_sha256", "expires_at",
-                                                                       "revoked_at").first()  # fmt: skip
-    if row is None or not hmac.compare_digest(row.secret_sha256, _digest(secret)):
+    # Every request of every agent reads it: plain values, no ORDER BY (key ids are unique).
+    rows = NodeCredential.objects.filter(key_id=key_id).order_by()
+    found = rows.values_list("node_name", "secret_sha256", "expires_at", "revoked_at")[:1]
+    if not found:
         return None
-    if row.revoked_at is not None or (
-        row.expires_at is not None and row.expires_at <= timezone.now()
-    ):
+    node_name, secret_sha256, expires_at, revoked_at = found[0]
+    if not hmac.compare_digest(secret_sha256, _digest(secret)):
         return None
-    return row.node_name
+    if revoked_at is not None or (expires_at is not None and expires_at <= timezone.now()):
+        return None
+    return node_name

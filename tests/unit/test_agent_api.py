@@ -87,6 +87,21 @@ def test_an_expired_credential_is_401(db):
     assert register(client, "n1").status_code == 401
 
 
+def test_a_credential_is_checked_with_one_plain_read_on_every_request(db):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from apps.nodes.credentials import credential_node
+
+    _, credential = issue_credential(node_name="n1")
+    with CaptureQueriesContext(connection) as reads:
+        assert credential_node(credential) == "n1"
+        assert credential_node(credential[:-1] + "x") is None  # wrong secret
+        assert credential_node("gpn_unknown.secret") is None
+    assert len(reads.captured_queries) == 3
+    assert not any("ORDER BY" in query["sql"] for query in reads.captured_queries)
+
+
 def test_a_revoked_credential_is_401_at_once_for_every_credential_of_the_node(db):
     first, second = create_credential("n1"), create_credential("n1")
     other = create_credential("n2")
