@@ -43,3 +43,25 @@ def _no_kept_cluster_between_tests():
     kept = sys.modules.get("apps.scheduling.kept")
     if kept is not None:
         kept.KEPT.forget()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    """A thread a test left running (not a daemon) would keep this process alive after the
+    summary, and CI waiting until its limit: name it and leave, failing the run."""
+    import threading
+    import time
+
+    deadline = time.monotonic() + 10
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join(max(0.0, deadline - time.monotonic()))
+    left = [t for t in threading.enumerate()
+            if t is not threading.main_thread() and not t.daemon and t.is_alive()]  # fmt: skip
+    if left:
+        names = ", ".join(t.name for t in left)
+        sys.stderr.write(f"\nA test left threads running that would hold this run open: {names}\n")
+        sys.stderr.flush()
+        if _redis is not None:
+            _redis.stop()
+        os._exit(3)

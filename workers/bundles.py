@@ -3,10 +3,11 @@
 `<data dir>/bundles/<sha256>` holds an archive as the agent API sent it, verified against its
 digest, read-only (0400, the agent's: jobs never reach the data dir; they get an unpacked copy in
 their work dir, workers/unpack.py). A lock file per digest (`locks/<sha256>.lock`, fcntl.flock)
-makes concurrent fetches of one digest download once: every user of the entry holds it shared
-for as long as its member runs, a fetcher (of an entry not there, so used by nobody) holds it
-exclusively, and eviction takes it exclusively without waiting, so an entry in use is never
-evicted. The cache is size-capped
+keeps an entry in use: every user of the entry holds it shared for as long as its member runs
+(from before it looks for the entry), and eviction takes it exclusively without waiting, so an
+entry in use is never evicted. A second lock file (`locks/<sha256>.fetch`), held exclusively for
+a download, makes concurrent fetches of one digest download once; the others wait for that
+download only, never for a member's run. The cache is size-capped
 (GPUPLATFORM_BUNDLE_CACHE_MIB, default 10240): after each fetch the least recently used
 entries (by mtime, touched at each use) that nobody holds go until the rest fits.
 Pure Python, no Django.
@@ -77,17 +78,15 @@ class BundleCache:
         fd = os.open(self.locks / f"{digest}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fetched = None
-            fcntl.flock(fd, fcntl.LOCK_SH)  # in use from here: eviction passes it by
+            fcntl.flock(fd, fcntl.LOCK_SH)  # in use from here to the release: eviction passes it by
             if not self.path(digest).exists():
-                # Not here, so nobody uses it: one fetcher at a time, the others wait here and
-                # then find it fetched.
-                fcntl.flock(fd, fcntl.LOCK_UN)
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                if not self.path(digest).exists():
-                    fetched = self._download(digest, fetch)
-                fcntl.flock(fd, fcntl.LOCK_SH)
-                if not self.path(digest).exists():  # evicted between the two locks: unlikely
-                    raise FetchError("the bundle left the cache as it was fetched", final=False)
+                # One fetcher at a time, on a lock of its own: the others wait for the download
+                # only, then find it here. (Waiting for the use lock exclusively instead would
+                # wait for the first fetcher's member to end, as that holds it shared.)
+                with open(self.locks / f"{digest}.fetch", "a") as fetching:
+                    fcntl.flock(fetching, fcntl.LOCK_EX)
+                    if not self.path(digest).exists():
+                        fetched = self._download(digest, fetch)
             os.utime(self.path(digest))  # used now: the last to be evicted
         except BaseException:
             os.close(fd)

@@ -1,6 +1,7 @@
 """The node's bundle cache (workers/bundles.py): verified, least recently used entries evicted
 past its cap, never one in use, and one download for concurrent fetches of one digest."""
 
+import fcntl
 import hashlib
 import os
 import subprocess
@@ -101,7 +102,7 @@ def test_two_concurrent_fetches_of_one_digest_download_once(tmp_path):
     def fetch():
         leases.append(cache.acquire(digest, source))
 
-    threads = [threading.Thread(target=fetch) for _ in range(2)]
+    threads = [threading.Thread(target=fetch, daemon=True) for _ in range(2)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -109,6 +110,25 @@ def test_two_concurrent_fetches_of_one_digest_download_once(tmp_path):
     assert source.calls == 1
     assert sorted(lease.fetched is None for lease in leases) == [False, True]
     assert all(lease.path.read_bytes() == data for lease in leases)
+
+
+def test_a_fetch_never_waits_for_another_user_of_the_entry(tmp_path):
+    """Another fetch of the digest holds the entry's use lock shared from before it looks for the
+    entry until its member ends; a fetch must wait for a download in flight only, never for that.
+    (Before the fetch lock of its own, two fetches that both found the entry missing could leave
+    the second waiting for the first one's member to end, which in a test that never releases is
+    forever.)"""
+    cache = BundleCache(tmp_path / "bundles", cap_bytes=100 * KIB)
+    digest, data = blob("a")
+    other = os.open(cache.locks / f"{digest}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(other, fcntl.LOCK_SH)  # another member, between its lock and its look
+    got = []
+    fetcher = threading.Thread(target=lambda: got.append(cache.acquire(digest, Source(data))),
+                               daemon=True)  # fmt: skip
+    fetcher.start()
+    fetcher.join(5)
+    os.close(other)
+    assert got and got[0].fetched == len(data) and got[0].path.read_bytes() == data
 
 
 def test_another_process_waits_for_the_download_in_flight(tmp_path):
