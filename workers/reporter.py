@@ -8,6 +8,7 @@ import logging
 import os
 import pathlib
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -21,6 +22,7 @@ from workers.safefiles import open_job_file
 
 log = logging.getLogger(__name__)
 LOG_CHUNK = 4 << 20  # bytes of log per request
+RETRY_DELAYS = (0.2, 1.0, 5.0)  # seconds before each new try of a report call that got no answer
 
 
 Done = Callable[[bool | None, Exception | None], None]  # (accepted, or the error that stopped it)
@@ -43,8 +45,9 @@ class ReportBatcher:
     without the batch endpoint (404 or 405 for it) each report goes to its member's own
     endpoint, as before."""
 
-    def __init__(self, api: AgentApi, *, max_items: int = MAX_REPORTS_PER_CALL):
-        self.api, self.max_items = api, max_items
+    def __init__(self, api: AgentApi, *, max_items: int = MAX_REPORTS_PER_CALL,
+                 retry_delays: tuple[float, ...] = RETRY_DELAYS):  # fmt: skip
+        self.api, self.max_items, self.retry_delays = api, max_items, retry_delays
         self.single = False  # the control plane has no batch endpoint
         self.calls = 0  # requests sent (for tests and logs)
         self._pending: list[_Pending] = []
@@ -113,17 +116,28 @@ class ReportBatcher:
 
     def _send(self, batch: list[_Pending]) -> None:
         answers: list[tuple[bool | None, Exception | None]]
-        try:
-            answers = self._batch(batch) if not self.single else self._one_by_one(batch)
-        except ApiError as error:
-            if error.status in (404, 405) and not self.single:
-                log.warning("the platform has no batch report endpoint; reporting one by one")
-                self.single = True
-                self._send(batch)
-                return
-            answers = [(None, error)] * len(batch)
-        except Exception as error:  # never let the sender thread die
-            answers = [(None, error)] * len(batch)
+        for delay in (*self.retry_delays, None):
+            try:
+                answers = self._batch(batch) if not self.single else self._one_by_one(batch)
+            except ApiError as error:
+                if error.status in (404, 405) and not self.single:
+                    log.warning("the platform has no batch report endpoint; reporting one by one")
+                    self.single = True
+                    self._send(batch)
+                    return
+                if error.status is None and delay is not None:
+                    # No answer (a connection reset as a keep-alive connection closed, the web
+                    # restarting): sent again. A report the platform did apply is refused or,
+                    # for a start, accepted again; it is never applied twice.
+                    log.warning(
+                        "%s; sending its %d reports again in %.1f s", error, len(batch), delay
+                    )
+                    time.sleep(delay)
+                    continue
+                answers = [(None, error)] * len(batch)
+            except Exception as error:  # never let the sender thread die
+                answers = [(None, error)] * len(batch)
+            break
         for item, (accepted, failure) in zip(batch, answers, strict=True):
             try:
                 item.done(accepted, failure)

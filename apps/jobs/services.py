@@ -533,7 +533,11 @@ def member_started(reported: ReportedMember, *, pid: int) -> bool:
     """The member's process runs (`reported`: from lock_reported_members, in this transaction).
     The attempt and the job run once every member of the gang does."""
     member, attempt = reported.member, reported.member.attempt
-    if member.state != AttemptState.STARTING or attempt.state not in ATTEMPT_ACTIVE:
+    if attempt.state not in ATTEMPT_ACTIVE:
+        return False
+    if member.state == AttemptState.RUNNING and member.pid == pid:
+        return True  # this report again: the agent's retry of a call whose answer it lost
+    if member.state != AttemptState.STARTING:
         return False
     now = timezone.now()
     if not AttemptMember.objects.filter(pk=member.pk, state=AttemptState.STARTING).update(

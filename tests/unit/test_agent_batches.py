@@ -316,11 +316,41 @@ def test_a_failed_call_fails_each_report_in_it_and_a_bad_item_fails_alone():
                 : len(items)
             ]
 
-    batcher = ReportBatcher(Broken())
-    with pytest.raises(ApiError, match="connection refused"):
+    batcher = ReportBatcher(Broken(), retry_delays=(0.01,))
+    with pytest.raises(ApiError, match="connection refused"):  # after its one new try
         batcher.call(work(1), "progress", progress=0.5)
     with pytest.raises(ApiError, match="400"):
         batcher.call(work(1), "started", pid=-1)
+
+
+def test_a_call_that_got_no_answer_is_sent_again_and_a_start_applied_twice_is_accepted(cast):
+    """A reset connection (the web closing a keep-alive connection as the call went out) loses
+    the answer, not the report: the batch goes again, and the platform accepts a start it had
+    already applied, so the runner does not stop a job that runs."""
+    (a,) = placed(cast, 1, {"h1": 1})
+    client = bearer(issue_credential(node_name="h1")[1])
+
+    class Resetting:
+        def __init__(self):
+            self.tries = 0
+
+        def reports(self, items):
+            self.tries += 1
+            response = client.post(f"{API}/reports/", {"reports": items}, format="json")
+            if self.tries == 1:  # applied, but the answer never came back
+                raise ApiError("POST /reports/: ('Connection aborted.', ConnectionResetError(104))")
+            return response.json()["results"]
+
+    api = Resetting()
+    batcher = ReportBatcher(api, retry_delays=(0.01, 0.01))
+    started = AttemptMember.objects.get(attempt=a)
+    assert batcher.call(Work(argv=["true"], attempt_id=a.pk, token=str(a.token)), "started", pid=42)
+    assert api.tries == 2
+    started.refresh_from_db()
+    assert (started.state, started.pid) == ("running", 42)
+    assert Job.objects.get(pk=a.job_id).state == "running"
+    # Another pid, or a member already ended, is still refused.
+    assert post("h1", [item(a, "started", pid=43)]) == [{"status": 200, "accepted": False}]
 
 
 def test_an_old_control_plane_without_the_batch_endpoint_gets_single_reports():
