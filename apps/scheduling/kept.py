@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -433,12 +434,25 @@ class UsageSpans:
     kept between passes. The running ones are checked by a stamp (`live_attempt_stamp`): when it
     moves, the ids are read and the attempts that came or went read by id;
     those that ended are also read by their end time (since the last pass, less a margin), which
-    catches an attempt that started and ended between two passes."""
+    catches an attempt that started and ended between two passes.
+
+    The usage is summed as it changes, not again each pass: an ended attempt's decayed
+    GPU-seconds only shrink, by the same factor for all, so each tenant's ended attempts are kept
+    as one sum valued at a reference time (`_ref`), scaled to the pass's time when read; a pass
+    adds the attempts that ended since, takes out those that left the window, and sums only the
+    running ones (a drain's pass went through every attempt of the last four half-lives, a tenth
+    of the dispatcher's time). An end read after the pass's time (committed as the pass began)
+    counts whole, where a sum at that time would cut it there: milliseconds of GPU time."""
 
     def __init__(self, since) -> None:
         self.since = since  # the window's start when read: a longer window reads again
         self.read_at = time.monotonic()
         self.spans: dict[int, tuple] = {}
+        self.running: set[int] = set()  # the spans without an end
+        self.tiers: dict[str, tuple[int, str]] = {}  # tenant: (its lowest span id, that tier)
+        self._ended: dict[str, float] = {}  # tenant: its ended spans' usage valued at _ref
+        self._ref: float | None = None  # None: nothing summed yet
+        self._half_life = 0.0
         self.stamp = live_attempt_stamp()
         self.ended_checked = timezone.now()
         self._add(_usage_rows().filter(Q(ended_at__isnull=True) | Q(ended_at__gte=since)))
@@ -450,12 +464,11 @@ class UsageSpans:
         stamp = live_attempt_stamp()
         if stamp != self.stamp:
             live = set(_usage_rows().filter(ended_at=None).values_list("pk", flat=True))
-            known = {pk for pk, span in self.spans.items() if span[3] is None}
-            moved = (live - known) | (known - live)
+            moved = (live - self.running) | (self.running - live)
             if len(moved) > DELTA_LIMIT:
                 return False
-            for pk in known - live:
-                self.spans.pop(pk)
+            for pk in self.running - live:
+                self._drop(pk)
             self._add(_usage_rows().filter(pk__in=list(moved)))
             self.stamp = stamp
         checked, self.ended_checked = self.ended_checked, timezone.now()
@@ -465,27 +478,76 @@ class UsageSpans:
         for pk in [
             pk for pk, span in self.spans.items() if span[3] is not None and span[3] < start
         ]:
-            del self.spans[pk]
+            self._drop(pk)
         return True
 
     def _add(self, rows) -> None:
         for pk, tenant, tier, started, ended, gpus, nodes in rows.values_list(*_SPAN_FIELDS):
-            self.spans[pk] = (tenant, tier, epoch(started), epoch(ended) if ended else None,
-                              gpus * nodes)  # fmt: skip
+            span = (tenant, tier, epoch(started), epoch(ended) if ended else None, gpus * nodes)
+            if self.spans.get(pk) == span:
+                continue  # an ended one read again (the end-time read's margin)
+            self._drop(pk)
+            self.spans[pk] = span
+            if span[3] is None:
+                self.running.add(pk)
+            else:
+                self._fold(span, +1.0)
+            if pk < self.tiers.get(tenant, (pk + 1, ""))[0]:
+                self.tiers[tenant] = (pk, tier)
+
+    def _drop(self, pk: int) -> None:
+        span = self.spans.pop(pk, None)
+        if span is None:
+            return
+        self.running.discard(pk)
+        if span[3] is not None:
+            self._fold(span, -1.0)
+        if self.tiers.get(span[0], (None,))[0] == pk:  # its tenant's lowest: find the next
+            rest = [other for other, kept_span in self.spans.items() if kept_span[0] == span[0]]
+            if rest:
+                self.tiers[span[0]] = (min(rest), self.spans[min(rest)][1])
+            else:
+                del self.tiers[span[0]]
+
+    def _fold(self, span: tuple, sign: float) -> None:
+        """Add (or take out) an ended span's usage, valued at _ref, to its tenant's sum."""
+        if self._ref is None:
+            return  # summed from the spans at the first `usage`
+        tenant, _, started, ended, gpus = span
+        if ended > started:  # as policy.decayed_gpu_seconds, but never cut at _ref
+            k = policy.LN2 / self._half_life
+            value = (
+                gpus
+                * (math.exp(-k * (self._ref - ended)) - math.exp(-k * (self._ref - started)))
+                / k
+            )
+            self._ended[tenant] = self._ended.get(tenant, 0.0) + sign * value
+        else:
+            self._ended.setdefault(tenant, 0.0)
 
     def usage(self, now, half_life_s: float) -> dict[str, policy.TenantUsage]:
         at = epoch(now)
-        runs: dict[str, tuple[str, list]] = {}
-        for pk in sorted(self.spans):
-            tenant, tier, started, ended, gpus = self.spans[pk]
-            runs.setdefault(tenant, (tier, []))[1].append(
-                (started, at if ended is None else ended, gpus)
+        if self._ref is None or half_life_s != self._half_life or at - self._ref > half_life_s:
+            # Summed afresh, valued at now: the first time, for another half-life, and once a
+            # half-life, so that no value grows past twice its size (no loss of precision).
+            self._ref, self._half_life, self._ended = at, half_life_s, {}
+            for span in self.spans.values():
+                if span[3] is not None:
+                    self._fold(span, +1.0)
+        scale = math.exp(-policy.LN2 * (at - self._ref) / half_life_s)
+        totals = {tenant: max(0.0, value) * scale for tenant, value in self._ended.items()}
+        running: dict[str, list] = {}
+        for pk in self.running:
+            tenant, _, started, _, gpus = self.spans[pk]
+            running.setdefault(tenant, []).append((started, at, gpus))
+        for tenant, spans in running.items():
+            totals[tenant] = totals.get(tenant, 0.0) + policy.decayed_gpu_seconds(
+                spans, at, half_life_s
             )
         return {
-            tenant: policy.TenantUsage(
-                tier=tier, gpu_seconds=policy.decayed_gpu_seconds(spans, at, half_life_s)
-            )
-            for tenant, (tier, spans) in runs.items()
+            tenant: policy.TenantUsage(tier=self.tiers[tenant][1], gpu_seconds=gpu_seconds)
+            for tenant, gpu_seconds in totals.items()
+            if tenant in self.tiers
         }
 
 

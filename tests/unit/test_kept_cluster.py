@@ -14,6 +14,7 @@ from apps.nodes.models import Gpu, Node
 from apps.nodes.services import mark_silent_nodes_lost, node_heartbeat, node_set_state
 from apps.platform.agent_protocol import GpuInfo
 from apps.scheduling import core, kept
+from apps.scheduling.core import policy
 from apps.scheduling.dispatcher import dispatch_once
 from apps.tenants.models import Tier
 from tests.factories import make_cast, make_node
@@ -199,3 +200,84 @@ def test_a_large_kept_state_is_frozen_out_of_full_collections(cast, monkeypatch)
     assert gc.get_freeze_count() > 0
     kept.KEPT.forget()
     assert gc.get_freeze_count() == 0
+
+
+def direct_usage(since, now, half_life_s: float) -> dict[str, float]:
+    """Each tenant's decayed GPU-seconds summed from the attempts' rows, as policy defines it."""
+    runs: dict[str, list] = {}
+    for attempt in JobAttempt.objects.filter(started_at__isnull=False).select_related(
+        "job__tenant"
+    ):
+        if attempt.ended_at is not None and attempt.ended_at < since:
+            continue
+        end = attempt.ended_at or now
+        runs.setdefault(attempt.job.tenant.slug, []).append(
+            (kept.epoch(attempt.started_at), kept.epoch(end), attempt.job.gpus)
+        )
+    return {t: policy.decayed_gpu_seconds(r, kept.epoch(now), half_life_s) for t, r in runs.items()}
+
+
+def test_usage_summed_as_it_changes_equals_the_sum_over_every_attempt(cast):
+    """UsageSpans keeps the ended attempts' usage as one sum per tenant and adds what changed:
+    after starts, ends, an end read again, a half-life changed and an attempt leaving the window,
+    it equals the sum over every attempt in the window."""
+    make_node("h1", gpus=8)
+    make_node("h2", gpus=8)
+    jobs = [submit(cast, user=("bob" if i % 2 else "dave"), gpus=1 + i % 2) for i in range(6)]
+    assert len(dispatch_once().placed) == 6
+    attempts = [started(job) for job in jobs]
+    now = timezone.now()
+    for index, attempt in enumerate(attempts):  # started 10 to 60 minutes ago
+        JobAttempt.objects.filter(pk=attempt.pk).update(
+            started_at=now - timedelta(minutes=10 * (index + 1))
+        )
+    since = now - timedelta(seconds=4 * HALF_LIFE_S)
+    spans = kept.UsageSpans(since)
+
+    def check(at, half_life=HALF_LIFE_S, window_start=since):
+        got = spans.usage(at, half_life)
+        expected = direct_usage(window_start, at, half_life)
+        assert got.keys() == expected.keys()
+        for tenant, value in expected.items():
+            assert got[tenant].gpu_seconds == pytest.approx(value, rel=1e-9)
+
+    check(now)
+    for attempt in attempts[:3]:
+        services.attempt_member_finished(attempt_id=attempt.pk, rank=0, token=str(attempt.token),
+                                         exit_code=0, reason="done")  # fmt: skip
+    assert spans.refresh(since)
+    later = timezone.now() + timedelta(seconds=90)
+    check(later)
+    assert spans.refresh(since)  # the same ends read again (the end-time read's margin)
+    check(later)
+    check(later + timedelta(hours=3))  # past a half-life: summed afresh
+    check(later, half_life=600.0)  # another half-life
+    # The first attempt ended long ago: it leaves the window when the window passes its end.
+    JobAttempt.objects.filter(pk=attempts[0].pk).update(ended_at=now - timedelta(minutes=5))
+    spans = kept.UsageSpans(since)
+    window = now - timedelta(minutes=4)
+    assert spans.refresh(window)
+    check(timezone.now(), window_start=window)  # after every end (an end after it counts whole)
+
+
+def test_a_pass_sums_only_the_running_attempts_not_every_ended_one(cast, monkeypatch):
+    make_node("h1", gpus=8)
+    jobs = [submit(cast, gpus=1) for _ in range(6)]
+    assert len(dispatch_once().placed) == 6
+    attempts = [started(job) for job in jobs]
+    for attempt in attempts[:4]:
+        services.attempt_member_finished(attempt_id=attempt.pk, rank=0, token=str(attempt.token),
+                                         exit_code=0, reason="done")  # fmt: skip
+    spans = kept.UsageSpans(timezone.now() - timedelta(seconds=4 * HALF_LIFE_S))
+    spans.usage(timezone.now(), HALF_LIFE_S)  # the first: every attempt summed
+    summed = []
+    real = policy.decayed_gpu_seconds
+
+    def counting(runs, now, half_life_s):
+        runs = list(runs)
+        summed.extend(runs)
+        return real(runs, now, half_life_s)
+
+    monkeypatch.setattr(kept.policy, "decayed_gpu_seconds", counting)
+    spans.usage(timezone.now(), HALF_LIFE_S)
+    assert len(summed) == 2  # the two running; the four ended are one kept sum
