@@ -45,6 +45,7 @@ from apps.nodes.broker import node_broker_url
 from apps.nodes.credentials import credential_node, message_key
 from apps.nodes.services import NodeInfo, node_heartbeat, node_register
 from apps.platform import agent_protocol as wire
+from apps.platform import events
 from apps.scheduling.queues import START_ATTEMPT_TASK, STOP_ATTEMPT_TASK, node_queue
 from apps.secrets.crypto import SecretUnreadable
 from apps.secrets.services import secret_values
@@ -498,7 +499,8 @@ class ReportsView(AgentView):
             else:
                 heads.append(None)
                 results[i] = {"status": 400, "errors": head.errors}
-        with transaction.atomic():
+        # One dispatch request for the batch, however many of its reports free GPUs.
+        with transaction.atomic(), events.coalesced(events.DispatchWanted):
             # The batch's jobs locked (in id order), then their members read: two statements
             # for the whole batch, and the services read nothing more.
             members = jobs.lock_reported_members(

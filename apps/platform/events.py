@@ -27,8 +27,10 @@ handlers read it and never change it.
 from __future__ import annotations
 
 import logging
+import threading
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -169,8 +171,33 @@ def emit(event: object) -> list:
     the after-commit handlers once the current transaction commits."""
     results = [handler(event) for handler in list(_in_transaction[type(event)])]
     if _after_commit[type(event)]:
-        transaction.on_commit(lambda: deliver(event))
+        collecting = getattr(_coalescing, "pending", None)
+        if collecting is not None and isinstance(event, collecting[0]):
+            collecting[1].setdefault(event, None)  # an ordered set: delivered at the block's end
+        else:
+            transaction.on_commit(lambda: deliver(event))
     return results
+
+
+_coalescing = threading.local()
+
+
+@contextmanager
+def coalesced(*event_types: type) -> Iterator[None]:
+    """Within the block (inside a transaction), equal events of `event_types` are delivered once
+    after commit: collected as they are emitted and handed to `on_commit` when the block ends
+    (not if it raises). A batch of agent reports, each end asking for a dispatch pass, asks once.
+    Only for events whose equality says "the same effect" (DispatchWanted); never for events
+    whose fields are left out of their comparison."""
+    outer = getattr(_coalescing, "pending", None)
+    pending: dict = {}
+    _coalescing.pending = (event_types, pending)
+    try:
+        yield
+    finally:
+        _coalescing.pending = outer
+    for event in pending:
+        transaction.on_commit(lambda event=event: deliver(event))
 
 
 def deliver(event: object) -> None:

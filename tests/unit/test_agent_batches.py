@@ -482,3 +482,20 @@ def test_a_waited_report_goes_after_what_was_queued_before_it():
         (1, "finished"),
     ]
     assert answered == [(True, None)]
+
+
+def test_a_batch_of_ends_asks_for_one_dispatch_pass(
+    cast, monkeypatch, django_capture_on_commit_callbacks
+):
+    """Each end asks for a dispatcher pass (a Redis round trip each); a batch asks once."""
+    from apps.scheduling import tasks as scheduling_tasks
+
+    attempts = placed(cast, 3, {"h1": 3})
+    asked = []
+    monkeypatch.setattr(scheduling_tasks, "request_dispatch", lambda: asked.append(1))
+    with django_capture_on_commit_callbacks(execute=True):
+        results = post("h1", [item(a, "started", pid=1 + i) for i, a in enumerate(attempts)]
+                       + [item(a, "finished", exit_code=0) for a in attempts])  # fmt: skip
+    assert [r["accepted"] for r in results] == [True] * 6
+    assert len(asked) == 1
+    assert set(Job.objects.values_list("state", flat=True)) == {"succeeded"}

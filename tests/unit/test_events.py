@@ -65,6 +65,29 @@ def test_an_after_commit_handler_never_runs_for_a_rolled_back_transaction(
     assert callbacks == [] and seen == []
 
 
+def test_coalesced_equal_events_are_delivered_once_others_as_ever_and_none_if_it_raises(
+    db, seen, django_capture_on_commit_callbacks
+):
+    seen.on(seen.append)
+    with django_capture_on_commit_callbacks(execute=True):
+        with transaction.atomic(), events.coalesced(Happened):
+            for what in ("end", "end", "start", "end"):
+                events.emit(Happened(what))
+            assert seen == []  # not yet: the transaction is open
+    assert seen == [Happened("end"), Happened("start")]
+    seen.clear()
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        with pytest.raises(RuntimeError), transaction.atomic(), events.coalesced(Happened):
+            events.emit(Happened())
+            raise RuntimeError("refused")
+    assert callbacks == [] and seen == []
+    with django_capture_on_commit_callbacks(execute=True):
+        with transaction.atomic():  # after the block: as ever, each on its own
+            events.emit(Happened())
+            events.emit(Happened())
+    assert seen == [Happened(), Happened()]
+
+
 def test_outside_a_transaction_an_event_is_delivered_at_once(transactional_db, seen):
     seen.on(seen.append)
     events.emit(Happened("now"))
