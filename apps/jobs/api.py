@@ -12,6 +12,7 @@ from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, 
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, ParseError, PermissionDenied, ValidationError
+from rest_framework.pagination import PageNumberPagination
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
@@ -118,9 +119,25 @@ class TaskListRenderer(JSONRenderer):
             return super().render(data, accepted_media_type, renderer_context)
 
 
+MAX_JOB_PAGE = 1_000
+
+
+class JobPages(PageNumberPagination):
+    """`?page_size=N` (1 to MAX_JOB_PAGE, default 50), as the array task listing takes it; a bad
+    one is a 400 naming `page_size` (DRF's own would fall back to the default without a word).
+    `?page_size=1` is the cheap way to read a count."""
+
+    page_size_query_param = "page_size"
+    max_page_size = MAX_JOB_PAGE
+
+    def get_page_size(self, request):
+        return _positive(request, "page_size", self.page_size or 50, MAX_JOB_PAGE)
+
+
 class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     serializer_class = JobSerializer
     filterset_class = JobFilter
+    pagination_class = JobPages
 
     def get_renderers(self):
         """`?array=` listings render with orjson (same JSON, same negotiation as the others)."""
@@ -194,7 +211,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             OpenApiParameter(
                 "page_size",
                 OpenApiTypes.INT,
-                description=f"With `array`: tasks a page (1..{MAX_TASK_PAGE}, default 50)",
+                description=f"Jobs a page (1..{MAX_JOB_PAGE}, default 50); with `array`, tasks a "
+                f"page (1..{MAX_TASK_PAGE})",
             ),
         ]  # fmt: skip
     )

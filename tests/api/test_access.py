@@ -89,6 +89,16 @@ def test_the_list_filters_by_state_and_tier(as_user, bobs_job):
     assert as_user("bob").get("/api/v1/jobs/?state=bogus").status_code == 400
 
 
+def test_the_list_takes_a_page_size_and_refuses_a_bad_one_naming_it(as_user, bobs_job):
+    second = as_user("bob").post("/api/v1/jobs/", GOOD, format="json").json()["id"]
+    page = as_user("bob").get("/api/v1/jobs/?page_size=1").json()
+    assert page["count"] == 2 and len(page["results"]) == 1 and page["next"]
+    assert {page["results"][0]["id"], bobs_job, second} == {bobs_job, second}
+    for bad in ("0", "-3", "1001", "many"):
+        answer = as_user("bob").get(f"/api/v1/jobs/?page_size={bad}")
+        assert answer.status_code == 400 and "page_size" in answer.json(), bad
+
+
 def test_nodes_are_for_staff_only(as_user):
     assert as_user("bob").get("/api/v1/nodes/").status_code == 403
     nodes = as_user("staff").get("/api/v1/nodes/").json()
