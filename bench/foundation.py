@@ -56,8 +56,8 @@ def all_jobs(platform):
 
 
 def wait_until_ended(platform, count: int, interval: float) -> None:
-    # Counts only (a page of one job): a page of 50 jobs with their attempts, twice a poll, was a
-    # tenth of the web's CPU during a drain, where Slurm's poll is `squeue -h -o %i | head -1`.
+    # Counts only (a page of one job), as Slurm's poll is `squeue -h -o %i | head -1`: a page of
+    # 50 jobs with their attempts, twice a poll, was a tenth of the web's py-spy samples in a drain.
     def ended() -> bool:
         counts = [
             platform.get("bob", f"/api/v1/jobs/?state={s}&page_size=1").json()["count"]
