@@ -281,3 +281,36 @@ def test_a_pass_sums_only_the_running_attempts_not_every_ended_one(cast, monkeyp
     monkeypatch.setattr(kept.policy, "decayed_gpu_seconds", counting)
     spans.usage(timezone.now(), HALF_LIFE_S)
     assert len(summed) == 2  # the two running; the four ended are one kept sum
+
+
+def test_a_refresh_reads_again_no_end_it_keeps(cast, monkeypatch):
+    """The ends within the margin of the last check are read for what they add; those already
+    kept are not read again (an attempt's end is written once)."""
+    make_node("h1", gpus=8)
+    jobs = [submit(cast, gpus=1) for _ in range(4)]
+    assert len(dispatch_once().placed) == 4
+    attempts = [started(job) for job in jobs]
+
+    def finish(attempt):
+        services.attempt_member_finished(attempt_id=attempt.pk, rank=0, token=str(attempt.token),
+                                         exit_code=0, reason="done")  # fmt: skip
+
+    for attempt in attempts[:3]:
+        finish(attempt)
+    since = timezone.now() - timedelta(seconds=4 * HALF_LIFE_S)
+    spans = kept.UsageSpans(since)
+    read = []
+    real_add = kept.UsageSpans._add
+
+    def add(self, rows):
+        read.extend(rows.values_list("pk", flat=True))
+        real_add(self, rows)
+
+    monkeypatch.setattr(kept.UsageSpans, "_add", add)
+    assert spans.refresh(since)
+    assert read == []  # three ends within the margin, all kept already
+    finish(attempts[3])
+    assert spans.refresh(since)
+    assert read == [attempts[3].pk]  # the new end, once
+    assert spans.refresh(since)
+    assert read == [attempts[3].pk]
