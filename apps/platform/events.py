@@ -26,6 +26,7 @@ handlers read it and never change it.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections import defaultdict
@@ -197,7 +198,7 @@ def coalesced(*event_types: type) -> Iterator[None]:
     finally:
         _coalescing.pending = outer
     for event in pending:
-        transaction.on_commit(lambda event=event: deliver(event))
+        transaction.on_commit(functools.partial(deliver, event))
 
 
 def deliver(event: object) -> None:
