@@ -134,6 +134,9 @@ class State:
         self.checkpoints_since = timezone.now()
         self.dirty: set[str] = set()  # pod names to read again (the policy changed them)
         self.usable = 0  # healthy GPUs on ready nodes, as read (a change reads it all again)
+        # The queue's heads the last pass holding this state got (dispatcher.ordered_queue), by
+        # job id: a head whose row has not changed is not read and built again.
+        self.heads: dict = {}
 
     # --- a full read ------------------------------------------------------------------------
 

@@ -177,3 +177,37 @@ def test_a_page_of_jobs_counts_its_positions_in_one_query(cast):
     assert len(counted.captured_queries) == 1
     assert positions == {job.pk: queue_position(job) for job in jobs}
     assert sorted(positions.values()) == [1, 2, 3]
+
+
+def test_kept_heads_are_built_again_only_when_new_or_changed_and_their_tenants_are_fresh(
+    cast, monkeypatch
+):
+    """`ordered_queue(kept_heads=...)`: a head whose row has not changed is the kept instance;
+    one whose reason, boost, hold, state or version moved is read again; a tenant's settings are
+    read every time (allow_commands decides where a command may run)."""
+    jobs = [submit(cast) for _ in range(5)]
+    first = ordered_queue(kept_heads={})
+    kept = {job.pk: job for job in first}
+    built = []
+    real = Job.from_db
+
+    def from_db(cls, db, names, values):
+        built.append(values[names.index("id")])
+        return real(db, names, values)
+
+    monkeypatch.setattr(Job, "from_db", classmethod(from_db))
+    again = ordered_queue(kept_heads=kept)
+    assert built == [] and [id(job) for job in again] == [id(job) for job in first]
+    Job.objects.filter(pk=jobs[1].pk).update(priority_boost=3600)  # the boost service's update
+    Job.objects.filter(pk=jobs[3].pk).update(reason="waiting: a dependency")
+    Tenant.objects.filter(pk=jobs[0].tenant_id).update(allow_commands=False)
+    third = ordered_queue(kept_heads={job.pk: job for job in again})
+    assert len(built) == 2
+    by_id = {job.pk: job for job in third}
+    assert by_id[jobs[1].pk].priority_boost == 3600 and by_id[jobs[1].pk] is not kept[jobs[1].pk]
+    assert by_id[jobs[3].pk].reason == "waiting: a dependency"
+    assert by_id[jobs[2].pk] is kept[jobs[2].pk]
+    assert all(job.tenant.allow_commands is False for job in third)
+    assert [job.pk for job in third] == [job.pk for job in ordered_queue()]  # the same order
+    services.job_cancel(job=jobs[4], actor="test")
+    assert jobs[4].pk not in {job.pk for job in ordered_queue(kept_heads=by_id)}
