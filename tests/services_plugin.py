@@ -75,11 +75,10 @@ def pytest_unconfigure(config):
     import time
 
     deadline = time.monotonic() + 10
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join(max(0.0, deadline - time.monotonic()))
-    left = [t for t in threading.enumerate()
-            if t is not threading.main_thread() and not t.daemon and t.is_alive()]  # fmt: skip
+    others = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    for thread in others:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    left = [thread for thread in others if thread.is_alive()]
     if left:
         names = ", ".join(t.name for t in left)
         sys.stderr.write(f"\nA test left threads running that would hold this run open: {names}\n")

@@ -128,7 +128,6 @@ class JobPages(PageNumberPagination):
     `?page_size=1` is the cheap way to read a count."""
 
     page_size_query_param = "page_size"
-    max_page_size = MAX_JOB_PAGE
 
     def get_page_size(self, request):
         return _positive(request, "page_size", self.page_size or 50, MAX_JOB_PAGE)

@@ -197,14 +197,13 @@ def ordered_queue(heads: int = QUEUE_HEADS, tiers: dict[int, Tier] | None = None
     # CPU of a 17 ms pass that places one job (its window and subqueries), for 0.3 ms of reading.
     columns = ", ".join(f"{table}.{quote(f.column)}" for f in Job._meta.concrete_fields)
     order = f"ORDER BY {table}.{quote('created_at')}"
-    if not any(job.state == JobState.QUEUED for job in (kept_heads or {}).values()):
-        # Nothing kept that could serve (none given, or the last pass placed all it had).
+    kept_heads = kept_heads or {}
+    if any(job.state == JobState.QUEUED for job in kept_heads.values()):
+        jobs = _heads_kept_or_read(kept_heads, f"{table} WHERE {picked} {order}", params, columns)
+    else:  # nothing kept that could serve (none given, or the last pass placed all it had)
         jobs = list(
             Job.objects.raw(f"SELECT {columns} FROM {table} WHERE {picked} {order}", params)
         )
-    else:
-        assert kept_heads is not None
-        jobs = _heads_kept_or_read(kept_heads, f"{table} WHERE {picked} {order}", params, columns)
     if tiers is not None:
         jobs = [job for job in jobs if job.tier_id in tiers]
         for job in jobs:
@@ -243,10 +242,10 @@ def _heads_kept_or_read(kept_heads: dict, source: str, params: list, columns: st
         rows = [(pk.to_python(row[0]), row[1:]) for row in cursor.fetchall()]
     jobs: list = []
     missing = []
-    for job_id, (version, state, reason, boost, held) in rows:
+    for job_id, values in rows:
         job = kept_heads.get(job_id)
-        if job is not None and (job.version, job.state, job.reason, job.priority_boost,
-                                job.held_by_dependencies) == (version, state, reason, boost, bool(held)):  # fmt: skip
+        # As read: SQLite's 0 / 1 for a boolean compares equal to False / True.
+        if job is not None and tuple(getattr(job, name) for name in _UNVERSIONED) == values:
             jobs.append(job)
         else:
             jobs.append(job_id)

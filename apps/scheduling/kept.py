@@ -21,6 +21,7 @@ taken out again and the victims re-read, so the state only ever holds what was r
 
 from __future__ import annotations
 
+import bisect
 import gc
 import logging
 import math
@@ -452,7 +453,9 @@ class UsageSpans:
         self.read_at = time.monotonic()
         self.spans: dict[int, tuple] = {}
         self.running: set[int] = set()  # the spans without an end
-        self.tiers: dict[str, tuple[int, str]] = {}  # tenant: (its lowest span id, that tier)
+        # Each tenant's span ids, sorted: its usage's tier is its lowest one's, as a sum over the
+        # spans in id order had it.
+        self.ids_of: dict[str, list[int]] = {}
         self._ended: dict[str, float] = {}  # tenant: its ended spans' usage valued at _ref
         self._ref: float | None = None  # None: nothing summed yet
         self._half_life = 0.0
@@ -476,20 +479,22 @@ class UsageSpans:
             self.stamp = stamp
         checked, self.ended_checked = self.ended_checked, timezone.now()
         after = checked - timedelta(seconds=CHECKPOINT_MARGIN_S)
-        # An attempt's end is written once: those kept ended are not read again (in a drain at
-        # 60 jobs a second the margin held ~600 of them, read whole with two joins each pass).
-        after_s = epoch(after)
-        known = [
-            pk for pk, span in self.spans.items() if span[3] is not None and span[3] >= after_s
-        ]
+        # One look at the ended spans: those within the margin are not read again (an attempt's
+        # end is written once; in a drain at 60 jobs a second the margin held ~600 of them, read
+        # whole with two joins each pass), those before the window's start leave it.
+        after_s, start = epoch(after), epoch(since)
+        known, gone = [], []
+        for pk, span in self.spans.items():
+            if span[3] is not None:
+                if span[3] >= after_s:
+                    known.append(pk)
+                elif span[3] < start:
+                    gone.append(pk)
         recent = _usage_rows().filter(ended_at__gte=after)
         if known and len(known) <= DELTA_LIMIT:
             recent = recent.exclude(pk__in=known)
         self._add(recent)
-        start = epoch(since)
-        for pk in [
-            pk for pk, span in self.spans.items() if span[3] is not None and span[3] < start
-        ]:
+        for pk in gone:
             self._drop(pk)
         return True
 
@@ -504,8 +509,7 @@ class UsageSpans:
                 self.running.add(pk)
             else:
                 self._fold(span, +1.0)
-            if pk < self.tiers.get(tenant, (pk + 1, ""))[0]:
-                self.tiers[tenant] = (pk, tier)
+            bisect.insort(self.ids_of.setdefault(tenant, []), pk)
 
     def _drop(self, pk: int) -> None:
         span = self.spans.pop(pk, None)
@@ -514,28 +518,18 @@ class UsageSpans:
         self.running.discard(pk)
         if span[3] is not None:
             self._fold(span, -1.0)
-        if self.tiers.get(span[0], (None,))[0] == pk:  # its tenant's lowest: find the next
-            rest = [other for other, kept_span in self.spans.items() if kept_span[0] == span[0]]
-            if rest:
-                self.tiers[span[0]] = (min(rest), self.spans[min(rest)][1])
-            else:
-                del self.tiers[span[0]]
+        ids = self.ids_of[span[0]]
+        del ids[bisect.bisect_left(ids, pk)]
+        if not ids:
+            del self.ids_of[span[0]]
 
     def _fold(self, span: tuple, sign: float) -> None:
         """Add (or take out) an ended span's usage, valued at _ref, to its tenant's sum."""
         if self._ref is None:
             return  # summed from the spans at the first `usage`
         tenant, _, started, ended, gpus = span
-        if ended > started:  # as policy.decayed_gpu_seconds, but never cut at _ref
-            k = policy.LN2 / self._half_life
-            value = (
-                gpus
-                * (math.exp(-k * (self._ref - ended)) - math.exp(-k * (self._ref - started)))
-                / k
-            )
-            self._ended[tenant] = self._ended.get(tenant, 0.0) + sign * value
-        else:
-            self._ended.setdefault(tenant, 0.0)
+        value = policy.decayed_run(started, ended, gpus, self._ref, self._half_life)
+        self._ended[tenant] = self._ended.get(tenant, 0.0) + sign * value
 
     def usage(self, now, half_life_s: float) -> dict[str, policy.TenantUsage]:
         at = epoch(now)
@@ -557,9 +551,11 @@ class UsageSpans:
                 spans, at, half_life_s
             )
         return {
-            tenant: policy.TenantUsage(tier=self.tiers[tenant][1], gpu_seconds=gpu_seconds)
+            tenant: policy.TenantUsage(
+                tier=self.spans[self.ids_of[tenant][0]][1], gpu_seconds=gpu_seconds
+            )
             for tenant, gpu_seconds in totals.items()
-            if tenant in self.tiers
+            if tenant in self.ids_of
         }
 
 

@@ -81,6 +81,7 @@ from apps.scheduling.core.policy_model import (
     TierPolicy,
     Wait,
     decayed_gpu_seconds,
+    decayed_run,
     default_tiers,
     last_checkpoint,
 )
@@ -110,6 +111,7 @@ __all__ = [
     "VictimCost",
     "Wait",
     "decayed_gpu_seconds",
+    "decayed_run",
     "decide",
     "default_tiers",
     "last_checkpoint",

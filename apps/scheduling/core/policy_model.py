@@ -214,11 +214,17 @@ def decayed_gpu_seconds(
     """Decayed usage from `(start, end, gpus)` runs: sum of gpus * integral of 2^(-(now-t)/H) dt."""
     total = 0.0
     for start, end, gpus in runs:
-        end = min(end, now)
-        if end > start:
-            k = LN2 / half_life_s
-            total += gpus * (math.exp(-k * (now - end)) - math.exp(-k * (now - start))) / k
+        total += decayed_run(start, min(end, now), gpus, now, half_life_s)
     return total
+
+
+def decayed_run(start: float, end: float, gpus: int, now: float, half_life_s: float) -> float:
+    """One run's term of `decayed_gpu_seconds`, its end taken as given (one after `now` is not
+    cut there: a sum kept at a reference time and scaled later needs it whole)."""
+    if end <= start:
+        return 0.0
+    k = LN2 / half_life_s
+    return gpus * (math.exp(-k * (now - end)) - math.exp(-k * (now - start))) / k
 
 
 class Usage:
