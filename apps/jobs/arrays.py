@@ -12,9 +12,10 @@ from __future__ import annotations
 import hashlib
 import uuid
 from dataclasses import dataclass
+from functools import partial
 
 from django.db import transaction
-from django.db.models import Count, F
+from django.db.models import Count, F, Q
 from django.utils import timezone
 
 from apps.jobs.arrayspec import ArraySpec, parse
@@ -205,7 +206,33 @@ def check_ended(array_id) -> bool:
 
 
 def on_job_ended(event) -> None:
-    """In the ending task's transaction (JobEnded): its array may have ended with it."""
+    """In the ending task's transaction (JobEnded): its array may have ended with it. Two tasks
+    ending at once in transactions of their own (two agents' reports) each see the other still
+    active, and neither would end the array: so when this check finds the array not ended, it
+    is made again once this transaction has committed, where the last of them to commit sees
+    every end. `end_settled_arrays` (the reconcile tick) covers a process lost in between."""
     job = event.job
-    if job.array_id is not None:
-        check_ended(job.array_id)
+    if job.array_id is not None and not check_ended(job.array_id):
+        transaction.on_commit(partial(_check_ended_in_transaction, job.array_id))
+
+
+def _check_ended_in_transaction(array_id) -> None:
+    with transaction.atomic():
+        check_ended(array_id)
+
+
+def end_settled_arrays() -> int:
+    """The reconcile tick's repair: arrays whose every task has ended (none left virtual) but
+    whose end was never recorded get it now. Returns how many."""
+    settled = (
+        JobArray.objects.filter(ended_at=None)
+        .filter(Q(materialised__gte=F("size")) | ~Q(cancelled_at=None) | ~Q(failed_reason=""))
+        .exclude(
+            pk__in=Job.objects.filter(state__in=JOB_ACTIVE, array__isnull=False).values("array_id")
+        )
+    )
+    ended = 0
+    for array_id in settled.values_list("pk", flat=True):
+        with transaction.atomic():
+            ended += check_ended(array_id)
+    return ended

@@ -4,6 +4,7 @@ import logging
 
 from django.utils import timezone
 
+from apps.jobs.arrays import end_settled_arrays
 from apps.jobs.models import ATTEMPT_ACTIVE, AttemptMember, AttemptState, JobAttempt
 from apps.jobs.services import attempt_lost, attempt_orphaned
 from apps.nodes.services import mark_silent_nodes_lost, preempt_past_drain_deadline
@@ -16,8 +17,9 @@ def reconcile_once() -> dict:
     expired = expire_leases()
     orphans = settle_orphans()
     drained = preempt_past_drain_deadline()
+    arrays = end_settled_arrays()
     return {"lost_nodes": lost_nodes, "expired_attempts": expired, "orphaned_attempts": orphans,
-            "preempted_for_drain": drained}  # fmt: skip
+            "preempted_for_drain": drained, "arrays_ended": arrays}  # fmt: skip
 
 
 def expire_leases() -> int:

@@ -4,12 +4,13 @@ cancel-all, requeue-failed, quotas, other tenants."""
 import uuid
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from apps.jobs.models import GpuAllocation, Job, JobArray, JobAttempt, JobEvent
 from apps.jobs.selectors import assignment_for
 from apps.jobs.services import attempt_member_finished, attempt_member_started
 from apps.scheduling.dispatcher import dispatch_once
+from apps.scheduling.reconcile import reconcile_once
 from apps.tenants.models import Tenant
 from apps.tenants.services import quota_set
 from tests.factories import client_for, make_cast, make_node
@@ -152,6 +153,39 @@ def test_throttle_is_never_exceeded_and_the_array_ends_with_every_task_succeeded
     ended = JobEvent.objects.filter(kind="array", data__array=array["id"])
     assert ended.count() == 1  # the array's end, once
     assert ended.get().data["counts"]["succeeded"] == 20
+
+
+def test_the_array_ends_when_its_last_two_tasks_end_at_once_in_transactions_of_their_own(
+    as_user, django_capture_on_commit_callbacks
+):
+    """CI's e2e array (2026-12-06) stayed `active` with all 200 tasks succeeded: two agents'
+    reports ended the last two tasks in two transactions, and each one's check saw the other
+    task still running. Here: task a ends while task b is running; b's end commits meanwhile
+    (its own check had seen a running). a's check, made again after a's commit, ends the array."""
+    array = submit(as_user("bob"), array="0-1").json()
+    dispatch_once()
+    a, b = sorted(placed(array["id"]), key=lambda job: job.array_index)
+    with django_capture_on_commit_callbacks(execute=True):
+        with transaction.atomic():
+            finish(a)
+            assert JobArray.objects.get(pk=array["id"]).ended_at is None  # b is running
+            Job.objects.filter(pk=b.pk).update(state="succeeded")  # another transaction's end
+    assert as_user("bob").get(f"/api/v1/arrays/{array['id']}/").json()["state"] == "ended"
+    assert JobEvent.objects.filter(kind="array", data__array=array["id"]).count() == 1
+
+
+def test_the_reconcile_tick_ends_an_array_whose_end_was_never_recorded(as_user):
+    array = submit(as_user("bob"), array="0-2").json()
+    dispatch_once()
+    for job in placed(array["id"]):
+        finish(job)
+    assert reconcile_once()["arrays_ended"] == 0  # it ended with its last task
+    JobArray.objects.filter(pk=array["id"]).update(ended_at=None)  # as if that end were lost
+    JobEvent.objects.filter(kind="array").delete()
+    assert reconcile_once()["arrays_ended"] == 1
+    assert reconcile_once()["arrays_ended"] == 0
+    assert as_user("bob").get(f"/api/v1/arrays/{array['id']}/").json()["state"] == "ended"
+    assert JobEvent.objects.filter(kind="array", data__array=array["id"]).count() == 1
 
 
 def test_a_task_over_the_throttle_waits_with_a_reason(as_user):
