@@ -258,7 +258,9 @@ class Platform:
 
     def submit(self, user: str, **body) -> dict:
         response = self.post(user, "/api/v1/jobs/", body)
-        assert response.status_code == 201, response.text
+        assert response.status_code == 201, response.text + (
+            f"\n--- the web's log ---\n{self.logs('web')}" if response.status_code >= 500 else ""
+        )
         return response.json()
 
     def job(self, job_id: str, user: str = "staff") -> dict:
