@@ -123,7 +123,12 @@ class JobArray(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
-        indexes = [models.Index(fields=["tenant", "-created_at"], name="jobs_array_tenant_idx")]
+        indexes = [
+            models.Index(fields=["tenant", "-created_at"], name="jobs_array_tenant_idx"),
+            # The arrays not ended yet, for the reconcile tick (apps/jobs/arrays.py
+            # end_settled_arrays): a few among all the arrays ever submitted.
+            models.Index(fields=["id"], condition=Q(ended_at=None), name="jobs_array_open_idx"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.name}[{self.spec}] ({self.id})"
