@@ -364,7 +364,9 @@ def tasks_made(array: JobArray, jobs: list[Job]) -> None:
 
 def settle_array(array: JobArray) -> None:
     """One of the array's conditions on a whole parent was decided: fail it whole, keep it held,
-    or free it (its held rows are settled task by task, aftercorr may hold them still)."""
+    or free it (its held rows are settled task by task, aftercorr may hold them still). The
+    array is locked before its conditions are read, as `settle_jobs` locks its jobs."""
+    _lock(JobArray.objects.filter(pk=array.pk))
     array.refresh_from_db()
     if array.failed_reason or array.ended_at is not None:
         return
@@ -495,7 +497,14 @@ def _decide(pending, decide) -> int:
 
 def settle_jobs(job_ids: set) -> None:
     """Settle the queued, held jobs among `job_ids` from their dependencies as stored: those
-    now free are released in one statement, the others fail or name their next wait."""
+    now free are released in one statement, the others fail or name their next wait.
+
+    The dependents are locked before their dependencies are read: two parents of one job ending
+    at once in two transactions (two agents' reports) each decided their own condition and
+    read the other's as still pending, so neither released the job, which then waited for ever.
+    Locked, the second waits for the first's commit and reads both decided (PostgreSQL reads
+    each statement's data afresh; SQLite runs one writer at a time)."""
+    _lock(Job.objects.filter(pk__in=job_ids))
     open_rows: dict = {}
     for row in (
         JobDependency.objects.filter(job_id__in=job_ids)
@@ -565,6 +574,12 @@ def _hold_corresponding_tasks(task: Job) -> None:
     ids = [array_tasks.task_id(array_id, _index(task)) for array_id in arrays]
     if ids:
         _hold_again(Job.objects.filter(pk__in=ids), waiting_reason("job", task.pk, AFTERCORR))
+
+
+def _lock(rows) -> None:
+    """Lock `rows` (in id order) until the transaction ends, where the database can."""
+    if connection.features.has_select_for_update:
+        list(rows.select_for_update(no_key=True).order_by("pk").values_list("pk", flat=True))
 
 
 def _not_placed(jobs):

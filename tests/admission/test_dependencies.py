@@ -4,14 +4,22 @@ tenant's job is 404, bad shapes are 400 naming `depends_on`, a held job is never
 counted in the start estimate, the queue positions or the autoscaler's demand, and its
 release asks for a dispatch pass."""
 
+import threading
+import time
 import uuid
 
 import pytest
+from django.db import connection, connections, transaction
 
 from apps.admission import estimates
 from apps.jobs import dependencies
-from apps.jobs.models import Job, JobDependency
-from apps.jobs.services import job_cancel, job_requeue
+from apps.jobs.models import Job, JobAttempt, JobDependency
+from apps.jobs.services import (
+    attempt_member_finished,
+    attempt_member_started,
+    job_cancel,
+    job_requeue,
+)
 from apps.scheduling.autoscaling import demand
 from apps.scheduling.dispatcher import ordered_queue, queue_position
 from tests.admission.conftest import placed_ids, run_to_end
@@ -352,3 +360,47 @@ def test_a_job_with_dependencies_is_never_served_from_the_result_cache(bob, tmp_
     ).json()
     assert not again["cache_hit"] and again["state"] == "queued"
     assert JobDependency.objects.filter(job_id=again["id"]).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_after_two_parents_that_end_at_once_in_two_transactions_is_released(
+    as_user, tmp_path
+):
+    """Each parent's end decided its own condition and read the other's as still pending (the
+    other transaction had not committed), so neither released the job: it waited for ever.
+    Here parent a's end holds its transaction open while b's end runs in another thread."""
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite runs one write transaction at a time: no interleaving to test")
+    bob = as_user("bob")
+    a, b = submit(bob), submit(bob)
+    child = submit(bob, depends_on=[after(a), after(b)])
+    assert {a["id"], b["id"]} <= placed_ids()
+    attempts = {j["id"]: JobAttempt.objects.get(job_id=j["id"]) for j in (a, b)}
+    for attempt in attempts.values():
+        attempt_member_started(attempt_id=attempt.pk, rank=0, token=str(attempt.token), pid=1)
+
+    def finish(job) -> None:
+        attempt = attempts[job["id"]]
+        attempt_member_finished(
+            attempt_id=attempt.pk, rank=0, token=str(attempt.token), exit_code=0
+        )
+
+    a_decided = threading.Event()
+
+    def end_b() -> None:
+        a_decided.wait(5)
+        try:
+            finish(b)
+        finally:
+            connections.close_all()  # this thread's connection, so the test database can go
+
+    other = threading.Thread(target=end_b)
+    other.start()
+    with transaction.atomic():
+        finish(a)
+        a_decided.set()
+        time.sleep(0.5)  # b's end runs meanwhile, as far as it can before a's commit
+    other.join(10)
+    assert not other.is_alive()
+    assert state(child) == ("queued", dependencies.RELEASED)
+    assert not Job.objects.get(pk=child["id"]).held_by_dependencies
