@@ -443,6 +443,9 @@ def _task_of_parent_array_ended(task: Job) -> int:
     # (one made later reads the parent's task as it is made).
     corr = {array_id for _, _, array_id, condition in rows if condition == AFTERCORR}
     if corr:
+        # Locked as settle_array locks them: a dependent array's condition on a whole parent,
+        # decided at once in another transaction, is then read decided here (or waits for it).
+        _lock(JobArray.objects.filter(pk__in=corr))
         ids = [array_tasks.task_id(array_id, _index(task)) for array_id in corr]
         for dependent in Job.objects.filter(
             pk__in=ids, state=JobState.QUEUED, held_by_dependencies=True

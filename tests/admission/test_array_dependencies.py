@@ -3,9 +3,12 @@ whole array (afterok fails at the first failed task, afterany waits for every ta
 holds at the first failure), an array after a job (held: no task rows; failed whole, the tasks
 without a row too), aftercorr task by task with lazily made tasks, and the 400s and 404s."""
 
+import threading
+import time
 import uuid
 
 import pytest
+from django.db import connection, connections, transaction
 
 from apps.jobs import dependencies
 from apps.jobs.arrays import counts, task_id
@@ -294,3 +297,37 @@ def test_aftercorr_tasks_made_after_their_parent_task_ended_are_decided_as_they_
     assert Job.objects.get(pk=task_id(train["id"], 17)).reason == (
         f"dependency {task_id(pre['id'], 17)} failed (aftercorr)"
     )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_aftercorr_task_whose_two_parents_end_at_once_in_two_transactions_is_released(bob):
+    """Task 0 of `train` waits for task 0 of `pre` (aftercorr) and for `gate` (afterok on the
+    whole array). Both end at once in two transactions: each read the other's condition as
+    pending, and task 0 stayed held for ever. The dependent array is now locked before either
+    reads its conditions."""
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite runs one write transaction at a time: no interleaving to test")
+    pre, gate = post(bob, array="0-0"), post(bob)
+    train = post(bob, array="0-0", depends_on=[{"array": pre["id"], "condition": "aftercorr"},
+                                               {"job": gate["id"], "condition": "afterok"}])  # fmt: skip
+    dispatch_once()
+    pre_0, gate_job = Job.objects.get(pk=task_id(pre["id"], 0)), Job.objects.get(pk=gate["id"])
+    assert {pre_0.state, gate_job.state} == {"starting"}
+    gate_decided = threading.Event()
+
+    def end_pre_0() -> None:
+        gate_decided.wait(5)
+        try:
+            finish(pre_0, 0)
+        finally:
+            connections.close_all()  # this thread's connection, so the test database can go
+
+    other = threading.Thread(target=end_pre_0)
+    other.start()
+    with transaction.atomic():
+        finish(gate_job, 0)
+        gate_decided.set()
+        time.sleep(0.5)  # pre's task 0 ends meanwhile, as far as it can before this commits
+    other.join(10)
+    assert not other.is_alive()
+    assert state(task_id(train["id"], 0)) == ("queued", dependencies.RELEASED)
