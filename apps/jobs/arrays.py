@@ -213,7 +213,8 @@ def on_job_ended(event) -> None:
     every end. `end_settled_arrays` (the reconcile tick) covers a process lost in between."""
     job = event.job
     if job.array_id is not None and not check_ended(job.array_id):
-        transaction.on_commit(partial(_check_ended_in_transaction, job.array_id))
+        # robust: the ending task has committed; a failure here is logged, and the tick repairs it
+        transaction.on_commit(partial(_check_ended_in_transaction, job.array_id), robust=True)
 
 
 def _check_ended_in_transaction(array_id) -> None:
