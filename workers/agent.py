@@ -339,8 +339,13 @@ def main(argv: list[str] | None = None) -> int:
     config = Config.from_env(args)
     from workers.agent_client import ApiError
     from workers.gpus import NoGpuError
+    from workers.isolation import FenceRefused
 
-    agent = Agent(args, config=config)
+    try:
+        agent = Agent(args, config=config)
+    except FenceRefused as error:
+        print(f"agent: {error}", file=sys.stderr)
+        return 2
     try:
         register_until_it_answers(agent)
     except NoGpuError as error:

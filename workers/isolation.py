@@ -32,6 +32,7 @@ CGROUP_ROOT = pathlib.Path("/sys/fs/cgroup")
 V1_CONTROLLERS = ("memory", "pids", "cpu", "devices", "freezer")
 V2_LIMIT_CONTROLLERS: tuple[str, ...] = ("memory", "pids", "cpu")
 V2_LIMIT_FILES = {"memory": "memory.max", "pids": "pids.max", "cpu": "cpu.weight"}
+STRICT = "strict"  # GPUPLATFORM_ISOLATION: every limit or no agent
 
 
 # --- settings (from the environment: the agent has no Django) --------------------------------
@@ -60,13 +61,17 @@ class Settings:
     pids_max: int
     cpu_weight: int
     lease_dir: pathlib.Path
-    mode: str  # "auto" or "none" (the operator turns fencing off on purpose)
+    # "auto": fence jobs where the agent can; "none": the operator turns fencing off on purpose;
+    # "strict": fence every job with all its limits (memory, pids, cpu) or refuse to start.
+    mode: str
 
     @classmethod
     def from_env(cls) -> Settings:
         mode = os.environ.get("GPUPLATFORM_ISOLATION", "auto").strip() or "auto"
-        if mode not in ("auto", NONE):
-            raise ValueError(f"GPUPLATFORM_ISOLATION must be 'auto' or 'none', got {mode!r}")
+        if mode not in ("auto", NONE, STRICT):
+            raise ValueError(
+                f"GPUPLATFORM_ISOLATION must be 'auto', 'strict' or 'none', got {mode!r}"
+            )
         return cls(
             max_log_bytes=env_int("GPUPLATFORM_MAX_LOG_BYTES", 100 * 2**20, minimum=1),
             max_output_bytes=env_int("GPUPLATFORM_MAX_OUTPUT_BYTES", 20 * 2**30, minimum=1),
@@ -505,8 +510,38 @@ def unfenced(reason: str, settings: Settings | None = None) -> Isolation:
     return Isolation(name=NONE, reason=reason, settings=settings or Settings.from_env())
 
 
+class FenceRefused(RuntimeError):
+    """GPUPLATFORM_ISOLATION=strict, and this agent cannot fence jobs with every limit."""
+
+
 def detect(node: str = "agent") -> Isolation:
-    """Fence jobs if this agent can: root, a mount namespace, cgroups we may create."""
+    """Fence jobs if this agent can: root, a mount namespace, cgroups we may create. Under
+    GPUPLATFORM_ISOLATION=strict, raises FenceRefused unless jobs are fenced with every limit."""
+    isolation = _detect(node)
+    if isolation.settings.mode == STRICT:
+        missing = missing_limits(isolation)
+        if missing:
+            raise FenceRefused(
+                f"GPUPLATFORM_ISOLATION=strict: this agent cannot fence jobs with every limit: {missing}"
+            )
+    return isolation
+
+
+def missing_limits(isolation: Isolation) -> str:
+    """What a fenced job here would lack ("" if nothing): the fence itself, or a limit's controller."""
+    if not isolation.jailed or isolation.cgroups is None:
+        return f"jobs would run unfenced ({isolation.reason})"
+    cgroups = isolation.cgroups
+    have = set(cgroups.v2_controllers) if cgroups.pure_v2 else set(cgroups.v1_bases)
+    lacking = [name for name in V2_LIMIT_CONTROLLERS if name not in have]
+    if lacking:
+        return "no {} controller for jobs' cgroups: no {} limit".format(
+            "/".join(lacking), "/".join(V2_LIMIT_FILES[name] for name in lacking)
+        )
+    return ""
+
+
+def _detect(node: str) -> Isolation:
     settings = Settings.from_env()
     if settings.mode == NONE:
         return unfenced("turned off by GPUPLATFORM_ISOLATION=none", settings)

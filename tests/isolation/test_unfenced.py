@@ -4,6 +4,8 @@ answers "none" with the reason, the agent warns loudly, and jobs run as today.""
 import logging
 import os
 
+import pytest
+
 from tests.unit.test_runner import Recorder, Work, py, run_until_finished
 from workers import isolation
 from workers.runner import Runner
@@ -52,3 +54,65 @@ def test_uid_leases_are_host_wide_and_a_restarted_node_takes_its_own_back(tmp_pa
         one.release_node("n1", keep={c}) == 1
     )  # what n1's dead agent left, not n2's, not a live one
     assert one.lease(node="n1", member="4-0") == a
+
+
+# --- GPUPLATFORM_ISOLATION=strict: every limit, or no agent --------------------------------------
+
+
+def _fenced(monkeypatch, tmp_path, *, pure_v2: bool, controllers=(), v1=()):
+    """detect() as root, with the cgroups find_cgroups would give and uid leases in tmp_path."""
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setenv("GPUPLATFORM_JOB_UID_LEASE_DIR", str(tmp_path / "uids"))
+    cgroups = isolation.Cgroups(v2_base=tmp_path / "v2", v1_bases={name: tmp_path / name for name in v1},
+                                pure_v2=pure_v2, v2_controllers=tuple(controllers))  # fmt: skip
+    monkeypatch.setattr(isolation, "find_cgroups", lambda node: cgroups)
+
+
+def test_strict_refuses_an_agent_that_cannot_fence(monkeypatch):
+    monkeypatch.setenv("GPUPLATFORM_ISOLATION", "strict")
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(isolation.FenceRefused, match="unfenced .the agent is not root"):
+        isolation.detect("n1")
+
+
+def test_strict_refuses_a_fence_without_a_pids_limit(monkeypatch, tmp_path):
+    """The device machine of 2026-12-04: cgroup v2 offered memory alone. `auto` fences there
+    without a pids limit (a fork bomb fills the node's pid space); `strict` refuses to start."""
+    _fenced(monkeypatch, tmp_path, pure_v2=True, controllers=("memory",))
+    assert isolation.detect("n1").jailed  # auto: fenced, without the missing limits
+    monkeypatch.setenv("GPUPLATFORM_ISOLATION", "strict")
+    with pytest.raises(
+        isolation.FenceRefused, match="no pids/cpu controller .*pids.max/cpu.weight"
+    ):
+        isolation.detect("n1")
+
+
+def test_strict_takes_a_fence_with_every_limit(monkeypatch, tmp_path):
+    monkeypatch.setenv("GPUPLATFORM_ISOLATION", "strict")
+    _fenced(monkeypatch, tmp_path, pure_v2=True, controllers=("memory", "pids", "cpu"))
+    assert isolation.detect("n1").jailed
+    _fenced(
+        monkeypatch, tmp_path, pure_v2=False, v1=("memory", "pids", "cpu", "devices", "freezer")
+    )
+    assert isolation.detect("n1").jailed
+    _fenced(monkeypatch, tmp_path, pure_v2=False, v1=("memory", "pids", "devices", "freezer"))
+    with pytest.raises(isolation.FenceRefused, match="no cpu controller"):
+        isolation.detect("n1")
+
+
+def test_a_refused_agent_exits_2_naming_what_is_missing(monkeypatch, tmp_path, capsys):
+    from workers import agent
+
+    monkeypatch.setenv("GPUPLATFORM_ISOLATION", "strict")
+    monkeypatch.setenv("GPUPLATFORM_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("GPUPLATFORM_NODE_CREDENTIAL", "gpn_x.y")
+    monkeypatch.setenv("GPUPLATFORM_DATA_DIR", str(tmp_path))
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert agent.main(["--node", "n1", "--sku", "H100-80GB", "--gpus", "1", "--fake"]) == 2
+    assert "GPUPLATFORM_ISOLATION=strict" in capsys.readouterr().err
+
+
+def test_the_isolation_setting_names_its_choices(monkeypatch):
+    monkeypatch.setenv("GPUPLATFORM_ISOLATION", "paranoid")
+    with pytest.raises(ValueError, match="'auto', 'strict' or 'none'"):
+        isolation.Settings.from_env()
