@@ -288,6 +288,9 @@ class Agent:
         deadline = time.monotonic() + self.kill_grace + 2
         while self.runner.runs and time.monotonic() < deadline:
             time.sleep(0.2)
+        cgroups = self.runner.isolation.cgroups
+        if cgroups is not None and not self.runner.runs:
+            cgroups.remove_bases()  # a job still ending keeps them: its reaper removes its group
         self.stopping.set()
 
 

@@ -219,6 +219,7 @@ class Cgroups:
         self, name: str, limits: Limits, *, deny_devices: list[tuple[int, int]]
     ) -> JobCgroup:
         group = JobCgroup(v2=None)
+        self._bases_again()
         if self.v2_base is not None:
             group.v2 = self._fresh(self.v2_base / name)
         for controller, base in self.v1_bases.items():
@@ -229,6 +230,18 @@ class Cgroups:
             group.remove()
             raise
         return group
+
+    def _bases_again(self) -> None:
+        """The node's groups made again where another agent of this node name on this host
+        removed them at its clean stop (`remove_bases`), with the controllers handed on (pure
+        v2) as `_delegate_v2` hands them."""
+        if self.v2_base is not None and not self.v2_base.is_dir():
+            self.v2_base.mkdir(exist_ok=True)
+            if self.pure_v2 and self.v2_controllers:
+                wanted = " ".join(f"+{name}" for name in self.v2_controllers)
+                _write(self.v2_base / "cgroup.subtree_control", wanted)
+        for base in self.v1_bases.values():
+            base.mkdir(exist_ok=True)
 
     def _fresh(self, path: pathlib.Path) -> pathlib.Path:
         if path.exists():  # a leftover with our name: its processes die with it
@@ -275,6 +288,23 @@ class Cgroups:
                     if child.is_dir() and child.name.startswith(prefix)
                 }
         return [self.group(name) for name in sorted(names - keep)]
+
+    def remove_bases(self) -> int:
+        """At the agent's clean stop: remove the node's own groups (`gpuplatform/<node>` in each
+        hierarchy) where no job group is left in them; the number removed. A restarted agent
+        makes them again. Without this every node name an agent ever ran as (an autoscaled
+        node's, a test's) left an empty group behind."""
+        removed = 0
+        for base in ([self.v2_base] if self.v2_base else []) + list(self.v1_bases.values()):
+            try:
+                base.rmdir()
+                removed += 1
+            except FileNotFoundError:
+                pass
+            except OSError as error:
+                if error.errno not in (errno.EBUSY, errno.ENOTEMPTY):
+                    raise
+        return removed
 
     def group(self, name: str) -> JobCgroup:
         return JobCgroup(

@@ -116,3 +116,16 @@ def test_the_isolation_setting_names_its_choices(monkeypatch):
     monkeypatch.setenv("GPUPLATFORM_ISOLATION", "paranoid")
     with pytest.raises(ValueError, match="'auto', 'strict' or 'none'"):
         isolation.Settings.from_env()
+
+
+def test_the_nodes_own_cgroups_go_with_a_clean_stop_on_this_kernel():
+    """Real cgroups (root): what find_cgroups made for a node, remove_bases takes away."""
+    node = f"iso-bases-{os.getpid()}"
+    found = isolation.detect(node)
+    if not found.jailed or found.cgroups is None:
+        pytest.skip(f"this machine cannot fence jobs ({found.reason}): needs root and cgroups")
+    cgroups = found.cgroups
+    bases = ([cgroups.v2_base] if cgroups.v2_base else []) + list(cgroups.v1_bases.values())
+    assert bases and all(base.is_dir() for base in bases)
+    assert cgroups.remove_bases() == len(bases)
+    assert not any(base.exists() for base in bases)

@@ -124,3 +124,35 @@ def test_the_agent_reads_whether_cgroup2_favors_dynamic_moves():
     assert favors_dynmods(plain) is False
     assert favors_dynmods(plain.replace("rw,relatime 0", "rw,relatime,favordynmods 0")) is True
     assert favors_dynmods() in (True, False, None)  # this host's, whatever it is
+
+
+def test_a_clean_stop_removes_the_nodes_empty_groups_and_keeps_one_a_job_is_in(tmp_path):
+    base = fake_v2(tmp_path)
+    v1 = {name: tmp_path / name / "gpuplatform" / "n1" for name in ("memory", "pids")}
+    for path in v1.values():
+        path.mkdir(parents=True)
+    (v1["pids"] / "7-0").mkdir()  # a job's group, still there
+    cgroups = Cgroups(v2_base=base, v1_bases=v1, pure_v2=False)
+    assert cgroups.remove_bases() == 2
+    assert not base.exists() and not v1["memory"].exists() and (v1["pids"] / "7-0").exists()
+    assert cgroups.remove_bases() == 0  # gone already, or still in use: nothing raised
+
+
+def test_a_job_group_is_made_after_another_agent_of_the_node_removed_the_nodes_groups(tmp_path):
+    """Two agents of one node name on one host share `gpuplatform/<node>`: one's clean stop may
+    remove it while the other runs; the other's next job makes it again."""
+    base = fake_v2(tmp_path)
+    v1 = {"pids": tmp_path / "pids" / "gpuplatform" / "n1"}
+    v1["pids"].mkdir(parents=True)
+    cgroups = Cgroups(v2_base=base, v1_bases=v1, pure_v2=False)
+    assert cgroups.remove_bases() == 2
+    group = cgroups.create(
+        "a.1-0", Limits(memory_mib=0, pids_max=8, cpu_weight=100), deny_devices=[]
+    )
+    assert group.v2 == base / "a.1-0" and group.v2.is_dir()
+    assert (v1["pids"] / "a.1-0" / "pids.max").read_text() == "8"
+    pure = Cgroups(v2_base=base, v1_bases={}, pure_v2=True, v2_controllers=("memory", "pids"))
+    group.remove()
+    assert pure.remove_bases() == 1
+    pure.create("a.2-0", Limits(memory_mib=0, pids_max=8, cpu_weight=100), deny_devices=[])
+    assert (base / "cgroup.subtree_control").read_text() == "+memory +pids"
