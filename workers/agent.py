@@ -288,12 +288,6 @@ class Agent:
         deadline = time.monotonic() + self.kill_grace + 2
         while self.runner.runs and time.monotonic() < deadline:
             time.sleep(0.2)
-        cgroups = self.runner.isolation.cgroups
-        if cgroups is not None and not self.runner.runs:
-            try:  # a job still ending keeps them: its reaper removes its group
-                cgroups.remove_bases()
-            except OSError as error:  # the stop goes on; the groups are only left behind
-                log.warning("could not remove the node's cgroups: %s", error)
         self.stopping.set()
 
 

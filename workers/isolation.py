@@ -290,10 +290,10 @@ class Cgroups:
         return [self.group(name) for name in sorted(names - keep)]
 
     def remove_bases(self) -> int:
-        """At the agent's clean stop: remove the node's own groups (`gpuplatform/<node>` in each
-        hierarchy) where no job group is left in them; the number removed. A restarted agent
-        makes them again. Without this every node name an agent ever ran as (an autoscaled
-        node's, a test's) left an empty group behind."""
+        """When the agent exits (or its reaper, after it): remove the node's own groups
+        (`gpuplatform/<node>` in each hierarchy) where no job group is left in them; the number
+        removed. The next job makes them again (`_bases_again`). Without this every node name an
+        agent ever ran as (an autoscaled node's, a test's) left an empty group behind."""
         removed = 0
         for base in ([self.v2_base] if self.v2_base else []) + list(self.v1_bases.values()):
             try:
@@ -311,6 +311,16 @@ class Cgroups:
             v2=self.v2_base / name if self.v2_base else None,
             v1={controller: base / name for controller, base in self.v1_bases.items()},
         )
+
+
+def remove_node_groups(cgroups: Cgroups | None) -> None:
+    """`Cgroups.remove_bases` as an exiting agent (or its reaper) calls it: a failure is logged."""
+    if cgroups is None:
+        return
+    try:
+        cgroups.remove_bases()
+    except OSError as error:
+        log.warning("could not remove the node's cgroups: %s", error)
 
 
 def _write_if_there(path: pathlib.Path, value: str) -> None:

@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     while os.read(0, 4096):  # the agent never writes: this returns b"" once it is gone
         pass
     killed = reap(cgroups, args.prefix)
+    fence.remove_node_groups(cgroups)  # where no other agent's job group is left in them
     if killed:
         log.warning("the agent is gone: killed %d job cgroup(s) it left", killed)
     return 0

@@ -627,6 +627,7 @@ class Runner:
                 fence.wait_empty(run.cgroup.paths[0], timeout=2.0)
                 if run.cgroup.remove() and run.uid is not None and self.isolation.uids is not None:
                     self.isolation.uids.release(run.uid)
+        fence.remove_node_groups(self.isolation.cgroups)  # where no job group is left in them
 
     # --- signals and orphans ------------------------------------------------------------------
 

@@ -39,8 +39,20 @@ def fenced_runner(data_dir, *, node: str | None = None, fake_gpus: int = 0, **kw
         pytest.skip(
             f"this machine cannot fence jobs ({isolation.reason}): the attack tests need root and cgroups"
         )
-    return Runner(node=node, data_dir=data_dir, reporter=Keyed(), kill_grace=1.0, isolation=isolation,
-                  fake_gpus=fake_gpus, **kwargs)  # fmt: skip
+    runner = Runner(node=node, data_dir=data_dir, reporter=Keyed(), kill_grace=1.0, isolation=isolation,
+                    fake_gpus=fake_gpus, **kwargs)  # fmt: skip
+    _made.append(runner)
+    return runner
+
+
+_made: list[Runner] = []  # this test's runners: their nodes' cgroups go when it ends
+
+
+@pytest.fixture(autouse=True)
+def _no_node_cgroups_left():
+    yield
+    while _made:
+        remove_node_cgroups(_made.pop())
 
 
 @pytest.fixture
@@ -58,12 +70,8 @@ def runner(tmp_path):
 
 def remove_node_cgroups(runner: Runner) -> None:
     """The test node's own (empty) cgroup dirs, so test runs leave no clutter in /sys/fs/cgroup."""
-    cgroups = runner.isolation.cgroups
-    for base in ([cgroups.v2_base] if cgroups.v2_base else []) + list(cgroups.v1_bases.values()):
-        try:
-            base.rmdir()
-        except OSError:
-            pass
+    if runner.isolation.cgroups is not None:
+        runner.isolation.cgroups.remove_bases()  # as an agent's clean stop does
 
 
 def py(code: str) -> list[str]:
