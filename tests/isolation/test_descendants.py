@@ -122,7 +122,9 @@ def test_an_agent_that_exits_takes_every_descendant_of_its_jobs_with_it(tmp_path
 
 def test_a_killed_agents_jobs_die_with_it_every_descendant(tmp_path):
     node = f"iso-{uuid.uuid4().hex[:8]}"
-    fenced_runner(tmp_path / "probe")  # skips here where jobs cannot be fenced
+    probe = fenced_runner(tmp_path / "probe")  # skips here where jobs cannot be fenced
+    assert probe.isolation.cgroups is not None and probe.isolation.cgroups.v2_base is not None
+    node_group = probe.isolation.cgroups.v2_base.parent / node
     agent = start_agent(node, tmp_path / "agent", "sleep")
     try:
         pids = json.loads(agent.stdout.readline())
@@ -135,6 +137,7 @@ def test_a_killed_agents_jobs_die_with_it_every_descendant(tmp_path):
     assert gone(pids["MAIN"])
     assert gone(pids["DAEMON"])
     assert gone(pids["REAPER"])  # its work done
+    assert not node_group.exists()  # and the node's own group gone with its jobs' groups
     successor = fenced_runner(tmp_path / "agent", node=node)
     assert successor.isolation.cgroups.leftovers(set()) == []
     assert successor.kill_orphans() == 0
