@@ -219,11 +219,11 @@ class Cgroups:
         self, name: str, limits: Limits, *, deny_devices: list[tuple[int, int]]
     ) -> JobCgroup:
         group = JobCgroup(v2=None)
-        self._bases_again()
-        if self.v2_base is not None:
-            group.v2 = self._fresh(self.v2_base / name)
-        for controller, base in self.v1_bases.items():
-            group.v1[controller] = self._fresh(base / name)
+        try:
+            self._groups(group, name)
+        except FileNotFoundError:  # another agent of this node name on this host removed them
+            self._bases_again()
+            self._groups(group, name)
         try:
             self._limit(group, limits, deny_devices)
         except OSError:
@@ -231,10 +231,16 @@ class Cgroups:
             raise
         return group
 
+    def _groups(self, group: JobCgroup, name: str) -> None:
+        if self.v2_base is not None:
+            group.v2 = self._fresh(self.v2_base / name)
+        for controller, base in self.v1_bases.items():
+            group.v1[controller] = self._fresh(base / name)
+
     def _bases_again(self) -> None:
         """The node's groups made again where another agent of this node name on this host
-        removed them at its clean stop (`remove_bases`), with the controllers handed on (pure
-        v2) as `_delegate_v2` hands them."""
+        removed them as it exited (`remove_bases`), with the controllers handed on (pure v2) as
+        `_delegate_v2` hands them."""
         if self.v2_base is not None and not self.v2_base.is_dir():
             self.v2_base.mkdir(exist_ok=True)
             if self.pure_v2 and self.v2_controllers:
@@ -242,6 +248,10 @@ class Cgroups:
                 _write(self.v2_base / "cgroup.subtree_control", wanted)
         for base in self.v1_bases.values():
             base.mkdir(exist_ok=True)
+
+    def _bases(self) -> list[pathlib.Path]:
+        """The node's own groups, `gpuplatform/<node>` in each hierarchy."""
+        return ([self.v2_base] if self.v2_base else []) + list(self.v1_bases.values())
 
     def _fresh(self, path: pathlib.Path) -> pathlib.Path:
         if path.exists():  # a leftover with our name: its processes die with it
@@ -280,7 +290,7 @@ class Cgroups:
     def leftovers(self, keep: set[str], prefix: str = "") -> list[JobCgroup]:
         """Groups of this node named `prefix...` not in `keep`: left by an earlier agent."""
         names: set[str] = set()
-        for base in ([self.v2_base] if self.v2_base else []) + list(self.v1_bases.values()):
+        for base in self._bases():
             if base.is_dir():
                 names |= {
                     child.name
@@ -295,7 +305,7 @@ class Cgroups:
         removed. The next job makes them again (`_bases_again`). Without this every node name an
         agent ever ran as (an autoscaled node's, a test's) left an empty group behind."""
         removed = 0
-        for base in ([self.v2_base] if self.v2_base else []) + list(self.v1_bases.values()):
+        for base in self._bases():
             try:
                 base.rmdir()
                 removed += 1

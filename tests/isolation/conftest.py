@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pytest
 
 from tests.unit.test_runner import Recorder, Work
-from workers.isolation import detect
+from workers.isolation import detect, remove_node_groups
 from workers.runner import Runner
 
 
@@ -52,7 +52,8 @@ _made: list[Runner] = []  # this test's runners: their nodes' cgroups go when it
 def _no_node_cgroups_left():
     yield
     while _made:
-        remove_node_cgroups(_made.pop())
+        # The test nodes' own (empty) groups, as an agent's exit removes them: no clutter left.
+        remove_node_groups(_made.pop().isolation.cgroups)
 
 
 @pytest.fixture
@@ -65,13 +66,7 @@ def runner(tmp_path):
         if not runner.runs and not runner.reaping:
             break
         time.sleep(0.05)
-    remove_node_cgroups(runner)
-
-
-def remove_node_cgroups(runner: Runner) -> None:
-    """The test node's own (empty) cgroup dirs, so test runs leave no clutter in /sys/fs/cgroup."""
-    if runner.isolation.cgroups is not None:
-        runner.isolation.cgroups.remove_bases()  # as an agent's clean stop does
+    # Its node's own groups go after this (_no_node_cgroups_left, torn down last).
 
 
 def py(code: str) -> list[str]:
