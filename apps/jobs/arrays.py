@@ -217,9 +217,9 @@ def on_job_ended(event) -> None:
         transaction.on_commit(partial(_check_ended_in_transaction, job.array_id), robust=True)
 
 
-def _check_ended_in_transaction(array_id) -> None:
+def _check_ended_in_transaction(array_id) -> bool:
     with transaction.atomic():
-        check_ended(array_id)
+        return check_ended(array_id)
 
 
 def end_settled_arrays() -> int:
@@ -232,6 +232,5 @@ def end_settled_arrays() -> int:
     )
     ended = 0
     for array_id in candidates.values_list("pk", flat=True):
-        with transaction.atomic():
-            ended += check_ended(array_id)
+        ended += _check_ended_in_transaction(array_id)
     return ended

@@ -151,9 +151,7 @@ def resolve(tenant, wanted: list[Wanted], *, array=None) -> list[tuple[str, obje
         ids = {w.id for w in wanted if w.kind == kind}
         if not ids:
             continue
-        rows = model.objects.filter(pk__in=ids, tenant=tenant)
-        if connection.features.has_select_for_update:
-            rows = rows.select_for_update(no_key=True)
+        rows = _locked(model.objects.filter(pk__in=ids, tenant=tenant))
         found.update({(kind, row.pk): row for row in rows})
     resolved = []
     for entry in wanted:
@@ -579,19 +577,23 @@ def _hold_corresponding_tasks(task: Job) -> None:
         _hold_again(Job.objects.filter(pk__in=ids), waiting_reason("job", task.pk, AFTERCORR))
 
 
-def _lock(rows) -> None:
-    """Lock `rows` (in id order) until the transaction ends, where the database can."""
+def _locked(rows):
+    """`rows` read with the lock a row's update takes (FOR NO KEY UPDATE), where the database
+    has row locks (SQLite runs one writer at a time)."""
     if connection.features.has_select_for_update:
-        list(rows.select_for_update(no_key=True).order_by("pk").values_list("pk", flat=True))
+        return rows.select_for_update(no_key=True)
+    return rows
+
+
+def _lock(rows) -> None:
+    """Lock `rows` (in id order) until the transaction ends."""
+    list(_locked(rows).order_by("pk").values_list("pk", flat=True))
 
 
 def _not_placed(jobs):
     """Those of `jobs` still queued and never placed, locked against the dispatcher's placing
     them meanwhile (PostgreSQL: the lock its guarded update takes)."""
-    jobs = jobs.filter(state=JobState.QUEUED, attempts_count=0)
-    if connection.features.has_select_for_update:
-        jobs = jobs.select_for_update(no_key=True)
-    return list(jobs)
+    return list(_locked(jobs.filter(state=JobState.QUEUED, attempts_count=0)))
 
 
 def _hold_again(jobs, reason: str) -> None:
