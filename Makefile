@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | cksum | cut -d' ' -f1)
 
-.PHONY: install run test lint bench clean browser chaos
+.PHONY: install run test lint bench clean browser chaos docs
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -18,7 +18,7 @@ run: install
 	$(BIN)/python -m gpuplatform.launch
 
 # Checks and tests need a secret key; this one exists only for them (never for `make run`).
-lint test bench chaos: export SECRET_KEY ?= make-check-not-a-secret
+lint test bench chaos docs: export SECRET_KEY ?= make-check-not-a-secret
 
 lint: install
 	$(BIN)/ruff check .
@@ -29,6 +29,13 @@ lint: install
 	$(BIN)/python -m scripts.check_core_imports
 	$(BIN)/lint-imports --no-cache  # the app layers and no cycles (pyproject.toml, docs/architecture.md)
 	$(BIN)/python -m scripts.check_private_names
+	$(BIN)/python -m scripts.docs_reference --check
+	d=$$(mktemp -d) && NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir $$d && rm -rf $$d  # links between pages checked
+
+# The docs site (MkDocs, mkdocs.yml) into site/; the reference pages are regenerated from the code first.
+docs: install
+	$(BIN)/python -m scripts.docs_reference
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # The browser tests drive Debian's Chromium through Playwright (never a browser download).
 browser:
@@ -46,7 +53,7 @@ chaos: install
 	$(BIN)/python -m scripts.chaos
 
 clean:
-	rm -rf var .pytest_cache
+	rm -rf var .pytest_cache site
 
 # The API fuzzed from its own OpenAPI document, deeper than `make test` does (docs/architecture.md).
 fuzz: export SECRET_KEY ?= make-check-not-a-secret

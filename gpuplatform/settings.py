@@ -388,12 +388,13 @@ PORT = env_int("PORT", 8000, minimum=1, maximum=65535)
 PLATFORM_URL = (
     env_str("GPUPLATFORM_URL") or f"http://127.0.0.1:{PORT}"
 )  # for the agents the autoscaler starts
-# fair: levels, weighted fair share, aging, backfill, preemption (docs/scheduling.md);
-# level-fifo: tier level then submit time; fifo; slurm: our rendering of Slurm's multifactor.
+# Seconds between the autoscaler's looks at the queue and the pools (docs/autoscaling.md).
 AUTOSCALE_TICK_SECONDS = env_float(
     "GPUPLATFORM_AUTOSCALE_TICK_SECONDS", 10.0, minimum=0.5, maximum=3600
 )
 AUTOSCALE_PROVIDER = env_choice("GPUPLATFORM_AUTOSCALE_PROVIDER", "local", ["local"])
+# fair: levels, weighted fair share, aging, backfill, preemption (docs/scheduling.md);
+# level-fifo: tier level then submit time; fifo; slurm: our rendering of Slurm's multifactor.
 SCHEDULING_POLICY = env_choice(
     "GPUPLATFORM_POLICY", "fair", ["fair", "fair-reclaim", "level-fifo", "fifo", "slurm"]
 )
