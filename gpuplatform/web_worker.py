@@ -10,12 +10,33 @@ writes every connection of the worker, and while the pool's threads run views it
 served far fewer requests than gunicorn's gthread worker did on the same cores (a submit burst
 while agents report: about 14 submits/s at 5 ms, 50-70 at 0.5 ms; bench/foundation.py)."""
 
+import logging
 import os
 import sys
 
 from uvicorn_worker import UvicornWorker
 
 SWITCH_INTERVAL_SECONDS = 0.0005
+AGENT_API = "/internal/agent/"
+
+
+class QuietAgentAccess(logging.Filter):
+    """Drops the access lines of the agent API (heartbeats and reports: nine in ten of a running
+    platform's lines, which scrolled `make run`'s demo tokens away) unless
+    GPUPLATFORM_AGENT_ACCESS_LOG=1. Uvicorn's access record carries (client, method, path,
+    HTTP version, status) as its arguments; a failed agent call still logs as an error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if not isinstance(args, tuple) or len(args) < 5:
+            return True
+        path, status = str(args[2]), args[4]
+        return not (path.startswith(AGENT_API) and isinstance(status, int) and status < 400)
+
+
+def quiet_agent_access(logger: logging.Logger) -> None:
+    if os.environ.get("GPUPLATFORM_AGENT_ACCESS_LOG", "") not in ("1", "true", "yes", "on"):
+        logger.addFilter(QuietAgentAccess())
 
 
 class Worker(UvicornWorker):
@@ -33,3 +54,4 @@ class Worker(UvicornWorker):
         super().__init__(*args, **kwargs)
         os.environ.setdefault("GPUPLATFORM_WEB_THREADS", str(max(1, self.cfg.threads)))
         sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
+        quiet_agent_access(logging.getLogger("uvicorn.access"))

@@ -125,7 +125,7 @@ class Platform:
         ]
         self.spawn("web", [sys.executable, "-m", "gunicorn", "gpuplatform.asgi:application", "--worker-class",
                            "gpuplatform.web_worker.Worker", *binds, "--workers", "2",
-                           "--threads", "4", "--timeout", "60"])  # fmt: skip
+                           "--threads", "4", "--timeout", "60", "--access-logfile", "-"])  # fmt: skip
 
     def start_dispatcher(self, name: str = "dispatcher") -> None:
         """A dispatcher (Celery worker on the control queue with its own beat); several may run."""
