@@ -27,11 +27,11 @@ router.register("arrays", ArrayViewSet, basename="array")
 
 urlpatterns = [
     path(
-        "api/v1/jobs/<uuid:pk>/artifacts/<path:name>",
+        "api/v1/jobs/<str:pk>/artifacts/<path:name>",
         JobViewSet.as_view({"get": "artifact"}),
         name="job-artifact-download",
     ),
-    path("api/v1/jobs/<uuid:pk>/events/", JobEventsView.as_view(), name="job-events"),
+    path("api/v1/jobs/<str:pk>/events/", JobEventsView.as_view(), name="job-events"),
     path("api/v1/", include(router.urls)),
     path("api/v1/usage/", UsageView.as_view(), name="usage"),
     path("internal/agent/v1/", include("apps.nodes.agent_urls")),
