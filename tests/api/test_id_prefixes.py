@@ -3,6 +3,7 @@ takes one (../shared/API.md, v3); an ambiguous prefix is a 400 that says so. Pre
 up among the caller's tenant's rows only: another tenant's ids never match, and never make a
 prefix ambiguous."""
 
+import re
 import uuid
 
 import pytest
@@ -120,3 +121,14 @@ def test_an_ambiguous_array_prefix_is_a_400(as_user, bobs_array):
     assert response.status_code == 400 and "ambiguous" in response.json()["id"][0]
     listing = as_user("bob").get(f"/api/v1/jobs/?array={prefix}")
     assert listing.status_code == 400 and "ambiguous" in listing.json()["array"][0]
+
+
+def test_the_document_takes_prefixes_and_lists_the_ambiguous_400(cast):
+    from rest_framework.test import APIClient
+
+    document = APIClient().get("/api/schema/", {"format": "json"}).json()
+    for path in ("/api/v1/jobs/{id}/", "/api/v1/jobs/{id}/logs/", "/api/v1/arrays/{id}/"):
+        operation = document["paths"][path]["get"]
+        (parameter,) = [p for p in operation["parameters"] if p["name"] == "id"]
+        assert re.match(parameter["schema"]["pattern"], "1a2b3c4d"), path
+        assert "400" in operation["responses"], path
