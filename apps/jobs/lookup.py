@@ -57,8 +57,12 @@ def resolve(queryset: QuerySet, raw: object, *, what: str, field: str = "id") ->
     if len(found) > 1:
         shown = ", ".join(str(pk) for pk in found[:2]) + (", ..." if len(found) > 2 else "")
         raise ValidationError(
-            {field: [f"{text!r} is ambiguous: it starts more than one {what}'s id ({shown}); "
-                     f"give more of the id"]}  # fmt: skip
+            {
+                field: [
+                    f"{text!r} is ambiguous: it starts more than one {what}'s id ({shown}); "
+                    f"give more of the id"
+                ]
+            }  # fmt: skip
         )
     return found[0]
 
