@@ -176,7 +176,8 @@ def parser() -> Parser:
     top.add_argument("--token", help="API token (default: $GPUPLATFORM_TOKEN or the config file)")
     top.add_argument("--profile", default="default", help="config file section (default: default)")
     top.add_argument("--json", action="store_true", help="print the API's JSON")
-    commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                   help="what to do; `gpuplatform COMMAND --help` for its options")  # fmt: skip
     top.commands = {}  # type: ignore[attr-defined]  # name -> its parser, for usage errors
 
     def add(name: str, **kwargs) -> Parser:
@@ -269,7 +270,8 @@ def _submit_options(submit: Parser) -> None:
 
 
 def _secrets_commands(secrets: Parser, top: Parser) -> None:
-    actions = secrets.add_subparsers(dest="action", required=True, metavar="ACTION")
+    actions = secrets.add_subparsers(dest="action", required=True, metavar="ACTION",
+                                     help="list, set or delete")  # fmt: skip
     listing = actions.add_parser("list", help="names and dates")
     listing.set_defaults(run=cmd_secrets_list)
     setting = actions.add_parser(
