@@ -131,6 +131,7 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+        self.commands: dict[str, Parser] = {}  # the top's: name -> its parser, for usage errors
 
     def error(self, message: str):
         self.print_usage(sys.stderr)
@@ -178,11 +179,10 @@ def parser() -> Parser:
     top.add_argument("--json", action="store_true", help="print the API's JSON")
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                    help="what to do; `gpuplatform COMMAND --help` for its options")  # fmt: skip
-    top.commands = {}  # type: ignore[attr-defined]  # name -> its parser, for usage errors
 
     def add(name: str, **kwargs) -> Parser:
-        top.commands[name] = commands.add_parser(name, **kwargs)  # type: ignore[attr-defined]
-        return top.commands[name]  # type: ignore[attr-defined]
+        top.commands[name] = commands.add_parser(name, **kwargs)
+        return top.commands[name]
 
     _submit_options(add("submit", help="submit a job (or an array of them)",
                         usage="gpuplatform submit (--template NAME | [--workdir DIR] [options] -- COMMAND ...)"))  # fmt: skip
@@ -286,7 +286,7 @@ def _secrets_commands(secrets: Parser, top: Parser) -> None:
     deleting.add_argument("name", metavar="NAME", help="the secret's name")
     deleting.set_defaults(run=cmd_secrets_delete)
     for name, each in (("list", listing), ("set", setting), ("delete", deleting)):
-        top.commands[f"secrets {name}"] = each  # type: ignore[attr-defined]
+        top.commands[f"secrets {name}"] = each
 
 
 def _client(args) -> Client:

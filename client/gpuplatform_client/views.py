@@ -225,13 +225,13 @@ def _array_artifacts(client: Client, array: dict, args) -> int:
     results = {}
     for task in client.tasks(array["id"]):
         index, ident = task.get("array_index"), task.get("id")
-        found = client.artifacts(ident) if ident else []
+        found = client.artifacts(ident) if ident else []  # a task never made has no id
         results[str(index)] = {"job": ident, "state": task["state"], "artifacts": found}
         if args.json:
             continue
         print(f"[{index}] {ident or '(never made)'} {task['state']}")
         for artifact in found:
-            if args.download:
+            if args.download and ident:
                 target = os.path.join(args.download, str(index))
                 print(f"  {client.download(ident, artifact['name'], target)}")
             else:
