@@ -18,7 +18,13 @@ from apps.admission import estimates
 from apps.admission.submit import UNREAD, names_in, submit_job
 from apps.jobs import arrays, services
 from apps.jobs.access import can_cancel, visible_arrays, visible_jobs
-from apps.jobs.lookup import MIN_PREFIX, PrefixLookupMixin, prefix_range, resolve
+from apps.jobs.lookup import (
+    MIN_PREFIX,
+    PrefixLookupMixin,
+    prefix_range,
+    resolve,
+    whole_parent_ids,
+)
 from apps.jobs.models import AttemptMember, Job, JobArray, JobAttempt, JobState
 from apps.jobs.serializers import (
     ArraySerializer,
@@ -303,7 +309,10 @@ class JobViewSet(
     def _body(self):
         if self.parse_error is not None:
             raise self.parse_error
-        return self.request.data
+        user = self.request.user  # `depends_on` may name parents by id prefix (lookup.py)
+        return whole_parent_ids(
+            self.request.data, jobs=visible_jobs(user), arrays=visible_arrays(user)
+        )
 
     @extend_schema(request=None, responses={200: JobSerializer})
     @action(detail=True, methods=["post"])

@@ -14,6 +14,8 @@ import uuid
 from django.db.models import QuerySet
 from rest_framework.exceptions import NotFound, ValidationError
 
+from apps.platform.errors import UnknownObject
+
 MIN_PREFIX = 8
 _HEX = re.compile(r"^[0-9a-f]+$")
 
@@ -80,3 +82,40 @@ class PrefixLookupMixin:
             resolve(self.get_queryset(), self.kwargs[kwarg], what=self.id_noun)  # type: ignore[attr-defined]
         )
         return super().get_object()  # type: ignore[misc]
+
+
+def whole_parent_ids(body, *, jobs: QuerySet, arrays: QuerySet):
+    """A submit body whose `depends_on` names a parent by an id prefix, with that parent's whole
+    id (`jobs` and `arrays`: the caller's). Anything else is left for the serializer to judge;
+    a prefix that fits none is the 404 an unknown whole id gets, naming `depends_on`."""
+    entries = body.get("depends_on") if type(body) is dict else None  # a JSON object's body
+    if not isinstance(entries, list) or not any(_prefix_entry(e) for e in entries):
+        return body
+    completed = []
+    for entry in entries:
+        kind = _prefix_entry(entry)
+        if kind is None:
+            completed.append(entry)
+            continue
+        rows = jobs if kind == "job" else arrays
+        try:
+            pk = resolve(rows, entry[kind], what=f"job {kind}" if kind == "array" else kind,
+                         field="depends_on")  # fmt: skip
+        except NotFound:
+            raise UnknownObject(f"no {kind} {entry[kind]}", field="depends_on") from None
+        completed.append({**entry, kind: str(pk)})
+    return {**body, "depends_on": completed}
+
+
+def _prefix_entry(entry) -> str | None:
+    """ "job" or "array" for a `depends_on` entry that names its parent by an id prefix."""
+    if not isinstance(entry, dict):
+        return None
+    kinds = [kind for kind in ("job", "array") if isinstance(entry.get(kind), str)]
+    if len(kinds) != 1:
+        return None
+    raw = entry[kinds[0]].strip()
+    digits = raw.replace("-", "")
+    if prefix_range(raw) is None or not MIN_PREFIX <= len(digits) < 32:
+        return None
+    return kinds[0]

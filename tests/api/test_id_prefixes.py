@@ -132,3 +132,33 @@ def test_the_document_takes_prefixes_and_lists_the_ambiguous_400(cast):
         (parameter,) = [p for p in operation["parameters"] if p["name"] == "id"]
         assert re.match(parameter["schema"]["pattern"], "1a2b3c4d"), path
         assert "400" in operation["responses"], path
+
+
+def test_depends_on_takes_a_prefix_of_the_tenants_own_jobs_and_arrays(
+    as_user, bobs_job, bobs_array
+):
+    array, twin = bobs_array
+    twin.delete()
+    body = {
+        **GOOD,
+        "depends_on": [{"job": "1a2b3c4d"}, {"array": str(array.pk)[:8], "condition": "afterany"}],
+    }
+    response = as_user("bob").post("/api/v1/jobs/", body, format="json")
+    assert response.status_code == 201, response.json()
+    parents = Job.objects.get(pk=response.json()["id"]).dependencies.order_by("position")
+    assert [(d.parent_job_id, d.parent_array_id) for d in parents] == [
+        (bobs_job.pk, None),
+        (None, array.pk),
+    ]
+
+    refused = as_user("dave").post(
+        "/api/v1/jobs/", {**GOOD, "depends_on": [{"job": "1a2b3c4d"}]}, format="json"
+    )
+    assert refused.status_code == 404 and refused.json() == {"depends_on": ["no job 1a2b3c4d"]}
+
+
+def test_an_ambiguous_prefix_in_depends_on_is_a_400_naming_it(as_user, bobs_job):
+    clone(Job, bobs_job, "1a2b3c4d-ffff-4000-8000-000000000002")
+    body = {**GOOD, "depends_on": [{"job": "1a2b3c4d", "condition": "afterok"}]}
+    response = as_user("bob").post("/api/v1/jobs/", body, format="json")
+    assert response.status_code == 400 and "ambiguous" in response.json()["depends_on"][0]
