@@ -34,18 +34,18 @@ def resolve(queryset: QuerySet, raw: object, *, what: str, field: str = "id") ->
     404 when none does (or `raw` is too short to be a prefix), 400 naming `field` when the prefix
     fits several."""
     text = str(raw).strip()
+    digits = len(text.replace("-", ""))
     try:
-        if len(text.replace("-", "")) == 32:
+        if digits == 32:
             return uuid.UUID(text)  # a whole id: no read here, the caller's own lookup 404s
     except ValueError:
         pass
     span = prefix_range(text)
     if span is None:
         raise NotFound()  # not an id at all: the 404 of a path no route matches
-    if len(text.replace("-", "")) < MIN_PREFIX:
+    if digits < MIN_PREFIX:
         raise NotFound(
-            f"no such {what}: an id prefix needs at least {MIN_PREFIX} characters, {text!r} has "
-            f"{len(text.replace('-', ''))}"
+            f"no such {what}: an id prefix needs at least {MIN_PREFIX} characters, {text!r} has {digits}"
         )
     low, high = span
     found = list(
@@ -58,14 +58,8 @@ def resolve(queryset: QuerySet, raw: object, *, what: str, field: str = "id") ->
         raise NotFound()
     if len(found) > 1:
         shown = ", ".join(str(pk) for pk in found[:2]) + (", ..." if len(found) > 2 else "")
-        raise ValidationError(
-            {
-                field: [
-                    f"{text!r} is ambiguous: it starts more than one {what}'s id ({shown}); "
-                    f"give more of the id"
-                ]
-            }  # fmt: skip
-        )
+        message = f"{text!r} is ambiguous: it starts more than one {what}'s id ({shown}); give more of the id"
+        raise ValidationError({field: [message]})
     return found[0]
 
 
