@@ -24,9 +24,7 @@ from django.db import DatabaseError
 
 PUBLIC_PREFIX = "/api/v1/"
 SUBMIT = ("/api/v1/jobs/", "post")
-UUID = (
-    "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"  # Django's <uuid:> converter
-)
+ID_OR_PREFIX = "^[0-9a-fA-F-]{8,36}$"  # a job's or array's id, or a prefix (apps/jobs/lookup.py)
 ENV_NAME = "^[A-Z_][A-Z0-9_]*$"  # apps/platform/own_code.py (reserved names are 400s)
 NO_CONTROL = (
     "^[^\\u0000-\\u001f]*$"  # apps/jobs/fields.py: StrictCharField refuses control characters
@@ -140,7 +138,9 @@ def errors_for(path: str, method: str, operation: dict) -> list[str]:
         codes.append("400")  # a state the change does not apply to (already ended, cancelled)
     if path.endswith("/events/"):
         codes.append("429")  # the open-stream caps
-    return codes
+    if "{id}" in path and path.startswith(("/api/v1/jobs/", "/api/v1/arrays/")):
+        codes.append("400")  # an id prefix that more than one of the tenant's ids start with
+    return list(dict.fromkeys(codes))
 
 
 # --- hooks -------------------------------------------------------------------------------------
@@ -210,12 +210,14 @@ def _type_query_parameters(operation: dict, catalog: dict) -> None:
 
 
 def _type_path_parameters(path: str, operation: dict) -> None:
-    """Job ids are UUIDs (`<uuid:pk>`); a router's `{name}` never holds a slash or a dot."""
+    """Job and array ids are UUIDs, or a unique prefix of one of at least 8 characters; a
+    router's `{name}` never holds a slash or a dot."""
     for parameter in operation.get("parameters", []):
         if parameter.get("in") != "path":
             continue
         if parameter["name"] == "id" and path.startswith(("/api/v1/jobs/", "/api/v1/arrays/")):
-            parameter["schema"] = {"type": "string", "format": "uuid", "pattern": UUID}
+            parameter["schema"] = {"type": "string", "pattern": ID_OR_PREFIX}
+            parameter["description"] = "the id, or a unique prefix of it (at least 8 characters)"
         elif parameter["name"] == "name" and path.endswith("/artifacts/{name}"):
             parameter["schema"] = {"type": "string", "minLength": 1}
         elif parameter["name"] == "name":

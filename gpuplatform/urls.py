@@ -5,8 +5,9 @@ from rest_framework.routers import DefaultRouter
 
 from apps.bundles.api import BundleViewSet
 from apps.jobs.api import ArrayViewSet, JobViewSet
+from apps.jobs.catalog_api import TemplateViewSet
 from apps.jobs.events_api import JobEventsView
-from apps.nodes.api import NodeViewSet
+from apps.nodes.api import CapacityView, NodeViewSet
 from apps.secrets.api import SecretViewSet
 from apps.tenants.api import UsageView
 from apps.web.signin import PlatformAdminSite
@@ -24,16 +25,18 @@ router.register("nodes", NodeViewSet, basename="node")
 router.register("bundles", BundleViewSet, basename="bundle")
 router.register("secrets", SecretViewSet, basename="secret")
 router.register("arrays", ArrayViewSet, basename="array")
+router.register("templates", TemplateViewSet, basename="template")
 
 urlpatterns = [
     path(
-        "api/v1/jobs/<uuid:pk>/artifacts/<path:name>",
+        "api/v1/jobs/<str:pk>/artifacts/<path:name>",
         JobViewSet.as_view({"get": "artifact"}),
         name="job-artifact-download",
     ),
-    path("api/v1/jobs/<uuid:pk>/events/", JobEventsView.as_view(), name="job-events"),
+    path("api/v1/jobs/<str:pk>/events/", JobEventsView.as_view(), name="job-events"),
     path("api/v1/", include(router.urls)),
     path("api/v1/usage/", UsageView.as_view(), name="usage"),
+    path("api/v1/capacity/", CapacityView.as_view(), name="capacity"),
     path("internal/agent/v1/", include("apps.nodes.agent_urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("healthz", healthz, name="healthz"),

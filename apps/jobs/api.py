@@ -1,7 +1,5 @@
 """The jobs API (`/api/v1/jobs/`): submit, list, detail, cancel, logs, artifacts."""
 
-import uuid
-
 import django_filters
 import orjson
 from django.core.files.storage import default_storage
@@ -20,6 +18,13 @@ from apps.admission import estimates
 from apps.admission.submit import UNREAD, names_in, submit_job
 from apps.jobs import arrays, services
 from apps.jobs.access import can_cancel, visible_arrays, visible_jobs
+from apps.jobs.lookup import (
+    MIN_PREFIX,
+    PrefixLookupMixin,
+    prefix_range,
+    resolve,
+    whole_parent_ids,
+)
 from apps.jobs.models import AttemptMember, Job, JobArray, JobAttempt, JobState
 from apps.jobs.serializers import (
     ArraySerializer,
@@ -88,15 +93,18 @@ def _positive(request, name: str, default: int, most: int | None) -> int:
 
 
 def array_for(user, raw, *, field: str = "id") -> JobArray:
-    """The array of that id the user may see, else 404 (another tenant's too); a malformed id
-    is a 400 naming `field`."""
-    try:
-        pk = uuid.UUID(str(raw))
-    except ValueError:
-        if field == "id":  # in the path, as Django's <uuid:> routes answer
-            raise NotFound("no such job array") from None
-        raise ValidationError({field: ["must be a job array's id (a UUID)"]}) from None
-    array = visible_arrays(user).select_related("tenant", "user", "tier").filter(pk=pk).first()
+    """The array the user may see that `raw` names (its id, or a unique prefix of at least
+    MIN_PREFIX characters), else 404 (another tenant's too); an ambiguous prefix is a 400 naming
+    `field`, and so is a malformed id outside the path (`?array=`)."""
+    arrays = visible_arrays(user)
+    if field != "id" and (
+        prefix_range(raw) is None or len(str(raw).strip().replace("-", "")) < MIN_PREFIX
+    ):
+        raise ValidationError(
+            {field: [f"must be a job array's id, or a unique prefix of it of at least {MIN_PREFIX} characters"]}
+        )  # fmt: skip
+    pk = resolve(arrays, raw, what="job array", field=field)
+    array = arrays.select_related("tenant", "user", "tier").filter(pk=pk).first()
     if array is None:
         raise NotFound("no such job array")
     return array
@@ -133,7 +141,15 @@ class JobPages(PageNumberPagination):
         return _positive(request, "page_size", self.page_size or 50, MAX_JOB_PAGE)
 
 
-class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class JobViewSet(
+    PrefixLookupMixin,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    viewsets.GenericViewSet,
+):
+    """`{id}` in each path is a job's id, or a unique prefix of it (apps/jobs/lookup.py)."""
+
+    id_noun = "job"
     serializer_class = JobSerializer
     filterset_class = JobFilter
     pagination_class = JobPages
@@ -293,7 +309,10 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def _body(self):
         if self.parse_error is not None:
             raise self.parse_error
-        return self.request.data
+        user = self.request.user  # `depends_on` may name parents by id prefix (lookup.py)
+        return whole_parent_ids(
+            self.request.data, jobs=visible_jobs(user), arrays=visible_arrays(user)
+        )
 
     @extend_schema(request=None, responses={200: JobSerializer})
     @action(detail=True, methods=["post"])

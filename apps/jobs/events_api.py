@@ -33,6 +33,7 @@ from rest_framework.views import APIView
 from apps.jobs import stream_slots
 from apps.jobs.access import membership_of, visible_jobs
 from apps.jobs.event_hub import END, HUB, Cursor, Subscriber
+from apps.jobs.lookup import resolve
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +99,8 @@ class JobEventsView(APIView):
         responses={(200, "text/event-stream"): str},
     )
     def get(self, request, pk):
-        job = get_object_or_404(visible_jobs(request.user), pk=pk)
+        jobs = visible_jobs(request.user)  # `pk`: the id or a unique prefix (apps/jobs/lookup.py)
+        job = get_object_or_404(jobs, pk=resolve(jobs, pk, what="job"))
         cursor = Cursor.parse(
             request.headers.get("Last-Event-ID") or request.query_params.get("last_event_id")
         )

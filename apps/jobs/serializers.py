@@ -21,6 +21,7 @@ from apps.jobs.fields import (
     StrictIntegerField,
 )
 from apps.jobs.models import Artifact, Job, JobArray, JobAttempt, JobState, JobTemplate
+from apps.jobs.naming import command_name
 from apps.jobs.own_code import (
     BundleDigestField,
     EnvField,
@@ -286,8 +287,7 @@ def spec_from(data: dict, *, default_tier: Tier) -> JobSpec:
     template = data.get("template")
     command: list[str] = data.get("command") or []  # validated: a template or a command
     derived = {
-        "name": data.get("name")
-        or (template.name if template else command[0].rsplit("/", 1)[-1])[:100],
+        "name": data.get("name") or (template.name if template else command_name(command))[:100],
         "tier": data.get("tier") or default_tier,
         "template": template,
         "params": data.get("params", {}),

@@ -218,7 +218,7 @@ def job_cancel(*, job: Job, actor: str, reason: str = "cancelled by user") -> Jo
     to stop and its GPUs are released when its agent reports the process tree gone."""
     job = Job.objects.select_for_update().get(pk=job.pk)
     if job.state not in JOB_ACTIVE:
-        raise ServiceError(f"job is already {job.state}", field="state")
+        raise ServiceError(f"job already {job.state}", field="state")  # "already succeeded"
     attempt = active_attempt(job)
     now = timezone.now()
     if not transition_job(job, to=JobState.CANCELLED, actor=actor, reason=reason, finished_at=now,

@@ -126,9 +126,15 @@ class Client:
 
     def list(
         self, *, state: str | None = None, tier: str | None = None, page: int | None = None,
-        array: str | None = None,
+        array: str | None = None, page_size: int | None = None,
     ) -> dict:  # fmt: skip
-        filters = {"state": state, "tier": tier, "page": page, "array": array}
+        filters = {
+            "state": state,
+            "tier": tier,
+            "page": page,
+            "array": array,
+            "page_size": page_size,
+        }
         query = urllib.parse.urlencode({k: v for k, v in filters.items() if v})
         return self._json("GET", "/api/v1/jobs/" + (f"?{query}" if query else ""))
 
@@ -159,6 +165,14 @@ class Client:
 
     def usage(self) -> dict:
         return self._json("GET", "/api/v1/usage/")
+
+    def templates(self) -> builtins.list[dict]:
+        """The job templates a submit may name, each with its parameters."""
+        return self._json("GET", "/api/v1/templates/")
+
+    def capacity(self) -> builtins.list[dict]:
+        """Per GPU SKU: ready nodes, GPUs, free GPUs, the most free on one node."""
+        return self._json("GET", "/api/v1/capacity/")["skus"]
 
     # --- code bundles ---------------------------------------------------------------------------
 
@@ -215,6 +229,16 @@ class Client:
 
     def cancel_array(self, array_id: str) -> dict:
         return self._json("POST", f"/api/v1/arrays/{array_id}/cancel/")
+
+    def tasks(self, array_id: str) -> Iterator[dict]:
+        """Every task of the array in index order (a task not made yet has `id` None)."""
+        page = 1
+        while True:
+            answer = self.list(array=array_id, page=page, page_size=1000)
+            yield from answer["results"]
+            if not answer.get("next"):
+                return
+            page += 1
 
     def wait_array(self, array_id: str, *, timeout: float | None = None, interval: float = 2,
                    on_change: Callable[[dict], None] | None = None) -> dict:  # fmt: skip

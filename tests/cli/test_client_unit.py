@@ -179,7 +179,7 @@ def test_submit_array_with_a_grid_prints_the_array_and_its_counts(api, tmp_path,
         run("submit", "--array", "0-3%2", "--array-grid", str(grid), "--", "python", "train.py")
         == 0
     )
-    assert submitted(api) == {"command": ["python", "train.py"], "array": "0-3%2",
+    assert submitted(api) == {"command": ["python", "train.py"], "array": "0-3%2", "name": "train",
                               "array_grid": {"lr": [0.1, 0.01], "batch": [8, 16]}}  # fmt: skip
     out = capsys.readouterr().out
     assert (
@@ -228,10 +228,11 @@ def test_list_shows_an_array_as_one_row_and_filters_its_tasks(api, capsys):
     api.routes[("GET", "/api/v1/arrays/arr-1/")] = (200, ARRAY)
     api.routes[("GET", "/api/v1/jobs/?array=arr-1")] = (200, dict(page, results=tasks))
     assert run("list") == 0
-    lines = capsys.readouterr().out.splitlines()
+    header, *lines = capsys.readouterr().out.splitlines()
+    assert header.split()[:2] == ["ID", "STATE"]
     assert len(lines) == 2 and lines[0].startswith("arr-1  array") and lines[1].startswith("solo")
     assert run("list", "--array", "arr-1") == 0
-    lines = capsys.readouterr().out.splitlines()
+    lines = capsys.readouterr().out.splitlines()[1:]
     assert [line.split()[0] for line in lines] == ["t0", "t1", "t2"] and lines[2].endswith(
         "train[2]"
     )
