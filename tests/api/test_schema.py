@@ -215,3 +215,28 @@ def test_a_closed_tiers_submit_with_redis_down_gets_the_documented_503(
     assert response.status_code == 503 and response["Retry-After"]
     conforms(document, "/api/v1/jobs/", "post", response)
     assert document["paths"]["/api/v1/jobs/"]["post"]["responses"]["503"]["headers"]["Retry-After"]
+
+
+def test_the_submit_body_documents_depends_on_and_its_404(document, cast):
+    """`depends_on` has a schema (drf-spectacular's W001 without one), in every submit shape, and
+    an id the caller cannot see answers the documented 404 naming the field."""
+    body = document["paths"]["/api/v1/jobs/"]["post"]["requestBody"]["content"]["application/json"]
+    valid = jsonschema.Draft7Validator(json_schema(document, body["schema"]))
+    parent = str(uuid.uuid4())
+    assert valid.is_valid({"template": "demo-train", "depends_on": [{"job": parent}]})
+    assert valid.is_valid(
+        {"command": ["python"], "depends_on": [{"array": parent, "condition": "aftercorr"}]}
+    )
+    assert not valid.is_valid(
+        {"template": "demo-train", "depends_on": [{"job": parent, "array": parent}]}
+    )
+    assert not valid.is_valid({"template": "demo-train", "depends_on": [{"condition": "afterok"}]})
+    assert not valid.is_valid(
+        {"template": "demo-train", "depends_on": [{"job": parent, "condition": "whenever"}]}
+    )
+    bob = client_for(cast["bob"][1])
+    response = bob.post(
+        "/api/v1/jobs/", {"template": "demo-train", "depends_on": [{"job": parent}]}, format="json"
+    )
+    assert response.status_code == 404 and "depends_on" in response.json()
+    conforms(document, "/api/v1/jobs/", "post", response)
