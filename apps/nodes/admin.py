@@ -11,14 +11,23 @@ class GpuSkuAdmin(AuditedAdmin):
     search_fields = ["name"]
 
 
+@admin.display(description="health", ordering="health")
+def gpu_health(gpu: Gpu) -> str:
+    """A GPU of a node given back (terminated) is gone, whatever its agent last reported (the
+    report itself is kept as it came)."""
+    if gpu.node.state == NodeState.TERMINATED:
+        return "gone (node terminated)"
+    return gpu.get_health_display()
+
+
 class GpuInline(admin.TabularInline):
     model = Gpu
     extra = 0
-    readonly_fields = [
+    fields = readonly_fields = [
         "index",
         "uuid",
         "memory_mib",
-        "health",
+        gpu_health,
         "utilization_percent",
         "memory_used_mib",
         "updated_at",
@@ -85,16 +94,16 @@ class NodeCredentialAdmin(admin.ModelAdmin):
 
 @admin.register(Gpu)
 class GpuAdmin(admin.ModelAdmin):
-    list_display = ["__str__", "uuid", "health", "utilization_percent", "memory_used_mib"]
+    list_display = ["__str__", "uuid", gpu_health, "utilization_percent", "memory_used_mib"]
     list_filter = ["health", "node__sku"]
     list_select_related = ["node"]
     search_fields = ["uuid", "node__name"]
-    readonly_fields = [
+    fields = readonly_fields = [
         "node",
         "index",
         "uuid",
         "memory_mib",
-        "health",
+        gpu_health,
         "utilization_percent",
         "memory_used_mib",
     ]
