@@ -11,27 +11,28 @@ class GpuSkuAdmin(AuditedAdmin):
     search_fields = ["name"]
 
 
-@admin.display(description="health", ordering="health")
-def gpu_health(gpu: Gpu) -> str:
-    """A GPU of a node given back (terminated) is gone, whatever its agent last reported (the
-    report itself is kept as it came)."""
-    if gpu.node.state == NodeState.TERMINATED:
-        return "gone (node terminated)"
-    return gpu.get_health_display()
+class ShowsGpuHealth:
+    @admin.display(description="health", ordering="health")
+    def health_now(self, gpu: Gpu) -> str:
+        """A GPU of a node given back (terminated) is gone, whatever its agent last reported
+        (the report itself is kept as it came)."""
+        if gpu.node.state == NodeState.TERMINATED:
+            return "gone (node terminated)"
+        return gpu.get_health_display()
 
 
-class GpuInline(admin.TabularInline):
+class GpuInline(ShowsGpuHealth, admin.TabularInline):
     model = Gpu
     extra = 0
-    fields = readonly_fields = [
+    fields = readonly_fields = (
         "index",
         "uuid",
         "memory_mib",
-        gpu_health,
+        "health_now",
         "utilization_percent",
         "memory_used_mib",
         "updated_at",
-    ]
+    )
     can_delete = False
 
 
@@ -93,17 +94,17 @@ class NodeCredentialAdmin(admin.ModelAdmin):
 
 
 @admin.register(Gpu)
-class GpuAdmin(admin.ModelAdmin):
-    list_display = ["__str__", "uuid", gpu_health, "utilization_percent", "memory_used_mib"]
+class GpuAdmin(ShowsGpuHealth, admin.ModelAdmin):
+    list_display = ["__str__", "uuid", "health_now", "utilization_percent", "memory_used_mib"]
     list_filter = ["health", "node__sku"]
     list_select_related = ["node"]
     search_fields = ["uuid", "node__name"]
-    fields = readonly_fields = [
+    fields = readonly_fields = (
         "node",
         "index",
         "uuid",
         "memory_mib",
-        gpu_health,
+        "health_now",
         "utilization_percent",
         "memory_used_mib",
-    ]
+    )
