@@ -132,7 +132,7 @@ def test_the_procfiles_flower_makes_its_own_credentials_under_the_data_dir(tmp_p
         flower.wait(15)
 
 
-@pytest.mark.parametrize("given", ["admin", "admin:", ":pw", "ops:pw,admin"])
+@pytest.mark.parametrize("given", ["", "admin", "admin:", ":pw", "ops:pw,admin"])
 def test_the_procfiles_flower_refuses_unusable_credentials(tmp_path, given):
     env = _procfile_env(FLOWER_PORT=str(_free_port()), GPUPLATFORM_DATA_DIR=str(tmp_path),
                         FLOWER_BASIC_AUTH=given)  # fmt: skip
