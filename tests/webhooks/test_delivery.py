@@ -82,6 +82,10 @@ def test_support_staff_add_a_webhook_as_the_usage_page_says(cast, settings, brow
     hook = Webhook.objects.get()
     assert (hook.tenant, hook.url, hook.active) == (acme, "http://127.0.0.1:9/hook", True)
     assert len(hook.secret) == 64
+    paused = staff.post(
+        "/admin/webhooks/webhook/add/", {"tenant": acme.pk, "url": "http://127.0.0.1:9/later"}
+    )
+    assert paused.status_code == 302 and Webhook.objects.get(url__endswith="/later").active is False
     # Adding is support's; changing or deleting one stays the platform admins'.
     support = type(support).objects.get(pk=support.pk)  # permissions uncached
     assert support.has_perm("webhooks.add_webhook")
