@@ -11,7 +11,10 @@ class WebhookForm(forms.ModelForm):
     gets `create_webhook`'s check, `check_url`, shown next to the field: the URL as typed (no
     scheme assumed), http(s), a host that resolves only to addresses the guard allows."""
 
-    url = forms.CharField(max_length=MAX_URL, help_text=Webhook._meta.get_field("url").help_text)
+    url = forms.CharField(
+        max_length=MAX_URL, help_text=Webhook._meta.get_field("url").help_text,
+        widget=forms.URLInput(attrs={"class": "vURLField"}),
+    )  # fmt: skip
 
     class Meta:
         model = Webhook
@@ -34,6 +37,11 @@ class WebhookAdmin(admin.ModelAdmin):
     list_select_related = ["tenant"]
     search_fields = ["tenant__slug", "url"]
     readonly_fields = ["secret", "cursor", "created_at"]
+
+    def get_fields(self, request, obj=None):
+        if obj is None:  # its secret and cursor are made on save (webhook_create), shown after
+            return ["tenant", "url", "active"]
+        return super().get_fields(request, obj)
 
     def save_model(self, request, obj, form, change):
         if change:

@@ -64,7 +64,9 @@ def test_support_staff_add_a_webhook_as_the_usage_page_says(cast, settings, brow
     assert list(support.groups.values_list("name", flat=True)) == [roles.SUPPORT]
     staff = browser_as("staff")
     acme = Tenant.objects.get(slug="acme")
-    assert staff.get("/admin/webhooks/webhook/add/").status_code == 200
+    form = staff.get("/admin/webhooks/webhook/add/")
+    # No secret on the form: it is made on save (the one a new row's default would show is not it).
+    assert form.status_code == 200 and "field-secret" not in form.content.decode()
     for url, why in [("127.0.0.1:9/hook", "not an http(s) URL"), ("ftp://127.0.0.1/", "not an http(s) URL"),
                      ("http://169.254.169.254/", "not a public address")]:  # fmt: skip
         page = staff.post(
@@ -82,6 +84,7 @@ def test_support_staff_add_a_webhook_as_the_usage_page_says(cast, settings, brow
     hook = Webhook.objects.get()
     assert (hook.tenant, hook.url, hook.active) == (acme, "http://127.0.0.1:9/hook", True)
     assert len(hook.secret) == 64
+    assert hook.secret in staff.get(f"/admin/webhooks/webhook/{hook.pk}/change/").content.decode()
     paused = staff.post(
         "/admin/webhooks/webhook/add/", {"tenant": acme.pk, "url": "http://127.0.0.1:9/later"}
     )
