@@ -14,8 +14,8 @@ $(STAMP): requirements.txt requirements-dev.txt
 
 install: $(STAMP)
 
-run: install
-	$(BIN)/python -m gpuplatform.launch
+run: install  # the demo tokens are kept between runs; `make run ROTATE_DEMO_TOKENS=1` replaces them
+	$(BIN)/python -m gpuplatform.launch $(if $(ROTATE_DEMO_TOKENS),--rotate-demo-tokens)
 
 # Checks and tests need a secret key; this one exists only for them (never for `make run`).
 lint test bench chaos docs: export SECRET_KEY ?= make-check-not-a-secret

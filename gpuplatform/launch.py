@@ -2,7 +2,9 @@
 
 Generates a secret key (kept under the data dir) if none is given, starts the embedded Redis
 when there is no REDIS_URL, migrates, bootstraps the demo, collects static files, prints the
-URLs and demo tokens, then runs every Procfile process under honcho until Ctrl-C.
+URLs and demo tokens (the same ones each run, kept under the data dir: `--rotate-demo-tokens`,
+or `make run ROTATE_DEMO_TOKENS=1`, makes new ones), then runs every Procfile process under
+honcho until Ctrl-C.
 """
 
 import os
@@ -75,7 +77,8 @@ def main() -> int:
     try:
         manage("migrate", "--noinput", env=env)
         manage("collectstatic", "--noinput", "-v", "0", env=env)
-        demo = manage("bootstrap_demo", env=env, capture=True)
+        rotate = ["--rotate-tokens"] if "--rotate-demo-tokens" in sys.argv[1:] else []
+        demo = manage("bootstrap_demo", *rotate, env=env, capture=True)
         issue_agent_credentials(data, env)
         print(banner(port, flower_port, env, demo), flush=True)
         honcho = subprocess.Popen(

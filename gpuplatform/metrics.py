@@ -114,8 +114,11 @@ def wait_histogram() -> Metric:
 
 
 def fleet_metrics() -> Iterator[Metric]:
+    """The fleet now: a node the autoscaler gave back (terminated) is gone, and so are its GPUs
+    and its heartbeat age (which would grow for ever); only the count by state still shows it."""
     total = GaugeMetricFamily("gpuplatform_gpus_total", "GPUs by SKU", labels=["sku"])
-    for sku, n in Gpu.objects.values_list("node__sku__name").annotate(n=Count("pk")):
+    present = Gpu.objects.exclude(node__state=NodeState.TERMINATED)
+    for sku, n in present.values_list("node__sku__name").annotate(n=Count("pk")):
         total.add_metric([sku], n)
     yield total
     usable = GaugeMetricFamily(
@@ -147,8 +150,10 @@ def fleet_metrics() -> Iterator[Metric]:
         labels=["node"],
     )
     now = timezone.now()
-    for name, last in Node.objects.exclude(last_heartbeat_at=None).values_list(
-        "name", "last_heartbeat_at"
+    for name, last in (
+        Node.objects.exclude(last_heartbeat_at=None)
+        .exclude(state=NodeState.TERMINATED)
+        .values_list("name", "last_heartbeat_at")
     ):
         if last is not None:
             age.add_metric([name], max(0.0, (now - last).total_seconds()))

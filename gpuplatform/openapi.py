@@ -133,7 +133,7 @@ def errors_for(path: str, method: str, operation: dict) -> list[str]:
             "413"
         )  # an upload over its cap (JSON bodies are refused by their fields' limits)
     if (path, method) == SUBMIT:
-        codes += ["409", "429", "503"]
+        codes += ["404", "409", "429", "503"]  # 404: a `depends_on` id the caller cannot see
     if path.endswith(("/cancel/", "/requeue-failed/")):
         codes.append("400")  # a state the change does not apply to (already ended, cancelled)
     if path.endswith("/events/"):
@@ -166,6 +166,10 @@ def honest_document(result, generator, request, public):
             if path.endswith("/events/"):
                 _errors_as_events(responses)
             if (path, method) == SUBMIT:
+                responses["404"] = _answer(
+                    "A `depends_on` id the caller cannot see (another tenant's, or none).",
+                    REF["FieldErrors"],
+                )
                 _submit(operation, schemas, catalog)
     _enums(schemas, catalog)
     return result
@@ -289,6 +293,8 @@ def params_json_schema(spec: dict) -> dict:
 
 def _common_fields(catalog: dict) -> dict:
     """The submit body's fields beside template/params/command (apps/jobs/serializers.py)."""
+    from apps.jobs.serializers import DEPENDS_ON_SCHEMA
+
     text = {"type": "string", "pattern": NO_CONTROL}
     sku: dict[str, Any] = {"type": "string", "nullable": True, "description": "a GPU SKU's name"}
     if catalog["skus"]:
@@ -353,6 +359,7 @@ def _common_fields(catalog: dict) -> dict:
             "additionalProperties": {"type": "array", "minItems": 1},
             "description": "params name -> values: the product, last key fastest",
         },
+        "depends_on": copy.deepcopy(DEPENDS_ON_SCHEMA),
         "secrets": {
             "type": "array",
             "maxItems": 64,

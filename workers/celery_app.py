@@ -4,7 +4,10 @@ node's queue. The dispatcher publishes to it by task name (apps/scheduling/queue
 
 from __future__ import annotations
 
+import warnings
+
 from celery import Celery
+from celery.exceptions import SecurityWarning
 
 from apps.platform import broker_keys
 
@@ -25,11 +28,25 @@ def configure(*, broker_url: str, node: str, visibility_timeout: int) -> Celery:
         result_backend=None,
         broker_connection_retry_on_startup=True,
         timezone="UTC",
+        accept_content=["json"],  # never pickle: what Celery's root check is about (below)
         **broker_keys.agent_celery_settings(node, visibility_timeout=visibility_timeout),
     )
+    quiet_root_warning()
     import workers.tasks  # noqa: F401 (registers the node tasks on this app)
 
     return app
+
+
+def quiet_root_warning() -> None:
+    """Celery warns at every worker start as root ("You're running the worker with superuser
+    privileges"). The agent runs as root on purpose where it fences jobs: each job under a uid of
+    its own, in cgroups it makes (docs/architecture.md, "Isolation"); its tasks are JSON hand-offs
+    checked against the agent API, never pickle (which Celery refuses outright as root). The
+    warning said nothing an operator could act on, once per agent: only that one is silenced."""
+    warnings.filterwarnings(
+        "ignore", message="You're running the worker with superuser privileges",
+        category=SecurityWarning,
+    )  # fmt: skip
 
 
 WORKER_OPTIONS = broker_keys.AGENT_WORKER_OPTIONS

@@ -71,11 +71,35 @@ class AttemptInline(admin.TabularInline):
     fields = readonly_fields = ATTEMPT_FIELDS
 
 
+PROGRESS = "progress"  # JobEvent.kind of a progress sample (apps/jobs/services.py `_progress`)
+
+
+def percent(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{fraction:.0%}"
+
+
+@admin.display(description="what")
+def event_summary(event: JobEvent) -> str:
+    """A progress sample has no reason, only its value (data["progress"], for the job page's
+    chart): said here as a percent, so its row in the log is not blank."""
+    if event.kind == PROGRESS and not event.reason:
+        value = event.data.get("progress") if isinstance(event.data, dict) else None
+        return f"progress {percent(value)}" if isinstance(value, int | float) else "progress"
+    return event.reason
+
+
 class EventInline(admin.TabularInline):
+    """The job's audit log on its page: its changes and notes. Its progress samples (one per 5%
+    per attempt, with no text of their own) are left out here: the job page's chart draws them,
+    and the JobEvent list shows them with their value."""
+
     model = JobEvent
     extra = 0
     can_delete = False
     fields = readonly_fields = EVENT_FIELDS
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).exclude(kind=PROGRESS)
 
 
 @admin.action(description="Cancel selected jobs", permissions=["change"])
@@ -147,7 +171,7 @@ class JobAdmin(admin.ModelAdmin):
         "gpus",
         "nodes",
         "gpu_sku",
-        "progress",
+        "progress_percent",
         "created_at",
     ]
     list_filter = [
@@ -167,7 +191,17 @@ class JobAdmin(admin.ModelAdmin):
     date_hierarchy = "created_at"
 
     def get_readonly_fields(self, request, obj=None):
-        return [field.name for field in Job._meta.concrete_fields]
+        return [
+            "progress_percent" if field.name == "progress" else field.name
+            for field in Job._meta.concrete_fields
+        ]
+
+    def get_fields(self, request, obj=None):
+        return self.get_readonly_fields(request, obj)  # progress as a percent, not also raw
+
+    @admin.display(description="progress", ordering="progress")
+    def progress_percent(self, job: Job) -> str:
+        return percent(job.progress)
 
 
 @admin.register(JobAttempt)
@@ -198,7 +232,7 @@ class GpuAllocationAdmin(admin.ModelAdmin):
 class JobEventAdmin(admin.ModelAdmin):
     """The audit log: read only."""
 
-    list_display = ["created_at", "job", "from_state", "to_state", "actor", "reason"]
+    list_display = ["created_at", "job", "kind", "from_state", "to_state", "actor", event_summary]
     list_filter = ["to_state", "kind"]
     list_select_related = ["job"]
     search_fields = ["job__id", "actor", "reason"]

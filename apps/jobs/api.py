@@ -10,13 +10,14 @@ from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, 
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, ParseError, PermissionDenied, ValidationError
+from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
 from apps.admission import estimates
 from apps.admission.submit import UNREAD, names_in, submit_job
-from apps.jobs import arrays, services
+from apps.jobs import arrays, artifact_types, services
 from apps.jobs.access import can_cancel, visible_arrays, visible_jobs
 from apps.jobs.lookup import (
     MIN_PREFIX,
@@ -36,6 +37,16 @@ from apps.jobs.serializers import (
     virtual_representation,
 )
 from apps.tenants.auth import PEEK_LIMIT, SubmitterAuthentication, TokenAuthentication
+
+
+class AnyAccept(BaseContentNegotiation):
+    """The first renderer whatever the client accepts (DRF's documented custom negotiation)."""
+
+    def select_parser(self, request, parsers):
+        return parsers[0]
+
+    def select_renderer(self, request, renderers, format_suffix=None):
+        return (renderers[0], renderers[0].media_type)
 
 
 class JobFilter(django_filters.FilterSet):
@@ -165,6 +176,13 @@ class JobViewSet(
         ):
             return [TaskListRenderer() if type(r) is JSONRenderer else r for r in renderers]
         return renderers
+
+    def get_content_negotiator(self):
+        """A download answers any Accept (its file's own type: apps/jobs/artifact_types.py), its
+        refusals in JSON as elsewhere; the other actions negotiate JSON."""
+        if getattr(self, "action", None) == "artifact":  # unset on the submit's early path
+            return AnyAccept()
+        return super().get_content_negotiator()
 
     def get_queryset(self):
         if getattr(
@@ -342,9 +360,16 @@ class JobViewSet(
         job = self.get_object()
         return Response(ArtifactSerializer(job.artifacts.all(), many=True).data)
 
-    @extend_schema(responses={(200, "application/octet-stream"): bytes})
+    @extend_schema(
+        responses={
+            (200, media): OpenApiTypes.ANY if media == "application/json" else OpenApiTypes.BINARY
+            for media in artifact_types.MEDIA_TYPES
+        },
+        description="Download one artifact, as an attachment. Its Content-Type comes from its "
+        "name's suffix (apps/jobs/artifact_types.py); any other name is application/octet-stream.",
+    )
     def artifact(self, request, pk=None, name=None):
-        """Download one artifact (routed in gpuplatform/urls.py: names carry no trailing slash)."""
+        # Routed in gpuplatform/urls.py: names carry no trailing slash.
         job = self.get_object()
         artifact = job.artifacts.filter(name=name).first()
         if artifact is None or not default_storage.exists(artifact.file.name):
@@ -353,6 +378,7 @@ class JobViewSet(
             default_storage.open(artifact.file.name, "rb"),
             as_attachment=True,
             filename=artifact.name.rsplit("/", 1)[-1],
+            content_type=artifact_types.content_type(artifact.name),
         )
 
 

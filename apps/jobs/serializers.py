@@ -67,6 +67,30 @@ def _unstorable(value) -> bool:
     return False
 
 
+UUID_STRING = {"type": "string", "format": "uuid"}
+DEPENDS_ON_SCHEMA = {
+    "type": "array",
+    "maxItems": dependencies.MAX_DEPENDENCIES,
+    "items": {
+        "type": "object",
+        "properties": {
+            "job": UUID_STRING,
+            "array": UUID_STRING,
+            "condition": {
+                "type": "string",
+                "enum": list(dependencies.CONDITIONS),
+                "default": "afterok",
+            },
+        },
+        "oneOf": [{"required": ["job"]}, {"required": ["array"]}],
+        "additionalProperties": False,
+    },
+    "description": 'the jobs or arrays this one waits for (docs/pipelines.md); "aftercorr" only '
+    "with an array; another tenant's id is not found (404)",
+}
+
+
+@extend_schema_field(DEPENDS_ON_SCHEMA)
 class DependsOnField(serializers.Field):
     """`[{"job": "<id>", "condition": "afterok"}, ...]` (docs/pipelines.md): a list of
     dependencies.Wanted. The ids are looked up at admission (another tenant's or none: 404)."""

@@ -3,6 +3,9 @@
 Each transition is a guarded update (`filter(pk, state in expected, version).update(...)`)
 that checks exactly one row changed, plus an audit event. Agent reports carry the attempt's
 fencing token; a report for a superseded attempt changes nothing.
+
+The guarded moves themselves live in apps/jobs/transitions.py and the dispatcher's placement in
+apps/jobs/placement.py; their public names are importable from here too.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from dataclasses import fields as dataclass_fields
 from datetime import timedelta
@@ -18,7 +21,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.core.files import File
 from django.core.files.storage import default_storage
-from django.db import IntegrityError, connection, transaction
+from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -37,9 +40,21 @@ from apps.jobs.models import (
     JobState,
     JobTemplate,
 )
-from apps.jobs.selectors import assignment_of
-from apps.jobs.states import attempt_sources, check_attempt_move, check_job_move, job_sources
-from apps.nodes.models import GpuSku, Node
+from apps.jobs.placement import (  # noqa: F401  (re-exported: callers import them from here)
+    JobPlacement,
+    MemberPlacement,
+    job_place,
+    jobs_place,
+)
+from apps.jobs.transitions import (  # noqa: F401  (re-exported, as above)
+    log_move,
+    new_event,
+    record_event,
+    transition_attempt,
+    transition_job,
+    trigger_dispatch,
+)
+from apps.nodes.models import GpuSku
 from apps.platform import events
 from apps.platform.errors import (  # callers import them from here too
     NotAllowed,
@@ -84,82 +99,6 @@ class JobSpec:
 
 
 SPEC_FIELDS = tuple(f.name for f in dataclass_fields(JobSpec))  # each a field of Job of that name
-
-
-# --- helpers -------------------------------------------------------------------------------
-
-
-def new_event(job: Job, *, actor: str, reason: str = "", from_state: str = "", to_state: str = "",
-              attempt: JobAttempt | None = None, kind: str = "state", data: dict | None = None) -> JobEvent:  # fmt: skip
-    """An audit event, not yet saved (`record_event` saves one; a batch is bulk-created)."""
-    return JobEvent(
-        job=job, attempt=attempt, kind=kind, from_state=from_state, to_state=to_state,
-        actor=actor, reason=reason[:300], data=data or {},
-    )  # fmt: skip
-
-
-def record_event(job: Job, **fields) -> JobEvent:
-    event = new_event(job, **fields)
-    event.save()
-    return event
-
-
-def log_move(
-    job: Job, *, from_state: str, actor: str, reason: str, attempt: JobAttempt | None
-) -> None:
-    log.info("job %s %s -> %s by %s: %s", job.pk, from_state, job.state, actor, reason,
-             extra={"job_id": job.pk, "attempt_id": attempt.pk if attempt else None})  # fmt: skip
-
-
-def transition_job(job: Job, *, to: str, expect: Iterable[str] | None = None, actor: str, reason: str = "",
-                   attempt: JobAttempt | None = None, **fields) -> bool:  # fmt: skip
-    """Move `job` to state `to` if it is still in one of `expect` at the version we read.
-
-    `expect` defaults to every state the table in apps/jobs/states.py allows to reach `to`; a
-    move the table does not have raises IllegalMove. A terminal state emits JobEnded (the
-    result cache settles the job's followers in this transaction)."""
-    expect = job_sources(to) if expect is None else tuple(expect)
-    check_job_move(expect, to)
-    if reason:
-        fields.setdefault("reason", reason[:300])
-    updated = Job.objects.filter(pk=job.pk, state__in=expect, version=job.version).update(
-        state=to, version=F("version") + 1, **fields
-    )
-    if not updated:
-        return False
-    from_state = job.state
-    job.state, job.version = to, job.version + 1
-    for name, value in fields.items():
-        setattr(job, name, value)
-    record_event(
-        job, actor=actor, reason=reason, from_state=from_state, to_state=to, attempt=attempt
-    )
-    log_move(job, from_state=from_state, actor=actor, reason=reason, attempt=attempt)
-    if to in JOB_TERMINAL:
-        events.emit(events.JobEnded(job=job))
-    return True
-
-
-def transition_attempt(
-    attempt: JobAttempt, *, to: str, expect: Iterable[str] | None = None, **fields
-) -> bool:
-    """The attempt's guarded update; `expect` as for transition_job, from the attempt table."""
-    expect = attempt_sources(to) if expect is None else tuple(expect)
-    check_attempt_move(expect, to)
-    updated = JobAttempt.objects.filter(
-        pk=attempt.pk, state__in=expect, version=attempt.version
-    ).update(state=to, version=F("version") + 1, **fields)
-    if updated:
-        attempt.state, attempt.version = to, attempt.version + 1
-        for name, value in fields.items():
-            setattr(attempt, name, value)
-    return bool(updated)
-
-
-def trigger_dispatch() -> None:
-    """Ask the dispatcher for a pass once the current transaction commits (DispatchWanted:
-    apps/scheduling/apps.py requests the pass)."""
-    events.emit(events.DispatchWanted())
 
 
 # --- submit, cancel, requeue ----------------------------------------------------------------
@@ -266,170 +205,6 @@ def job_bump_priority(*, job: Job, actor: str, by: int = 1) -> Job:
     record_event(job, actor=actor, kind="note", reason=f"priority boosted to {job.priority_boost}")
     trigger_dispatch()
     return job
-
-
-# --- placement (called by the dispatcher) ------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class MemberPlacement:
-    node_id: int
-    gpu_ids: list[int]
-    gpu_indices: list[int]
-
-
-@dataclass(frozen=True)
-class JobPlacement:
-    """One start: a queued job as the dispatcher read it (its version is the guard), the GPUs
-    of each member, and why (the policy's words)."""
-
-    job: Job
-    members: list[MemberPlacement]
-    why: str = ""
-
-
-@transaction.atomic
-def job_place(*, job: Job, members: list[MemberPlacement], actor: str = "system:dispatcher",
-              why: str = "") -> JobAttempt | None:  # fmt: skip
-    """Create the attempt for a queued job on the given GPUs, or return None if the job moved on.
-
-    The job's guarded update and the partial unique index on GPU allocations are the last word:
-    two dispatchers racing for one GPU or one job cannot both win (the index raises
-    IntegrityError here; `jobs_place` turns it into a refusal of the loser).
-    """
-    return _place([JobPlacement(job=job, members=members, why=why)], actor=actor).get(job.pk)
-
-
-@transaction.atomic
-def jobs_place(placements: list[JobPlacement], *, actor: str = "system:dispatcher",
-               on_lost_race: Callable[[JobPlacement], None] | None = None) -> dict:  # fmt: skip
-    """`job_place` for a dispatcher pass's starts, in a fixed number of statements however many
-    there are: {job id: its new attempt} for the jobs placed. A job that moved on (cancelled,
-    placed by another dispatcher, changing right now) is left out. When another dispatcher took
-    one of the GPUs first, the allocation index refuses the whole batch: then each job is placed
-    in its own savepoint, so only the loser is refused (and told to `on_lost_race`)."""
-    try:
-        with transaction.atomic():
-            return _place(placements, actor=actor)
-    except IntegrityError:
-        if len(placements) == 1:
-            _lost_race(placements[0], on_lost_race)
-            return {}
-    placed: dict = {}
-    for placement in placements:
-        try:
-            with transaction.atomic():
-                placed.update(_place([placement], actor=actor))
-        except IntegrityError:
-            _lost_race(placement, on_lost_race)
-    return placed
-
-
-def _lost_race(placement: JobPlacement, on_lost_race) -> None:
-    log.info("placement of %s lost a race for its GPUs; retrying next pass", placement.job.pk)
-    if on_lost_race is not None:
-        on_lost_race(placement)
-
-
-def _place(placements: list[JobPlacement], *, actor: str) -> dict:
-    """The guarded move queued -> starting of every job still at the version read, then their
-    attempts, members, GPU allocations and audit events, each kind in one bulk insert. The jobs
-    in memory change only once every row is written (an IntegrityError leaves them as read)."""
-    check_job_move(job_sources(JobState.STARTING), JobState.STARTING)
-    won = _claim_queued([p.job for p in placements])
-    placements = [p for p in placements if p.job.pk in won]
-    if not placements:
-        return {}
-    nodes = Node.objects.only("name", "labels", "hostname", "agent_instance").in_bulk(
-        {m.node_id for p in placements for m in p.members}
-    )
-    names = {pk: node.name for pk, node in nodes.items()}
-    reasons = {p.job.pk: _placement_reason(p, names) for p in placements}
-    _move_to_starting(reasons)
-    lease = timezone.now() + timedelta(seconds=settings.STARTING_TIMEOUT_SECONDS)
-    attempts = JobAttempt.objects.bulk_create(
-        [JobAttempt(job=p.job, number=p.job.attempts_count + 1, lease_expires_at=lease) for p in placements]
-    )  # fmt: skip
-    pairs = list(zip(placements, attempts, strict=True))
-    members = [
-        AttemptMember(attempt=attempt, rank=rank, node_id=m.node_id, gpu_indices=m.gpu_indices)
-        for p, attempt in pairs
-        for rank, m in enumerate(p.members)
-    ]
-    AttemptMember.objects.bulk_create(members)
-    GpuAllocation.objects.bulk_create(
-        [GpuAllocation(attempt=attempt, gpu_id=g) for p, attempt in pairs for m in p.members for g in m.gpu_ids]
-    )  # fmt: skip
-    JobEvent.objects.bulk_create(
-        [new_event(p.job, actor=actor, reason=reasons[p.job.pk], from_state=JobState.QUEUED,
-                   to_state=JobState.STARTING, attempt=attempt) for p, attempt in pairs]
-    )  # fmt: skip
-    for p, attempt in pairs:
-        job = p.job
-        job.state, job.version, job.reason = JobState.STARTING, job.version + 1, reasons[job.pk]
-        job.attempts_count = attempt.number
-        log_move(job, from_state=JobState.QUEUED, actor=actor, reason=job.reason, attempt=attempt)
-        events.emit(events.AttemptPlaced(attempt=attempt, nodes=tuple(names[m.node_id] for m in p.members),
-                                         assignments=_assignments(p, attempt, nodes),
-                                         agents=tuple(nodes[m.node_id].agent_instance for m in p.members)))  # fmt: skip
-    return {p.job.pk: attempt for p, attempt in pairs}
-
-
-def _assignments(placement: JobPlacement, attempt: JobAttempt, nodes: dict) -> tuple:
-    """Each member's assignment, by rank, from the rows just written: what its start message
-    carries (apps/scheduling/publish.py). A first attempt resumes from nothing; a later one's
-    resume point is left for its agent to look up (None)."""
-    leader = nodes[placement.members[0].node_id]
-    resume = "" if attempt.number == 1 else None
-    return tuple(
-        assignment_of(placement.job, attempt, rank=rank, gpu_indices=m.gpu_indices,
-                      world_size=len(placement.members), leader=leader, active=True, resume_from=resume)
-        for rank, m in enumerate(placement.members)
-    )  # fmt: skip
-
-
-def _placement_reason(placement: JobPlacement, names: dict[int, str]) -> str:
-    where = ", ".join(f"{names[m.node_id]}:{m.gpu_indices}" for m in placement.members)
-    return (f"placed on {where}" + (f" ({placement.why})" if placement.why else ""))[:300]
-
-
-START_BATCH = 1000  # jobs moved to starting per UPDATE
-
-
-def _move_to_starting(reasons: dict) -> None:
-    """The claimed jobs' guarded update, each with its own reason: one UPDATE ... FROM (VALUES)
-    per START_BATCH jobs. (A CASE over the ids, as the ORM would write it, costs every row a
-    walk of the whole list: 8,000 placements took seconds in the database alone.) PostgreSQL and
-    SQLite (UPDATE ... FROM since 3.33) both name a VALUES list's columns column1, column2."""
-    table, pk = Job._meta.db_table, Job._meta.pk
-    quote = connection.ops.quote_name
-    rows = [
-        (pk.get_db_prep_value(job_id, connection), reason) for job_id, reason in reasons.items()
-    ]
-    with connection.cursor() as cursor:
-        for start in range(0, len(rows), START_BATCH):
-            batch = rows[start : start + START_BATCH]
-            cursor.execute(
-                f"UPDATE {quote(table)} SET state = %s, version = version + 1, "
-                "attempts_count = attempts_count + 1, reason = v.column2 "
-                f"FROM (VALUES {', '.join(['(%s, %s)'] * len(batch))}) AS v "
-                f"WHERE {quote(table)}.{quote(pk.column)} = v.column1 AND state = %s",
-                [JobState.STARTING, *(value for row in batch for value in row), JobState.QUEUED],
-            )
-
-
-def _claim_queued(jobs: list[Job]) -> set:
-    """The ids of `jobs` still queued at the version read, row-locked for the rest of the
-    transaction so the update that follows is theirs alone. A row another transaction holds is
-    skipped, not waited for: that job is changing (a cancel, another dispatcher's placement), and
-    the next pass sees what it became. (SQLite: the IMMEDIATE transaction is the lock.)"""
-    expected = {job.pk: job.version for job in jobs}
-    rows = (
-        Job.objects.select_for_update(skip_locked=True)
-        .filter(pk__in=expected, state__in=job_sources(JobState.STARTING))
-        .values_list("pk", "version")
-    )
-    return {pk for pk, version in rows if expected[pk] == version}
 
 
 # --- agent reports ------------------------------------------------------------------------

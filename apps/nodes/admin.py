@@ -11,18 +11,28 @@ class GpuSkuAdmin(AuditedAdmin):
     search_fields = ["name"]
 
 
-class GpuInline(admin.TabularInline):
+class ShowsGpuHealth:
+    @admin.display(description="health", ordering="health")
+    def health_now(self, gpu: Gpu) -> str:
+        """A GPU of a node given back (terminated) is gone, whatever its agent last reported
+        (the report itself is kept as it came)."""
+        if gpu.node.state == NodeState.TERMINATED:
+            return "gone (node terminated)"
+        return gpu.get_health_display()
+
+
+class GpuInline(ShowsGpuHealth, admin.TabularInline):
     model = Gpu
     extra = 0
-    readonly_fields = [
+    fields = readonly_fields = (
         "index",
         "uuid",
         "memory_mib",
-        "health",
+        "health_now",
         "utilization_percent",
         "memory_used_mib",
         "updated_at",
-    ]
+    )
     can_delete = False
 
 
@@ -84,17 +94,17 @@ class NodeCredentialAdmin(admin.ModelAdmin):
 
 
 @admin.register(Gpu)
-class GpuAdmin(admin.ModelAdmin):
-    list_display = ["__str__", "uuid", "health", "utilization_percent", "memory_used_mib"]
+class GpuAdmin(ShowsGpuHealth, admin.ModelAdmin):
+    list_display = ["__str__", "uuid", "health_now", "utilization_percent", "memory_used_mib"]
     list_filter = ["health", "node__sku"]
     list_select_related = ["node"]
     search_fields = ["uuid", "node__name"]
-    readonly_fields = [
+    fields = readonly_fields = (
         "node",
         "index",
         "uuid",
         "memory_mib",
-        "health",
+        "health_now",
         "utilization_percent",
         "memory_used_mib",
-    ]
+    )

@@ -19,6 +19,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 from datetime import timedelta
 
@@ -93,8 +94,7 @@ class LocalProvider(Provider):
             labels = ",".join(
                 f"{k}={v}" for k, v in {**policy.labels, "autoscaled": "true"}.items()
             )
-            argv = [sys.executable, "-m", "workers.agent", "--node", request.node_name, "--sku", request.sku.name,
-                    "--gpus", str(request.gpus), "--fake", "--labels", labels]  # fmt: skip
+            argv = _agent_argv(request, labels)
             logs = pathlib.Path(settings.DATA_DIR) / "autoscaled"
             logs.mkdir(parents=True, exist_ok=True)
             with open(logs / f"{request.node_name}.log", "ab") as out:
@@ -103,6 +103,7 @@ class LocalProvider(Provider):
                                            stdin=subprocess.DEVNULL, start_new_session=True,
                                            env=_agent_environment(request.node_name),
                                            preexec_fn=_stop_with_parent)  # fmt: skip
+            _reap_when_it_exits(process, request.node_name)
             ProvisionRequest.objects.filter(pk=request.pk).update(
                 state=ProvisionState.RUNNING, pid=process.pid
             )
@@ -148,6 +149,23 @@ class LocalProvider(Provider):
         except Exception:  # Redis down: the credentials are revoked; the broker user outlives it
             log.exception("node %s: its broker user could not be deleted; run "
                           "`manage.py create_node_credential %s --revoke` again", node.name, node.name)  # fmt: skip
+
+
+def _agent_argv(request: ProvisionRequest, labels: str) -> list[str]:
+    return [sys.executable, "-m", "workers.agent", "--node", request.node_name, "--sku", request.sku.name,
+            "--gpus", str(request.gpus), "--fake", "--labels", labels]  # fmt: skip
+
+
+def _reap_when_it_exits(process: subprocess.Popen, node_name: str) -> None:
+    """Wait for the agent in a thread of its own, so that when it exits (terminated, or crashed)
+    its exit status is collected at once: a child nobody waits for stays a zombie under the
+    dispatcher for as long as the dispatcher lives."""
+
+    def wait() -> None:
+        code = process.wait()
+        log.info("local node %s's agent (pid %s) exited with %s", node_name, process.pid, code)
+
+    threading.Thread(target=wait, name=f"reap-{node_name}", daemon=True).start()
 
 
 def _stop_with_parent() -> None:  # runs in the child between fork and exec

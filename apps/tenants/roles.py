@@ -1,6 +1,7 @@
-"""Staff roles as permission groups: support staff are `is_staff` in "support"; changing what runs
-on every node (templates' argv), the tiers, tenants (their `allow_commands`), memberships, SKUs,
-autoscaling and webhooks needs "platform admin". Superusers are for operators only
+"""Staff roles as permission groups: support staff are `is_staff` in "support", and may add a
+tenant's webhook (the usage page tells tenants to ask them); changing what runs on every node
+(templates' argv), the tiers, tenants (their `allow_commands`), memberships, SKUs, autoscaling,
+and changing or deleting webhooks needs "platform admin". Superusers are for operators only
 (`create_user --superuser`).
 
 `ensure_groups` is written against an apps registry so that the data migration
@@ -30,8 +31,9 @@ VIEWED = {
     "secrets": ["secret"],  # names and dates only: the admin never shows a value
 }
 # Support's changes: the job actions (cancel, requeue, preempt, bump), the node actions (cordon,
-# drain, ready) and a tenant's quota.
-SUPPORT_CHANGES = [("jobs", "change_job"), ("nodes", "change_node"), ("tenants", "change_quota")]
+# drain, ready), a tenant's quota, and a new webhook for a tenant.
+SUPPORT_CHANGES = [("jobs", "change_job"), ("nodes", "change_node"), ("tenants", "change_quota"),
+                   ("webhooks", "add_webhook")]  # fmt: skip
 # Platform admin's, on top of support's.
 ADMIN_MODELS = {
     "jobs": ["jobtemplate"],

@@ -1,15 +1,20 @@
 from django import forms
 from django.contrib import admin, messages
 
-from apps.webhooks.guard import WebhookRefused, checked_address
+from apps.webhooks.guard import WebhookRefused
 from apps.webhooks.models import Webhook, WebhookDelivery
-from apps.webhooks.services import webhook_create
+from apps.webhooks.services import MAX_URL, check_url, webhook_create
 
 
 class WebhookForm(forms.ModelForm):
-    url = forms.URLField(
-        max_length=500, assume_scheme="https", help_text=Webhook._meta.get_field("url").help_text
-    )
+    """Support staff add a tenant's webhook here (the usage page sends tenants to them). The URL
+    gets `create_webhook`'s check, `check_url`, shown next to the field: the URL as typed (no
+    scheme assumed), http(s), a host that resolves only to addresses the guard allows."""
+
+    url = forms.CharField(
+        max_length=MAX_URL, help_text=Webhook._meta.get_field("url").help_text,
+        widget=forms.URLInput(attrs={"class": "vURLField"}),
+    )  # fmt: skip
 
     class Meta:
         model = Webhook
@@ -18,7 +23,7 @@ class WebhookForm(forms.ModelForm):
     def clean_url(self):
         url = self.cleaned_data["url"]
         try:
-            checked_address(url)  # the same check as webhook_create, shown next to the field
+            check_url(url)
         except WebhookRefused as refused:
             raise forms.ValidationError(str(refused)) from None
         return url
@@ -33,11 +38,18 @@ class WebhookAdmin(admin.ModelAdmin):
     search_fields = ["tenant__slug", "url"]
     readonly_fields = ["secret", "cursor", "created_at"]
 
+    def get_fields(self, request, obj=None):
+        if obj is None:  # its secret and cursor are made on save (webhook_create), shown after
+            return ["tenant", "url", "active"]
+        return super().get_fields(request, obj)
+
     def save_model(self, request, obj, form, change):
         if change:
             super().save_model(request, obj, form, change)
             return
         created = webhook_create(tenant=obj.tenant, url=obj.url)
+        if not obj.active:  # made paused, as the form asked
+            Webhook.objects.filter(pk=created.pk).update(active=False)
         obj.pk, obj.secret, obj.cursor = created.pk, created.secret, created.cursor
         messages.info(
             request,

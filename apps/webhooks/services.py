@@ -26,6 +26,8 @@ import logging
 import time
 from datetime import datetime, timedelta
 
+from django.core.exceptions import ValidationError
+from django.core.validators import URLValidator
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
@@ -45,6 +47,7 @@ MAX_BACKOFF_SECONDS = 600
 SEND_TIMEOUT_SECONDS = sender.TOTAL_SECONDS  # the whole exchange, connect to last byte
 CLAIM_SECONDS = 30  # a claimed delivery is not sent again by another pump within this
 BATCH = 200
+MAX_URL = Webhook._meta.get_field("url").max_length or 500
 
 
 def backoff(attempts: int) -> timedelta:
@@ -57,11 +60,25 @@ def sign(secret: str, timestamp: str, body: bytes) -> str:
     return f"sha256={digest}"
 
 
+def check_url(url: str) -> None:
+    """Where a new webhook may point, or WebhookRefused in our words: an http(s) URL of at most
+    MAX_URL characters (Django's URL syntax: `create_webhook`'s and the admin's one rule) whose
+    host resolves now only to addresses the guard allows."""
+    if len(url) > MAX_URL:
+        raise WebhookRefused(f"longer than {MAX_URL} characters")
+    try:
+        URLValidator(schemes=["http", "https"])(url)
+    except ValidationError:
+        raise WebhookRefused("not an http(s) URL") from None
+    checked_address(url)
+
+
 def webhook_create(*, tenant, url: str) -> Webhook:
     """A new webhook hears about state changes from now on, not the tenant's history. Refused
     (WebhookRefused, our words) when the URL is not http(s) or its host resolves now to an address
-    the guard refuses; each send checks again, since the name may resolve elsewhere later."""
-    checked_address(url)
+    the guard refuses (`check_url`); each send checks again, since the name may resolve
+    elsewhere later."""
+    check_url(url)
     latest = JobEvent.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
     return Webhook.objects.create(tenant=tenant, url=url, cursor=latest)
 

@@ -215,3 +215,77 @@ def test_a_closed_tiers_submit_with_redis_down_gets_the_documented_503(
     assert response.status_code == 503 and response["Retry-After"]
     conforms(document, "/api/v1/jobs/", "post", response)
     assert document["paths"]["/api/v1/jobs/"]["post"]["responses"]["503"]["headers"]["Retry-After"]
+
+
+def test_the_submit_body_documents_depends_on_and_its_404(document, cast):
+    """`depends_on` has a schema (drf-spectacular's W001 without one), in every submit shape, and
+    an id the caller cannot see answers the documented 404 naming the field."""
+    body = document["paths"]["/api/v1/jobs/"]["post"]["requestBody"]["content"]["application/json"]
+    valid = jsonschema.Draft7Validator(json_schema(document, body["schema"]))
+    parent = str(uuid.uuid4())
+    assert valid.is_valid({"template": "demo-train", "depends_on": [{"job": parent}]})
+    assert valid.is_valid(
+        {"command": ["python"], "depends_on": [{"array": parent, "condition": "aftercorr"}]}
+    )
+    assert not valid.is_valid(
+        {"template": "demo-train", "depends_on": [{"job": parent, "array": parent}]}
+    )
+    assert not valid.is_valid({"template": "demo-train", "depends_on": [{"condition": "afterok"}]})
+    assert not valid.is_valid(
+        {"template": "demo-train", "depends_on": [{"job": parent, "condition": "whenever"}]}
+    )
+    bob = client_for(cast["bob"][1])
+    response = bob.post(
+        "/api/v1/jobs/", {"template": "demo-train", "depends_on": [{"job": parent}]}, format="json"
+    )
+    assert response.status_code == 404 and "depends_on" in response.json()
+    conforms(document, "/api/v1/jobs/", "post", response)
+
+
+NAMES = ["result.json", "notes.txt", "train.log", "table.csv", "plot.PNG", "run.tar.gz", "model.pt",
+         "page.html", "noext"]  # fmt: skip
+
+
+def test_every_artifact_download_has_a_documented_content_type(document, cast):
+    """A download's Content-Type is one the document lists for it (schemathesis found 189 that
+    were not: Django guessed them from the machine's mime types); HTML is never served as such."""
+    from django.core.files.base import ContentFile
+    from django.core.files.storage import default_storage
+
+    from apps.jobs.models import Artifact
+
+    bob = client_for(cast["bob"][1])
+    job = Job.objects.get(
+        pk=bob.post("/api/v1/jobs/", {"template": "demo-train"}, format="json").json()["id"]
+    )
+    for name in NAMES:
+        body = b"{}" if name.endswith(".json") else b"<script>1</script>"
+        Artifact.objects.create(job=job, name=name,
+                                file=default_storage.save(f"artifacts/{job.pk}/{name}", ContentFile(body)))  # fmt: skip
+    operation = document["paths"]["/api/v1/jobs/{id}/artifacts/{name}"]["get"]
+    documented = operation["responses"]["200"]["content"]
+    types = {}
+    for name in NAMES:
+        response = bob.get(f"/api/v1/jobs/{job.pk}/artifacts/{name}")
+        assert response.status_code == 200
+        # A client asking for the type the document gives it gets the file, not a 406.
+        accepting = bob.get(
+            f"/api/v1/jobs/{job.pk}/artifacts/{name}", HTTP_ACCEPT=response["Content-Type"]
+        )
+        assert accepting.status_code == 200
+        assert response["Content-Disposition"].startswith("attachment")
+        types[name] = response["Content-Type"].split(";")[0]
+        assert types[name] in documented, (name, types[name], sorted(documented))
+        if types[name] == "application/json":
+            schema = json_schema(document, documented["application/json"]["schema"])
+            jsonschema.validate(json.loads(b"".join(response.streaming_content)), schema)
+    assert types["result.json"] == "application/json" and types["plot.PNG"] == "image/png"
+    assert types["page.html"] == types["model.pt"] == types["noext"] == "application/octet-stream"
+
+
+def test_a_missing_artifact_is_a_json_404_whatever_the_client_accepts(document, cast):
+    bob = client_for(cast["bob"][1])
+    job = bob.post("/api/v1/jobs/", {"template": "demo-train"}, format="json").json()
+    response = bob.get(f"/api/v1/jobs/{job['id']}/artifacts/none.png", HTTP_ACCEPT="image/png")
+    assert response.status_code == 404
+    conforms(document, "/api/v1/jobs/{id}/artifacts/{name}", "get", response)

@@ -133,6 +133,36 @@ def test_bootstrap_demo_prints_usable_tokens_on_every_run(db):
         assert ok(keys["bob"]) == 200
 
 
+def demo_keys(*args) -> dict:
+    lines = command("bootstrap_demo", *args)
+    return {line.split()[0]: line.split()[-1] for line in lines[1:-1]}
+
+
+def test_bootstrap_demo_keeps_its_tokens_under_the_data_dir_until_asked_to_rotate(
+    db, settings, tmp_path
+):
+    """An exported GPUPLATFORM_TOKEN from one `make run` works in the next: the keys are kept in
+    <data dir>/demo_tokens.json (this user's alone) and printed again; --rotate-tokens replaces
+    them, and a kept key that no longer works (revoked, expired) is replaced on its own."""
+    settings.DATA_DIR = tmp_path
+    first = demo_keys()
+    assert demo_keys() == first
+    assert all(ok(key) != 401 for key in first.values()) and ok(first["bob"]) == 200
+    kept = tmp_path / "demo_tokens.json"
+    assert kept.stat().st_mode & 0o077 == 0
+    assert ApiToken.objects.filter(user__username="bob", revoked_at__isnull=True).count() == 1
+    rotated = demo_keys("--rotate-tokens")
+    assert all(rotated[user] != first[user] for user in first)
+    assert ok(first["bob"]) == 401 and ok(rotated["bob"]) == 200
+    assert demo_keys() == rotated
+    token_revoke(user=ApiToken.objects.get(digest=digest_of(rotated["erin"])).user, everything=True)
+    again = demo_keys()
+    assert again["erin"] != rotated["erin"] and ok(again["erin"]) == 200
+    assert {user: key for user, key in again.items() if user != "erin"} == {
+        user: key for user, key in rotated.items() if user != "erin"
+    }
+
+
 @pytest.mark.django_db(transaction=True)
 def test_the_migration_hashes_drf_tokens_which_keep_working_until_they_expire(settings):
     """Back to before the tokens model, a clear DRF token, forward again: same key works, expires."""

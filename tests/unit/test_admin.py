@@ -110,3 +110,45 @@ def test_a_templates_cgroup_limits_are_bounded_like_the_submit_bodys(db):
     form = JobTemplateForm(data={**base, "cpu_weight": 10001})
     assert not form.is_valid() and list(form.errors) == ["cpu_weight"]
     assert "memory_mib" in JobTemplateForm(data={**base, "cpu_weight": 0, "memory_mib": -1}).errors
+
+
+def running_job_with_progress(cast, fractions) -> Job:
+    """A job started on a node, its agent's progress reports as they come (services)."""
+    from apps.jobs import services
+
+    make_node("p1", gpus=8)
+    job = submit(cast, gpus=1)
+    dispatch_once()
+    attempt = job.attempts.get()
+    token = str(attempt.token)
+    services.attempt_member_started(attempt_id=attempt.pk, rank=0, token=token, pid=1)
+    for fraction in fractions:
+        services.attempt_progress(attempt_id=attempt.pk, token=token, progress=fraction)
+    job.refresh_from_db()
+    return job
+
+
+def test_progress_shows_as_a_percent(cast, staff_client):
+    job = running_job_with_progress(cast, [0.41333333333333333])
+    listing = staff_client.get("/admin/jobs/job/").content.decode()
+    page = staff_client.get(f"/admin/jobs/job/{job.pk}/change/").content.decode()
+    for html in (listing, page):
+        assert "41%" in html and "0.4133" not in html
+
+
+def test_progress_samples_are_no_blank_rows_in_the_audit_log(cast, staff_client):
+    """Progress reports make samples (kind "progress", one per 5%: the job page's chart) with a
+    value and no text. The job's audit log leaves them out; the JobEvent list says what they are."""
+    from apps.jobs.models import JobEvent
+
+    job = running_job_with_progress(cast, [0.1, 0.25, 0.5])
+    samples = JobEvent.objects.filter(job=job, kind="progress")
+    assert samples.count() == 3 and not any(e.reason for e in samples)  # the data as it was
+    response = staff_client.get(f"/admin/jobs/job/{job.pk}/change/")
+    [events] = [f for f in response.context["inline_admin_formsets"] if f.formset.model is JobEvent]
+    shown = list(events.formset.queryset)
+    assert shown and all(event.reason for event in shown)  # transitions, each with its why
+    assert {e.kind for e in shown} == {"state"}
+    listing = staff_client.get("/admin/jobs/jobevent/").content.decode()
+    for text in ("progress 10%", "progress 25%", "progress 50%"):
+        assert text in listing

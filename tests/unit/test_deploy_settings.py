@@ -38,21 +38,20 @@ def setting(name: str, env: dict) -> str:
 
 
 def issues(result: subprocess.CompletedProcess) -> list[str]:
-    """The check's findings. drf-spectacular's (W001/W002) are about the API document, not the
-    deployment; the OpenAPI work of issue 20 answers for them."""
-    lines = [
+    """The check's findings, drf-spectacular's (W001/W002: a field or view the API document
+    cannot describe) included."""
+    return [
         line
         for line in (result.stdout + result.stderr).splitlines()
         if line.startswith("?:") or ": (" in line
     ]
-    return [line for line in lines if "(drf_spectacular." not in line]
 
 
 @pytest.mark.parametrize(
     "proxy", [{}, {"GPUPLATFORM_TRUSTED_PROXIES": "10.0.0.2"}, {"GPUPLATFORM_BEHIND_PROXY": "1"}]
 )
 def test_check_deploy_is_clean_in_production(proxy):
-    result = manage("check", "--deploy", "--fail-level", "ERROR", env={**PRODUCTION, **proxy})
+    result = manage("check", "--deploy", "--fail-level", "WARNING", env={**PRODUCTION, **proxy})
     assert result.returncode == 0, result.stderr
     assert issues(result) == [], result.stdout + result.stderr
 
