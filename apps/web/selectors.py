@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 
 from django.core.files.storage import default_storage
-from django.db.models import Count
+from django.db.models import Count, DurationField, ExpressionWrapper, F, Max, Min, Sum, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from apps.jobs.models import GpuAllocation, Job
@@ -169,6 +170,76 @@ def state_bar(counts: dict[str, int], size: int) -> list[dict]:
     return segments
 
 
+def running_time(started_at: datetime | None, ended_at: datetime | None,
+                 now: datetime) -> float | None:  # fmt: skip
+    """Seconds from start to end (to now while it runs); None before it started."""
+    if started_at is None:
+        return None
+    return max(0.0, ((ended_at or now) - started_at).total_seconds())
+
+
+def _held(now: datetime):
+    """An allocation's time held: to its release, or to now while held."""
+    return ExpressionWrapper(
+        Coalesce("released_at", Value(now)) - F("allocated_at"), output_field=DurationField()
+    )
+
+
+def gpu_hours_by(key: str, ids, now: datetime) -> dict:
+    """GPU-hours held per `key` (an allocation's path to a job or an array id), summed by the
+    database: one statement however many rows or attempts."""
+    if not ids:
+        return {}
+    rows = (
+        GpuAllocation.objects.filter(**{f"{key}__in": ids})
+        .values_list(key)
+        .annotate(held=Sum(_held(now)))
+        .order_by()
+    )
+    return {k: held.total_seconds() / 3600 for k, held in rows if held is not None}
+
+
+def add_row_times(jobs: list[Job], now: datetime | None = None) -> None:
+    """Give each job of a list page `run_seconds` (its duration, or its elapsed time while it
+    runs) and `gpu_hours`; an array's row gets them for the whole array (fold_arrays first)."""
+    now = now or timezone.now()
+    hours = gpu_hours_by("attempt__job_id", [j.pk for j in jobs if j.started_at], now)
+    for job in jobs:
+        job.run_seconds = running_time(job.started_at, job.finished_at, now)  # type: ignore[attr-defined]
+        job.gpu_hours = hours.get(job.pk, 0.0)  # type: ignore[attr-defined]
+    rows = [job.array_row for job in jobs if hasattr(job, "array_row")]
+    if not rows:
+        return
+    ids = [row["array"].pk for row in rows]
+    hours = gpu_hours_by("attempt__job__array_id", ids, now)
+    spans = {
+        a: (first, last)
+        for a, first, last in Job.objects.filter(array_id__in=ids)
+        .values_list("array_id")
+        .annotate(first=Min("started_at"), last=Max("finished_at"))
+        .order_by()
+    }
+    for row in rows:
+        array = row["array"]
+        first, last = spans.get(array.pk, (None, None))
+        ended = array.ended_at or array.cancelled_at
+        row["started_at"] = first
+        row["run_seconds"] = running_time(first, (last or ended) if ended else None, now)
+        row["gpu_hours"] = hours.get(array.pk, 0.0)
+
+
+def array_row_state(array, counts: dict[str, int]) -> str:
+    """An array as one word, as a job's state reads: active until it ends; then succeeded when
+    every task succeeded, failed when one failed, else cancelled."""
+    if array.cancelled_at:
+        return "cancelled"
+    if not array.ended_at:
+        return "active"
+    if counts.get("succeeded", 0) == array.size:
+        return "succeeded"
+    return "failed" if counts.get("failed", 0) else "cancelled"
+
+
 def first_task_ids(arrays) -> list:
     """The id of each array's first task (made with the array): the row that stands for it in
     a jobs list."""
@@ -186,7 +257,7 @@ def fold_arrays(jobs: list[Job]) -> None:
     ids = {job.array_id for job in jobs if job.array_id is not None}
     if not ids:
         return
-    found = {a.pk: a for a in JobArray.objects.filter(pk__in=ids)}
+    found = {a.pk: a for a in JobArray.objects.filter(pk__in=ids).select_related("user")}
     rows: dict = {}
     for array_id, state, n in (
         Job.objects.filter(array_id__in=ids)
@@ -204,5 +275,5 @@ def fold_arrays(jobs: list[Job]) -> None:
         job.array_row = {  # type: ignore[attr-defined]
             "array": array, "counts": counts, "bar": state_bar(counts, array.size),
             "done": sum(counts[s] for s in ("succeeded", "failed", "cancelled")),
-            "state": "cancelled" if array.cancelled_at else ("ended" if array.ended_at else "active"),
+            "state": array_row_state(array, counts),
         }  # fmt: skip

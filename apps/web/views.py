@@ -33,6 +33,7 @@ def _jobs_table(request, jobs):
     page = Paginator(jobs, JOBS_PER_PAGE).get_page(request.GET.get("page"))
     rows = list(page.object_list)
     selectors.fold_arrays(rows)  # an array's row: its first task, shown as the array
+    selectors.add_row_times(rows)
     live = any(
         job.state in JOB_ACTIVE or getattr(job, "array_row", {}).get("state") == "active"
         for job in rows
@@ -49,7 +50,9 @@ def _folded(request, jobs):
 @login_required
 def dashboard(request):
     membership = membership_of(request.user)
-    jobs = visible_jobs(request.user).select_related("tier", "gpu_sku").order_by("-created_at")
+    jobs = (
+        visible_jobs(request.user).select_related("tier", "gpu_sku", "user").order_by("-created_at")
+    )
     context = _jobs_table(request, _folded(request, jobs)[:10])
     context.update(membership=membership, capacity=selectors.capacity_by_sku())
     if membership is not None:
@@ -62,7 +65,9 @@ def dashboard(request):
 @login_required
 def job_list(request):
     state, tier = request.GET.get("state", ""), request.GET.get("tier", "")
-    jobs = visible_jobs(request.user).select_related("tier", "gpu_sku").order_by("-created_at")
+    jobs = (
+        visible_jobs(request.user).select_related("tier", "gpu_sku", "user").order_by("-created_at")
+    )
     if state in JobState.values:
         jobs = jobs.filter(state=state)  # tasks of arrays too, each its own row
     else:
