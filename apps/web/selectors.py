@@ -3,6 +3,7 @@ use against its caps and its GPU hours per day."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 
@@ -130,8 +131,31 @@ def _spread(hours: dict[date, float], begin: datetime, end: datetime) -> None:
         begin = stop
 
 
-def progress_chart(job, width: int = 300, height: int = 60) -> dict | None:
-    """SVG polyline points of the job's progress over time, from its 5% progress samples."""
+EXIT_REASON = re.compile(r"exit code -?\d+")
+
+
+def without_exit_code(reason: str) -> str:
+    """A reason that only repeats the exit code shown beside the job's state reads as none."""
+    return "" if EXIT_REASON.fullmatch(reason or "") else reason
+
+
+def job_times(job: Job, now: datetime) -> dict:
+    """How long the job waited for its first start and has run (elapsed while it runs)."""
+    waited_until = job.started_at or (job.finished_at if job.finished_at else now)
+    return {
+        "waited": max(0.0, (waited_until - job.created_at).total_seconds()),
+        "ran": running_time(job.started_at, job.finished_at, now),
+        "running": job.finished_at is None and job.started_at is not None,
+    }
+
+
+CHART = {"width": 320, "height": 130, "left": 38, "right": 10, "top": 8, "bottom": 24}
+
+
+def progress_chart(job, now: datetime | None = None) -> dict | None:
+    """The job's progress over time as an SVG chart, from its 5% progress samples: the line's
+    points, and the axes' ticks with their labels (0-100 % up, seconds since the start across),
+    all in the viewBox's units, so the template draws it with no arithmetic and no style."""
     samples = list(
         job.events.filter(kind="progress").order_by("created_at").values_list("created_at", "data")
     )
@@ -143,11 +167,37 @@ def progress_chart(job, width: int = 300, height: int = 60) -> dict | None:
     ]
     if job.finished_at is not None:
         points.append((job.finished_at.timestamp(), job.progress))
+    elif now is not None:  # while it runs, the line reaches now at the last progress seen
+        points.append((max(now.timestamp(), points[-1][0]), points[-1][1]))
     span = max(points[-1][0] - start, 1e-6)
-    coords = " ".join(
-        f"{(t - start) / span * width:.1f},{height - p * height:.1f}" for t, p in points
-    )
-    return {"points": coords, "width": width, "height": height, "seconds": round(span)}
+    c = CHART
+    x0, x1 = c["left"], c["width"] - c["right"]
+    y0, y1 = c["height"] - c["bottom"], c["top"]  # y0: the x axis (0 %), y1: 100 %
+
+    def x(seconds: float) -> float:
+        return x0 + seconds / span * (x1 - x0)
+
+    def y(progress: float) -> float:
+        return y0 - min(max(progress, 0.0), 1.0) * (y0 - y1)
+
+    coords = " ".join(f"{x(t - start):.1f},{y(p):.1f}" for t, p in points)
+    return {
+        **c, "points": coords, "seconds": round(span), "x0": x0, "x1": x1, "y0": y0, "y1": y1,
+        "label_x": x0 - 4, "label_y": y0 + 16,
+        "y_ticks": [{"y": round(y(p), 1), "label": f"{round(p * 100)}%"} for p in (0, 0.5, 1)],
+        "x_ticks": [{"x": round(x(f * span), 1), "label": _short(f * span),
+                     "anchor": ("start", "middle", "end")[i]}
+                    for i, f in enumerate((0, 0.5, 1))],
+    }  # fmt: skip
+
+
+def _short(seconds: float) -> str:
+    """An axis label: 0 s, 45 s, 2.5 min, 1.2 h."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f} min".replace(".0 ", " ")
+    return f"{seconds / 3600:.1f} h".replace(".0 ", " ")
 
 
 # --- job arrays (docs/arrays.md) ------------------------------------------------------------------

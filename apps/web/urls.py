@@ -11,6 +11,7 @@ urlpatterns = [
     path("jobs/new/", views.job_new, name="job-new"),
     path("jobs/<uuid:job_id>/", views.job_detail, name="job-detail"),
     path("jobs/<uuid:job_id>/cancel/", views.job_cancel, name="job-cancel"),
+    path("jobs/<uuid:job_id>/resubmit/", views.job_resubmit, name="job-resubmit"),
     path("arrays/<uuid:array_id>/", views.array_detail, name="array-detail"),
     path("arrays/<uuid:array_id>/cancel/", views.array_cancel, name="array-cancel"),
     path(

@@ -11,6 +11,7 @@ from django.core.paginator import Paginator
 from django.db.models import Q
 from django.http import HttpResponseForbidden
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from apps.admission.usage import admission_usage
@@ -21,7 +22,7 @@ from apps.jobs.api import job_queryset
 from apps.jobs.models import JOB_ACTIVE, JOB_TERMINAL, JobState, JobTemplate
 from apps.jobs.serializers import JobSerializer
 from apps.tenants.models import Tier
-from apps.web import selectors, submit
+from apps.web import resubmit, selectors, submit
 from apps.webhooks.models import Webhook, WebhookDelivery
 
 JOBS_PER_PAGE = 25
@@ -86,13 +87,24 @@ def job_list(request):
 def job_detail(request, job_id):
     job = get_object_or_404(job_queryset(request.user), pk=job_id)
     shaped = JobSerializer(job).data
+    now = timezone.now()
+    # The exit code is shown once, beside the state: reasons that only repeat it read as none.
+    events = list(job.events.filter(kind="state").order_by("created_at", "id"))
+    attempts = list(job.attempts.all())
+    for row in events + attempts:
+        row.shown_reason = selectors.without_exit_code(row.reason)
+    membership = membership_of(request.user)
     context = {
         "job": job,
-        "attempts": job.attempts.all(),
-        "events": job.events.filter(kind="state").order_by("created_at", "id"),
+        "reason": selectors.without_exit_code(job.reason),
+        "times": selectors.job_times(job, now),
+        "attempts": attempts,
+        "events": events,
         "artifacts": job.artifacts.all(),
         "log": selectors.log_tail(job),
-        "chart": selectors.progress_chart(job),
+        "chart": selectors.progress_chart(job, now),
+        "can_resubmit": membership is not None and membership.can_submit,
+        "idempotency_key": submit.new_idempotency_key(),
         "queue_position": shaped["queue_position"],
         "estimated_start_at": shaped["estimated_start_at"],
         "depends_on": shaped["depends_on"],
@@ -116,6 +128,23 @@ def job_cancel(request, job_id):
     except services.ServiceError as error:
         messages.warning(request, error.message)
     return redirect("job-detail", job_id=job.pk)
+
+
+@login_required
+@require_POST
+def job_resubmit(request, job_id):
+    """The same spec as a new job, through the API's submit (apps/web/resubmit.py)."""
+    job = get_object_or_404(job_queryset(request.user), pk=job_id)
+    membership = membership_of(request.user)
+    if membership is None or not membership.can_submit:
+        return HttpResponseForbidden("Your role may not submit jobs.")
+    made, refused = resubmit.resubmit(job=job, membership=membership, user=request.user,
+                                      idempotency_key=request.POST.get("idempotency_key") or None)  # fmt: skip
+    if made is None:
+        messages.warning(request, f"Not resubmitted: {refused}")
+        return redirect("job-detail", job_id=job.pk)
+    messages.success(request, f"Resubmitted {job.name} as a new job.")
+    return redirect("job-detail", job_id=made.pk)
 
 
 @login_required
