@@ -22,7 +22,7 @@ from apps.jobs.api import job_queryset
 from apps.jobs.models import JOB_ACTIVE, JOB_TERMINAL, JobState, JobTemplate
 from apps.jobs.serializers import JobSerializer
 from apps.tenants.models import Tier
-from apps.web import resubmit, selectors, submit
+from apps.web import array_rows, resubmit, selectors, submit
 from apps.webhooks.models import Webhook, WebhookDelivery
 
 JOBS_PER_PAGE = 25
@@ -223,7 +223,9 @@ def array_detail(request, array_id):
     changeable = can_cancel(request.user, array)
     context = {
         "array": array, "counts": counts, "bar": selectors.state_bar(counts, array.size),
-        "done": sum(counts[s] for s in JOB_TERMINAL), "tasks": tasks, "state": state,
+        "done": sum(counts[s] for s in JOB_TERMINAL), "state": state,
+        "tasks": array_rows.task_rows(array, tasks, timezone.now()),
+        "shared_params": array_rows.shared_params(array),
         "states": JobState.values, "number": min(number, pages), "pages": pages, "total": total,
         "live": array.ended_at is None and array.cancelled_at is None,
         "can_cancel": changeable and array.cancelled_at is None and array.ended_at is None,

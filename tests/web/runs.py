@@ -9,9 +9,11 @@ from apps.jobs.models import GpuAllocation, Job, JobAttempt
 from apps.scheduling.dispatcher import dispatch_once
 
 
-def start(job: Job) -> JobAttempt:
-    """Place the job (dispatch) and report its one member started."""
-    dispatch_once()
+def start(job: Job, *, dispatch: bool = True) -> JobAttempt:
+    """Place the job (a dispatch pass, unless it was placed already) and report its one member
+    started."""
+    if dispatch:
+        dispatch_once()
     attempt = job.attempts.order_by("-number").first()
     assert attempt is not None, "the dispatcher placed nothing"
     services.attempt_member_started(attempt_id=attempt.pk, rank=0, token=str(attempt.token), pid=1)
