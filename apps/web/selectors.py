@@ -3,6 +3,7 @@ use against its caps and its GPU hours per day."""
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
@@ -99,7 +100,6 @@ def tenant_use(tenant: Tenant) -> dict:
 class DayHours:
     day: date
     hours: float
-    percent: int  # of the busiest day shown, for the bar
 
 
 def gpu_hours_by_day(
@@ -115,8 +115,43 @@ def gpu_hours_by_day(
     )
     for allocated_at, released_at in held.values_list("allocated_at", "released_at")[:50_000]:
         _spread(hours, max(allocated_at, start), released_at or now)
-    busiest = max(hours.values(), default=0) or 1
-    return [DayHours(day, round(h, 3), round(100 * h / busiest)) for day, h in hours.items()]
+    return [DayHours(day, round(h, 3)) for day, h in hours.items()]
+
+
+DAY_CHART = {"width": 560, "height": 190, "left": 46, "right": 8, "top": 16, "bottom": 34}
+MIN_AXIS_HOURS = 1.0  # a few GPU-minutes stay a small bar, not a full-height one
+
+
+def axis_top(busiest: float) -> float:
+    """The y axis's top: the busiest day rounded up to 1, 2 or 5 times a power of ten, at least
+    MIN_AXIS_HOURS."""
+    top = max(busiest, MIN_AXIS_HOURS)
+    power = 10 ** math.floor(math.log10(top))
+    return next(step * power for step in (1, 2, 5, 10) if step * power >= top - 1e-9)
+
+
+def day_chart(days: list[DayHours]) -> dict:
+    """The usage page's bars per day as an SVG chart: a y axis in GPU hours with three ticks,
+    one bar and one date label per day, all in the viewBox's units (no style, no script)."""
+    c = DAY_CHART
+    x0, x1 = c["left"], c["width"] - c["right"]
+    y0, y1 = c["height"] - c["bottom"], c["top"]
+    top = axis_top(max((d.hours for d in days), default=0.0))
+    slot = (x1 - x0) / max(len(days), 1)
+    bars = []
+    for i, d in enumerate(days):
+        height = d.hours / top * (y0 - y1)
+        middle = x0 + (i + 0.5) * slot
+        bars.append({
+            "day": d.day, "hours": d.hours, "x": round(x0 + i * slot + slot * 0.15, 1),
+            "width": round(slot * 0.7, 1), "y": round(y0 - height, 1), "height": round(height, 1),
+            "middle": round(middle, 1), "value_y": round(y0 - height - 3, 1),
+            "first_of_month": i == 0 or d.day.day == 1,
+        })  # fmt: skip
+    ticks = [{"y": round(y0 - f * (y0 - y1), 1), "label": f"{f * top:g}"} for f in (0, 0.5, 1)]
+    return {**c, "x0": x0, "x1": x1, "y0": y0, "y1": y1, "bars": bars, "ticks": ticks,
+            "label_x": x0 - 5, "day_y": y0 + 13, "month_y": y0 + 25, "top": top,
+            "title_x": 10, "title_y": round((y0 + y1) / 2, 1)}  # fmt: skip
 
 
 def _spread(hours: dict[date, float], begin: datetime, end: datetime) -> None:

@@ -194,6 +194,7 @@ def usage(request):
         context["admission"] = admission_usage(tenant=membership.tenant, user=request.user,
                                                limits=context["use"]["limits"])  # fmt: skip
         context["days"] = selectors.gpu_hours_by_day(membership.tenant)
+        context["day_chart"] = selectors.day_chart(context["days"])
         context["webhooks"] = Webhook.objects.filter(tenant=membership.tenant)
         context["deliveries"] = WebhookDelivery.objects.filter(
             webhook__tenant=membership.tenant
