@@ -127,7 +127,7 @@ def job_cancel(request, job_id):
         messages.success(request, "Job cancelled.")
     except services.ServiceError as error:
         messages.warning(request, error.message)
-    return redirect("job-detail", job_id=job.pk)
+    return redirect("web-job-detail", job_id=job.pk)
 
 
 @login_required
@@ -142,9 +142,9 @@ def job_resubmit(request, job_id):
                                       idempotency_key=request.POST.get("idempotency_key") or None)  # fmt: skip
     if made is None:
         messages.warning(request, f"Not resubmitted: {refused}")
-        return redirect("job-detail", job_id=job.pk)
+        return redirect("web-job-detail", job_id=job.pk)
     messages.success(request, f"Resubmitted {job.name} as a new job.")
-    return redirect("job-detail", job_id=made.pk)
+    return redirect("web-job-detail", job_id=made.pk)
 
 
 @login_required
@@ -161,8 +161,10 @@ def job_new(request):
             membership=membership, user=request.user, data=request.POST, template=template,
             workdir=request.FILES.get("workdir"),
         )  # fmt: skip
+        if outcome.array is not None:
+            return redirect("web-array-detail", array_id=outcome.array.pk)
         if outcome.job is not None:
-            return redirect("job-detail", job_id=outcome.job.pk)
+            return redirect("web-job-detail", job_id=outcome.job.pk)
     context = {
         "templates": templates,
         "template": template,
@@ -248,7 +250,7 @@ def array_cancel(request, array_id):
         messages.success(request, "Array cancelled: every task ends cancelled.")
     except services.ServiceError as error:
         messages.warning(request, error.message)
-    return redirect("array-detail", array_id=array.pk)
+    return redirect("web-array-detail", array_id=array.pk)
 
 
 @login_required
@@ -262,4 +264,4 @@ def array_requeue_failed(request, array_id):
         messages.success(request, f"{n} failed task(s) requeued.")
     except services.ServiceError as error:
         messages.warning(request, error.message)
-    return redirect("array-detail", array_id=array.pk)
+    return redirect("web-array-detail", array_id=array.pk)
