@@ -11,13 +11,15 @@
   var NEAR_END = 24; // pixels: at the end, give or take a line
   var logs = {};
 
+  function note(el) {
+    logs[el.id] = {
+      follow: el.scrollHeight - el.scrollTop - el.clientHeight < NEAR_END,
+      top: el.scrollTop,
+    };
+  }
+
   function remember(root) {
-    root.querySelectorAll("pre[data-follow][id]").forEach(function (el) {
-      logs[el.id] = {
-        follow: el.scrollHeight - el.scrollTop - el.clientHeight < NEAR_END,
-        top: el.scrollTop,
-      };
-    });
+    root.querySelectorAll("pre[data-follow][id]").forEach(note);
   }
 
   function follow(root) {
@@ -46,6 +48,14 @@
   document.addEventListener("htmx:beforeSwap", function (event) {
     remember(event.detail.target);
   });
+  // And at every scroll (scroll events do not bubble: caught on the way down), so a scroll that
+  // lands on a box just swapped in, before htmx has handed it over, still counts.
+  document.addEventListener("scroll", function (event) {
+    var el = event.target;
+    if (el instanceof Element && el.isConnected && el.matches("pre[data-follow][id]")) {
+      note(el);
+    }
+  }, true);
 
   if (window.htmx) {
     window.htmx.onLoad(apply);
