@@ -184,7 +184,7 @@ def job_times(job: Job, now: datetime) -> dict:
     }
 
 
-CHART = {"width": 320, "height": 130, "left": 38, "right": 10, "top": 8, "bottom": 24}
+CHART = {"width": 480, "height": 150, "left": 40, "right": 12, "top": 8, "bottom": 24}
 
 
 def progress_chart(job, now: datetime | None = None) -> dict | None:

@@ -109,6 +109,7 @@ def test_the_array_job_and_usage_pages_for_the_docs(sign_in, platform, shoot):
     assert "exit code 3" in page.inner_text("table.tasks")
     shoot(page, "array", full_page=True)
     page.goto("/jobs/")
+    assert _fits(page) == [], "the jobs table scrolls sideways on a laptop's screen"
     shoot(page, "jobs-list")
     page.goto("/usage/")
     page.wait_for_selector("#usage-chart")

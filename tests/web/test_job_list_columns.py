@@ -30,7 +30,8 @@ def test_a_row_shows_submitted_started_duration_user_and_gpu_hours(browser_as):
         row = _row(page, f'data-job="{job.pk}"')
         assert ">1 h 30 min</td>" in row and ">3.00</td>" in row and ">bob</td>" in row, row
         assert job.created_at.strftime("%Y-%m-%d %H:%M:%S") in row
-        assert job.started_at.strftime("%Y-%m-%d %H:%M:%S") in row
+        assert job.started_at.strftime("%Y-%m-%d %H:%M:%S") in row  # in full in its title
+        assert f">{job.started_at.strftime('%b %-d %H:%M')}</td>" in row
 
 
 def test_a_running_job_shows_its_time_so_far_and_a_queued_one_none(browser_as):

@@ -12,7 +12,7 @@ def duration(value) -> str:
     """3725 s (or a timedelta) as "1 h 02 min", 65 s as "1 min 05 s", 7 s as "7 s"; "" for none."""
     if value is None or value == "":
         return ""
-    seconds = int(value.total_seconds() if isinstance(value, timedelta) else float(value))
+    seconds = round(value.total_seconds() if isinstance(value, timedelta) else float(value))
     seconds = max(0, seconds)
     hours, rest = divmod(seconds, 3600)
     minutes, secs = divmod(rest, 60)
