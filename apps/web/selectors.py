@@ -227,7 +227,9 @@ def progress_chart(job, now: datetime | None = None) -> dict | None:
 
 
 def _short(seconds: float) -> str:
-    """An axis label: 0 s, 45 s, 2.5 min, 1.2 h."""
+    """An axis label: 0 s, 1.5 s, 45 s, 2.5 min, 1.2 h."""
+    if seconds < 10:
+        return f"{seconds:.1f}".removesuffix(".0") + " s"
     if seconds < 90:
         return f"{seconds:.0f} s"
     if seconds < 5400:
