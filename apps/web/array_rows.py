@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from apps.jobs import arrays as array_tasks
+from apps.jobs import dependencies
 from apps.jobs.arrayspec import task_params
 from apps.jobs.models import Job, JobArray, JobState
 from apps.web.selectors import running_time, without_exit_code
@@ -39,10 +40,16 @@ def shared_params(array: JobArray) -> dict:
     return {k: v for k, v in (array.task.get("params") or {}).items() if k not in own}
 
 
+QUEUED = "not yet a job: made when the dispatcher can start it"
+
+
 def task_rows(array: JobArray, tasks: list, now: datetime) -> list[TaskRow]:
     own = varying(array)
+    waits = QUEUED
+    if array.held_by_dependencies and any(not isinstance(task, Job) for task in tasks):
+        waits = dependencies.array_waiting_reason(array)  # once a page: one statement
     return [
-        _row(task, own, now) if isinstance(task, Job) else _virtual(array, task, own)
+        _row(task, own, now) if isinstance(task, Job) else _virtual(array, task, own, waits)
         for task in tasks
     ]
 
@@ -68,14 +75,14 @@ def _result(job: Job) -> str:
     return job.reason
 
 
-def _virtual(array: JobArray, task: array_tasks.VirtualTask, own: set[str]) -> TaskRow:
+def _virtual(array: JobArray, task: array_tasks.VirtualTask, own: set[str], waits: str) -> TaskRow:
     state = array_tasks.virtual_state(array)
     if state == JobState.CANCELLED:
         result = NEVER_STARTED
     elif state == JobState.FAILED:
         result = array.failed_reason
     else:
-        result = "not yet a job: made when the dispatcher can start it"
+        result = waits
     params = task_params({}, array.params, array.grid, task.position) if own else {}
     return TaskRow(index=task.index, id=str(task.pk), job=None, state=state, progress=0.0,
                    params=params, run_seconds=None, result=result)  # fmt: skip

@@ -53,3 +53,13 @@ def test_a_task_that_never_started_reads_as_cancelled(as_user, browser_as):
     for index, row in rows.items():
         assert 'data-state="cancelled"' in row and "cancelled before it started" in row, index
         assert "made when the dispatcher can start it" not in row
+
+
+def test_a_held_arrays_tasks_say_what_they_wait_for(as_user, browser_as):
+    parent = as_user("bob").post("/api/v1/jobs/", TRAIN, format="json").json()
+    body = {**TRAIN, "array": "0-2", "depends_on": [{"job": parent["id"]}]}
+    made = as_user("bob").post("/api/v1/jobs/", body, format="json").json()
+    rows = _rows(browser_as("bob").get(f"/arrays/{made['id']}/").content.decode())
+    assert len(rows) == 3
+    for row in rows.values():
+        assert parent["id"] in row and "made when the dispatcher can start it" not in row, row
