@@ -77,7 +77,7 @@ def secret_list(request):
             form.add_error(error.field, error.message)
         else:
             messages.success(request, f"Secret {form.cleaned_data['name']} created.")
-            return redirect("secret-list")
+            return redirect("web-secret-list")
     return _page(request, membership, form, status=400)
 
 
@@ -99,7 +99,7 @@ def secret_replace_page(request, name: str):
         messages.error(request, f"Secret {name} not replaced: {error.field} {error.message}.")
         return _page(request, membership, SecretForm(), status=400)
     messages.success(request, f"Secret {name} replaced.")
-    return redirect("secret-list")
+    return redirect("web-secret-list")
 
 
 @login_required
@@ -111,4 +111,4 @@ def secret_delete_page(request, name: str):
         return HttpResponseForbidden("only tenant admins may delete secrets")
     secret_delete(secret=secret, user=request.user)
     messages.success(request, f"Secret {name} deleted.")
-    return redirect("secret-list")
+    return redirect("web-secret-list")

@@ -35,7 +35,8 @@ from apps.tenants.models import Membership
 
 PARAM_PREFIX = "param_"
 FORM_FIELDS = {"template", "params", "name", "gpus", "nodes", "gpu_sku", "tier", "command", "workdir",
-               "bundle", "env", "python", "secrets", "depends_on"}  # fmt: skip
+               "bundle", "env", "python", "secrets", "depends_on", "max_runtime_seconds", "array",
+               "array_params", "array_grid"}  # fmt: skip
 DEPENDENCY_SHAPE = (
     f"write [condition:][job:|array:]<id>, the condition one of {', '.join(dependencies.CONDITIONS)} "
     "(afterok if left out)"
@@ -137,6 +138,20 @@ def own_code_body(data: QueryDict, workdir: UploadedFile | None, membership: Mem
     return body
 
 
+def env_body(data: QueryDict) -> dict[str, str]:
+    """The environment box: one NAME=value a line (blank lines skipped), as the body's `env`;
+    the API checks the names and values."""
+    env: dict[str, str] = {}
+    for number, line in enumerate(data.get("env", "").splitlines(), start=1):
+        if not line.strip():
+            continue
+        name, equals, value = line.partition("=")
+        if not equals or not name.strip():
+            raise FormRefused({"env": [f"line {number}: write NAME=value"]})
+        env[name.strip()] = value
+    return env
+
+
 def dependency_entries(data: QueryDict) -> list[str]:
     """The dependencies as typed, one string each."""
     return data.get("depends_on", "").replace(",", " ").split()
@@ -180,6 +195,9 @@ def submission_body(data: QueryDict, template: JobTemplate | None,
         if raw:
             body[key] = raw
     body["gpu_sku"] = data.get("gpu_sku", "").strip() or None
+    array = data.get("array", "").strip()
+    if array:
+        body["array"] = array  # Slurm's syntax, "0-99%8" (docs/arrays.md)
     if template is not None and own_code is None:
         body["params"] = _params(data, template)
     return body
@@ -203,6 +221,7 @@ def _params(data: QueryDict, template: JobTemplate) -> dict:
 @dataclass
 class Outcome:
     job: Job | None = None
+    array: JobArray | None = None
     errors: dict[str, list[str]] = field(default_factory=dict)
     param_errors: dict[str, list[str]] = field(default_factory=dict)
 
@@ -214,6 +233,9 @@ def submit(*, membership: Membership, user, data: QueryDict, template: JobTempla
         depends_on = depends_on_body(entries, membership.tenant)
         own_code = own_code_body(data, workdir, membership, user)
         body = submission_body(data, template, own_code, depends_on)
+        env = env_body(data)
+        if env:
+            body["env"] = env
     except FormRefused as refused:
         return Outcome(errors=refused.errors)
     try:
@@ -227,7 +249,7 @@ def submit(*, membership: Membership, user, data: QueryDict, template: JobTempla
         if error.retry_after:
             message += f" (try again in {error.retry_after} s)"
         return Outcome(errors={error.field if error.field in FORM_FIELDS else "form": [message]})
-    return Outcome(job=submitted.job)
+    return Outcome(job=submitted.job, array=submitted.array)
 
 
 def _spread_errors(errors: dict, entries: list[str]) -> Outcome:

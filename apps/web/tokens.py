@@ -55,4 +55,4 @@ def token_revoke(request, token_id: int):
     token = get_object_or_404(ApiToken, pk=token_id, user=request.user, revoked_at__isnull=True)
     tokens.token_revoke(user=request.user, token_id=token.pk)
     messages.success(request, f"Token {token.name} revoked.")
-    return redirect("token-list")
+    return redirect("web-token-list")

@@ -11,6 +11,7 @@ from django.core.paginator import Paginator
 from django.db.models import Q
 from django.http import HttpResponseForbidden
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from apps.admission.usage import admission_usage
@@ -21,7 +22,7 @@ from apps.jobs.api import job_queryset
 from apps.jobs.models import JOB_ACTIVE, JOB_TERMINAL, JobState, JobTemplate
 from apps.jobs.serializers import JobSerializer
 from apps.tenants.models import Tier
-from apps.web import selectors, submit
+from apps.web import array_rows, resubmit, selectors, submit
 from apps.webhooks.models import Webhook, WebhookDelivery
 
 JOBS_PER_PAGE = 25
@@ -33,6 +34,7 @@ def _jobs_table(request, jobs):
     page = Paginator(jobs, JOBS_PER_PAGE).get_page(request.GET.get("page"))
     rows = list(page.object_list)
     selectors.fold_arrays(rows)  # an array's row: its first task, shown as the array
+    selectors.add_row_times(rows)
     live = any(
         job.state in JOB_ACTIVE or getattr(job, "array_row", {}).get("state") == "active"
         for job in rows
@@ -49,7 +51,9 @@ def _folded(request, jobs):
 @login_required
 def dashboard(request):
     membership = membership_of(request.user)
-    jobs = visible_jobs(request.user).select_related("tier", "gpu_sku").order_by("-created_at")
+    jobs = (
+        visible_jobs(request.user).select_related("tier", "gpu_sku", "user").order_by("-created_at")
+    )
     context = _jobs_table(request, _folded(request, jobs)[:10])
     context.update(membership=membership, capacity=selectors.capacity_by_sku())
     if membership is not None:
@@ -62,7 +66,9 @@ def dashboard(request):
 @login_required
 def job_list(request):
     state, tier = request.GET.get("state", ""), request.GET.get("tier", "")
-    jobs = visible_jobs(request.user).select_related("tier", "gpu_sku").order_by("-created_at")
+    jobs = (
+        visible_jobs(request.user).select_related("tier", "gpu_sku", "user").order_by("-created_at")
+    )
     if state in JobState.values:
         jobs = jobs.filter(state=state)  # tasks of arrays too, each its own row
     else:
@@ -81,13 +87,24 @@ def job_list(request):
 def job_detail(request, job_id):
     job = get_object_or_404(job_queryset(request.user), pk=job_id)
     shaped = JobSerializer(job).data
+    now = timezone.now()
+    # The exit code is shown once, beside the state: reasons that only repeat it read as none.
+    events = list(job.events.filter(kind="state").order_by("created_at", "id"))
+    attempts = list(job.attempts.all())
+    for row in events + attempts:
+        row.shown_reason = selectors.without_exit_code(row.reason)
+    membership = membership_of(request.user)
     context = {
         "job": job,
-        "attempts": job.attempts.all(),
-        "events": job.events.filter(kind="state").order_by("created_at", "id"),
+        "reason": selectors.without_exit_code(job.reason),
+        "times": selectors.job_times(job, now),
+        "attempts": attempts,
+        "events": events,
         "artifacts": job.artifacts.all(),
         "log": selectors.log_tail(job),
-        "chart": selectors.progress_chart(job),
+        "chart": selectors.progress_chart(job, now),
+        "can_resubmit": membership is not None and membership.can_submit,
+        "idempotency_key": submit.new_idempotency_key(),
         "queue_position": shaped["queue_position"],
         "estimated_start_at": shaped["estimated_start_at"],
         "depends_on": shaped["depends_on"],
@@ -110,7 +127,24 @@ def job_cancel(request, job_id):
         messages.success(request, "Job cancelled.")
     except services.ServiceError as error:
         messages.warning(request, error.message)
-    return redirect("job-detail", job_id=job.pk)
+    return redirect("web-job-detail", job_id=job.pk)
+
+
+@login_required
+@require_POST
+def job_resubmit(request, job_id):
+    """The same spec as a new job, through the API's submit (apps/web/resubmit.py)."""
+    job = get_object_or_404(job_queryset(request.user), pk=job_id)
+    membership = membership_of(request.user)
+    if membership is None or not membership.can_submit:
+        return HttpResponseForbidden("Your role may not submit jobs.")
+    made, refused = resubmit.resubmit(job=job, membership=membership, user=request.user,
+                                      idempotency_key=request.POST.get("idempotency_key") or None)  # fmt: skip
+    if made is None:
+        messages.warning(request, f"Not resubmitted: {refused}")
+        return redirect("web-job-detail", job_id=job.pk)
+    messages.success(request, f"Resubmitted {job.name} as a new job.")
+    return redirect("web-job-detail", job_id=made.pk)
 
 
 @login_required
@@ -127,8 +161,10 @@ def job_new(request):
             membership=membership, user=request.user, data=request.POST, template=template,
             workdir=request.FILES.get("workdir"),
         )  # fmt: skip
+        if outcome.array is not None:
+            return redirect("web-array-detail", array_id=outcome.array.pk)
         if outcome.job is not None:
-            return redirect("job-detail", job_id=outcome.job.pk)
+            return redirect("web-job-detail", job_id=outcome.job.pk)
     context = {
         "templates": templates,
         "template": template,
@@ -160,6 +196,7 @@ def usage(request):
         context["admission"] = admission_usage(tenant=membership.tenant, user=request.user,
                                                limits=context["use"]["limits"])  # fmt: skip
         context["days"] = selectors.gpu_hours_by_day(membership.tenant)
+        context["day_chart"] = selectors.day_chart(context["days"])
         context["webhooks"] = Webhook.objects.filter(tenant=membership.tenant)
         context["deliveries"] = WebhookDelivery.objects.filter(
             webhook__tenant=membership.tenant
@@ -189,7 +226,9 @@ def array_detail(request, array_id):
     changeable = can_cancel(request.user, array)
     context = {
         "array": array, "counts": counts, "bar": selectors.state_bar(counts, array.size),
-        "done": sum(counts[s] for s in JOB_TERMINAL), "tasks": tasks, "state": state,
+        "done": sum(counts[s] for s in JOB_TERMINAL), "state": state,
+        "tasks": array_rows.task_rows(array, tasks, timezone.now()),
+        "shared_params": array_rows.shared_params(array),
         "states": JobState.values, "number": min(number, pages), "pages": pages, "total": total,
         "live": array.ended_at is None and array.cancelled_at is None,
         "can_cancel": changeable and array.cancelled_at is None and array.ended_at is None,
@@ -211,7 +250,7 @@ def array_cancel(request, array_id):
         messages.success(request, "Array cancelled: every task ends cancelled.")
     except services.ServiceError as error:
         messages.warning(request, error.message)
-    return redirect("array-detail", array_id=array.pk)
+    return redirect("web-array-detail", array_id=array.pk)
 
 
 @login_required
@@ -225,4 +264,4 @@ def array_requeue_failed(request, array_id):
         messages.success(request, f"{n} failed task(s) requeued.")
     except services.ServiceError as error:
         messages.warning(request, error.message)
-    return redirect("array-detail", array_id=array.pk)
+    return redirect("web-array-detail", array_id=array.pk)
