@@ -1,11 +1,18 @@
-"""What a member starts with: its argv's `{python}` and its environment (the contract's names,
-../shared/API.md)."""
+"""What a member starts with: its argv's `{python}`, its environment (the contract's names,
+../shared/API.md) and its PATH, where `python` is always a Python 3.
+
+Every member is one process the platform starts, so in a launcher's words each member is a
+node of its own: `NODE_RANK` is its rank, `NNODES` the gang's size, `LOCAL_RANK` 0 and
+`LOCAL_WORLD_SIZE` 1. `torchrun --nnodes=$NNODES --node_rank=$NODE_RANK --nproc_per_node=G`
+inside a member starts its G processes and sets their own RANK, LOCAL_RANK and WORLD_SIZE.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import pathlib
+import shutil
 import sys
 
 from workers.run import Run
@@ -19,13 +26,37 @@ INTERPRETER_DIRS = {
 }
 
 
+def python3() -> pathlib.Path:
+    """The Python 3 a job's `python` runs where its environment has none: the `python3` of the
+    job's PATH (the one the job would find itself), else the agent's own interpreter."""
+    found = shutil.which("python3", path=SYSTEM_PATH)
+    return pathlib.Path(found) if found else pathlib.Path(sys.executable)
+
+
+def make_python_dir(data_dir: pathlib.Path) -> pathlib.Path:
+    """`<data dir>/bin` holding `python` (a link to `python3()`), on every job's PATH after its
+    environment's own bin: a distribution with no `python` (Debian, Ubuntu) or a Python 2 one
+    still gives the job a Python 3 under that name. Made anew at each agent start (the host's
+    Python may have moved); read-only to jobs (root's, 0755), reached through the fence as the
+    job's other dirs are."""
+    bin_dir = data_dir / "bin"
+    bin_dir.mkdir(mode=0o755, exist_ok=True)
+    bin_dir.chmod(0o755)
+    link = bin_dir / "python"
+    tmp = bin_dir / ".python.tmp"
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(python3())
+    os.replace(tmp, link)
+    return bin_dir
+
+
 def argv(run: Run) -> list[str]:
     """The member's argv, `{python}` its environment's interpreter, else the agent's."""
     python = str(run.env_dir / "bin" / "python") if run.env_dir else sys.executable
     return [python if part == "{python}" else part for part in run.assignment.argv]
 
 
-def environment(run: Run, *, node: str, output: pathlib.Path, control: pathlib.Path, resume: str,
+def environment(run: Run, *, node: str, python_dir: pathlib.Path, output: pathlib.Path, control: pathlib.Path, resume: str,
                 visible_devices: str, device_dir: pathlib.Path | None) -> dict[str, str]:  # fmt: skip
     """The member's whole environment: nothing of the agent's but ENV_PASSTHROUGH."""
     a = run.assignment
@@ -34,7 +65,7 @@ def environment(run: Run, *, node: str, output: pathlib.Path, control: pathlib.P
     # sets always wins (the platform refuses them at submit anyway).
     env.update({str(k): str(v) for k, v in (getattr(a, "env", None) or {}).items()})
     env.update(run.secret_values)
-    path = SYSTEM_PATH
+    path = f"{python_dir}:{SYSTEM_PATH}"
     if run.env_dir is not None:
         path = f"{run.env_dir / 'bin'}:{path}"
         env["VIRTUAL_ENV"] = str(run.env_dir)
@@ -43,6 +74,7 @@ def environment(run: Run, *, node: str, output: pathlib.Path, control: pathlib.P
         LANG="C.UTF-8", PYTHONUNBUFFERED="1", PYTHONPATH=str(SDK_DIR),
         CUDA_VISIBLE_DEVICES=visible_devices,
         RANK=str(a.rank), LOCAL_RANK="0", WORLD_SIZE=str(a.world_size),
+        NODE_RANK=str(a.rank), NNODES=str(a.world_size), LOCAL_WORLD_SIZE="1",
         MASTER_ADDR=a.master_addr, MASTER_PORT=str(a.master_port),
         GPUPLATFORM_NODE=node, GPUPLATFORM_JOB_ID=a.job_id,
         GPUPLATFORM_ATTEMPT_ID=str(a.attempt_id), GPUPLATFORM_ATTEMPT=str(a.attempt_number),

@@ -69,6 +69,7 @@ class Runner:
         self.state_file = self.agent_dir / "runs.json"
         self._saved_groups: list[int] | None = None  # what state_file holds (None: not written yet)
         self._tighten_data_dir()
+        self.python_dir = jobenv.make_python_dir(data_dir)  # `python` on every job's PATH
         self.device_dir = self._device_dir(fake_gpus)
         self.runs: dict[tuple[int, int], Run] = {}
         from workers.prepare import Preparer
@@ -351,7 +352,7 @@ class Runner:
         resume = self._resume_from(run)
         argv = jobenv.argv(run)
         env = jobenv.environment(
-            run, node=self.node, output=output, control=control, resume=resume,
+            run, node=self.node, python_dir=self.python_dir, output=output, control=control, resume=resume,
             visible_devices=self._visible_devices(a.gpu_indices),
             device_dir=self.device_dir if self.fake_devices else None,
         )  # fmt: skip
@@ -488,7 +489,7 @@ class Runner:
         the platform's `{python}` stands for, and its own GPUs' device files. Never a path the
         job names (its argv): that would bind back whatever a cover hides."""
         assert run.checkpoint_dir is not None
-        paths = [run.workdir, run.checkpoint_dir, SDK_DIR, *own_gpus]
+        paths = [run.workdir, run.checkpoint_dir, SDK_DIR, self.python_dir, *own_gpus]
         if run.env_dir is not None:
             paths.append(run.env_dir)  # read-only for every job (workers/envs.py)
         return paths + list(INTERPRETER_DIRS)
