@@ -154,6 +154,11 @@ def parser() -> argparse.ArgumentParser:
             )
         if name == "artifacts":
             command.add_argument("--download", metavar="DIR", help="save every artifact into DIR")
+        if name == "logs":
+            command.add_argument("--rank", type=int, metavar="N",
+                                 help="gang member N's log (default 0, the leader)")  # fmt: skip
+            command.add_argument("--attempt", type=int, metavar="N",
+                                 help="only attempt N's log (default: every attempt's)")  # fmt: skip
 
     secrets = commands.add_parser("secrets", help="your tenant's secrets (values are write-only)")
     actions = secrets.add_subparsers(dest="action", required=True)
@@ -480,7 +485,7 @@ def cmd_show(client: Client, args) -> int:
 
 
 def cmd_logs(client: Client, args) -> int:
-    sys.stdout.write(client.logs(args.job_id))
+    sys.stdout.write(client.logs(args.job_id, rank=args.rank, attempt=args.attempt))
     return 0
 
 
