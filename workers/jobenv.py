@@ -75,7 +75,7 @@ def environment(run: Run, *, node: str, python_dir: pathlib.Path, output: pathli
         CUDA_VISIBLE_DEVICES=visible_devices,
         RANK=str(a.rank), LOCAL_RANK="0", WORLD_SIZE=str(a.world_size),
         NODE_RANK=str(a.rank), NNODES=str(a.world_size), LOCAL_WORLD_SIZE="1",
-        MASTER_ADDR=a.master_addr, MASTER_PORT=str(a.master_port),
+        MASTER_ADDR=a.master_addr, MASTER_PORT=str(run.master_port or a.master_port),
         GPUPLATFORM_NODE=node, GPUPLATFORM_JOB_ID=a.job_id,
         GPUPLATFORM_ATTEMPT_ID=str(a.attempt_id), GPUPLATFORM_ATTEMPT=str(a.attempt_number),
         GPUPLATFORM_PARAMS=json.dumps(a.params), GPUPLATFORM_OUTPUT_DIR=str(output),

@@ -49,6 +49,7 @@ class Run:
     bundle_lease: object | None = None
     env_dir: pathlib.Path | None = None
     secret_values: dict[str, str] = field(default_factory=dict, repr=False)
+    master_port: int = 0  # MASTER_PORT: leased here for rank 0 (workers/ports.py), else rank 0's
 
     @property
     def key(self) -> tuple[int, int]:
@@ -94,3 +95,8 @@ class Reporter:
 
     def fetch_inputs(self, run: Run, dest_dir: pathlib.Path) -> None:
         """Put the artifacts of the job's parents in dest_dir (docs/pipelines.md)."""
+
+    def leader_port(self, run: Run) -> int | None:
+        """The MASTER_PORT rank 0's agent leased for the member's attempt: 0 not yet, None when
+        the member is no longer placed here."""
+        return run.assignment.master_port

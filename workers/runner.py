@@ -32,7 +32,7 @@ import time
 from apps.platform.agent_protocol import Assignment
 from apps.platform.names import EndReason, StopReason
 from workers import isolation as fence
-from workers import jobenv, joblog, reaper
+from workers import jobenv, joblog, ports, reaper
 from workers.forkserver import ForkServer, LaunchFailed
 from workers.jobenv import INTERPRETER_DIRS, SDK_DIR
 from workers.run import Reporter, Run
@@ -81,6 +81,7 @@ class Runner:
         self.ended: dict[tuple[int, int], None] = {}
         self.lock = threading.RLock()
         self.reaper: reaper.Reaper | None = None
+        self.ports: ports.PortLeases | None = None  # MASTER_PORT leases, made on first use
         self._spawn_requests: queue.Queue = queue.Queue()
         # Forks the fenced jobs (workers/forkserver.py): started by the launcher thread, whose
         # end (the agent's) its parent-death signal follows.
@@ -141,6 +142,10 @@ class Runner:
                       log_path=self.data_dir / "logs" / assignment.job_id / f"{member}.log",
                       checkpoint_dir=self._checkpoint_dir(assignment))  # fmt: skip
             self.runs[key] = run
+        if assignment.rank == 0:
+            self._lease_port(run)
+            if run.launch_error:
+                return True  # the next tick reports it
         done = threading.Event()
         if self.preparer.needed(assignment):
             # Fetching, unpacking, building an environment may take minutes: on a thread of its
@@ -152,6 +157,16 @@ class Runner:
         self._spawn_requests.put((run, done))
         done.wait(30)
         return True
+
+    def _lease_port(self, run: Run) -> None:
+        """Rank 0 listens on MASTER_PORT: a port of this host's, free, for as long as it runs."""
+        if self.ports is None:
+            self.ports = ports.PortLeases()
+        try:
+            run.master_port = self.ports.lease()
+        except ports.NoFreePort as error:
+            log.error("attempt %s rank %s: %s", *run.key, error)
+            run.failure, run.launch_error = "lost", str(error)  # retried, on this node or another
 
     def _prepare_then_spawn(self, run: Run, done: threading.Event) -> None:
         if self.preparer.prepare(self, run):
@@ -296,6 +311,8 @@ class Runner:
             run.finished = False
             return
         self.preparer.release(run)
+        if run.master_port and run.assignment.rank == 0 and self.ports is not None:
+            self.ports.release(run.master_port)
         with self.lock:
             self.runs.pop(run.key, None)
             self._remember_ended(run.key)

@@ -39,7 +39,7 @@ from rest_framework.views import APIView
 from apps.bundles.models import Bundle
 from apps.jobs import checkpoints, dependencies
 from apps.jobs import services as jobs
-from apps.jobs.models import ATTEMPT_ACTIVE, AttemptMember
+from apps.jobs.models import ATTEMPT_ACTIVE, AttemptMember, JobAttempt
 from apps.jobs.selectors import assignment_for, members_on, open_members_on
 from apps.nodes.broker import node_broker_url
 from apps.nodes.credentials import credential_node, message_key
@@ -362,6 +362,7 @@ class FinishedReport(CheckpointReport):
 
 class StartedReport(serializers.Serializer):
     pid = serializers.IntegerField(min_value=0)
+    master_port = serializers.IntegerField(min_value=1, max_value=65535, required=False)
 
 
 class LostReport(serializers.Serializer):
@@ -375,6 +376,12 @@ class LostReport(serializers.Serializer):
 
 
 def _started(reported: jobs.ReportedMember, data: dict) -> bool:
+    attempt = reported.member.attempt  # rank 0's port, once: the other members wait for it
+    if reported.member.rank == 0 and data.get("master_port") and attempt.master_port is None:
+        JobAttempt.objects.filter(pk=attempt.pk, master_port=None).update(
+            master_port=data["master_port"]
+        )
+        attempt.master_port = data["master_port"]
     return jobs.member_started(reported, pid=data["pid"])
 
 
