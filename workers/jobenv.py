@@ -56,8 +56,9 @@ def argv(run: Run) -> list[str]:
     return [python if part == "{python}" else part for part in run.assignment.argv]
 
 
-def environment(run: Run, *, node: str, python_dir: pathlib.Path, output: pathlib.Path, control: pathlib.Path, resume: str,
-                visible_devices: str, device_dir: pathlib.Path | None) -> dict[str, str]:  # fmt: skip
+def environment(run: Run, *, node: str, python_dir: pathlib.Path, output: pathlib.Path,
+                control: pathlib.Path, resume: str, visible_devices: str,
+                device_dir: pathlib.Path | None) -> dict[str, str]:  # fmt: skip
     """The member's whole environment: nothing of the agent's but ENV_PASSTHROUGH."""
     a = run.assignment
     env = {k: os.environ[k] for k in ENV_PASSTHROUGH if k in os.environ}
