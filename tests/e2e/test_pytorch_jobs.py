@@ -111,7 +111,11 @@ def test_a_gang_keeps_each_ranks_bytes_or_directory_through_preemption(platform)
     assert shown.stdout == log(platform, job["id"], rank=1, attempt=2)
     every = cli(platform, "logs", job["id"], "--rank", "1").stdout
     assert every.startswith("=== attempt 1 ===\n") and every.count("env RANK=1 NODE_RANK=1") == 2
-    assert every.index("rank 1 checkpointed") < every.index("=== attempt 2 ===") < every.index("rank 1 done")
+    assert (
+        every.index("rank 1 checkpointed")
+        < every.index("=== attempt 2 ===")
+        < every.index("rank 1 done")
+    )
     assert platform.get("bob", f"/api/v1/jobs/{job['id']}/logs/?rank=2").status_code == 404
 
 
