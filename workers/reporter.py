@@ -293,6 +293,9 @@ class HttpReporter(Reporter):
         """Download the artifacts of the job's parents (workers/inputs.py)."""
         inputs.fetch(self.api, run.assignment, dest_dir)
 
+    def store_checkpoint(self, run: Run, checkpoint: str) -> None:
+        self._store_checkpoint(run, checkpoint)
+
     def _store_checkpoint(self, run: Run, checkpoint: str) -> str:
         """Upload the job's checkpoint file when it changed; the stored name ("" when none or unsafe)."""
         if not checkpoint:

@@ -96,6 +96,9 @@ class Reporter:
     def fetch_inputs(self, run: Run, dest_dir: pathlib.Path) -> None:
         """Put the artifacts of the job's parents in dest_dir (docs/pipelines.md)."""
 
+    def store_checkpoint(self, run: Run, checkpoint: str) -> None:
+        """Store the member's checkpoint file now (a rank other than 0, as it saves it)."""
+
     def leader_port(self, run: Run) -> int | None:
         """The MASTER_PORT rank 0's agent leased for the member's attempt: 0 not yet, None when
         the member is no longer placed here."""

@@ -628,6 +628,7 @@ class Runner:
 
     def _report_progress(self, run: Run) -> None:
         if run.assignment.rank != 0:
+            self._store_checkpoint(run)
             return
         progress = joblog.read_control(run, "progress.json").get("progress")
         checkpoint = joblog.checkpoint_path(run)
@@ -639,6 +640,20 @@ class Runner:
             run.reported_progress = current
         except Exception:
             log.warning("progress report failed for %s", run.key, exc_info=True)
+
+    def _store_checkpoint(self, run: Run) -> None:
+        """A gang's other ranks report no progress, but their checkpoints are stored as they
+        save them (not only at their end): a member lost with its node still resumes."""
+        marker = joblog.read_control(run, "checkpoint.json")
+        saved = (marker.get("path"), marker.get("at"))
+        store = getattr(self.reporter, "store_checkpoint", None)  # tests' reporters may lack it
+        if store is None or not saved[0] or saved == run.reported_progress:
+            return
+        try:
+            store(run, str(saved[0]))
+            run.reported_progress = saved
+        except Exception:
+            log.warning("checkpoint upload failed for %s", run.key, exc_info=True)
 
     def _sync_log(self, run: Run, force: bool = False) -> None:
         try:

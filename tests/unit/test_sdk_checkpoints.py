@@ -11,6 +11,7 @@ import tarfile
 
 import pytest
 
+from tests.unit.test_runner import Recorder, Work, run_until_finished, runner  # noqa: F401
 from workers.sdk import gpuplatform_job as job
 
 sys.modules.setdefault("gpuplatform_job", job)
@@ -129,3 +130,24 @@ def test_torch_save_and_load_through_a_checkpoint_file(attempt):
     again = torch.nn.Linear(4, 2)
     again.load_state_dict(state["model"])
     assert state["step"] == 3 and torch.equal(again.weight, model.weight)
+
+
+class Storing(Recorder):
+    def store_checkpoint(self, run, checkpoint):
+        self.events.append(("stored", pathlib.Path(checkpoint).read_bytes()))
+
+
+def test_a_rank_other_than_0_has_its_checkpoint_stored_as_it_saves_it(runner):  # noqa: F811
+    """Not only at its end: a member lost with its node still has its last save stored."""
+    runner.reporter = Storing()
+    code = (
+        "import time, gpuplatform_job as job\n"
+        "job.save_checkpoint_bytes(b'one', name='shard.bin'); time.sleep(1.0)\n"
+        "job.save_checkpoint_bytes(b'two', name='shard.bin'); time.sleep(1.0)\n"
+    )
+    runner.launch(Work(argv=["{python}", "-c", code], rank=1, world_size=2))
+    assert run_until_finished(runner)[1:] == (0, "")
+    events = runner.reporter.events
+    stored = [e[1] for e in events if e[0] == "stored"]
+    assert stored[-1] == b"two" and set(stored) <= {b"one", b"two"}  # each save, once seen
+    assert events.index(("stored", b"two")) < events.index(run_until_finished(runner))
