@@ -67,7 +67,15 @@ class PortLeases:
     def __init__(self, directory: pathlib.Path | None = None, ports: tuple[int, int] | None = None):
         self.directory = directory or lock_dir()
         self.first, self.last = ports or port_range()
-        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError:  # no /run (a bare container): every agent of the host falls back alike
+            if directory is not None:
+                raise
+            self.directory = (
+                pathlib.Path(tempfile.gettempdir()) / f"gpuplatform-ports-{os.geteuid()}"
+            )
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._held: dict[int, int] = {}  # port -> the lock file's fd
         self._lock = threading.Lock()
         self._next = 0  # round robin: a port just given back rests while others are free

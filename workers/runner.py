@@ -160,11 +160,11 @@ class Runner:
 
     def _lease_port(self, run: Run) -> None:
         """Rank 0 listens on MASTER_PORT: a port of this host's, free, for as long as it runs."""
-        if self.ports is None:
-            self.ports = ports.PortLeases()
         try:
+            if self.ports is None:
+                self.ports = ports.PortLeases()
             run.master_port = self.ports.lease()
-        except ports.NoFreePort as error:
+        except (ports.NoFreePort, OSError, ValueError) as error:  # none free; a bad setting
             log.error("attempt %s rank %s: %s", *run.key, error)
             run.failure, run.launch_error = "lost", str(error)  # retried, on this node or another
 

@@ -120,3 +120,20 @@ def test_rank_0s_start_report_gives_its_gang_the_port(cast, tmp_path):  # noqa: 
     assert HttpReporter(api0).started(leader)
     assert HttpReporter(api1).leader_port(waiting) == 29777
     assert api0.assignment(attempt.pk, 0, str(attempt.token)).master_port == 29777
+
+
+def test_with_no_free_port_rank_0_never_starts_and_is_reported_lost(runner, leases):  # noqa: F811
+    runner.ports = leases(41010, 41010)
+    taken = leases(41010, 41010)
+    assert taken.lease() == 41010  # another agent of the host holds the only one
+    failures = []
+    runner.reporter.finished = lambda run, *_: (  # the HTTP reporter sends "lost" for these
+        failures.append(run.failure),
+        Recorder.finished(runner.reporter, run, *_),
+    )
+    runner.launch(Work(argv=["{python}", "-c", "print('ran')"], world_size=2))
+    finish = run_until_finished(runner)
+    assert failures == ["lost"]
+    assert finish[1:] == (127, "no free port for MASTER_PORT in 41010-41010")
+    assert not any(e[0] == "started" for e in runner.reporter.events)
+    assert next(iter(runner.ended)) == (1, 0) and runner.runs == {}
