@@ -136,7 +136,7 @@ class Preparer:
                 return
             if time.monotonic() > deadline:
                 raise Failed(f"rank 0 gave no MASTER_PORT within {LEADER_PORT_WAIT:.0f}s", LOST)
-            time.sleep(0.2)
+            time.sleep(0.5)  # a read of the member's assignment: gentle with a large gang
 
     def _secrets(self, runner: Runner, run: Run, head: BinaryIO) -> None:
         a = run.assignment

@@ -10,7 +10,8 @@ All processes (the fork server too) are spawned from one long-lived launcher thr
 the parent-death signal (PR_SET_PDEATHSIG) fires when the spawning *thread* exits.
 
 Beside it: workers/run.py (a member, the Reporter), workers/jobenv.py (a member's argv and
-environment), workers/joblog.py (its log, control files and outputs).
+environment), workers/joblog.py (its log, control files and outputs), workers/ports.py (the
+MASTER_PORT rank 0 listens on, leased on the node while it runs).
 """
 
 from __future__ import annotations
