@@ -7,7 +7,8 @@ submitter chose for this run, and the platform validated it.
 
 One environment per (interpreter, sha256 of the normalised requirements: comments and blank
 lines dropped, whitespace stripped, sorted, each once) at `<data dir>/envs/<digest>`, built once
-under a file lock (`<digest>.lock`) by `uv venv` + `uv pip install`, then marked complete and
+under a file lock (`<digest>.lock`) by `uv venv` + `uv pip install --compile-bytecode` (each
+module's bytecode with it, as jobs cannot write it there), then marked complete and
 made read-only (files 0444/0555, dirs 0555): every job that wants the same one runs it as is,
 and no job can change it for the next. A build that fails is removed and ends the attempt
 `failed` with `environment: <why>`; the next job asking for it tries again.
@@ -204,7 +205,9 @@ class EnvCache:
         requirements_file.write_text("".join(line + "\n" for line in requirements))
         steps = [
             [uv_bin, "venv", "--python", str(python), "--no-project", str(path)],
-            [uv_bin, "pip", "install", "--python", str(path / "bin" / "python"),
+            # Compiled as it is installed: the environment is read-only to its jobs, which
+            # could never write the bytecode themselves (each import would compile again).
+            [uv_bin, "pip", "install", "--python", str(path / "bin" / "python"), "--compile-bytecode",
              *self.settings.uv_args(), "-r", str(requirements_file)],
         ]  # fmt: skip
         if not requirements:

@@ -36,6 +36,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 FINAL, LOST, STOPPED = "final", "lost", ""  # how a member that never ran is reported
+LEADER_PORT_WAIT = float(os.environ.get("GPUPLATFORM_LEADER_PORT_WAIT", "600"))
+
+
+def _waits_for_leader(a: Assignment) -> bool:
+    """A gang member other than rank 0 whose MASTER_PORT the platform does not know yet."""
+    return a.rank > 0 and a.world_size > 1 and not a.master_port
 
 
 class Failed(Exception):
@@ -66,7 +72,9 @@ class Preparer:
     @staticmethod
     def needed(a: Assignment) -> bool:
         # getattr: the runner's own tests hand it assignments of older shapes
-        return any(getattr(a, name, None) for name in ("bundle", "secrets", "python_requirements"))
+        if any(getattr(a, name, None) for name in ("bundle", "secrets", "python_requirements")):
+            return True
+        return _waits_for_leader(a)
 
     def prepare(self, runner: Runner, run: Run) -> bool:
         """True: spawn it. False: it ended here (run.launch_error and run.failure say how)."""
@@ -83,6 +91,8 @@ class Preparer:
                     self._bundle(runner, run, head)
                 if not run.stop_reason:
                     self._environment(run, head)
+            if _waits_for_leader(a) and not run.stop_reason:
+                self._leader_port(runner, run)
         except Failed as failure:
             log.warning("attempt %s rank %s: %s", a.attempt_id, a.rank, failure.reason)
             run.failure, run.launch_error = failure.kind, failure.reason
@@ -108,6 +118,25 @@ class Preparer:
         return True
 
     # --- the steps ----------------------------------------------------------------------------
+
+    def _leader_port(self, runner: Runner, run: Run) -> None:
+        """A gang member other than rank 0 starts once rank 0's agent has leased MASTER_PORT
+        (workers/ports.py) and the platform has it: rank 0 reports it with its start."""
+        deadline = time.monotonic() + LEADER_PORT_WAIT
+        while not run.stop_reason:
+            try:
+                port = runner.reporter.leader_port(run)
+            except ApiError as error:
+                log.warning("attempt %s rank %s: MASTER_PORT not read (%s)", *run.key, error)
+                port = 0
+            if port is None:
+                raise Failed("no longer placed here while waiting for rank 0's MASTER_PORT", LOST)
+            if port:
+                run.master_port = port
+                return
+            if time.monotonic() > deadline:
+                raise Failed(f"rank 0 gave no MASTER_PORT within {LEADER_PORT_WAIT:.0f}s", LOST)
+            time.sleep(0.5)  # a read of the member's assignment: gentle with a large gang
 
     def _secrets(self, runner: Runner, run: Run, head: BinaryIO) -> None:
         a = run.assignment

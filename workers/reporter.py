@@ -182,13 +182,16 @@ class HttpReporter(Reporter):
         """False: the attempt or member ended before this process started (the runner stops it)."""
         # pid 0: reported before its process starts, while its own code is prepared
         # (workers/prepare.py), so that the attempt's lease is renewed meanwhile.
-        pid = run.process.pid if run.process is not None else 0
-        return self.batcher.call(run.assignment, "started", pid=pid)
+        return self.batcher.call(run.assignment, "started", **_started_body(run))
 
     def started_later(self, run: Run, done: Done) -> None:
         """`started` without waiting: `done(accepted, error)` once it is answered."""
-        pid = run.process.pid if run.process is not None else 0
-        self.batcher.submit(run.assignment, "started", {"pid": pid}, done)
+        self.batcher.submit(run.assignment, "started", _started_body(run), done)
+
+    def leader_port(self, run: Run) -> int | None:
+        a = run.assignment
+        current = self.api.assignment(a.attempt_id, a.rank, a.token)
+        return None if current is None or not current.active else current.master_port
 
     def progress(self, run: Run, progress: float, checkpoint: str) -> None:
         stored = self._store_checkpoint(run, checkpoint)
@@ -290,6 +293,9 @@ class HttpReporter(Reporter):
         """Download the artifacts of the job's parents (workers/inputs.py)."""
         inputs.fetch(self.api, run.assignment, dest_dir)
 
+    def store_checkpoint(self, run: Run, checkpoint: str) -> None:
+        self._store_checkpoint(run, checkpoint)
+
     def _store_checkpoint(self, run: Run, checkpoint: str) -> str:
         """Upload the job's checkpoint file when it changed; the stored name ("" when none or unsafe)."""
         if not checkpoint:
@@ -314,3 +320,12 @@ class HttpReporter(Reporter):
                     return run.extra.get("checkpoint_stored", "")
                 run.extra["checkpoint_version"] = version
         return run.extra["checkpoint_stored"]
+
+
+def _started_body(run: Run) -> dict:
+    """A start report: the pid (0 while its own code is prepared), and rank 0's MASTER_PORT,
+    which the other members of its gang wait for (workers/ports.py)."""
+    body = {"pid": run.process.pid if run.process is not None else 0}
+    if run.assignment.rank == 0 and run.master_port:
+        body["master_port"] = run.master_port
+    return body

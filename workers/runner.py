@@ -8,6 +8,10 @@ small resident process (workers/forkserver.py), not by the agent.
 
 All processes (the fork server too) are spawned from one long-lived launcher thread, because
 the parent-death signal (PR_SET_PDEATHSIG) fires when the spawning *thread* exits.
+
+Beside it: workers/run.py (a member, the Reporter), workers/jobenv.py (a member's argv and
+environment), workers/joblog.py (its log, control files and outputs), workers/ports.py (the
+MASTER_PORT rank 0 listens on, leased on the node while it runs).
 """
 
 from __future__ import annotations
@@ -23,33 +27,24 @@ import queue
 import signal
 import stat
 import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import BinaryIO
 
 from apps.platform.agent_protocol import Assignment
 from apps.platform.names import EndReason, StopReason
 from workers import isolation as fence
-from workers import masking, reaper
-from workers.forkserver import ForkServer, Launched, LaunchFailed
-from workers.safefiles import open_job_file, tree_size
+from workers import jobenv, joblog, ports, reaper
+from workers.forkserver import ForkServer, LaunchFailed
+from workers.jobenv import INTERPRETER_DIRS, SDK_DIR
+from workers.run import Reporter, Run
 
 log = logging.getLogger(__name__)
-SDK_DIR = pathlib.Path(__file__).resolve().parent / "sdk"
 PR_SET_PDEATHSIG = 1
-ENV_PASSTHROUGH = ("LD_LIBRARY_PATH", "CUDA_HOME", "NVIDIA_DRIVER_CAPABILITIES", "TZ")
 FENCED = StopReason.FENCED  # the agent missed its heartbeats: its jobs die at once
 UNASSIGNED = StopReason.UNASSIGNED  # the database no longer has it on this node
 OUTPUT_CHECK_SECONDS = 2.0  # how often the output dir is measured against its cap
-CONTROL_FILE_BYTES = 1 << 20  # progress.json / checkpoint.json larger than this are ignored
-# The interpreter `{python}` stands for, resolved once (not per job: a stat per path component).
-_INTERPRETER_DIRS = {
-    pathlib.Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)
-}
 ENDED_REMEMBERED = 4096  # members that ran here, kept so that a stale order never runs them again
+__all__ = ["FENCED", "UNASSIGNED", "Reporter", "Run", "Runner"]  # Run, Reporter: workers/run.py
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -57,85 +52,6 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError:
         pass
-
-
-@dataclass
-class Run:
-    assignment: Assignment  # what the agent API placed here (apps/platform/agent_protocol.py)
-    workdir: pathlib.Path
-    log_path: pathlib.Path  # in the agent's own dir: the job cannot replace it
-    process: subprocess.Popen | Launched | None = None
-    started: float = 0.0
-    stop_reason: str = ""  # a StopReason, the platform's word, or what the job went over
-    stop_deadline: float | None = None
-    # signals still to send: [(signal, wait seconds)]
-    stop_plan: list[tuple[int, float | None]] = field(default_factory=list)
-    exit_code: int | None = None
-    finished: bool = False
-    reported_progress: tuple | None = None
-    log_size: int = -1
-    launch_error: str = ""
-    start_reported: bool = False  # its end is reported only after its start
-    extra: dict = field(default_factory=dict)
-    checkpoint_dir: pathlib.Path | None = None
-    uid: int | None = None  # the job's own uid when fenced; None: it runs as the agent
-    cgroup: fence.JobCgroup | None = None
-    over_limit: str = ""  # "log over N bytes", "output over N bytes": the job is stopped for it
-    log_reader: threading.Thread | None = None
-    output_checked: float = 0.0
-    # Own code (workers/prepare.py): how a failure before the process started is reported
-    # ("final": failed, never retried; "lost": the platform retries it), the bundle's cache
-    # lease (held while the member runs), the environment's dir, the secrets' values (in
-    # memory only: the job's environment and the log masker).
-    failure: str = ""
-    bundle_lease: object | None = None
-    env_dir: pathlib.Path | None = None
-    secret_values: dict[str, str] = field(default_factory=dict, repr=False)
-
-    @property
-    def key(self) -> tuple[int, int]:
-        return (self.assignment.attempt_id, self.assignment.rank)
-
-    @property
-    def owner(self) -> int:
-        """Who the files the job writes belong to: read back only if they still do."""
-        return os.geteuid() if self.uid is None else self.uid
-
-    def open_job_file(self, path: str | pathlib.Path) -> BinaryIO | None:
-        """A file the job wrote (its work dir or checkpoint dir), opened without trusting it."""
-        path = pathlib.Path(path)
-        for root in filter(None, (self.workdir, self.checkpoint_dir)):
-            handle = open_job_file(path, root=root, owner=self.owner)
-            if handle is not None:
-                return handle
-        return None
-
-
-class Reporter:
-    """How the runner tells the platform what happened (the agent wires it to the services)."""
-
-    def started(self, run: Run) -> bool | None:
-        """False: the attempt ended before its process started (the runner stops it)."""
-
-    def progress(self, run: Run, progress: float, checkpoint: str) -> None: ...
-    def finished(self, run: Run, exit_code: int | None, reason: str, checkpoint: str) -> None: ...
-    def lost(self, run: Run, reason: str) -> None: ...
-    def sync_log(self, run: Run) -> None: ...
-    def collect(self, run: Run, name: str, source: BinaryIO) -> None: ...
-    def bundle_chunks(self, run: Run) -> Iterable[bytes]:
-        """The member's code bundle as it arrives (workers/prepare.py verifies it)."""
-        raise NotImplementedError("this reporter cannot fetch bundles")
-
-    def secrets(self, run: Run) -> dict[str, str]:
-        """The values of the member's secrets, by name."""
-        raise NotImplementedError("this reporter cannot fetch secrets")
-
-    def fetch_checkpoint(self, run: Run, dest_dir: pathlib.Path) -> str:
-        """Put the attempt's stored checkpoint (if any) in dest_dir; its local path, or ""."""
-        return ""
-
-    def fetch_inputs(self, run: Run, dest_dir: pathlib.Path) -> None:
-        """Put the artifacts of the job's parents in dest_dir (docs/pipelines.md)."""
 
 
 class Runner:
@@ -154,6 +70,7 @@ class Runner:
         self.state_file = self.agent_dir / "runs.json"
         self._saved_groups: list[int] | None = None  # what state_file holds (None: not written yet)
         self._tighten_data_dir()
+        self.python_dir = jobenv.make_python_dir(data_dir)  # `python` on every job's PATH
         self.device_dir = self._device_dir(fake_gpus)
         self.runs: dict[tuple[int, int], Run] = {}
         from workers.prepare import Preparer
@@ -165,6 +82,7 @@ class Runner:
         self.ended: dict[tuple[int, int], None] = {}
         self.lock = threading.RLock()
         self.reaper: reaper.Reaper | None = None
+        self.ports: ports.PortLeases | None = None  # MASTER_PORT leases, made on first use
         self._spawn_requests: queue.Queue = queue.Queue()
         # Forks the fenced jobs (workers/forkserver.py): started by the launcher thread, whose
         # end (the agent's) its parent-death signal follows.
@@ -225,6 +143,10 @@ class Runner:
                       log_path=self.data_dir / "logs" / assignment.job_id / f"{member}.log",
                       checkpoint_dir=self._checkpoint_dir(assignment))  # fmt: skip
             self.runs[key] = run
+        if assignment.rank == 0:
+            self._lease_port(run)
+            if run.launch_error:
+                return True  # the next tick reports it
         done = threading.Event()
         if self.preparer.needed(assignment):
             # Fetching, unpacking, building an environment may take minutes: on a thread of its
@@ -236,6 +158,16 @@ class Runner:
         self._spawn_requests.put((run, done))
         done.wait(30)
         return True
+
+    def _lease_port(self, run: Run) -> None:
+        """Rank 0 listens on MASTER_PORT: a port of this host's, free, for as long as it runs."""
+        try:
+            if self.ports is None:
+                self.ports = ports.PortLeases()
+            run.master_port = self.ports.lease()
+        except (ports.NoFreePort, OSError, ValueError) as error:  # none free; a bad setting
+            log.error("attempt %s rank %s: %s", *run.key, error)
+            run.failure, run.launch_error = "lost", str(error)  # retried, on this node or another
 
     def _prepare_then_spawn(self, run: Run, done: threading.Event) -> None:
         if self.preparer.prepare(self, run):
@@ -353,8 +285,8 @@ class Runner:
         self._report_progress(run)
         self._sync_log(run, force=True)
         if exit_code == 0 and not run.stop_reason:
-            self._collect_outputs(run)
-        checkpoint = self._checkpoint_path(run)
+            joblog.collect_outputs(run, self.reporter)
+        checkpoint = joblog.checkpoint_path(run)
         later = getattr(self.reporter, "finished_later", None)
         try:
             if later is not None:
@@ -380,6 +312,8 @@ class Runner:
             run.finished = False
             return
         self.preparer.release(run)
+        if run.master_port and run.assignment.rank == 0 and self.ports is not None:
+            self.ports.release(run.master_port)
         with self.lock:
             self.runs.pop(run.key, None)
             self._remember_ended(run.key)
@@ -434,9 +368,12 @@ class Runner:
             path.mkdir(parents=True, exist_ok=True)
         run.log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         resume = self._resume_from(run)
-        python = str(run.env_dir / "bin" / "python") if run.env_dir else sys.executable
-        argv = [python if part == "{python}" else part for part in a.argv]
-        env = self._environment(run, output, control, resume)
+        argv = jobenv.argv(run)
+        env = jobenv.environment(
+            run, node=self.node, python_dir=self.python_dir, output=output, control=control, resume=resume,
+            visible_devices=self._visible_devices(a.gpu_indices),
+            device_dir=self.device_dir if self.fake_devices else None,
+        )  # fmt: skip
         # A job with dependencies: their artifacts, fetched before it starts (workers/inputs.py).
         if getattr(a, "inputs", False):
             self.reporter.fetch_inputs(run, control / "inputs")
@@ -455,7 +392,7 @@ class Runner:
             raise
         finally:
             os.close(log_write)
-        self._start_log_reader(run, log_read)
+        joblog.start_log_reader(run, log_read, self.limits.max_log_bytes, self.woken)
         run.started = time.monotonic()
         with self.lock:
             self._save_state()
@@ -512,40 +449,6 @@ class Runner:
         if not resume and (run.checkpoint_dir / "checkpoint.json").exists():
             resume = str(run.checkpoint_dir / "checkpoint.json")
         return resume
-
-    def _environment(
-        self, run: Run, output: pathlib.Path, control: pathlib.Path, resume: str
-    ) -> dict[str, str]:
-        a = run.assignment
-        env = {k: os.environ[k] for k in ENV_PASSTHROUGH if k in os.environ}
-        # The job's own variables, then its secrets, then the platform's: a name the platform
-        # sets always wins (the platform refuses them at submit anyway).
-        env.update({str(k): str(v) for k, v in (getattr(a, "env", None) or {}).items()})
-        env.update(run.secret_values)
-        path = "/usr/local/bin:/usr/bin:/bin"
-        if run.env_dir is not None:
-            path = f"{run.env_dir / 'bin'}:{path}"
-            env["VIRTUAL_ENV"] = str(run.env_dir)
-        env.update(
-            PATH=path, HOME=str(run.workdir), TMPDIR=str(run.workdir / "tmp"),
-            LANG="C.UTF-8", PYTHONUNBUFFERED="1", PYTHONPATH=str(SDK_DIR),
-            CUDA_VISIBLE_DEVICES=self._visible_devices(a.gpu_indices),
-            RANK=str(a.rank), LOCAL_RANK="0", WORLD_SIZE=str(a.world_size),
-            MASTER_ADDR=a.master_addr, MASTER_PORT=str(a.master_port),
-            GPUPLATFORM_NODE=self.node, GPUPLATFORM_JOB_ID=a.job_id,
-            GPUPLATFORM_ATTEMPT_ID=str(a.attempt_id), GPUPLATFORM_ATTEMPT=str(a.attempt_number),
-            GPUPLATFORM_PARAMS=json.dumps(a.params), GPUPLATFORM_OUTPUT_DIR=str(output),
-            GPUPLATFORM_CHECKPOINT_DIR=str(run.checkpoint_dir), GPUPLATFORM_RESUME_FROM=resume,
-            GPUPLATFORM_PROGRESS_FILE=str(control / "progress.json"),
-            GPUPLATFORM_CHECKPOINT_FILE=str(control / "checkpoint.json"),
-            GPUPLATFORM_GPU_INDICES=",".join(str(i) for i in a.gpu_indices),
-        )  # fmt: skip
-        if self.fake_devices and self.device_dir.is_dir():
-            env["GPUPLATFORM_DEVICE_DIR"] = str(self.device_dir)
-        index = getattr(a, "array_index", None)  # a task of a job array (docs/arrays.md)
-        if index is not None:
-            env["GPUPLATFORM_ARRAY_INDEX"] = env["SLURM_ARRAY_TASK_ID"] = str(index)
-        return env
 
     def _visible_devices(self, indices: list[int]) -> str:
         """Behind a device fence CUDA numbers only the GPUs it can open, from 0 (as under
@@ -604,10 +507,10 @@ class Runner:
         the platform's `{python}` stands for, and its own GPUs' device files. Never a path the
         job names (its argv): that would bind back whatever a cover hides."""
         assert run.checkpoint_dir is not None
-        paths = [run.workdir, run.checkpoint_dir, SDK_DIR, *own_gpus]
+        paths = [run.workdir, run.checkpoint_dir, SDK_DIR, self.python_dir, *own_gpus]
         if run.env_dir is not None:
             paths.append(run.env_dir)  # read-only for every job (workers/envs.py)
-        return paths + list(_INTERPRETER_DIRS)
+        return paths + list(INTERPRETER_DIRS)
 
     def _kill_tree(self, run: Run) -> None:
         """Every process of the job: its cgroup where fenced, else its process group."""
@@ -717,74 +620,19 @@ class Runner:
 
     # --- the log, progress, outputs ------------------------------------------------------------
 
-    def _start_log_reader(self, run: Run, fd: int) -> None:
-        # Opened here, so it is there once launch returns; the reader closes it. The agent's alone.
-        out = os.fdopen(
-            os.open(run.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600),
-            "ab",
-        )
-        run.log_reader = threading.Thread(
-            target=self._copy_log, args=(run, fd, out), name=f"log-{run.key}", daemon=True
-        )
-        run.log_reader.start()
-
-    def _copy_log(self, run: Run, fd: int, out: BinaryIO) -> None:
-        """The job's stdout and stderr, from the pipe into the agent's log file, up to the cap;
-        past it the rest is drained and dropped and the job is stopped."""
-        cap, written = self.limits.max_log_bytes, 0
-        masker = masking.Masker(run.secret_values.values())
-        with os.fdopen(fd, "rb", buffering=0) as pipe, out:
-            written = out.tell()
-            while True:
-                raw = pipe.read(65536)
-                # Masked before a byte is stored: a value split across two reads is held back.
-                chunk = masker.feed(raw) if raw else masker.flush()
-                if chunk and not run.over_limit.startswith("log"):
-                    if written + len(chunk) > cap:
-                        out.write(chunk[: max(0, cap - written)])
-                        out.write(
-                            f"\n[gpuplatform] log over {cap} bytes: the job is stopped\n".encode()
-                        )
-                        run.over_limit = f"log over {cap} bytes"
-                    else:
-                        out.write(chunk)
-                    written += len(chunk)
-                    out.flush()
-                if not raw:
-                    break
-        self.woken.set()
-
     def _check_output_size(self, run: Run, now: float) -> None:
         if run.over_limit or now - run.output_checked < OUTPUT_CHECK_SECONDS:
             return
         run.output_checked = now
-        cap = self.limits.max_output_bytes
-        if tree_size(run.workdir / "output") > cap:
-            run.over_limit = f"output over {cap} bytes"
-
-    def _read_json(self, run: Run, path: pathlib.Path) -> dict:
-        handle = run.open_job_file(path)
-        if handle is None:
-            return {}
-        with handle:
-            try:
-                data = json.loads(handle.read(CONTROL_FILE_BYTES + 1)[:CONTROL_FILE_BYTES])
-            except ValueError:
-                return {}
-        return data if isinstance(data, dict) else {}
-
-    def _checkpoint_path(self, run: Run) -> str:
-        return str(
-            self._read_json(run, run.workdir / ".gpuplatform" / "checkpoint.json").get("path", "")
-        )
+        if joblog.output_over(run, self.limits.max_output_bytes):
+            run.over_limit = f"output over {self.limits.max_output_bytes} bytes"
 
     def _report_progress(self, run: Run) -> None:
         if run.assignment.rank != 0:
+            self._store_checkpoint(run)
             return
-        progress = self._read_json(run, run.workdir / ".gpuplatform" / "progress.json").get(
-            "progress"
-        )
-        checkpoint = self._checkpoint_path(run)
+        progress = joblog.read_control(run, "progress.json").get("progress")
+        checkpoint = joblog.checkpoint_path(run)
         current = (progress, checkpoint)
         if progress is None or current == run.reported_progress:
             return
@@ -793,6 +641,20 @@ class Runner:
             run.reported_progress = current
         except Exception:
             log.warning("progress report failed for %s", run.key, exc_info=True)
+
+    def _store_checkpoint(self, run: Run) -> None:
+        """A gang's other ranks report no progress, but their checkpoints are stored as they
+        save them (not only at their end): a member lost with its node still resumes."""
+        marker = joblog.read_control(run, "checkpoint.json")
+        saved = (marker.get("path"), marker.get("at"))
+        store = getattr(self.reporter, "store_checkpoint", None)  # tests' reporters may lack it
+        if store is None or not saved[0] or saved == run.reported_progress:
+            return
+        try:
+            store(run, str(saved[0]))
+            run.reported_progress = saved
+        except Exception:
+            log.warning("checkpoint upload failed for %s", run.key, exc_info=True)
 
     def _sync_log(self, run: Run, force: bool = False) -> None:
         try:
@@ -805,30 +667,6 @@ class Runner:
                 run.log_size = size
             except Exception:
                 log.warning("log sync failed for %s", run.key, exc_info=True)
-
-    def _collect_outputs(self, run: Run) -> None:
-        """Every regular, singly linked file the job owns in its output dir; links (symbolic
-        or hard) are never followed back out."""
-        output = run.workdir / "output"
-        prefix = "" if run.assignment.rank == 0 else f"rank-{run.assignment.rank}/"
-        for path in _files_below(output):
-            handle = open_job_file(path, root=run.workdir, owner=run.owner)
-            if handle is None:
-                log.warning(
-                    "attempt %s rank %s: %s is a link or not the job's; not collected",
-                    *run.key,
-                    path,
-                )
-                continue
-            with handle:
-                self.reporter.collect(run, prefix + path.relative_to(output).as_posix(), handle)
-
-
-def _files_below(root: pathlib.Path) -> list[pathlib.Path]:
-    found = []
-    for directory, _, filenames in os.walk(root, followlinks=False):
-        found += [pathlib.Path(directory) / name for name in filenames]
-    return sorted(found)
 
 
 def _give(root: pathlib.Path, uid: int) -> None:

@@ -36,6 +36,7 @@ from apps.jobs.serializers import (
     created_representation,
     virtual_representation,
 )
+from apps.platform.agent_protocol import log_name
 from apps.tenants.auth import PEEK_LIMIT, SubmitterAuthentication, TokenAuthentication
 
 
@@ -121,8 +122,19 @@ def array_for(user, raw, *, field: str = "id") -> JobArray:
     return array
 
 
-def log_names(job: Job) -> list[str]:
-    return [f"logs/{job.pk}/attempt-{n}.log" for n in range(1, job.attempts_count + 1)]
+def _whole(request, name: str, *, default, least: int):
+    """A query parameter that must be a whole number from `least` (a 400 naming it otherwise)."""
+    raw = request.query_params.get(name)
+    if raw in (None, ""):
+        return default
+    if not (raw.isascii() and raw.isdigit() and len(raw) < 10) or int(raw) < least:
+        raise ValidationError({name: [f"must be a whole number from {least}"]})
+    return int(raw)
+
+
+def log_names(job: Job, rank: int = 0) -> list[str]:
+    """Where each attempt's log of that member is stored (apps/platform/agent_protocol.py)."""
+    return [log_name(str(job.pk), n, rank) for n in range(1, job.attempts_count + 1)]
 
 
 class TaskListRenderer(JSONRenderer):
@@ -341,15 +353,39 @@ class JobViewSet(
         services.job_cancel(job=job, actor=f"user:{request.user.username}")
         return Response(JobSerializer(self.get_queryset().get(pk=job.pk)).data)
 
-    @extend_schema(responses={(200, "text/plain"): str})
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "rank",
+                OpenApiTypes.INT,
+                description="A gang member's log (default 0, "
+                "the leader); 404 for a rank the job does not have",
+            ),
+            OpenApiParameter(
+                "attempt",
+                OpenApiTypes.INT,
+                description="One attempt's log, without "
+                "the `=== attempt N ===` line (default: every attempt's, each after one)",
+            ),
+        ],  # fmt: skip
+        responses={(200, "text/plain"): str},
+    )
     @action(detail=True, methods=["get"])
     def logs(self, request, pk=None):
         job = self.get_object()
+        rank = _whole(request, "rank", default=0, least=0)
+        attempt = _whole(request, "attempt", default=None, least=1)
+        if rank >= job.nodes:
+            raise NotFound(f"the job has no rank {rank}: its ranks are 0 to {job.nodes - 1}")
+        if attempt is not None and attempt > job.attempts_count:
+            raise NotFound(f"the job has no attempt {attempt}")
         chunks = []
-        for number, name in enumerate(log_names(job), start=1):
-            if default_storage.exists(name):
-                with default_storage.open(name, "rb") as handle:
-                    chunks.append(f"=== attempt {number} ===\n".encode() + handle.read())
+        for number, name in enumerate(log_names(job, rank), start=1):
+            if attempt is not None and number != attempt or not default_storage.exists(name):
+                continue
+            with default_storage.open(name, "rb") as handle:
+                head = b"" if attempt is not None else f"=== attempt {number} ===\n".encode()
+                chunks.append(head + handle.read())
         return HttpResponse(b"".join(chunks), content_type="text/plain; charset=utf-8")
 
     @extend_schema(responses={200: ArtifactSerializer(many=True)})

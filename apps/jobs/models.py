@@ -329,6 +329,11 @@ class JobAttempt(models.Model):
     preempted_for = models.CharField(
         max_length=64, blank=True, help_text="The job it is being preempted for."
     )
+    master_port = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text="MASTER_PORT: leased by the agent of rank 0 on its node (workers/ports.py), "
+        "reported with its start; the other members wait for it.",
+    )  # fmt: skip
 
     class Meta:
         ordering = ["job", "number"]

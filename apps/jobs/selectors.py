@@ -36,7 +36,7 @@ def assignment_of(job, attempt, *, rank: int, gpu_indices, world_size: int, lead
         gpu_indices=list(gpu_indices),
         world_size=world_size,
         master_addr=leader.labels.get("address") or leader.hostname or "127.0.0.1",
-        master_port=29500 + attempt.pk % 1000,
+        master_port=attempt.master_port or 0,  # 0: rank 0's agent has not leased it yet
         max_runtime_seconds=job.max_runtime_seconds,
         checkpoint=attempt.checkpoint,
         stop_requested=attempt.stop_requested,

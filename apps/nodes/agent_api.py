@@ -37,7 +37,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.bundles.models import Bundle
-from apps.jobs import dependencies
+from apps.jobs import checkpoints, dependencies
 from apps.jobs import services as jobs
 from apps.jobs.models import ATTEMPT_ACTIVE, AttemptMember, JobAttempt
 from apps.jobs.selectors import assignment_for, members_on, open_members_on
@@ -231,7 +231,9 @@ class HeartbeatView(AgentView):
 
 def _open_members_wire(node_name: str) -> list[dict]:
     members = list(open_members_on(node_name).values())
-    resume = _resume_checkpoints([(a.attempt_id, a.job_id, a.attempt_number) for a in members])
+    resume = checkpoints.resume_checkpoints(
+        [(a.attempt_id, a.job_id, a.attempt_number) for a in members]
+    )
     return [wire.to_wire(dataclasses.replace(a, resume_from=resume[a.attempt_id])) for a in members]
 
 
@@ -277,7 +279,7 @@ class AssignmentsView(AgentView):
                 {"attempts": [f"at most {wire.MAX_REPORTS_PER_CALL} attempt ids"]}
             )
         found = members_on(self.node_name, ids)
-        resume = _resume_checkpoints(
+        resume = checkpoints.resume_checkpoints(
             [(m.attempt_id, m.attempt.job_id, m.attempt.number) for m in found]
         )
         return Response({"members": [
@@ -295,7 +297,7 @@ class MemberView(AgentView):
     def get(self, request, attempt_id: int, rank: int):
         member = self.member(attempt_id, rank)
         work = dataclasses.replace(
-            assignment_for(member), resume_from=_resume_checkpoint(member.attempt)
+            assignment_for(member), resume_from=checkpoints.resume_checkpoint(member.attempt)
         )
         return Response(wire.to_wire(work))
 
@@ -331,36 +333,6 @@ class SecretsView(AgentView):
         return response
 
 
-def _resume_checkpoints(attempts: list[tuple[int, object, int]]) -> dict[int, str]:
-    """`_resume_checkpoint` of several attempts, each (attempt id, job id, number), in one query."""
-    stored: dict[str, list[tuple[int, str]]] = {}
-    if attempts:
-        rows = (
-            JobAttempt.objects.filter(job_id__in={job for _, job, _ in attempts})
-            .exclude(checkpoint="")
-            .order_by()  # sorted below: no ORDER BY joining the jobs
-        )
-        for job, number, name in rows.values_list("job_id", "number", "checkpoint"):
-            stored.setdefault(str(job), []).append((number, name))
-    answer = {}
-    for attempt_id, job_id, number in attempts:
-        prefix = f"checkpoints/{job_id}/"
-        names = sorted(stored.get(str(job_id), []), reverse=True)
-        answer[attempt_id] = next(
-            (name for n, name in names if n <= number and name.startswith(prefix)), ""
-        )
-    return answer
-
-
-def _resume_checkpoint(attempt: JobAttempt) -> str:
-    """The stored checkpoint an attempt resumes from: the newest its job stored (any node, this
-    or an earlier attempt), or ""."""
-    earlier = JobAttempt.objects.filter(job_id=attempt.job_id, number__lte=attempt.number)
-    prefix = f"checkpoints/{attempt.job_id}/"
-    names = earlier.exclude(checkpoint="").order_by("-number").values_list("checkpoint", flat=True)
-    return next((name for name in names if name.startswith(prefix)), "")
-
-
 class CheckpointReport(serializers.Serializer):
     """A checkpoint a report names must be one this job stored through this API: a node must not
     point a job at another job's checkpoint (its next attempt would download it)."""
@@ -390,6 +362,7 @@ class FinishedReport(CheckpointReport):
 
 class StartedReport(serializers.Serializer):
     pid = serializers.IntegerField(min_value=0)
+    master_port = serializers.IntegerField(min_value=1, max_value=65535, required=False)
 
 
 class LostReport(serializers.Serializer):
@@ -403,6 +376,12 @@ class LostReport(serializers.Serializer):
 
 
 def _started(reported: jobs.ReportedMember, data: dict) -> bool:
+    attempt = reported.member.attempt  # rank 0's port, once: the other members wait for it
+    if reported.member.rank == 0 and data.get("master_port") and attempt.master_port is None:
+        JobAttempt.objects.filter(pk=attempt.pk, master_port=None).update(
+            master_port=data["master_port"]
+        )
+        attempt.master_port = data["master_port"]
     return jobs.member_started(reported, pid=data["pid"])
 
 
@@ -411,8 +390,10 @@ def _progress(reported: jobs.ReportedMember, data: dict) -> bool:
 
 
 def _finished(reported: jobs.ReportedMember, data: dict) -> bool:
+    # The attempt's checkpoint is its rank 0's: each other rank's is found beside it (apps/jobs/checkpoints.py).
+    checkpoint = data["checkpoint"] if reported.member.rank == 0 else ""
     return jobs.member_finished(reported, exit_code=data["exit_code"], reason=data["reason"],
-                                checkpoint=data["checkpoint"], retryable=data["retryable"])  # fmt: skip
+                                checkpoint=checkpoint, retryable=data["retryable"])  # fmt: skip
 
 
 def _lost(reported: jobs.ReportedMember, data: dict) -> bool:
@@ -714,8 +695,8 @@ class CheckpointView(AgentView):
         return Response({"checkpoint": name}, status=status.HTTP_201_CREATED)
 
     def get(self, request, attempt_id: int, rank: int):
-        name = _resume_checkpoint(self.member(attempt_id, rank).attempt)
-        if not name or not default_storage.exists(name):
+        name = checkpoints.rank_checkpoint(self.member(attempt_id, rank).attempt, rank)
+        if not name:
             return Response(status=status.HTTP_204_NO_CONTENT)
         response = FileResponse(
             default_storage.open(name, "rb"), content_type="application/octet-stream"

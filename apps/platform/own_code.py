@@ -25,6 +25,7 @@ RESERVED_NAMES = frozenset(
         # GPUs and ranks (the runner; Slurm's array index, set by the agent)
         "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "CUDA_HOME",
         "RANK", "LOCAL_RANK", "WORLD_SIZE", "SLURM_ARRAY_TASK_ID",
+        "NODE_RANK", "NNODES", "LOCAL_WORLD_SIZE",  # the launchers' (docs/pytorch.md)
         # the process's own environment, as the runner sets it
         "PATH", "HOME", "TMPDIR", "LANG", "TZ", "PYTHONPATH", "PYTHONHOME", "PYTHONUNBUFFERED",
         "VIRTUAL_ENV",

@@ -144,8 +144,13 @@ class Client:
     def cancel(self, job_id: str) -> dict:
         return self._json("POST", f"/api/v1/jobs/{job_id}/cancel/")
 
-    def logs(self, job_id: str) -> str:
-        with self._request("GET", f"/api/v1/jobs/{job_id}/logs/") as response:
+    def logs(self, job_id: str, rank: int | None = None, attempt: int | None = None) -> str:
+        """The job's log: gang member `rank`'s (default 0), every attempt's or one `attempt`'s."""
+        query = urllib.parse.urlencode(
+            {k: v for k, v in {"rank": rank, "attempt": attempt}.items() if v is not None}
+        )
+        path = f"/api/v1/jobs/{job_id}/logs/" + (f"?{query}" if query else "")
+        with self._request("GET", path) as response:
             return response.read().decode("utf-8", errors="replace")
 
     def artifacts(self, job_id: str) -> builtins.list[dict]:  # `list` here is Client.list

@@ -212,6 +212,11 @@ def parser() -> Parser:
         if name == "artifacts":
             command.add_argument("--download", metavar="DIR",
                                  help="save every artifact into DIR (an array's: DIR/INDEX/)")  # fmt: skip
+        if name == "logs":
+            command.add_argument("--rank", type=int, metavar="N",
+                                 help="gang member N's log (default 0, the leader)")  # fmt: skip
+            command.add_argument("--attempt", type=int, metavar="N",
+                                 help="only attempt N's log (default: every attempt's)")  # fmt: skip
 
     add("templates", help="the templates --template can run, with their parameters").set_defaults(
         run=cmd_templates
@@ -303,7 +308,7 @@ def _client(args) -> Client:
 
 
 def cmd_logs(client: Client, args) -> int:
-    text = client.logs(args.job_id)
+    text = client.logs(args.job_id, rank=args.rank, attempt=args.attempt)
     sys.stdout.write(text)
     if not text:
         _no_output_yet(client, args.job_id)

@@ -116,7 +116,7 @@ def test_a_bad_own_code_field_is_400_naming_it(as_user, case, data, field):
     assert not Job.objects.exists()
 
 
-# Everything the platform sets: the brief's names and what workers/runner.py sets.
+# Everything the platform sets: the brief's names and what workers/jobenv.py sets.
 RESERVED = sorted(
     RESERVED_NAMES
     | {"MASTER_ADDR", "MASTER_PORT", "LD_PRELOAD", "LD_LIBRARY_PATH", "GPUPLATFORM_JOB_ID"}
@@ -131,18 +131,18 @@ def test_a_name_the_platform_sets_is_refused_naming_it(as_user, name):
 
 
 def test_the_reserved_names_cover_what_the_runner_sets():
-    """Every variable workers/runner.py puts in a job's environment is refused."""
+    """Every variable workers/jobenv.py puts in a job's environment is refused."""
     import re
 
     from apps.platform.own_code import name_problem
 
-    source = open("workers/runner.py").read()
-    start = source.index("def _environment(")
-    block = source[start : source.index("def _visible_devices", start)]
+    source = open("workers/jobenv.py").read()  # a member's environment (the runner's)
+    start = source.index("def environment(")
+    block = source[start:]
     names = set(re.findall(r"\b([A-Z][A-Z0-9_]+)=", block)) | set(
-        re.findall(r'"([A-Z][A-Z0-9_]+)"', source[: source.index("FENCED =")])
+        re.findall(r'"([A-Z][A-Z0-9_]+)"', source[: source.index("def python3(")])
     )
-    assert {"PATH", "HOME", "RANK", "CUDA_VISIBLE_DEVICES"} <= names
+    assert {"PATH", "HOME", "RANK", "CUDA_VISIBLE_DEVICES", "NODE_RANK", "LD_LIBRARY_PATH"} <= names
     assert {name for name in names if name_problem(name) is None} == set()
 
 

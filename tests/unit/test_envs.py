@@ -98,6 +98,11 @@ def test_a_cold_build_then_a_reuse(tmp_path, offline):
     assert not os.stat(env.path).st_mode & 0o222
     site = next(env.path.glob("lib/python*/site-packages/gpuplatform_tinydep"))
     assert not os.stat(site / "__init__.py").st_mode & 0o222
+    # compiled when built: a job's import reads the bytecode, never compiles (nor could write it)
+    assert list((site / "__pycache__").glob("__init__.cpython-*.pyc"))
+    verbose = subprocess.run([env.python, "-v", "-c", "import gpuplatform_tinydep"], capture_output=True,
+                             text=True, check=True, env={"PATH": "/usr/bin:/bin"})  # fmt: skip
+    assert f"code object from '{site}/__pycache__/__init__.cpython-" in verbose.stderr
 
     again = io.BytesIO()
     reused = cache.get(envs.normalise(["gpuplatform-tinydep==1.0"]), again)
