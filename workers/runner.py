@@ -32,8 +32,8 @@ from typing import BinaryIO
 
 from apps.platform.agent_protocol import Assignment
 from apps.platform.names import EndReason, StopReason
+from workers import images, masking, reaper
 from workers import isolation as fence
-from workers import masking, reaper
 from workers.forkserver import ForkServer, Launched, LaunchFailed
 from workers.safefiles import open_job_file, tree_size
 
@@ -437,6 +437,7 @@ class Runner:
         python = str(run.env_dir / "bin" / "python") if run.env_dir else sys.executable
         argv = [python if part == "{python}" else part for part in a.argv]
         env = self._environment(run, output, control, resume)
+        argv, env = images.for_job(run, argv, env)  # an image's own (docs/images.md)
         # A job with dependencies: their artifacts, fetched before it starts (workers/inputs.py).
         if getattr(a, "inputs", False):
             self.reporter.fetch_inputs(run, control / "inputs")
@@ -581,6 +582,7 @@ class Runner:
             "hide": [] if self.fake_devices else [str(p) for p in others.values()],
             "tmp_size": f"{limits.memory_mib}m" if limits.memory_mib else "50%",
         }  # fmt: skip
+        images.fence(run, spec, own)  # an image's root as its / (workers/image_root.py)
         # The job's environment (its secrets too) goes to the exec from memory, over the fork
         # server's socket: never on disk, never argv, where `ps` would show it.
         try:
