@@ -307,6 +307,7 @@ def for_job(run, argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[
         return argv, env
     argv = command(image, list(run.assignment.argv))
     if not argv:
+        run.failure = "final"  # the job's own input: no retry changes it
         raise ValueError("the image has no Entrypoint or Cmd and the submit no command")
     return argv, environment(image, env)
 

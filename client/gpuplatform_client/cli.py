@@ -109,6 +109,11 @@ def parser() -> argparse.ArgumentParser:
                         help="an environment variable for the job (repeatable)")  # fmt: skip
     submit.add_argument("--secret", "-s", action="append", default=[], metavar="NAME",
                         help="a tenant secret to set in the job's environment (repeatable)")  # fmt: skip
+    submit.add_argument("--image", metavar="REF",
+                        help="an OCI image as the job's root, HOST[:PORT]/REPO[:TAG][@sha256:DIGEST]; "
+                             "without a command its own Cmd runs")  # fmt: skip
+    submit.add_argument("--image-pull-secret", metavar="NAME",
+                        help="a tenant secret holding the registry's user:password")  # fmt: skip
     reqs = submit.add_mutually_exclusive_group()
     reqs.add_argument("--requirements", "-r", metavar="FILE",
                       help="a requirements.txt for the job's Python environment "
@@ -192,8 +197,9 @@ def submit_body(args, client: Client | None = None) -> dict:
                 "give the command after `--`, or --command, or --template: one of them"
             )
         argv = args.trailing
-    if not args.template and not argv:
-        raise ConfigError("submit wants a command (after `--`) or --template NAME")
+    image = getattr(args, "image", None)
+    if not args.template and not argv and not image:
+        raise ConfigError("submit wants a command (after `--`), --template NAME or --image REF")
     if argv is not None and not argv:
         raise ConfigError("--command wants an argv")
     if args.workdir and args.template:
@@ -201,6 +207,12 @@ def submit_body(args, client: Client | None = None) -> dict:
             "--workdir runs a command from the directory; it does not go with --template"
         )
     body: dict = {"template": args.template} if args.template else {"command": argv}
+    if image:  # docs/images.md: without a command the image's own Cmd runs
+        body["image"] = image
+        if not argv and not args.template:
+            del body["command"]
+    if getattr(args, "image_pull_secret", None):
+        body["image_pull_secret"] = args.image_pull_secret
     if args.param:
         body["params"] = dict(_pair(p, "--param", parse=True) for p in args.param)
     for key in ("gpus", "nodes", "gpu_sku", "name", "tier", "max_runtime_seconds"):

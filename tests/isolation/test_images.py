@@ -45,6 +45,11 @@ class Reporter(Keyed):
     def __init__(self, auth: str | None = None):
         super().__init__()
         self.auth, self.fixed, self.auth_reads = auth, "", 0
+        self.failures: dict = {}
+
+    def finished(self, run, exit_code, reason, checkpoint):
+        self.failures[run.key] = run.failure  # "final": never retried
+        super().finished(run, exit_code, reason, checkpoint)
 
     def started(self, run):
         return True
@@ -65,12 +70,14 @@ def served(tmp_path_factory):
     one = build_image(top / "one", marker="marker-one", env=ENV, cmd=CMD, working_dir="/srv",
                       user="0", setuid_copy=True)  # fmt: skip
     two = build_image(top / "two", marker="marker-two", env=ENV, cmd=CMD)
+    bare = build_image(top / "bare", marker="bare", env=ENV, cmd=[])
     registry = Registry(top / "open")
     private = Registry(top / "private", user="robot", password=PASSWORD)
     digests = {
         "one": registry.push(one, "v1", "team/box:v1"),
         "two": registry.push(two, "v1", "team/other:v1"),
         "private": private.push(one, "v1", "team/box:v1"),
+        "bare": registry.push(bare, "v1", "team/bare:v1"),
     }
     yield registry, private, digests, (one, two)
     registry.stop()
@@ -196,6 +203,7 @@ def test_a_private_registry_with_its_secret_and_without(run_image, served):
     code, reason = ended(other, refused)
     assert code is None or code != 0
     assert "refused the credentials" in reason and image in reason
+    assert other.reporter.failures[refused] == "final"
     assert time.monotonic() - began < 20  # at once: no retries with backoff
     none, anonymous = run_image(image, ["true"], reporter=Reporter(), runner=other)
     assert "refused the credentials" in ended(other, anonymous)[1]
@@ -229,3 +237,11 @@ def test_an_image_that_does_not_exist_fails_at_once(run_image, served):
     runner, key = run_image(f"{registry.host}/team/nothing:v1", ["true"])
     code, reason = ended(runner, key)
     assert "not found" in reason and "team/nothing" in reason
+
+
+def test_an_image_without_cmd_or_entrypoint_and_no_command_fails_saying_so(run_image, served):
+    registry, _, _, _ = served
+    runner, key = run_image(f"{registry.host}/team/bare:v1", [])
+    code, reason = ended(runner, key)
+    assert "no Entrypoint or Cmd" in reason
+    assert runner.reporter.failures[key] == "final"
