@@ -99,8 +99,7 @@ class ImageCache:
         self.layout = root / "oci"
         for path in (root, root / "roots", root / "locks", root / "auth", root / "jobs"):
             path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(root, 0o711)  # the jobs reach their roots below it; nothing here is listable
-        os.chmod(root / "roots", 0o711)
+        # All 0700, root's: a job reaches its image only through the mounts its fence makes.
 
     # --- the steps --------------------------------------------------------------------------
 
@@ -141,7 +140,6 @@ class ImageCache:
                 shutil.rmtree(scratch, ignore_errors=True)
                 raise PullFailed(f"image {ref}: could not unpack: {_why(result.stderr, None)}")
             self._write_config(hexa, scratch / "image.json")
-            os.chmod(scratch, 0o755)
             (scratch / "ready").touch()
             shutil.rmtree(bundle, ignore_errors=True)  # an unpack a crash left unfinished
             scratch.rename(bundle)

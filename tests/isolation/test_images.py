@@ -152,7 +152,7 @@ def test_a_job_runs_in_the_image_as_its_own_uid_with_nothing_of_the_host(run_ima
     assert set(lines["dev"].split()) == {"nvidia1", "null", "zero", "full", "random", "urandom",
                                          "tty", "shm"}  # fmt: skip
     assert "no-passwd" in log and "image-read-only" in log
-    assert int(lines["pids"]) <= 3  # hidepid: only its own uid's processes
+    assert int(lines["pids"]) <= 5  # hidepid: only its own uid's processes (the host has dozens)
     rootfs = runner.preparer.images.root / "roots" / digests["one"].split(":")[1] / "rootfs"
     assert not (rootfs / "scratch" / "mine").exists()  # its write went to its own layer
     assert os.stat(rootfs / "bin" / "busybox-suid").st_mode & 0o4000  # setuid in the image
