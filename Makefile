@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | cksum | cut -d' ' -f1)
 
-.PHONY: install run test lint bench clean browser chaos docs
+.PHONY: install run test lint bench clean browser chaos docs images
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -41,7 +41,13 @@ docs: install
 browser:
 	test -x /usr/bin/chromium || (apt-get update && apt-get install -y chromium)
 
-test: lint browser
+# The image tests (docs/images.md) pull with skopeo and unpack with umoci, from images they build
+# with busybox-static and serve with docker-registry (htpasswd: apache2-utils), all Debian's.
+images:
+	test -x /usr/bin/skopeo -a -x /usr/bin/umoci -a -x /usr/bin/docker-registry -a -x /bin/busybox -a -x /usr/bin/htpasswd || \
+	  (apt-get update && apt-get install -y --no-install-recommends skopeo umoci docker-registry busybox-static apache2-utils)
+
+test: lint browser images
 	$(BIN)/python -m pytest
 
 bench: install

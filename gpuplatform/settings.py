@@ -372,6 +372,9 @@ AGENT_CHECKPOINT_MAX_BYTES = env_int("GPUPLATFORM_CHECKPOINT_MAX_BYTES", 4 << 30
 # days is deleted, row and file (`manage.py expire_bundles`, and the beat's "expire-bundles").
 BUNDLE_RETENTION_DAYS = env_int("GPUPLATFORM_BUNDLE_RETENTION_DAYS", 7, minimum=0)
 BUNDLE_EXPIRE_TICK_SECONDS = env_int("GPUPLATFORM_BUNDLE_EXPIRE_TICK", 3600, minimum=60)
+# OCI images as a job's root (docs/images.md): the registries (hosts, or host:port) a submit's
+# `image` may name; none by default (every image is a 400 naming `image`).
+IMAGE_REGISTRIES = env_list("GPUPLATFORM_IMAGE_REGISTRIES", [])
 # Jobs that may run arbitrary commands go on an isolation "none" node only where the operator
 # opted the node in (Node.allow_unisolated_commands), or everywhere with this (`make run`).
 TRUST_UNISOLATED_NODES = env_bool("GPUPLATFORM_TRUST_UNISOLATED_NODES", False)

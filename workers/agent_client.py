@@ -192,6 +192,21 @@ class AgentApi:
             raise ApiError(f"GET {self._member(a)}secrets/: not a name -> value object", 200)
         return secrets
 
+    def get_image_auth(self, a: wire.Assignment) -> str | None:
+        """The registry's `user:password` for the member's image (memory only), or None."""
+        response = self._call("GET", self._member(a) + "image/", token=a.token)
+        auth = response.json().get("auth")
+        if auth is not None and not isinstance(auth, str):
+            raise ApiError(f"GET {self._member(a)}image/: auth is not a string", 200)
+        return auth
+
+    def report_image_digest(self, a: wire.Assignment, digest: str) -> str:
+        """Report the digest this member's pull resolved; the job's fixed one comes back."""
+        response = self._call(
+            "POST", self._member(a) + "image/", token=a.token, json={"digest": digest}
+        )
+        return str(response.json().get("image_digest") or "")
+
     def list_inputs(self, a: wire.Assignment) -> list[dict]:
         """The artifacts of the member's job's parents: [{"job", "name", "size", "sha256"}]."""
         return self._call("GET", self._member(a) + "inputs/", token=a.token).json()["inputs"]

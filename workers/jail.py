@@ -19,6 +19,7 @@ import, no thread (a mount namespace of one's own needs a process of one thread)
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import os
 
 CLONE_NEWNS = 0x00020000
@@ -26,6 +27,19 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 4096, 163
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
 SIGKILL = 9
 libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _beside(name: str):
+    """A module of this dir, loaded as this one is (the fork server runs with `-I`: no package)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"gpuplatform_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+image_root = _beside("image_root")  # an OCI image's root as the job's / (docs/images.md)
 
 
 def _check(result: int, what: str) -> None:
@@ -135,7 +149,10 @@ def enter(spec: dict, status_fd: int) -> None:
     written to `status_fd` and raised (the child then ends without exec)."""
     try:
         join_cgroups(spec["cgroup_procs"])
-        enter_namespace(spec)
+        if spec.get("image"):  # an OCI image's root as its / (docs/images.md)
+            image_root.enter_image(spec)
+        else:
+            enter_namespace(spec)
         become(spec["uid"], spec["gid"])
         if os.getppid() != spec["agent_pid"]:
             raise OSError("the agent is gone")

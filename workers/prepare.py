@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from apps.platform.agent_protocol import Assignment
 from apps.platform.names import StopReason
-from workers import envs, unpack
+from workers import envs, images, unpack
 from workers.agent_client import ApiError
 from workers.bundles import BundleCache, FetchError, Lease
 from workers.masking import MIN_MASKED
@@ -55,6 +55,7 @@ class Preparer:
         self.data_dir = data_dir
         self._bundles: BundleCache | None = None
         self._envs: envs.EnvCache | None = None
+        self._images: images.ImageCache | None = None
         self.caps = unpack.Caps.from_env()
 
     @property
@@ -69,10 +70,17 @@ class Preparer:
             self._envs = envs.EnvCache(self.data_dir / "envs")
         return self._envs
 
+    @property
+    def images(self) -> images.ImageCache:
+        if self._images is None:
+            self._images = images.ImageCache(self.data_dir / "images")
+        return self._images
+
     @staticmethod
     def needed(a: Assignment) -> bool:
         # getattr: the runner's own tests hand it assignments of older shapes
-        if any(getattr(a, name, None) for name in ("bundle", "secrets", "python_requirements")):
+        fields = ("bundle", "secrets", "python_requirements", "image")
+        if any(getattr(a, name, None) for name in fields):
             return True
         return _waits_for_leader(a)
 
@@ -89,7 +97,9 @@ class Preparer:
                     self._secrets(runner, run, head)
                 if a.bundle and not run.stop_reason:
                     self._bundle(runner, run, head)
-                if not run.stop_reason:
+                if getattr(a, "image", "") and not run.stop_reason:
+                    self._image(runner, run, head)  # its own Python: no environment built
+                elif not run.stop_reason:
                     self._environment(run, head)
             if _waits_for_leader(a) and not run.stop_reason:
                 self._leader_port(runner, run)
@@ -211,7 +221,23 @@ class Preparer:
             raise Failed(f"stopped before it started: {run.stop_reason}", STOPPED) from None
         run.env_dir = env.path
 
+    def _image(self, runner: Runner, run: Run, head: BinaryIO) -> None:
+        a = run.assignment
+        try:
+            images.prepare_member(
+                self.images, runner.reporter, run, head, jailed=runner.isolation.jailed
+            )
+        except images.PullFailed as error:  # the job's own image: no retry (docs/images.md)
+            raise Failed(f"image: member {a.rank}: {error.reason}") from None
+        except ApiError as error:
+            if error.status in (409, 410):  # its pull secret deleted or unreadable
+                raise Failed(f"image: member {a.rank}: {_detail(error)}") from None
+            raise Failed(f"image: member {a.rank}: {error}", LOST) from None
+
     def release(self, run: Run) -> None:
+        scratch = run.extra.pop("image_scratch", None)
+        if scratch is not None:
+            images.clear_scratch(scratch)
         lease = run.bundle_lease
         if isinstance(lease, Lease):
             lease.release()

@@ -278,6 +278,12 @@ class HttpReporter(Reporter):
     def secrets(self, run: Run) -> dict[str, str]:
         return self.api.get_secrets(run.assignment)
 
+    def image_auth(self, run: Run) -> str | None:
+        return self.api.get_image_auth(run.assignment)
+
+    def image_digest(self, run: Run, digest: str) -> str:
+        return self.api.report_image_digest(run.assignment, digest)
+
     def fetch_checkpoint(self, run: Run, dest_dir: pathlib.Path) -> str:
         """Download the checkpoint the job resumes from (stored by whichever node ran it last)."""
         if getattr(run.assignment, "resume_from", None) == "":

@@ -32,8 +32,8 @@ import time
 
 from apps.platform.agent_protocol import Assignment
 from apps.platform.names import EndReason, StopReason
+from workers import images, jobenv, joblog, ports, reaper
 from workers import isolation as fence
-from workers import jobenv, joblog, ports, reaper
 from workers.forkserver import ForkServer, LaunchFailed
 from workers.jobenv import INTERPRETER_DIRS, SDK_DIR
 from workers.run import Reporter, Run
@@ -374,6 +374,7 @@ class Runner:
             visible_devices=self._visible_devices(a.gpu_indices),
             device_dir=self.device_dir if self.fake_devices else None,
         )  # fmt: skip
+        argv, env = images.for_job(run, argv, env)  # an image's own (docs/images.md)
         # A job with dependencies: their artifacts, fetched before it starts (workers/inputs.py).
         if getattr(a, "inputs", False):
             self.reporter.fetch_inputs(run, control / "inputs")
@@ -484,6 +485,7 @@ class Runner:
             "hide": [] if self.fake_devices else [str(p) for p in others.values()],
             "tmp_size": f"{limits.memory_mib}m" if limits.memory_mib else "50%",
         }  # fmt: skip
+        images.fence(run, spec, own)  # an image's root as its / (workers/image_root.py)
         # The job's environment (its secrets too) goes to the exec from memory, over the fork
         # server's socket: never on disk, never argv, where `ps` would show it.
         try:

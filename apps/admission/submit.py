@@ -105,6 +105,11 @@ def check_own_code(tenant: Tenant, data: dict) -> None:
             }
         )
     check_secrets(tenant, data.get("secrets") or [])
+    pull_secret = data.get("image_pull_secret")
+    if pull_secret and missing_secrets(tenant_id=tenant.pk, names=[pull_secret]):
+        raise ValidationError(
+            {"image_pull_secret": [f"no secret named {pull_secret} in this tenant"]}
+        )
 
 
 def check_secrets(tenant: Tenant, names: list[str]) -> None:

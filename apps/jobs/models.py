@@ -188,6 +188,12 @@ class Job(models.Model):
     env = models.JSONField(default=dict, blank=True)
     secrets = models.JSONField(default=list, blank=True)
     python = models.JSONField(default=dict, blank=True)
+    # An OCI image as the job's root (docs/images.md): the reference as submitted, the tenant
+    # secret with the registry's `user:password` ("" none), and the manifest digest its first
+    # pull fixed (every later attempt runs that one; "" not pulled yet).
+    image = models.CharField(max_length=500, blank=True)
+    image_pull_secret = models.CharField(max_length=128, blank=True)
+    image_digest = models.CharField(max_length=71, blank=True)
     # A task of a job array (docs/arrays.md): its array and index (the spec's, e.g. 5 of "1,5,9").
     # No index of its own: the partial unique constraint below (array, array_index) serves.
     array = models.ForeignKey(

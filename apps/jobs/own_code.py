@@ -9,10 +9,12 @@ and whether each secret exists, is checked with the tenant at submit (apps/admis
 
 from __future__ import annotations
 
+from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from packaging.requirements import InvalidRequirement, Requirement
 from rest_framework import serializers
 
+from apps.platform import images
 from apps.platform import own_code as rules
 
 
@@ -139,6 +141,45 @@ class PythonField(serializers.Field):
         return value
 
 
+@extend_schema_field({"type": "string", "example": "registry.example.com/team/image:tag"})
+class ImageField(serializers.Field):
+    """`HOST[:PORT]/REPO[:TAG][@sha256:DIGEST]` (docs/images.md) from a registry the platform
+    allows (GPUPLATFORM_IMAGE_REGISTRIES): kept as written; the node pulls it."""
+
+    def to_internal_value(self, data):
+        try:
+            ref = images.parse(data)
+        except images.BadReference as error:
+            raise serializers.ValidationError(str(error)) from None
+        registries = list(settings.IMAGE_REGISTRIES)
+        if not images.allowed(ref, registries):
+            allowed = ", ".join(registries) if registries else "none: images are not enabled here"
+            raise serializers.ValidationError(
+                f"registry {ref.host} is not allowed (allowed: {allowed})"
+            )
+        return data
+
+    def to_representation(self, value):
+        return value
+
+
+@extend_schema_field({"type": "string"})
+class PullSecretField(serializers.Field):
+    """The name of a tenant secret holding `user:password` for the image's registry (whether
+    it exists is checked at submit)."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            raise serializers.ValidationError("must be a secret's name")
+        problem = rules.name_problem(data)
+        if problem:
+            raise serializers.ValidationError(f"{_clip(data)} {problem}")
+        return data
+
+    def to_representation(self, value):
+        return value
+
+
 def own_code_errors(attrs: dict) -> dict:
     """The rules between the fields: a bundle goes with a command (its root is the command's
     working directory), never a template; `env` and `python` are for commands too (a template
@@ -155,6 +196,15 @@ def own_code_errors(attrs: dict) -> dict:
         for name in ("env", "python"):
             if attrs.get(name):
                 errors[name] = [f"{name} is for commands, not templates"]
+    if attrs.get("image"):
+        if template is not None:
+            errors["image"] = ["an image is for commands, not templates"]
+        if (attrs.get("python") or {}).get("requirements"):
+            errors["python"] = [
+                "python.requirements are not built for an image: install them in the image"
+            ]
+    elif attrs.get("image_pull_secret"):
+        errors["image_pull_secret"] = ["a pull secret goes with an image"]
     shadowed = sorted(set(attrs.get("env") or {}) & set(attrs.get("secrets") or []))
     if shadowed and "env" not in errors:
         errors["env"] = [f"env.{name} is also named in secrets" for name in shadowed]

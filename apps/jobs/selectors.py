@@ -52,6 +52,9 @@ def assignment_of(job, attempt, *, rank: int, gpu_indices, world_size: int, lead
         array_index=job.array_index,
         inputs=job.has_dependencies,
         resume_from=resume_from,
+        image=job.image,
+        image_digest=job.image_digest,
+        image_auth=bool(job.image_pull_secret),
     )
 
 

@@ -25,6 +25,8 @@ from apps.jobs.naming import command_name
 from apps.jobs.own_code import (
     BundleDigestField,
     EnvField,
+    ImageField,
+    PullSecretField,
     PythonField,
     SecretNamesField,
     own_code_errors,
@@ -164,6 +166,9 @@ class JobSubmitSerializer(serializers.Serializer):
     env = EnvField(required=False)
     secrets = SecretNamesField(required=False)
     python = PythonField(required=False)
+    # An OCI image as the job's root (docs/images.md); its Cmd runs where no command is given.
+    image = ImageField(required=False)
+    image_pull_secret = PullSecretField(required=False)
     # A job array (docs/arrays.md): Slurm's --array syntax, and per-task params (one of the two).
     array = serializers.JSONField(required=False, help_text='e.g. "0-999%16"')
     array_params = serializers.JSONField(required=False)
@@ -223,7 +228,7 @@ class JobSubmitSerializer(serializers.Serializer):
         if own_code:
             raise serializers.ValidationError(own_code)
         template, command = attrs.get("template"), attrs.get("command")
-        if template is None and command is None:
+        if template is None and command is None and not attrs.get("image"):
             raise serializers.ValidationError({"template": ["give a template or a command"]})
         if template is not None and command is not None:
             raise serializers.ValidationError(
@@ -309,13 +314,19 @@ def spec_from(data: dict, *, default_tier: Tier) -> JobSpec:
     field of that name (default: the serializer field's, else the spec's), so a new plain field
     needs no line here."""
     template = data.get("template")
-    command: list[str] = data.get("command") or []  # validated: a template or a command
+    command: list[str] = data.get("command") or []  # validated: a template, a command, an image
+    image = data.get("image") or ""
+    if template is None and not command:  # an image's own Entrypoint and Cmd (docs/images.md)
+        default_name = image.split("@", 1)[0].rsplit("/", 1)[-1].split(":", 1)[0]
+    else:
+        default_name = template.name if template else command_name(command)
     derived = {
-        "name": data.get("name") or (template.name if template else command_name(command))[:100],
+        "name": data.get("name") or default_name[:100],
         "tier": data.get("tier") or default_tier,
         "template": template,
         "params": data.get("params", {}),
-        "command": data.get("command"),
+        # An image without a command runs its own Cmd: `[]`, still a command (allow_commands).
+        "command": data.get("command") if template is not None or not image else command,
         "gpu_sku": data.get("gpu_sku"),
         "max_runtime_seconds": data.get("max_runtime_seconds")
         or (template.default_max_runtime_seconds if template else 3600),
@@ -388,7 +399,7 @@ class JobSerializer(serializers.ModelSerializer):
             "cacheable", "created_at", "started_at", "finished_at", "queue_position",
             "estimated_start_at", "reason", "cache_hit", "exit_code", "attempts", "retry_on_failure",
             "not_before", "memory_mib", "pids_max", "cpu_weight", "bundle", "env", "secrets", "python",
-            "array", "array_index", "depends_on",
+            "array", "array_index", "depends_on", "image", "image_pull_secret", "image_digest",
         ]  # fmt: skip
 
     @extend_schema_field(

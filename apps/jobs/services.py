@@ -96,6 +96,10 @@ class JobSpec:
     env: dict = field(default_factory=dict)
     secrets: list = field(default_factory=list)
     python: dict = field(default_factory=dict)
+    # An OCI image (docs/images.md): its reference ("" none) and the secret naming its
+    # registry's credentials ("" none).
+    image: str = ""
+    image_pull_secret: str = ""
 
 
 SPEC_FIELDS = tuple(f.name for f in dataclass_fields(JobSpec))  # each a field of Job of that name

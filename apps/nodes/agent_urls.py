@@ -3,6 +3,7 @@
 from django.urls import path
 
 from apps.nodes import agent_api as views
+from apps.nodes.agent_images import ImageView
 
 member = "members/<int:attempt_id>/<int:rank>/"
 urlpatterns = [
@@ -20,6 +21,7 @@ urlpatterns = [
     path(member + "checkpoint/", views.CheckpointView.as_view(), name="agent-checkpoint"),
     path(member + "bundle/", views.BundleView.as_view(), name="agent-bundle"),
     path(member + "artifacts/<path:name>", views.ArtifactView.as_view(), name="agent-artifact"),
+    path(member + "image/", ImageView.as_view(), name="agent-image"),
     path(member + "inputs/", views.InputsView.as_view(), name="agent-inputs"),
     path(
         member + "inputs/<uuid:job_id>/<path:name>", views.InputView.as_view(), name="agent-input"

@@ -80,6 +80,13 @@ class Assignment:
     # The job has dependencies (docs/pipelines.md): the agent downloads its parents' artifacts
     # from the member's inputs endpoint before it starts, into GPUPLATFORM_INPUT_DIR.
     inputs: bool = False
+    # An OCI image as the member's root (docs/images.md): the reference as submitted ("" none),
+    # the manifest digest its job's first pull fixed ("" not yet: this pull fixes it, reported
+    # through the member's image endpoint), and whether the member's secrets endpoint carries
+    # the registry's `user:password` (`image_auth`, never in a message).
+    image: str = ""
+    image_digest: str = ""
+    image_auth: bool = False
 
 
 def to_wire(value) -> dict:

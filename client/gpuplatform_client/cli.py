@@ -251,6 +251,11 @@ def _submit_options(submit: Parser) -> None:
                         help="an environment variable for the job (repeatable)")  # fmt: skip
     submit.add_argument("--secret", "-s", action="append", default=[], metavar="NAME",
                         help="a tenant secret to set in the job's environment (repeatable)")  # fmt: skip
+    submit.add_argument("--image", metavar="REF",
+                        help="an OCI image as the job's root, HOST[:PORT]/REPO[:TAG][@sha256:DIGEST]; "
+                             "without a command its own Cmd runs")  # fmt: skip
+    submit.add_argument("--image-pull-secret", metavar="NAME",
+                        help="a tenant secret holding the registry's user:password")  # fmt: skip
     reqs = submit.add_mutually_exclusive_group()
     reqs.add_argument("--requirements", "-r", metavar="FILE",
                       help="a requirements.txt for the job's Python environment "

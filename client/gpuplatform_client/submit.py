@@ -28,8 +28,9 @@ def submit_body(args, client: Client | None = None) -> dict:
                 "give the command after `--`, or --command, or --template: one of them"
             )
         argv = args.trailing
-    if not args.template and not argv:
-        raise ConfigError("submit wants a command (after `--`) or --template NAME")
+    image = getattr(args, "image", None)
+    if not args.template and not argv and not image:
+        raise ConfigError("submit wants a command (after `--`), --template NAME or --image REF")
     if argv is not None and not argv:
         raise ConfigError("--command wants an argv")
     if args.workdir and args.template:
@@ -37,6 +38,12 @@ def submit_body(args, client: Client | None = None) -> dict:
             "--workdir runs a command from the directory; it does not go with --template"
         )
     body: dict = {"template": args.template} if args.template else {"command": argv}
+    if image:  # docs/images.md: without a command the image's own Cmd runs
+        body["image"] = image
+        if not argv and not args.template:
+            del body["command"]
+    if getattr(args, "image_pull_secret", None):
+        body["image_pull_secret"] = args.image_pull_secret
     if args.param:
         body["params"] = dict(_pair(p, "--param", parse=True) for p in args.param)
     if args.name is None and argv:

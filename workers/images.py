@@ -1,0 +1,336 @@
+"""OCI images on the node (docs/images.md): pulled with skopeo, unpacked with umoci, cached by
+manifest digest and shared by every job that runs that digest. Pure Python, no Django.
+
+- The digest: the job's `image_digest` where the platform has one (every attempt after the
+  first), else the reference's `@sha256:`, else what the registry answers for its tag now
+  (`skopeo inspect`); the first pull reports it (the agent API's image endpoint) and runs the
+  digest the platform then holds, so a re-tag never changes what a job runs.
+- The pull: `skopeo copy docker://HOST/REPO@DIGEST oci:<cache>/oci:<hex>`, into one OCI layout
+  whose blobs (layers, configs) are content-addressed and shared across images. Credentials go
+  to skopeo in an auth file of mode 0600 in the agent's own 0700 dir, removed after the call:
+  never on a command line, in a log or on the job. `--src-tls-verify=false` only for a host in
+  GPUPLATFORM_INSECURE_REGISTRIES.
+- The unpack: `umoci raw unpack` as root into `<cache>/roots/<hex>/`, once; the root's files
+  keep the image's owners (root's, mostly), so a job (never root) cannot change them, and each
+  job writes to an overlay of its own (workers/image_root.py).
+- One pull per digest however many jobs want it: a lock file per digest (flock); whoever waits
+  finds the root ready and logs `image <digest12> cached`.
+- A pull that fails for the job's own reason (auth refused, no such image, a corrupt layer) is
+  final: the job fails at once, naming the image and why, no retry; a registry that does not
+  answer is tried RETRIES times with backoff first, then the same.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import json
+import os
+import pathlib
+import re
+import secrets
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import BinaryIO
+
+from apps.platform import images as refs
+
+SKOPEO, UMOCI = "skopeo", "umoci"
+RETRIES = 3
+PULL_TIMEOUT = 3600
+UNREACHABLE = ("connection refused", "no such host", "i/o timeout", "timeout", "connection reset")
+NOT_FOUND = ("manifest unknown", "not found", "name unknown", "404")
+AUTH = ("unauthorized", "authentication required", "denied", "401", "403")
+
+
+class PullFailed(Exception):
+    """The image could not be had; `final`: the job's own reason (no retry)."""
+
+    def __init__(self, reason: str, final: bool = True):
+        super().__init__(reason)
+        self.reason, self.final = reason, final
+
+
+@dataclass(frozen=True)
+class Image:
+    """An unpacked image: its root dir (read-only, shared) and what its config says."""
+
+    digest: str
+    rootfs: pathlib.Path
+    env: list[str] = field(default_factory=list)
+    entrypoint: list[str] = field(default_factory=list)
+    cmd: list[str] = field(default_factory=list)
+    working_dir: str = ""
+    user: str = ""  # recorded, never applied: the job runs as its own uid
+
+
+def insecure_registries() -> list[str]:
+    # Registries reached over plain HTTP (tests use one on loopback): hosts or host:port.
+    raw = os.environ.get("GPUPLATFORM_INSECURE_REGISTRIES", "")
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def _run(argv: list[str], *, timeout: float = PULL_TIMEOUT) -> subprocess.CompletedProcess:
+    return subprocess.run(  # noqa: S603 (an argv list, no shell; no secret in it)
+        argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False
+    )
+
+
+def _why(stderr: str, auth: str | None) -> str:
+    """skopeo's or umoci's last line, without anything of the credentials."""
+    lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
+    text = lines[-1] if lines else "no output"
+    if auth:
+        for part in {auth, *auth.split(":", 1)}:
+            if len(part) >= 3:
+                text = text.replace(part, "***")
+    text = re.sub(r'time="[^"]*" level=\w+ msg=', "", text)
+    return text[:200]
+
+
+class ImageCache:
+    def __init__(self, root: pathlib.Path, *, insecure: list[str] | None = None):
+        self.root = root
+        self.insecure = insecure_registries() if insecure is None else insecure
+        self.layout = root / "oci"
+        for path in (root, root / "roots", root / "locks", root / "auth", root / "jobs"):
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # All 0700, root's: a job reaches its image only through the mounts its fence makes.
+
+    # --- the steps --------------------------------------------------------------------------
+
+    def resolve(self, ref: refs.ImageRef, auth: str | None) -> str:
+        """The manifest digest the reference's tag names at the registry now."""
+        with self._auth_file(ref, auth) as authfile:
+            argv = [SKOPEO, "inspect", "--retry-times", "0", "--format", "{{.Digest}}",
+                    *self._tls(ref, "--tls-verify"), *authfile, f"docker://{ref}"]  # fmt: skip
+            result = self._tried(argv, ref, auth)
+        digest = result.stdout.strip()
+        if not refs.DIGEST.fullmatch(digest):
+            raise PullFailed(f"image {ref}: the registry gave no sha256 digest ({digest[:80]!r})")
+        return digest
+
+    def get(self, ref: refs.ImageRef, digest: str, auth: str | None, head: BinaryIO) -> Image:
+        """The unpacked image of `digest` (pulled and unpacked here if no job did it before)."""
+        hexa = digest.split(":", 1)[1]
+        bundle = self.root / "roots" / hexa
+        with self._locked(f"{hexa}.lock"):
+            if (bundle / "ready").exists():
+                head.write(f"gpuplatform: image {hexa[:12]} cached\n".encode())
+                head.flush()
+                return self._image(digest, bundle)
+            began = time.monotonic()
+            head.write(f"gpuplatform: image {hexa[:12]} pulling {ref.pinned(digest)}\n".encode())
+            head.flush()
+            with self._locked("layout.lock"), self._auth_file(ref, auth) as authfile:
+                argv = [SKOPEO, "copy", "--retry-times", "0", "--quiet",
+                        *self._tls(ref, "--src-tls-verify"), *authfile,
+                        f"docker://{ref.pinned(digest)}", f"oci:{self.layout}:{hexa}"]  # fmt: skip
+                self._tried(argv, ref, auth)
+            pulled = time.monotonic()
+            scratch = bundle.with_name(f".{hexa}.{secrets.token_hex(4)}")
+            scratch.mkdir(mode=0o700)
+            result = _run([UMOCI, "raw", "unpack", "--image", f"{self.layout}:{hexa}",
+                           str(scratch / "rootfs")])  # fmt: skip
+            if result.returncode != 0:
+                shutil.rmtree(scratch, ignore_errors=True)
+                raise PullFailed(f"image {ref}: could not unpack: {_why(result.stderr, None)}")
+            self._write_config(hexa, scratch / "image.json")
+            (scratch / "ready").touch()
+            shutil.rmtree(bundle, ignore_errors=True)  # an unpack a crash left unfinished
+            scratch.rename(bundle)
+            head.write(f"gpuplatform: image {hexa[:12]} pulled in {pulled - began:.2f}s, "
+                       f"unpacked in {time.monotonic() - pulled:.2f}s\n".encode())  # fmt: skip
+            head.flush()
+            return self._image(digest, bundle)
+
+    # --- helpers ----------------------------------------------------------------------------
+
+    def _tls(self, ref: refs.ImageRef, option: str) -> list[str]:
+        if ref.host in self.insecure or ref.hostname in self.insecure:
+            return [f"{option}=false"]
+        return []
+
+    def _tried(self, argv: list[str], ref: refs.ImageRef, auth: str | None):
+        """Run skopeo; a registry that does not answer is tried again (backoff 1, 2 s...)."""
+        for attempt in range(RETRIES):
+            try:
+                result = _run(argv)
+            except subprocess.TimeoutExpired:
+                raise PullFailed(f"image {ref}: the registry took too long") from None
+            if result.returncode == 0:
+                return result
+            why = _why(result.stderr, auth)
+            low = result.stderr.lower()
+            if any(word in low for word in AUTH):
+                raise PullFailed(f"image {ref}: the registry refused the credentials: {why}")
+            if any(word in low for word in NOT_FOUND):
+                raise PullFailed(f"image {ref}: not found: {why}")
+            if not any(word in low for word in UNREACHABLE):
+                raise PullFailed(f"image {ref}: {why}")  # a corrupt layer, a bad manifest...
+            if attempt < RETRIES - 1:
+                time.sleep(2**attempt)
+        raise PullFailed(f"image {ref}: the registry does not answer ({why})")
+
+    @contextlib.contextmanager
+    def _auth_file(self, ref: refs.ImageRef, auth: str | None) -> Iterator[list[str]]:
+        """`--authfile PATH` for skopeo (0600, in the agent's own dir, gone after), or none."""
+        if not auth:
+            yield []
+            return
+        path = self.root / "auth" / f"{secrets.token_hex(8)}.json"
+        encoded = base64.b64encode(auth.encode()).decode()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            with os.fdopen(fd, "w") as out:
+                json.dump({"auths": {ref.host: {"auth": encoded}}}, out)
+            yield ["--authfile", str(path)]
+        finally:
+            path.unlink(missing_ok=True)
+
+    @contextlib.contextmanager
+    def _locked(self, name: str) -> Iterator[None]:
+        fd = os.open(self.root / "locks" / name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing drops the lock
+
+    def _blob(self, digest: str) -> bytes:
+        algorithm, hexa = digest.split(":", 1)
+        return (self.layout / "blobs" / algorithm / hexa).read_bytes()
+
+    def _write_config(self, hexa: str, target: pathlib.Path) -> None:
+        """The image config's `config` part (Env, Entrypoint, Cmd, WorkingDir, User) beside the
+        root, read from the layout: the manifest tagged `hexa`, then its config blob."""
+        index = json.loads((self.layout / "index.json").read_text())
+        manifest = next(
+            m for m in index["manifests"]
+            if (m.get("annotations") or {}).get("org.opencontainers.image.ref.name") == hexa
+        )  # fmt: skip
+        config = json.loads(
+            self._blob(json.loads(self._blob(manifest["digest"]))["config"]["digest"])
+        )
+        target.write_text(json.dumps(config.get("config") or {}))
+
+    def _image(self, digest: str, bundle: pathlib.Path) -> Image:
+        config = json.loads((bundle / "image.json").read_text())
+        return Image(
+            digest=digest, rootfs=bundle / "rootfs", env=list(config.get("Env") or []),
+            entrypoint=list(config.get("Entrypoint") or []), cmd=list(config.get("Cmd") or []),
+            working_dir=config.get("WorkingDir") or "", user=config.get("User") or "",
+        )  # fmt: skip
+
+
+# --- the member's side: prepare (workers/prepare.py), spawn and fence (workers/runner.py) -----
+
+_overlay: dict[str, bool] = {}
+
+
+def overlay_works(root: pathlib.Path) -> bool:
+    """Whether this kernel mounts an overlay here (tried once per cache, in a throwaway mount
+    namespace): where it does not, each member gets a private copy of the root instead."""
+    if str(root) not in _overlay:
+        probe = root / "jobs" / f".probe-{secrets.token_hex(4)}"
+        for name in ("lower", "upper", "work", "mount"):
+            (probe / name).mkdir(parents=True)
+        options = f"lowerdir={probe / 'lower'},upperdir={probe / 'upper'},workdir={probe / 'work'}"
+        try:
+            result = _run(["unshare", "--mount", "mount", "-t", "overlay", "overlay", "-o", options,
+                           str(probe / "mount")], timeout=30)  # fmt: skip
+            _overlay[str(root)] = result.returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            _overlay[str(root)] = False
+        finally:
+            shutil.rmtree(probe, ignore_errors=True)
+    return _overlay[str(root)]
+
+
+def prepare_member(cache: ImageCache, reporter, run, head: BinaryIO, *, jailed: bool) -> None:
+    """Pull (or find) the member's image, fix its digest with the platform, make its own layer's
+    dirs; the runner then runs it in that root (`command`, `environment`, `fence`)."""
+    a = run.assignment
+    if not jailed:
+        raise PullFailed("images run only on a node that fences jobs (a root agent with cgroups)")
+    try:
+        ref = refs.parse(a.image)
+    except refs.BadReference as error:
+        raise PullFailed(f"image {a.image[:100]!r}: {error}") from None
+    auth = reporter.image_auth(run) if getattr(a, "image_auth", False) else None
+    digest = getattr(a, "image_digest", "") or ref.digest or cache.resolve(ref, auth)
+    if not getattr(a, "image_digest", ""):
+        fixed = reporter.image_digest(run, digest)  # the first member's report wins
+        digest = fixed if fixed and refs.DIGEST.fullmatch(fixed) else digest
+    image = cache.get(ref, digest, auth, head)
+    scratch = scratch_dir(cache.root, run.key)
+    clear_scratch(scratch)
+    for name in ("upper", "work", "mount"):
+        (scratch / name).mkdir(mode=0o700, parents=True)
+    os.chmod(scratch / "upper", os.stat(image.rootfs).st_mode & 0o7777)  # the root's own mode
+    if not overlay_works(cache.root):
+        shutil.copytree(image.rootfs, scratch / "copy", symlinks=True)
+        head.write(b"gpuplatform: no overlayfs here: the job runs in a private copy of the image\n")
+    run.extra["image"], run.extra["image_scratch"] = image, scratch
+
+
+def command(image: Image, argv: list[str]) -> list[str]:
+    """Docker's rule: the image's Entrypoint, then the submit's command or else its Cmd."""
+    return [*image.entrypoint, *(argv or image.cmd)]
+
+
+def environment(image: Image, env: dict[str, str]) -> dict[str, str]:
+    """The image's Env under the job's (its variables, secrets and the platform's win), but the
+    image's PATH where it sets one; no PYTHONPATH to the node's SDK (not in the image)."""
+    merged: dict[str, str] = {}
+    for item in image.env:
+        name, _, value = item.partition("=")
+        if name:
+            merged[name] = value
+    image_path = merged.get("PATH")
+    merged.update(env)
+    merged.pop("PYTHONPATH", None)
+    merged["PATH"] = image_path or merged.get("PATH", "/usr/local/bin:/usr/bin:/bin")
+    return merged
+
+
+def for_job(run, argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """The member's argv and environment: as they are without an image, else the image's."""
+    image = run.extra.get("image")
+    if image is None:
+        return argv, env
+    argv = command(image, list(run.assignment.argv))
+    if not argv:
+        run.failure = "final"  # the job's own input: no retry changes it
+        raise ValueError("the image has no Entrypoint or Cmd and the submit no command")
+    return argv, environment(image, env)
+
+
+def fence(run, spec: dict, own_gpus: list[pathlib.Path]) -> None:
+    """The fence's spec for a member with an image (workers/image_root.py reads it)."""
+    image, scratch = run.extra.get("image"), run.extra.get("image_scratch")
+    if image is None or scratch is None:
+        return
+    working_dir = image.working_dir if not run.assignment.bundle else ""
+    spec["image"] = {
+        "rootfs": str(image.rootfs), "upper": str(scratch / "upper"), "work": str(scratch / "work"),
+        "mount": str(scratch / "mount"),
+        "copy": str(scratch / "copy") if (scratch / "copy").is_dir() else "",
+        "devices": [str(path) for path in own_gpus],
+        "binds": [str(run.workdir), str(run.checkpoint_dir)], "working_dir": working_dir,
+    }  # fmt: skip
+    if working_dir:
+        spec["cwd"] = working_dir
+
+
+def scratch_dir(cache_root: pathlib.Path, key: tuple[int, int]) -> pathlib.Path:
+    """The member's own overlay dirs (upper, work) and mount point, in the agent's dir."""
+    return cache_root / "jobs" / f"{key[0]}-{key[1]}"
+
+
+def clear_scratch(path: pathlib.Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
