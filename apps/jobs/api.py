@@ -323,6 +323,14 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         job = self.get_object()
         return Response(ArtifactSerializer(job.artifacts.all(), many=True).data)
 
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    @action(detail=True, methods=["get"], pagination_class=None, filterset_class=None)
+    def metrics(self, request, pk=None):
+        """The job's GPU telemetry: its GPUs, samples and summary (docs/telemetry.md)."""
+        from apps.telemetry.read import job_metrics
+
+        return Response(job_metrics(self.get_object()))
+
     @extend_schema(responses={(200, "application/octet-stream"): bytes})
     def artifact(self, request, pk=None, name=None):
         """Download one artifact (routed in gpuplatform/urls.py: names carry no trailing slash)."""

@@ -31,6 +31,7 @@ from django.db.models import Max
 from apps.jobs import stream_slots
 from apps.jobs.arrays import ENDED_KIND as ARRAY_ENDED  # a job array's end
 from apps.jobs.models import JOB_TERMINAL, Job, JobEvent
+from apps.platform.names import GPU_IDLE_KIND  # a job's GPUs sat idle (apps/telemetry/idle.py)
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ POLL_SECONDS = 0.5
 LOG_CHUNK_BYTES = 64 * 1024
 JOB_FIELDS = ("pk", "state", "progress", "attempts_count", "exit_code")
 END = None  # put on a stream's queue after its last message
-STREAMED = ("state", ARRAY_ENDED)
+STREAMED = ("state", ARRAY_ENDED, GPU_IDLE_KIND)
 
 
 @dataclass
@@ -228,6 +229,10 @@ def state_events(job_id, cursor: Cursor) -> Iterator[str]:
         cursor.event_id = row["pk"]
         if row["kind"] == ARRAY_ENDED:  # the job array ended with this task (docs/arrays.md)
             yield sse("array.ended", {**row["data"], "at": row["created_at"].isoformat()}, cursor)
+            continue
+        if row["kind"] == GPU_IDLE_KIND:  # {job, idle_minutes, limit_minutes, action}
+            yield sse(GPU_IDLE_KIND, {**row["data"], "reason": row["reason"],
+                                      "at": row["created_at"].isoformat()}, cursor)  # fmt: skip
             continue
         yield sse("state", {
             "from": row["from_state"] or None, "to": row["to_state"], "reason": row["reason"],

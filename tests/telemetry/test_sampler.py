@@ -1,0 +1,93 @@
+"""The agent's GPU sampler (workers/telemetry.py) with --fake GPUs: a GPU's utilisation is its
+job's CPU use and its memory the job's resident memory, attributed to the member holding it;
+samples wait for the heartbeat (and go again after a failed one); an injected XID marks a GPU
+unhealthy for good."""
+
+import pathlib
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from apps.platform.agent_protocol import Assignment
+from workers.gpus import fake_gpus
+from workers.runner import Run
+from workers.telemetry import Sampler
+
+BUSY = "x = bytearray(64 << 20)\nwhile True: pass"
+SLEEPY = "import time\nx = bytearray(32 << 20)\ntime.sleep(120)"
+
+
+class Runner:
+    def __init__(self):
+        self.lock = threading.RLock()
+        self.runs = {}
+
+
+def assignment(attempt_id: int, gpus: list[int], rank: int = 0) -> Assignment:
+    return Assignment(job_id="j", attempt_id=attempt_id, attempt_number=1, rank=rank, token="t",
+                      argv=[], params={}, gpu_indices=gpus, world_size=1, master_addr="",
+                      master_port=0, max_runtime_seconds=60, checkpoint="", stop_requested="",
+                      active=True)  # fmt: skip
+
+
+@pytest.fixture
+def runner():
+    runner, processes = Runner(), []
+
+    def run(attempt_id: int, gpus: list[int], code: str) -> None:
+        process = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+        processes.append(process)
+        work = Run(assignment=assignment(attempt_id, gpus), workdir=pathlib.Path("."),
+                   log_path=pathlib.Path("."), process=process)  # fmt: skip
+        runner.runs[work.key] = work
+
+    runner.run = run
+    yield runner
+    for process in processes:
+        process.kill()
+        process.wait()
+
+
+def test_a_busy_job_reads_busy_a_sleeping_one_idle_each_on_its_own_gpus(runner):
+    runner.run(11, [0, 1], BUSY)
+    runner.run(12, [2], SLEEPY)
+    sampler = Sampler(runner, gpus=fake_gpus("n1", 4), nvml=None, interval=1.0)
+    time.sleep(0.5)  # both have allocated their memory
+    assert sampler.sample() == []  # the first reading is the baseline of CPU time
+    time.sleep(1.5)
+    samples = {s["index"]: s for s in sampler.sample()}
+    assert set(samples) == {0, 1, 2}  # GPU 3 is nobody's: no sample
+    assert samples[0]["attempt_id"] == samples[1]["attempt_id"] == 11
+    assert samples[2]["attempt_id"] == 12 and samples[2]["rank"] == 0
+    assert samples[0]["util"] > 20 and samples[1]["util"] > 20  # generous: 2 loaded cores
+    assert samples[2]["util"] < 10
+    assert samples[0]["memory_mib"] >= 64 and 32 <= samples[2]["memory_mib"] < 64 + 32
+    assert 0 < samples[0]["seconds"] <= 3.0
+    gpus, queued = sampler.take()
+    assert queued == list(samples.values()) or sorted(queued, key=lambda s: s["index"]) == [
+        samples[i] for i in (0, 1, 2)
+    ]
+    assert {g.index for g in gpus} == {0, 1, 2, 3}  # readings changed since registering
+    assert sampler.take() == ([], [])  # nothing new until the next sample
+    sampler.put_back(gpus, queued)  # the heartbeat failed: all of it goes with the next one
+    again_gpus, again = sampler.take()
+    assert again == queued and {g.index for g in again_gpus} == {0, 1, 2, 3}
+
+
+def test_an_injected_xid_marks_the_gpu_unhealthy_and_its_samples_say_so(runner, tmp_path):
+    runner.run(21, [1], SLEEPY)
+    errors = tmp_path / "fake-gpu-errors"
+    sampler = Sampler(runner, gpus=fake_gpus("n1", 2), nvml=None, interval=0.5, errors_file=errors)
+    sampler.sample()
+    errors.write_text("1 xid 79\n")
+    time.sleep(0.3)
+    (sample,) = sampler.sample()
+    assert sample["health"] == "xid 79"
+    gpus = {g.index: g for g in sampler.take()[0]}
+    assert gpus[1].healthy is False and gpus[0].healthy is True
+    errors.unlink()
+    sampler.sample()
+    assert {g.index: g.healthy for g in sampler.current.values()}[1] is False  # sticky
