@@ -13,16 +13,11 @@ from apps.nodes.credentials import issue_credential
 from apps.nodes.models import Gpu
 from apps.telemetry.models import GpuSeries, JobGpuSummary
 from apps.telemetry.series import MAX_POINTS, add
-from tests.factories import client_for, make_cast, make_node
+from tests.factories import client_for, make_node
 from tests.unit.test_agent_api import bearer
 from tests.unit.test_dispatcher import dispatch_once, submit
 
 API = "/internal/agent/v1"
-
-
-@pytest.fixture
-def cast(db):
-    return make_cast()
 
 
 def running(cast, user="bob", gpus=2, nodes=1):
