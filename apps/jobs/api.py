@@ -30,6 +30,7 @@ from apps.jobs.serializers import (
     created_representation,
     virtual_representation,
 )
+from apps.telemetry.read import job_metrics, log_notices
 from apps.tenants.auth import PEEK_LIMIT, SubmitterAuthentication, TokenAuthentication
 
 
@@ -308,11 +309,12 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     @action(detail=True, methods=["get"])
     def logs(self, request, pk=None):
         job = self.get_object()
-        chunks = []
+        chunks, notices = [], log_notices(job)  # GPU notices (apps/telemetry) after each attempt
         for number, name in enumerate(log_names(job), start=1):
             if default_storage.exists(name):
                 with default_storage.open(name, "rb") as handle:
                     chunks.append(f"=== attempt {number} ===\n".encode() + handle.read())
+            chunks.append(notices.get(number, b""))
         return HttpResponse(b"".join(chunks), content_type="text/plain; charset=utf-8")
 
     @extend_schema(responses={200: ArtifactSerializer(many=True)})
@@ -327,8 +329,6 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     @action(detail=True, methods=["get"], pagination_class=None, filterset_class=None)
     def metrics(self, request, pk=None):
         """The job's GPU telemetry: its GPUs, samples and summary (docs/telemetry.md)."""
-        from apps.telemetry.read import job_metrics
-
         return Response(job_metrics(self.get_object()))
 
     @extend_schema(responses={(200, "application/octet-stream"): bytes})

@@ -9,7 +9,9 @@ from collections.abc import Iterator
 from django.db.models import Q
 from django.utils import timezone
 
-from apps.jobs.models import ATTEMPT_ACTIVE, GpuAllocation, Job, JobState
+from apps.jobs.models import ATTEMPT_ACTIVE, GpuAllocation, Job, JobEvent, JobState
+from apps.platform.names import GPU_IDLE_KIND
+from apps.telemetry.ingest import HEALTH_KIND
 from apps.telemetry.models import GpuSeries, JobGpuSummary
 from apps.telemetry.series import KEEP_POINTS, MAX_POINTS, rebucket
 
@@ -60,6 +62,16 @@ def job_metrics(job: Job) -> dict:
     samples.sort(key=lambda s: (s["t"], s["node"], s["index"]))
     summary = JobGpuSummary.objects.filter(job=job).first()
     return {"gpus": list(gpus.values()), "samples": samples, "summary": summary_of(summary)}
+
+
+def log_notices(job: Job) -> dict[int, bytes]:
+    """The platform's GPU notices (idle warnings, unhealthy GPUs) for `gpuplatform logs`, by
+    attempt number: one line each, after that attempt's own log."""
+    rows = JobEvent.objects.filter(job=job, kind__in=(GPU_IDLE_KIND, HEALTH_KIND)).order_by("pk")
+    lines: dict[int, list[str]] = defaultdict(list)
+    for number, at, reason in rows.values_list("attempt__number", "created_at", "reason"):
+        lines[number or 0].append(f"[gpuplatform {at.isoformat(timespec='seconds')}] {reason}\n")
+    return {number: "".join(found).encode() for number, found in lines.items()}
 
 
 def running_gauges() -> Iterator[tuple[str, str, str, int, float, int]]:

@@ -17,7 +17,7 @@ from apps.jobs.event_hub import Cursor, state_events
 from apps.jobs.models import Job, JobEvent
 from apps.tenants.models import Tier
 from apps.webhooks.services import payload_for
-from tests.factories import make_node
+from tests.factories import client_for, make_node
 from tests.telemetry.test_storage import heartbeat, running, sample
 from tests.unit.test_dispatcher import dispatch_once
 
@@ -94,6 +94,9 @@ def test_an_idle_job_is_warned_once_per_stretch_then_cancelled_naming_minutes_an
     streamed = [m for m in state_events(job.pk, Cursor()) if m.startswith("id:")]
     idle = [m for m in streamed if "event: gpu.idle" in m]
     assert len(idle) == 2 and '"limit_minutes": 2' in idle[0]
+    logs = client_for(cast["bob"][1]).get(f"/api/v1/jobs/{job.pk}/logs/").content.decode()
+    notices = [line for line in logs.splitlines() if line.startswith("[gpuplatform ")]
+    assert len(notices) == 2 and "every GPU idle for 1.0 minutes" in notices[0]
 
 
 def test_a_job_with_one_busy_gpu_is_not_idle(cast):
