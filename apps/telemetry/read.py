@@ -74,6 +74,24 @@ def log_notices(job: Job) -> dict[int, bytes]:
     return {number: "".join(found).encode() for number, found in lines.items()}
 
 
+def new_samples(event) -> dict:
+    """Answer to GpuSamplesWanted (the event streams): per job, the samples newer than its mark,
+    each with `at` (Unix time) besides the API's fields, in time order."""
+    found: dict = defaultdict(list)
+    marks = event.after
+    rows = GpuSeries.objects.filter(job_id__in=list(marks), last_t__gt=min(marks.values()))
+    for job_id, node, index, points in rows.values_list("job_id", "node", "gpu_index", "points"):
+        mark = marks.get(job_id, marks.get(str(job_id), 0.0))
+        for t, util, memory, _ in reversed(points):
+            if t <= mark:
+                break
+            found[job_id].append({"at": t, "t": _iso(t), "node": node, "index": index,
+                                  "util": util, "memory_mib": memory})  # fmt: skip
+    for samples in found.values():
+        samples.sort(key=lambda s: s["at"])
+    return dict(found)
+
+
 def running_gauges() -> Iterator[tuple[str, str, str, int, float, int]]:
     """(tenant, job, node, gpu, util, memory bytes) of every GPU of a running job's live
     attempt, as last sampled: a job's series leave `/metrics` as soon as it ends."""
