@@ -36,7 +36,9 @@ def test_a_chart_per_gpu_with_axes_units_and_time_labels(cast):
     for tick in ("0%", "50%", "100%", "0 MiB", "2500 MiB", "5000 MiB"):  # memory axis: 1-2-5
         assert f">{tick}</text>" in card, tick
     clock = time.strftime("%H:%M", time.gmtime(start))
-    assert len(re.findall(r">\d\d:\d\d:\d\d</text>", card)) == 6 and f">{clock}:" in card  # 3 a chart
+    assert (
+        len(re.findall(r">\d\d:\d\d:\d\d</text>", card)) == 6 and f">{clock}:" in card
+    )  # 3 a chart
     assert f"h1:{held[0]}" in card and "Utilisation mean 50.0%" in card
     assert "style=" not in card and "<script>" not in html  # the CSP allows neither
     points = re.search(r'class="line-util"[^>]*points="([^"]+)"', card).group(1).split()
