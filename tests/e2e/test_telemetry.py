@@ -4,7 +4,9 @@ a gang has samples from both its nodes; another tenant gets 404; the per-job /me
 go with the job; an idle free job is warned, then cancelled, or requeued from its checkpoint;
 a GPU with an XID takes no new work and its job hears of it.
 
-Its own platform: agents sample every 0.5 s, and an idle-policy "minute" lasts 2 s."""
+Its own platform: agents sample every 0.5 s, an idle-policy "minute" lasts 2 s, and a GPU reads
+idle below 20% (a fake GPU's demo-train step, its checkpoint and progress report, takes a few
+percent of a loaded CPU now and then; a sleeping process reads 0)."""
 
 import time
 
@@ -17,14 +19,15 @@ SKU = "H100-80GB"
 BUSY = ["python3", "-c", "x = bytearray(96 << 20); exec('while True: x[0] = (x[0] + 1) % 256')"]
 SLEEPY = ["python3", "-c", "import time; x = bytearray(24 << 20); time.sleep(300)"]
 IDLE_TRAIN = {"template": "demo-train", "gpu_sku": SKU, "gpus": 1,
-              "params": {"steps": 600, "step_seconds": 0.5}}  # fmt: skip
+              "params": {"steps": 300, "step_seconds": 2}}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def platform(tmp_path_factory):
     platform = Platform(tmp_path_factory.mktemp("telemetry"), name="gpuplatform_e2e_telemetry",
                         redis_db=5, env={"GPUPLATFORM_GPU_SAMPLE_SECONDS": "0.5",
-                                         "GPUPLATFORM_GPU_IDLE_MINUTE_SECONDS": "2"})  # fmt: skip
+                                         "GPUPLATFORM_GPU_IDLE_MINUTE_SECONDS": "2",
+                                         "GPUPLATFORM_GPU_IDLE_UTIL": "20"})  # fmt: skip
     try:
         yield platform.start({"tel-h1": (SKU, 2, "rack=r1"), "tel-h2": (SKU, 2, "rack=r2")})
     finally:

@@ -91,3 +91,71 @@ def test_an_injected_xid_marks_the_gpu_unhealthy_and_its_samples_say_so(runner, 
     errors.unlink()
     sampler.sample()
     assert {g.index: g.healthy for g in sampler.current.values()}[1] is False  # sticky
+
+
+class FakeNvml:
+    """What the sampler uses of pynvml, for two GPUs: GPU 1 has an uncorrected ECC error, and
+    a critical XID 79 arrives for GPU 0."""
+
+    class NVMLError(Exception):
+        pass
+
+    NVML_TEMPERATURE_GPU = 0
+    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+    NVML_VOLATILE_ECC = 0
+    nvmlEventTypeXidCriticalError = 8
+
+    def __init__(self):
+        self.events = [type("Event", (), {"device": 0, "eventData": 79})()]
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return index
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        return 312_500  # mW
+
+    def nvmlDeviceGetTemperature(self, handle, sensor):
+        return 61
+
+    def nvmlDeviceGetTotalEccErrors(self, handle, kind, counter):
+        return 2 if handle == 1 else 0
+
+    def nvmlEventSetCreate(self):
+        return "set"
+
+    def nvmlDeviceRegisterEvents(self, handle, types, event_set):
+        pass
+
+    def nvmlEventSetWait(self, event_set, timeout_ms):
+        if not self.events:
+            raise self.NVMLError("timeout")
+        return self.events.pop()
+
+    def nvmlDeviceGetUUID(self, handle):
+        return f"GPU-{handle}".encode()
+
+
+class Wrapper:
+    def __init__(self):
+        self.nv = FakeNvml()
+
+    def _info(self, index):
+        from apps.platform.agent_protocol import GpuInfo
+
+        return GpuInfo(index=index, uuid=f"GPU-{index}", memory_mib=81920,
+                       utilization_percent=97, memory_used_mib=5000)  # fmt: skip
+
+
+def test_with_nvml_samples_carry_power_and_temperature_and_xid_or_ecc_mark_a_gpu_unhealthy(
+    runner,
+):
+    from apps.platform.agent_protocol import GpuInfo
+
+    runner.run(31, [0, 1], SLEEPY)
+    inventory = [GpuInfo(index=i, uuid=f"GPU-{i}", memory_mib=81920) for i in (0, 1)]
+    sampler = Sampler(runner, gpus=inventory, nvml=Wrapper(), interval=10)
+    samples = {s["index"]: s for s in sampler.sample()}
+    assert samples[0]["util"] == 97 and samples[0]["memory_mib"] == 5000
+    assert samples[0]["power_w"] == 312.5 and samples[0]["temperature_c"] == 61
+    assert samples[0]["health"] == "xid 79" and samples[1]["health"] == "ecc 2"
+    assert not any(g.healthy for g in sampler.take()[0])
