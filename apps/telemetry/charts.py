@@ -9,8 +9,13 @@ import datetime as dt
 import math
 from collections import defaultdict
 
-from apps.jobs.models import Job
-from apps.telemetry.read import job_metrics
+from django.db.models import Q
+from django.utils import timezone
+
+from apps.admission.quotas import period_bounds
+from apps.jobs.models import GpuAllocation, Job
+from apps.telemetry.models import GpuSeries
+from apps.telemetry.read import job_metrics, utilization_usage
 
 WIDTH, HEIGHT = 600, 180
 LEFT, RIGHT, TOP, BOTTOM = 44, 64, 10, 24  # room for the axes' labels
@@ -71,3 +76,75 @@ def job_charts(job: Job) -> dict:
     return {"summary": body["summary"], "charts": charts, "geometry": {
         "width": WIDTH, "height": HEIGHT, "left": LEFT, "right": WIDTH - RIGHT, "top": TOP,
         "bottom": TOP + PLOT_H}}  # fmt: skip
+
+
+# --- the usage page: allocated beside used ----------------------------------------------------
+
+BAR_W, BAR_H, BAR_LEFT, BAR_BOTTOM = 700, 200, 48, 24
+
+
+def _day_spans(hours: dict, begin: dt.datetime, end: dt.datetime) -> None:
+    """Add [begin, end) to the per-UTC-day totals (hours), split at midnights."""
+    while begin < end:
+        midnight = dt.datetime.combine(
+            begin.date() + dt.timedelta(days=1), dt.time(), tzinfo=dt.UTC
+        )
+        stop = min(end, midnight)
+        if begin.date() in hours:
+            hours[begin.date()] += (stop - begin).total_seconds() / 3600
+        begin = stop
+
+
+def efficiency_by_day(tenant, *, days: int = 14, now: dt.datetime | None = None) -> dict:
+    """GPU-hours allocated and used (weighted by utilisation) per UTC day over the last `days`,
+    as an SVG bar chart's geometry (two bars a day, a y-axis in GPU-hours, one label a day), and
+    the period's figures per user (apps/telemetry/read.py)."""
+    now = (now or timezone.now()).astimezone(dt.UTC)
+    first = (now - dt.timedelta(days=days - 1)).date()
+    start = dt.datetime.combine(first, dt.time(), tzinfo=dt.UTC)
+    allocated = {first + dt.timedelta(days=i): 0.0 for i in range(days)}
+    used = dict.fromkeys(allocated, 0.0)
+    held = GpuAllocation.objects.filter(attempt__job__tenant=tenant, allocated_at__lt=now).filter(
+        Q(released_at=None) | Q(released_at__gt=start)
+    )
+    for allocated_at, released_at in held.values_list("allocated_at", "released_at")[:50_000]:
+        _day_spans(allocated, max(allocated_at, start), min(released_at or now, now))
+    since = start.timestamp()
+    for points in GpuSeries.objects.filter(job__tenant=tenant, last_t__gte=since).values_list(
+        "points", flat=True
+    ):
+        for t, util, _, seconds in points:
+            day = dt.datetime.fromtimestamp(t, tz=dt.UTC).date()
+            if day in used:
+                used[day] += util / 100 * seconds / 3600
+    top = max(max(allocated.values()), max(used.values()))
+    top = nice_ceiling(top) if top >= 1 else (_fine_ceiling(top) if top > 0 else 1)
+    plot_w, plot_h = BAR_W - BAR_LEFT - 8, BAR_H - BAR_BOTTOM - 10
+    slot = plot_w / days
+    bars = []
+    for i, day in enumerate(allocated):
+        x = BAR_LEFT + i * slot
+        a, u = allocated[day], used[day]
+        bars.append({
+            "day": day, "allocated": round(a, 3), "used": round(u, 3),
+            "x_alloc": round(x + slot * 0.1, 1), "x_used": round(x + slot * 0.5, 1),
+            "w": round(slot * 0.4, 1), "label_x": round(x + slot / 2, 1),
+            "h_alloc": round(a / top * plot_h, 1), "y_alloc": round(10 + plot_h - a / top * plot_h, 1),
+            "h_used": round(u / top * plot_h, 1), "y_used": round(10 + plot_h - u / top * plot_h, 1),
+        })  # fmt: skip
+    ticks = [
+        {"y": round(10 + plot_h - f * plot_h, 1), "label": _hours(top * f)} for f in (0, 0.5, 1)
+    ]
+    return {"bars": bars, "ticks": ticks, "width": BAR_W, "height": BAR_H, "left": BAR_LEFT,
+            "bottom": 10 + plot_h, "right": BAR_W - 8,
+            "period": utilization_usage(tenant, period_bounds(now)[0], now)}  # fmt: skip
+
+
+def _fine_ceiling(value: float) -> float:
+    """nice_ceiling below 1 GPU-hour: 0.01, 0.02, 0.05, 0.1, ..."""
+    power = 10 ** math.floor(math.log10(value))
+    return next(step * power for step in (1, 2, 5, 10) if step * power >= value)
+
+
+def _hours(value: float) -> str:
+    return f"{value:g} GPU h" if value >= 1 or value == 0 else f"{value:.2g} GPU h"

@@ -84,8 +84,31 @@
       }
     }
 
+    var refreshing = false;
+
+    function refresh() {
+      // A GPU with no chart yet (the page was drawn before its first sample): the server draws
+      // the card again, and the stream's samples are drawn into it from then on.
+      refreshing = true;
+      fetch(window.location.href, { credentials: "same-origin" })
+        .then(function (response) { return response.text(); })
+        .then(function (html) {
+          var fresh = new DOMParser().parseFromString(html, "text/html").getElementById("gpu-charts");
+          if (fresh) { card.innerHTML = fresh.innerHTML; }
+          window.setTimeout(function () { refreshing = false; redraw(); }, 2000);
+        })
+        .catch(function () { refreshing = false; });
+    }
+
     function redraw() {
       dirty = false;
+      var shown = {};
+      card.querySelectorAll("figure.gpu-chart").forEach(function (figure) {
+        shown[figure.dataset.node + ":" + figure.dataset.index] = true;
+      });
+      if (!refreshing && Object.keys(series).some(function (key) { return !shown[key]; })) {
+        refresh();
+      }
       card.querySelectorAll("figure.gpu-chart").forEach(function (figure) {
         var points = series[figure.dataset.node + ":" + figure.dataset.index];
         if (!points || !points.length) { return; }

@@ -66,3 +66,42 @@ def test_the_event_stream_carries_new_gpu_samples_of_running_jobs(cast):
     assert found[job.pk][0]["t"].endswith("+00:00")
     assert gpu_samples([subscriber], {job.pk: {"state": "queued"}}) == {}
     loop.close()
+
+
+def test_the_usage_page_shows_allocated_beside_used_per_day_and_per_user(cast):
+    make_node("h1", gpus=4)
+    job, attempt = running(cast, gpus=2)
+    held = attempt.members.get().gpu_indices
+    now = time.time()
+    heartbeat("h1", [sample(attempt, i, now - 1, 25, seconds=720) for i in held])
+    client = Client()
+    client.force_login(cast["bob"][0])
+    html = client.get("/usage/").content.decode()
+    card = html[html.index('id="gpu-efficiency"') :]
+    card = card[: card.index("</table>")]
+    assert card.count('class="bar-allocated"') == 14 and card.count('class="bar-used"') == 14
+    today = time.strftime("%b %-d", time.gmtime(now))
+    assert card.count(f">{today}</text>") == 1  # each day labelled once
+    assert ">0 GPU h</text>" in card and "GPU h</text>" in card.replace(">0 GPU h</text>", "")
+    # Used today: 2 GPUs x 0.2 h x 25% = 0.1 GPU h; the bar is drawn, not empty.
+    used = re.findall(r'class="bar-used"[^>]*height="([\d.]+)"', card)
+    assert float(used[-1]) > 0 and all(float(h) == 0 for h in used[:-1])
+    assert "<td>bob</td>" in card and "<td>0.10</td>" in card
+    assert "style=" not in card
+
+
+def test_the_job_list_has_a_mean_gpu_utilisation_column(cast):
+    make_node("h1", gpus=4)
+    job, attempt = running(cast, gpus=1)
+    quiet, _ = running(cast, gpus=1)
+    (index,) = attempt.members.get().gpu_indices
+    now = time.time()
+    heartbeat("h1", [sample(attempt, index, now - 2, 30), sample(attempt, index, now - 1, 60)])
+    client = Client()
+    client.force_login(cast["bob"][0])
+    html = client.get("/jobs/").content.decode()
+    assert ">GPU util</th>" in html
+    row = html[html.index(f'data-job="{job.pk}"') :]
+    assert '<td class="hide-sm gpu-util">45%</td>' in row[: row.index("</tr>")]
+    row = html[html.index(f'data-job="{quiet.pk}"') :]
+    assert '<td class="hide-sm gpu-util"></td>' in row[: row.index("</tr>")]  # no sample yet
