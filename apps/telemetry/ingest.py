@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 from apps.jobs.models import AttemptMember
 from apps.jobs.services import record_event
@@ -100,9 +101,9 @@ def _ingest(node_name: str, samples: list[Sample]) -> int:
         kept = 0
         for key, rows in wanted.items():
             row = series[key]
-            fresh = _apply(row, rows)
+            fresh, new_error = _apply(row, rows)
             kept += len(fresh)
-            by_job[row.job_id].append((row, fresh))
+            by_job[row.job_id].append((row, fresh, new_error))
         GpuSeries.objects.bulk_update(
             [series[k] for k in wanted],
             ["points", "bucket_seconds", "last_t", "last_util", "last_memory_mib", "idle_since",
@@ -141,11 +142,12 @@ def _series(node_name: str, members: dict, wanted: dict) -> dict[tuple[int, int,
     return found
 
 
-def _apply(row: GpuSeries, samples: list[Sample]) -> list[Sample]:
-    """Add the samples newer than the series' last to it; those samples."""
+def _apply(row: GpuSeries, samples: list[Sample]) -> tuple[list[Sample], bool]:
+    """Add the samples newer than the series' last to it: those samples, and whether the GPU's
+    first error came with them."""
     threshold = settings.GPU_IDLE_UTIL
-    row.health_new = ""  # type: ignore[attr-defined]
-    fresh = []
+    fresh, new_error = [], False
+    row.updated_at = timezone.now()  # bulk_update sets no auto_now
     for s in samples:
         if s.t <= row.last_t:
             continue  # already stored (a heartbeat sent again)
@@ -160,21 +162,21 @@ def _apply(row: GpuSeries, samples: list[Sample]) -> list[Sample]:
         else:
             row.idle_since = None
         if s.health and not row.health:
-            row.health = row.health_new = s.health  # type: ignore[attr-defined]
-    return fresh
+            row.health, new_error = s.health, True
+    return fresh, new_error
 
 
-def _summarise(member: AttemptMember, updates: list[tuple[GpuSeries, list[Sample]]]) -> None:
+def _summarise(member: AttemptMember, updates: list[tuple[GpuSeries, list[Sample], bool]]) -> None:
     job = member.attempt.job
     JobGpuSummary.objects.get_or_create(job_id=job.pk)
     summary = JobGpuSummary.objects.select_for_update().get(job_id=job.pk)
-    for row, samples in updates:
+    for row, samples, new_error in updates:
         for s in samples:
             summary.gpu_seconds += s.seconds
             summary.util_gpu_seconds += s.util / 100.0 * s.seconds
             summary.util_max = max(summary.util_max, s.util)
             summary.memory_max_mib = max(summary.memory_max_mib, s.memory_mib)
-        if getattr(row, "health_new", ""):
+        if new_error:
             record_event(
                 job, kind=HEALTH_KIND, actor=f"agent:{row.node}", attempt=member.attempt,
                 reason=f"GPU {row.node}:{row.gpu_index} is unhealthy ({row.health}); it takes no new work",
