@@ -57,10 +57,11 @@ class Sampler:
         self._sent: dict[int, GpuInfo] = dict(self.inventory)  # as the platform last heard
         self._pending: collections.deque[dict] = collections.deque(maxlen=MAX_PENDING)
         self._lock = threading.Lock()
-        self._usage: dict[tuple[int, int], _Usage] = {}  # by run key: the last reading
+        self._usage: dict[tuple[int, int], _Usage | None] = {}  # by run key: the last reading
         self._last: dict[tuple[int, int, int], float] = {}  # (attempt, rank, gpu) -> last sample t
         self._extra: dict[int, dict] = {}  # power and temperature by index, from the last NVML read
-        self._xid_events = None  # NVML's event set for critical XIDs, made at the first read
+        # NVML's event set for critical XIDs, made at the first read (False: NVML has none here)
+        self._xid_events: object = None
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -124,7 +125,7 @@ class Sampler:
                 key = (holder.assignment.attempt_id, holder.assignment.rank, index)
                 seconds = min(now - self._last.get(key, now - self.interval), 3 * self.interval)
                 self._last[key] = now
-                sample = {
+                sample: dict[str, object] = {
                     "t": round(now, 3), "index": index, "attempt_id": key[0], "rank": key[1],
                     "util": info.utilization_percent, "memory_mib": info.memory_used_mib or 0,
                     "seconds": round(max(0.0, seconds), 3),
@@ -136,10 +137,10 @@ class Sampler:
                 samples.append(sample)
             self._pending.extend(samples)
         live = {(r.assignment.attempt_id, r.assignment.rank) for r in holders.values()}
-        for key in [k for k in self._usage if k not in live]:
-            del self._usage[key]
-        for key in [k for k in self._last if k[:2] not in live]:
-            del self._last[key]
+        for gone in [k for k in self._usage if k not in live]:
+            del self._usage[gone]
+        for old in [k for k in self._last if k[:2] not in live]:
+            del self._last[old]
         return samples
 
     def _holders(self) -> dict[int, Run]:
@@ -182,11 +183,11 @@ class Sampler:
                 util = int(round(min(100.0, 100.0 * busy)))
             util_by_run[key] = (util, usage.rss_bytes // MIB)
         for index, info in self.inventory.items():
-            run = holders.get(index)
-            if run is None:
+            holder = holders.get(index)
+            if holder is None:
                 readings[index] = replace(info, utilization_percent=0, memory_used_mib=0)
                 continue
-            util, memory = util_by_run[(run.assignment.attempt_id, run.assignment.rank)]
+            util, memory = util_by_run[(holder.assignment.attempt_id, holder.assignment.rank)]
             readings[index] = replace(info, utilization_percent=util, memory_used_mib=memory)
         return readings
 
@@ -227,7 +228,7 @@ class Sampler:
                 self._xid_events = False
         if not self._xid_events:
             return []
-        found = []
+        found: list[tuple[int, int]] = []
         uuids = {info.uuid: index for index, info in self.inventory.items()}
         while True:
             try:

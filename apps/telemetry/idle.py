@@ -32,9 +32,10 @@ def evaluate(job: Job, attempt: JobAttempt, summary: JobGpuSummary) -> None:
             "gpu_indices", flat=True
         )
     )
-    if not rows or len(rows) < expected or any(since is None for since, _ in rows):
+    idle_since = [since for since, _ in rows if since is not None]
+    if not rows or len(rows) < expected or len(idle_since) < len(rows):
         return
-    start = max(since for since, _ in rows)  # every GPU idle since then
+    start = max(idle_since)  # every GPU idle since then
     upto = min(last for _, last in rows)  # ... up to the newest time all of them were read
     if upto <= start:
         return

@@ -103,7 +103,7 @@ def running_gauges() -> Iterator[tuple[str, str, str, int, float, int]]:
                      "last_memory_mib")
     )  # fmt: skip
     for tenant, job_id, node, index, util, memory in rows:
-        yield tenant, str(job_id), node, index, float(util), int(memory or 0) * MIB
+        yield tenant, str(job_id), node, index, float(util or 0), int(memory or 0) * MIB
 
 
 def _allocated(tenant_id: int, start: dt.datetime, now: dt.datetime) -> dict[int, float]:

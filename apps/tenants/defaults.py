@@ -23,7 +23,7 @@ TIER_POLICY = {
 
 # Idle GPUs per tier (docs/telemetry.md), as Princeton's Job Defense Shield: free warns at 60
 # minutes and cancels at 120, pro warns at 120 and takes no action, enterprise neither.
-TIER_IDLE_POLICY = {
+TIER_IDLE_POLICY: dict[str, dict[str, object]] = {
     "enterprise": dict(gpu_idle_warn_minutes=None, gpu_idle_minutes=None, gpu_idle_action="none"),
     "pro": dict(gpu_idle_warn_minutes=120, gpu_idle_minutes=None, gpu_idle_action="none"),
     "free": dict(gpu_idle_warn_minutes=60, gpu_idle_minutes=120, gpu_idle_action="cancel"),

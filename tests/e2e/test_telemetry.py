@@ -72,7 +72,7 @@ def test_a_busy_job_reads_busy_a_sleeping_one_idle_and_their_series_go_at_their_
         platform.wait_for_state(job_id, "running")
     hot, cold = sampled(platform, busy, 6), sampled(platform, sleepy, 6)
     # Generous bounds: two loaded cores shared with everything else on this machine.
-    assert hot["summary"]["util_max"] >= 20 and hot["summary"]["util_mean"] >= 10
+    assert hot["summary"]["util_max"] >= 15 and hot["summary"]["util_mean"] >= 5
     assert cold["summary"]["util_max"] < 10
     assert hot["summary"]["memory_max_mib"] >= 96  # its resident memory
     assert 24 <= cold["summary"]["memory_max_mib"] < 96
@@ -95,7 +95,7 @@ def test_a_busy_job_reads_busy_a_sleeping_one_idle_and_their_series_go_at_their_
     platform.wait_until(lambda: not gauges(platform, "gpuplatform_job_gpu_utilization"),
                         timeout=30, what="no running job's series left")  # fmt: skip
     # The stored series stays with the job.
-    assert metrics(platform, busy)["summary"]["util_max"] >= 20
+    assert metrics(platform, busy)["summary"]["util_max"] >= 15
 
     usage = platform.get("bob", "/api/v1/usage/").json()
     assert usage["gpu_hours_utilized"] > 0 and 0 < usage["gpu_efficiency"] <= 1

@@ -62,8 +62,8 @@ def test_a_busy_job_reads_busy_a_sleeping_one_idle_each_on_its_own_gpus(runner):
     assert set(samples) == {0, 1, 2}  # GPU 3 is nobody's: no sample
     assert samples[0]["attempt_id"] == samples[1]["attempt_id"] == 11
     assert samples[2]["attempt_id"] == 12 and samples[2]["rank"] == 0
-    assert samples[0]["util"] > 20 and samples[1]["util"] > 20  # generous: 2 loaded cores
-    assert samples[2]["util"] < 10
+    assert samples[0]["util"] > 10 and samples[1]["util"] > 10  # generous: 2 loaded cores
+    assert samples[2]["util"] < 5
     assert samples[0]["memory_mib"] >= 64 and 32 <= samples[2]["memory_mib"] < 64 + 32
     assert 0 < samples[0]["seconds"] <= 3.0
     gpus, queued = sampler.take()
