@@ -80,7 +80,7 @@ def job_charts(job: Job) -> dict:
 
 # --- the usage page: allocated beside used ----------------------------------------------------
 
-BAR_W, BAR_H, BAR_LEFT, BAR_BOTTOM = 700, 200, 48, 24
+BAR_W, BAR_H, BAR_LEFT, BAR_TOP, BAR_BOTTOM = 700, 210, 64, 22, 24
 
 
 def _day_spans(hours: dict, begin: dt.datetime, end: dt.datetime) -> None:
@@ -119,7 +119,7 @@ def efficiency_by_day(tenant, *, days: int = 14, now: dt.datetime | None = None)
                 used[day] += util / 100 * seconds / 3600
     top = max(max(allocated.values()), max(used.values()))
     top = nice_ceiling(top) if top >= 1 else (_fine_ceiling(top) if top > 0 else 1)
-    plot_w, plot_h = BAR_W - BAR_LEFT - 8, BAR_H - BAR_BOTTOM - 10
+    plot_w, plot_h = BAR_W - BAR_LEFT - 8, BAR_H - BAR_BOTTOM - BAR_TOP
     slot = plot_w / days
     bars = []
     for i, day in enumerate(allocated):
@@ -129,14 +129,14 @@ def efficiency_by_day(tenant, *, days: int = 14, now: dt.datetime | None = None)
             "day": day, "allocated": round(a, 3), "used": round(u, 3),
             "x_alloc": round(x + slot * 0.1, 1), "x_used": round(x + slot * 0.5, 1),
             "w": round(slot * 0.4, 1), "label_x": round(x + slot / 2, 1),
-            "h_alloc": round(a / top * plot_h, 1), "y_alloc": round(10 + plot_h - a / top * plot_h, 1),
-            "h_used": round(u / top * plot_h, 1), "y_used": round(10 + plot_h - u / top * plot_h, 1),
+            "h_alloc": round(a / top * plot_h, 1), "y_alloc": round(BAR_TOP + plot_h - a / top * plot_h, 1),
+            "h_used": round(u / top * plot_h, 1), "y_used": round(BAR_TOP + plot_h - u / top * plot_h, 1),
         })  # fmt: skip
     ticks = [
-        {"y": round(10 + plot_h - f * plot_h, 1), "label": _hours(top * f)} for f in (0, 0.5, 1)
+        {"y": round(BAR_TOP + plot_h - f * plot_h, 1), "label": _hours(top * f)} for f in (0, 0.5, 1)
     ]
     return {"bars": bars, "ticks": ticks, "width": BAR_W, "height": BAR_H, "left": BAR_LEFT,
-            "bottom": 10 + plot_h, "right": BAR_W - 8,
+            "top": BAR_TOP, "bottom": BAR_TOP + plot_h, "right": BAR_W - 8,
             "period": utilization_usage(tenant, period_bounds(now)[0], now)}  # fmt: skip
 
 
@@ -147,4 +147,5 @@ def _fine_ceiling(value: float) -> float:
 
 
 def _hours(value: float) -> str:
-    return f"{value:g} GPU h" if value >= 1 or value == 0 else f"{value:.2g} GPU h"
+    """A y-axis label in GPU-hours, short enough for the chart's left margin."""
+    return f"{value:.3g} h"

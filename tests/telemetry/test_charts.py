@@ -82,7 +82,12 @@ def test_the_usage_page_shows_allocated_beside_used_per_day_and_per_user(cast):
     assert card.count('class="bar-allocated"') == 14 and card.count('class="bar-used"') == 14
     today = time.strftime("%b %-d", time.gmtime(now))
     assert card.count(f">{today}</text>") == 1  # each day labelled once
-    assert ">0 GPU h</text>" in card and "GPU h</text>" in card.replace(">0 GPU h</text>", "")
+    assert ">GPU-hours</text>" in card  # the y-axis: 0 to a round number of GPU-hours
+    assert ">0 h</text>" in card and ">0.05 h</text>" in card and ">0.1 h</text>" in card
+    # The top tick is where a bar of the top value reaches: the plot's top.
+    top_tick = re.search(r'y1="([\d.]+)" y2="[\d.]+" stroke="#e5e7eb"/>\s*<text[^>]*>0.1 h<', card)
+    tallest = max(re.findall(r'class="bar-used"[^>]*y="([\d.]+)"', card), key=lambda y: -float(y))
+    assert float(top_tick.group(1)) == float(tallest)
     # Used today: 2 GPUs x 0.2 h x 25% = 0.1 GPU h; the bar is drawn, not empty.
     used = re.findall(r'class="bar-used"[^>]*height="([\d.]+)"', card)
     assert float(used[-1]) > 0 and all(float(h) == 0 for h in used[:-1])
