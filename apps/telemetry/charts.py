@@ -133,7 +133,8 @@ def efficiency_by_day(tenant, *, days: int = 14, now: dt.datetime | None = None)
             "h_used": round(u / top * plot_h, 1), "y_used": round(BAR_TOP + plot_h - u / top * plot_h, 1),
         })  # fmt: skip
     ticks = [
-        {"y": round(BAR_TOP + plot_h - f * plot_h, 1), "label": _hours(top * f)} for f in (0, 0.5, 1)
+        {"y": round(BAR_TOP + plot_h - f * plot_h, 1), "label": _hours(top * f)}
+        for f in (0, 0.5, 1)
     ]
     return {"bars": bars, "ticks": ticks, "width": BAR_W, "height": BAR_H, "left": BAR_LEFT,
             "top": BAR_TOP, "bottom": BAR_TOP + plot_h, "right": BAR_W - 8,
