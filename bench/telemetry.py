@@ -89,6 +89,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=200, help="jobs in each drain")
     parser.add_argument("--latency", type=int, default=20, help="jobs for submit-to-running")
     args = parser.parse_args()
+    load = os.getloadavg()[0]
     figures = {}
     with tempfile.TemporaryDirectory(prefix="gpuplatform-bench-telemetry-") as tmp:
         for label, seconds in (("off", "3600"), ("on", "0.5")):
@@ -103,7 +104,8 @@ def main() -> int:
     OUT.write_text(f"""## GPU telemetry
 
 `python -m bench.telemetry --jobs {args.jobs} --latency {args.latency}` (docs/telemetry.md).
-Sampling "on" is every 0.5 s (20 times the default 10 s), "off" once an hour.
+Sampling "on" is every 0.5 s (20 times the default 10 s), "off" once an hour. Load average when
+it started: {load:.1f} on {os.cpu_count()} cores (other work on the machine moves these figures).
 
 | figure | sampling off | sampling on | on / off |
 |---|---|---|---|
