@@ -91,7 +91,7 @@ def test_the_usage_page_shows_allocated_beside_used_per_day_and_per_user(cast):
     # Used today: 2 GPUs x 0.2 h x 25% = 0.1 GPU h; the bar is drawn, not empty.
     used = re.findall(r'class="bar-used"[^>]*height="([\d.]+)"', card)
     assert float(used[-1]) > 0 and all(float(h) == 0 for h in used[:-1])
-    assert "<td>bob</td>" in card and "<td>0.10</td>" in card
+    assert "<td>bob</td>" in card and "<td>0.100</td>" in card
     assert "style=" not in card
 
 

@@ -159,3 +159,43 @@ def test_with_nvml_samples_carry_power_and_temperature_and_xid_or_ecc_mark_a_gpu
     assert samples[0]["power_w"] == 312.5 and samples[0]["temperature_c"] == 61
     assert samples[0]["health"] == "xid 79" and samples[1]["health"] == "ecc 2"
     assert not any(g.healthy for g in sampler.take()[0])
+
+
+def test_the_heartbeat_carries_the_samples_and_a_failed_one_carries_them_again(tmp_path, runner):
+    import argparse
+
+    from workers.agent import Agent, Config
+    from workers.agent_client import ApiError
+
+    config = Config(url="http://testserver", credential="gpn_unused.unused", data_dir=tmp_path)
+    agent = Agent(argparse.Namespace(node="n1", sku="H100-80GB", gpus=2, fake=True, labels={},
+                                     concurrency=1), config=config)  # fmt: skip
+    sent, fail = [], [True]
+
+    class Api:
+        timeout = 5.0
+
+        def heartbeat(self, **body):
+            if fail[0]:
+                raise ApiError("connection refused")
+            sent.append(body)
+            return {}
+
+    agent.api = Api()
+    agent.platform = {"gpu_sample_seconds": 0.2}
+    agent.start_telemetry(fake_gpus("n1", 2))
+    agent.telemetry.stop()  # sampled by hand below
+    agent.telemetry.runner = runner
+    runner.run(41, [1], SLEEPY)
+    agent.telemetry.sample()
+    time.sleep(0.3)
+    (taken,) = agent.telemetry.sample()
+    with pytest.raises(ApiError):
+        agent.heartbeat_once()
+    fail[0] = False
+    agent.heartbeat_once()
+    assert sent[0]["samples"] == [taken]  # not lost with the failed heartbeat
+    assert {g.index for g in sent[0]["gpus"]} == {0, 1}
+    agent.heartbeat_once()
+    assert sent[1]["samples"] == [] and sent[1]["gpus"] == []  # nothing new: nothing sent
+    agent.runner.kill_all()
