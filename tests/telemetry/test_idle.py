@@ -7,15 +7,19 @@ GPUPLATFORM_GPU_IDLE_MINUTE_SECONDS (10 s)."""
 import io
 import json
 import time
+from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
 from django.test import override_settings
+from django.utils import timezone
 
 from apps.jobs import services
 from apps.jobs.event_hub import Cursor, state_events
 from apps.jobs.models import Job, JobEvent
-from apps.tenants.models import Tier
+from apps.tenants.models import Tenant, Tier
+from apps.webhooks import services as webhooks
+from apps.webhooks.models import WebhookDelivery
 from apps.webhooks.services import payload_for
 from tests.factories import client_for, make_node
 from tests.telemetry.test_storage import heartbeat, running, sample
@@ -69,10 +73,16 @@ def test_the_default_tiers_idle_policy(cast):
     assert tiers["enterprise"].gpu_idle_action == "none"
 
 
-def test_an_idle_job_is_warned_once_per_stretch_then_cancelled_naming_minutes_and_limit(cast):
+def test_an_idle_job_is_warned_once_per_stretch_then_cancelled_naming_minutes_and_limit(
+    cast, settings
+):
+    settings.WEBHOOK_ALLOW_NETWORKS = "127.0.0.0/8"  # its receiver is on loopback (never sent)
     set_tier("enterprise", "--gpu-idle-warn-minutes", "1", "--gpu-idle-minutes", "2",
              "--gpu-idle-action", "cancel", "--min-runtime-seconds", "3600")  # fmt: skip
     make_node("h1", gpus=4)
+    hook = webhooks.webhook_create(
+        tenant=Tenant.objects.get(slug="acme"), url="http://127.0.0.1:9/"
+    )
     job, attempt = running(cast, gpus=2)
     t = feed(attempt, [80] * 5 + [0] * 9, start=time.time() - 60)  # idle 9 s: not yet warned
     assert idle_events(job) == []
@@ -94,6 +104,10 @@ def test_an_idle_job_is_warned_once_per_stretch_then_cancelled_naming_minutes_an
     streamed = [m for m in state_events(job.pk, Cursor()) if m.startswith("id:")]
     idle = [m for m in streamed if "event: gpu.idle" in m]
     assert len(idle) == 2 and '"limit_minutes": 2' in idle[0]
+    later = timezone.now() + timedelta(seconds=webhooks.SETTLE_SECONDS + 1)
+    webhooks.deliveries_enqueue(now=later)
+    sent = [d.payload for d in WebhookDelivery.objects.filter(webhook=hook).order_by("pk")]
+    assert [p["type"] for p in sent if p["type"] == "gpu.idle"] == ["gpu.idle", "gpu.idle"]
     logs = client_for(cast["bob"][1]).get(f"/api/v1/jobs/{job.pk}/logs/").content.decode()
     notices = [line for line in logs.splitlines() if line.startswith("[gpuplatform ")]
     assert len(notices) == 2 and "every GPU idle for 1.0 minutes" in notices[0]
