@@ -104,10 +104,11 @@ def _ingest(node_name: str, samples: list[Sample]) -> int:
         for key, rows in wanted.items():
             row = series[key]
             fresh, new_error = _apply(row, rows)
+            if not fresh:
+                continue  # all of them stored already (a heartbeat sent again)
             kept += len(fresh)
             by_job[row.job_id].append((row, fresh, new_error))
-        for key in wanted:  # one plain UPDATE a row: cheaper than bulk_update's CASE per field
-            row = series[key]
+            # One plain UPDATE a row (bulk_update builds a CASE per field and row).
             GpuSeries.objects.filter(pk=row.pk).update(**{f: getattr(row, f) for f in SAVED})
         for _, updates in sorted(by_job.items(), key=lambda item: str(item[0])):  # jobs in order
             member = members[(updates[0][0].attempt_id, updates[0][0].rank)]
@@ -148,12 +149,13 @@ def _apply(row: GpuSeries, samples: list[Sample]) -> tuple[list[Sample], bool]:
     threshold = settings.GPU_IDLE_UTIL
     fresh, new_error = [], False
     row.updated_at = timezone.now()  # update() sets no auto_now
+    points = list(row.points)
     for s in samples:
         if s.t <= row.last_t:
             continue  # already stored (a heartbeat sent again)
         fresh.append(s)
         point = [round(s.t, 3), round(s.util, 2), s.memory_mib, round(s.seconds, 3)]
-        row.points, row.bucket_seconds = add(list(row.points), row.bucket_seconds, point)
+        points, row.bucket_seconds = add(points, row.bucket_seconds, point)
         row.last_t, row.last_util, row.last_memory_mib = s.t, s.util, s.memory_mib
         row.util_max = max(row.util_max, s.util)
         row.memory_max_mib = max(row.memory_max_mib, s.memory_mib)
@@ -163,6 +165,7 @@ def _apply(row: GpuSeries, samples: list[Sample]) -> tuple[list[Sample], bool]:
             row.idle_since = None
         if s.health and not row.health:
             row.health, new_error = s.health, True
+    row.points = points
     return fresh, new_error
 
 
