@@ -13,7 +13,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from apps.admission.quotas import period_bounds
-from apps.jobs.models import GpuAllocation, Job
+from apps.jobs.models import ATTEMPT_ACTIVE, JOB_PLACED, GpuAllocation, Job, JobEvent
+from apps.platform.names import GPU_IDLE_KIND
 from apps.telemetry.models import GpuSeries
 from apps.telemetry.read import job_metrics, utilization_usage
 
@@ -61,6 +62,17 @@ def chart(points: list[tuple[float, float, int]], *, memory_total: int = 0) -> d
     }  # fmt: skip
 
 
+def idle_warning(job: Job) -> str:
+    """The reason of the job's last `gpu.idle` event while it runs: the page's banner."""
+    if job.state not in JOB_PLACED:
+        return ""
+    event = JobEvent.objects.filter(job=job, kind=GPU_IDLE_KIND).order_by("-pk").first()
+    active = job.attempts.filter(state__in=ATTEMPT_ACTIVE).order_by("-number").first()
+    if event is None or active is None or event.attempt_id != active.pk:
+        return ""
+    return event.reason
+
+
 def job_charts(job: Job) -> dict:
     """What the job page's GPU card shows: its summary and a chart per GPU (none: no samples)."""
     body = job_metrics(job)
@@ -73,7 +85,7 @@ def job_charts(job: Job) -> dict:
         points = by_gpu.get((gpu["node"], gpu["index"]))
         if points:
             charts.append({**gpu, **chart(points)})
-    return {"summary": body["summary"], "charts": charts, "geometry": {
+    return {"summary": body["summary"], "charts": charts, "idle": idle_warning(job), "geometry": {
         "width": WIDTH, "height": HEIGHT, "left": LEFT, "right": WIDTH - RIGHT, "top": TOP,
         "bottom": TOP + PLOT_H}}  # fmt: skip
 

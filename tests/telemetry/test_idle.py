@@ -22,6 +22,7 @@ from apps.webhooks import services as webhooks
 from apps.webhooks.models import WebhookDelivery
 from apps.webhooks.services import payload_for
 from tests.factories import client_for, make_node
+from tests.telemetry.test_charts import page
 from tests.telemetry.test_storage import heartbeat, running, sample
 from tests.unit.test_dispatcher import dispatch_once
 
@@ -86,8 +87,11 @@ def test_an_idle_job_is_warned_once_per_stretch_then_cancelled_naming_minutes_an
     job, attempt = running(cast, gpus=2)
     t = feed(attempt, [80] * 5 + [0] * 9, start=time.time() - 60)  # idle 9 s: not yet warned
     assert idle_events(job) == []
+    assert 'id="gpu-idle-banner"' not in page(cast, job)
     t = feed(attempt, [0] * 3, start=t)  # 12 s idle: past the warn minute (10 s)
     (warned,) = idle_events(job)
+    assert 'id="gpu-idle-banner"' in page(cast, job)  # the job page says so
+    assert "every GPU idle for 1.0 minutes" in page(cast, job)
     assert warned.data == {"job": str(job.pk), "idle_minutes": 1.0, "limit_minutes": 2,
                            "action": "cancel"}  # fmt: skip
     t = feed(attempt, [0] * 3 + [50] + [0] * 12, start=t)  # busy a second: a new stretch
