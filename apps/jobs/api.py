@@ -30,7 +30,7 @@ from apps.jobs.serializers import (
     created_representation,
     virtual_representation,
 )
-from apps.telemetry.read import job_metrics, log_notices
+from apps.telemetry.read import METRICS_SCHEMA, job_metrics, log_notices
 from apps.tenants.auth import PEEK_LIMIT, SubmitterAuthentication, TokenAuthentication
 
 
@@ -325,7 +325,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         job = self.get_object()
         return Response(ArtifactSerializer(job.artifacts.all(), many=True).data)
 
-    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(responses={200: METRICS_SCHEMA})
     @action(detail=True, methods=["get"], pagination_class=None, filterset_class=None)
     def metrics(self, request, pk=None):
         """The job's GPU telemetry: its GPUs, samples and summary (docs/telemetry.md)."""

@@ -16,6 +16,25 @@ from apps.telemetry.models import GpuSeries, JobGpuSummary
 from apps.telemetry.series import KEEP_POINTS, MAX_POINTS, rebucket
 
 MIB = 1 << 20
+_NUMBER = {"type": "number", "nullable": True}
+METRICS_SCHEMA = {  # job_metrics' answer, for the OpenAPI document
+    "type": "object",
+    "required": ["gpus", "samples", "summary"],
+    "properties": {
+        "gpus": {"type": "array", "items": {"type": "object", "properties": {
+            "node": {"type": "string"}, "index": {"type": "integer"}, "uuid": {"type": "string"},
+            "health": {"type": "string", "description": "its first error, when it has one"}}}},
+        "samples": {"type": "array", "description": "at most 1,000 per GPU", "items": {
+            "type": "object", "properties": {
+                "t": {"type": "string", "format": "date-time"}, "node": {"type": "string"},
+                "index": {"type": "integer"}, "util": {"type": "number", "minimum": 0, "maximum": 100},
+                "memory_mib": {"type": "integer"}, "attempt": {"type": "integer"},
+                "rank": {"type": "integer"}}}},
+        "summary": {"type": "object", "properties": {
+            "util_mean": _NUMBER, "util_max": _NUMBER, "memory_max_mib": _NUMBER,
+            "idle_seconds": {"type": "number"}}},
+    },
+}  # fmt: skip
 
 
 def _iso(t: float) -> str:
