@@ -196,12 +196,12 @@ class Sampler:
     def _read_nvml(self) -> dict[int, GpuInfo]:
         assert self.nvml is not None
         nv = self.nvml.nv
-        readings, extra = {}, {}
+        extra = {}
         for index, xid in self._xids(nv):
             self._mark_unhealthy(index, f"xid {xid}")
-        for index in self.inventory:
-            info = self.nvml._info(index)
-            readings[index] = info
+        read = {g.index: g for g in self.nvml.gpus(limit=max(self.inventory, default=-1) + 1)}
+        readings = {index: read[index] for index in self.inventory if index in read}
+        for index in readings:
             try:
                 handle = nv.nvmlDeviceGetHandleByIndex(index)
             except nv.NVMLError:

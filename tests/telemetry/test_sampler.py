@@ -139,11 +139,11 @@ class Wrapper:
     def __init__(self):
         self.nv = FakeNvml()
 
-    def _info(self, index):
+    def gpus(self, limit=None):
         from apps.platform.agent_protocol import GpuInfo
 
-        return GpuInfo(index=index, uuid=f"GPU-{index}", memory_mib=81920,
-                       utilization_percent=97, memory_used_mib=5000)  # fmt: skip
+        return [GpuInfo(index=index, uuid=f"GPU-{index}", memory_mib=81920,
+                        utilization_percent=97, memory_used_mib=5000) for index in range(limit)]  # fmt: skip
 
 
 def test_with_nvml_samples_carry_power_and_temperature_and_xid_or_ecc_mark_a_gpu_unhealthy(
