@@ -71,10 +71,14 @@ def job_metrics(job: Job) -> dict:
     samples = []
     for (node, index), found in points.items():
         found.sort(key=lambda item: item[0][0])
-        if len(found) > MAX_POINTS:  # one GPU in several attempts
+        if len(found) > MAX_POINTS:  # one GPU in several attempts: each attempt's merged alone
             span = found[-1][0][0] - found[0][0][0]
-            merged = rebucket([p for p, _, _ in found], max(span / KEEP_POINTS, 1e-3))
-            found = [(p, found[-1][1], found[-1][2]) for p in merged]
+            bucket = max(span / KEEP_POINTS, 1e-3)
+            by_attempt: dict[tuple[int, int], list] = defaultdict(list)
+            for p, attempt, rank in found:
+                by_attempt[(attempt, rank)].append(p)
+            found = sorted(((p, a, r) for (a, r), ps in by_attempt.items() for p in rebucket(ps, bucket)),
+                           key=lambda item: item[0][0])  # fmt: skip
         for (t, util, memory, _), attempt, rank in found:
             samples.append({"t": _iso(t), "node": node, "index": index, "util": util,
                             "memory_mib": memory, "attempt": attempt, "rank": rank})  # fmt: skip

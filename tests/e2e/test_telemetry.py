@@ -8,6 +8,7 @@ Its own platform: agents sample every 0.5 s, an idle-policy "minute" lasts 2 s, 
 idle below 20% (a fake GPU's demo-train step, its checkpoint and progress report, takes a few
 percent of a loaded CPU now and then; a sleeping process reads 0)."""
 
+import json
 import time
 
 import pytest
@@ -79,6 +80,13 @@ def test_a_busy_job_reads_busy_a_sleeping_one_idle_and_their_series_go_at_their_
     assert cold["summary"]["idle_seconds"] > 1
     assert [s["t"] for s in hot["samples"]] == sorted(s["t"] for s in hot["samples"])
     assert {s["util"] for s in cold["samples"]} <= {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}
+
+    # The job's event stream carries its new samples (`event: gpu`) while it runs.
+    stream = platform.get("bob", f"/api/v1/jobs/{busy}/events/?timeout=4").text
+    gpu_events = [m for m in stream.split("\n\n") if m.startswith("id:") and "event: gpu\n" in m]
+    assert gpu_events, stream[-2000:]
+    data = json.loads(gpu_events[-1].split("data: ", 1)[1])
+    assert {s["index"] for s in data["samples"]} == {hot["gpus"][0]["index"]}
 
     # Another tenant: 404, as for the job itself.
     assert platform.get("dave", f"/api/v1/jobs/{busy}/metrics/").status_code == 404

@@ -169,3 +169,23 @@ def test_series_of_jobs_ended_past_the_retention_go_their_summary_stays(cast):
     assert purge() == 0  # ended just now
     assert purge(now=timezone.now() + timedelta(days=2)) == 1
     assert not GpuSeries.objects.exists() and JobGpuSummary.objects.filter(job=job).exists()
+
+
+def test_a_gpu_used_by_several_attempts_still_gives_at_most_1000_samples(cast):
+    from apps.jobs.models import JobAttempt
+    from apps.telemetry.read import job_metrics
+
+    make_node("h1", gpus=2)
+    job, attempt = running(cast, gpus=1)
+    second = JobAttempt.objects.create(job=job, number=2, state="cancelled")
+    start = time.time() - 5000
+    for number, row_attempt in enumerate((attempt, second)):
+        points = [[start + 2000 * number + i, 40.0, 100, 1.0] for i in range(800)]
+        GpuSeries.objects.create(job=job, attempt=row_attempt, node="h1", gpu_index=0,
+                                 points=points, last_t=points[-1][0])  # fmt: skip
+    body = job_metrics(job)
+    assert len(body["gpus"]) == 1 and 200 <= len(body["samples"]) <= MAX_POINTS
+    assert [s["t"] for s in body["samples"]] == sorted(s["t"] for s in body["samples"])
+    first = [s for s in body["samples"] if s["attempt"] == 1]
+    assert 0 < len(first) < len(body["samples"])  # each point keeps its own attempt
+    assert max(s["t"] for s in first) < min(s["t"] for s in body["samples"] if s["attempt"] == 2)
