@@ -74,12 +74,12 @@ def test_a_busy_job_reads_busy_a_sleeping_one_idle_and_their_series_go_at_their_
     hot, cold = sampled(platform, busy, 6), sampled(platform, sleepy, 6)
     # Generous bounds: two loaded cores shared with everything else on this machine.
     assert hot["summary"]["util_max"] >= 15 and hot["summary"]["util_mean"] >= 5
-    assert cold["summary"]["util_max"] < 10
+    # The sleeping job: idle once started (its first samples may still hold Python's start).
+    assert max(s["util"] for s in cold["samples"][2:]) < 10
     assert hot["summary"]["memory_max_mib"] >= 96  # its resident memory
     assert 24 <= cold["summary"]["memory_max_mib"] < 96
     assert cold["summary"]["idle_seconds"] > 1
     assert [s["t"] for s in hot["samples"]] == sorted(s["t"] for s in hot["samples"])
-    assert {s["util"] for s in cold["samples"]} <= {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}
 
     # The job's event stream carries its new samples (`event: gpu`) while it runs.
     stream = platform.get("bob", f"/api/v1/jobs/{busy}/events/?timeout=4").text
