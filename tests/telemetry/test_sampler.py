@@ -55,7 +55,7 @@ def test_a_busy_job_reads_busy_a_sleeping_one_idle_each_on_its_own_gpus(runner):
     runner.run(11, [0, 1], BUSY)
     runner.run(12, [2], SLEEPY)
     sampler = Sampler(runner, gpus=fake_gpus("n1", 4), nvml=None, interval=1.0)
-    time.sleep(0.5)  # both have allocated their memory
+    time.sleep(1.0)  # both have started and allocated their memory
     assert sampler.sample() == []  # the first reading is the baseline of CPU time
     time.sleep(1.5)
     samples = {s["index"]: s for s in sampler.sample()}
