@@ -12,7 +12,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuplatform.settings")
 app = Celery("gpuplatform")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 # Node tasks (workers/tasks.py) live on the agents' own app (workers/celery_app.py), sent by name.
-app.autodiscover_tasks(["apps.scheduling", "apps.webhooks", "apps.bundles"])
+app.autodiscover_tasks(["apps.scheduling", "apps.webhooks", "apps.bundles", "apps.telemetry"])
 app.autodiscover_tasks(["apps.scheduling"], related_name="autoscaling")
 
 

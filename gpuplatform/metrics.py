@@ -35,6 +35,7 @@ from apps.scheduling.figures import (  # noqa: F401 (record_*: callers import th
 )
 from apps.scheduling.models import AutoscalePolicy, ProvisionRequest, ProvisionState, ScaleEvent
 from apps.scheduling.redis import client
+from apps.telemetry.read import running_gauges
 from apps.tenants.models import Tier
 
 log = logging.getLogger(__name__)
@@ -252,9 +253,22 @@ def autoscale_metrics() -> Iterator[Metric]:
     yield from (current, desired, pending, decision)
 
 
+def telemetry_metrics() -> Iterator[Metric]:
+    """Per GPU of each running job, as last sampled (apps/telemetry): gone when the job ends."""
+    util = GaugeMetricFamily("gpuplatform_job_gpu_utilization", "GPU utilisation of a running job, 0..100",
+                             labels=["tenant", "job", "node", "gpu"])  # fmt: skip
+    memory = GaugeMetricFamily("gpuplatform_job_gpu_memory_bytes", "GPU memory a running job uses",
+                               labels=["tenant", "job", "node", "gpu"])  # fmt: skip
+    for tenant, job, node, index, percent, used in running_gauges():
+        util.add_metric([tenant, job, node, str(index)], percent)
+        memory.add_metric([tenant, job, node, str(index)], used)
+    yield from (util, memory)
+
+
 class DatabaseCollector:
     def collect(self) -> Iterator[Metric]:
         yield from job_metrics()
+        yield from telemetry_metrics()
         yield from fleet_metrics()
         yield from control_metrics()
         yield from autoscale_metrics()

@@ -60,6 +60,7 @@ INSTALLED_APPS = [
     "apps.admission",
     "apps.web",
     "apps.webhooks",
+    "apps.telemetry",
 ]
 
 MIDDLEWARE = [
@@ -375,6 +376,14 @@ BUNDLE_EXPIRE_TICK_SECONDS = env_int("GPUPLATFORM_BUNDLE_EXPIRE_TICK", 3600, min
 # OCI images as a job's root (docs/images.md): the registries (hosts, or host:port) a submit's
 # `image` may name; none by default (every image is a 400 naming `image`).
 IMAGE_REGISTRIES = env_list("GPUPLATFORM_IMAGE_REGISTRIES", [])
+
+# GPU telemetry (docs/telemetry.md): how often agents sample (sent with their register answer),
+# what reads idle, how long a job's series are kept after it ends, and how many seconds one
+# "minute" of the tiers' idle settings lasts (60; tests shorten it).
+GPU_SAMPLE_SECONDS = env_float("GPUPLATFORM_GPU_SAMPLE_SECONDS", 10.0, minimum=0.1, maximum=3600)
+GPU_IDLE_UTIL = env_float("GPUPLATFORM_GPU_IDLE_UTIL", 1.0, minimum=0.0, maximum=100.0)
+TELEMETRY_RETENTION_DAYS = env_int("GPUPLATFORM_TELEMETRY_RETENTION_DAYS", 30, minimum=0)
+GPU_IDLE_MINUTE_SECONDS = env_float("GPUPLATFORM_GPU_IDLE_MINUTE_SECONDS", 60.0, minimum=0.01)
 # Jobs that may run arbitrary commands go on an isolation "none" node only where the operator
 # opted the node in (Node.allow_unisolated_commands), or everywhere with this (`make run`).
 TRUST_UNISOLATED_NODES = env_bool("GPUPLATFORM_TRUST_UNISOLATED_NODES", False)

@@ -32,6 +32,7 @@ from workers.agent_client import AgentApi
 if TYPE_CHECKING:
     from workers.gpus import Nvml
     from workers.runner import Run
+    from workers.telemetry import Sampler
 
 log = logging.getLogger("workers.agent")
 Members = dict[tuple[int, int], Assignment]  # what the platform has placed here, by (attempt, rank)
@@ -121,6 +122,7 @@ class Agent:
         self._sync_wanted = threading.Event()
         self._sync_due: tuple[Members, Runs] | None = None
         self.nvml: Nvml | None = None
+        self.telemetry: Sampler | None = None  # GPU sampling (workers/telemetry.py)
         self.platform: dict = {}  # the register answer: broker URL, queue, timings
         # The key this agent's start messages are signed with (the register answer's), in
         # memory only: None until registered, or where the platform signs none.
@@ -168,8 +170,19 @@ class Agent:
         # times out is retried (its progress, log or end) on a later tick.
         self.api.timeout = max(5.0, self.fence_after)
         self.last_heartbeat = time.monotonic()
+        self.start_telemetry(gpus)
         log.info("node %s registered: %d x %s GPUs (%s), agent %s, isolation %s", self.args.node, len(gpus),
                  self.args.sku, "fake" if self.args.fake else "NVML", self.instance, isolation)  # fmt: skip
+
+    def start_telemetry(self, gpus: list[GpuInfo]) -> None:
+        from workers.telemetry import DEFAULT_INTERVAL, Sampler
+
+        if self.telemetry is not None:
+            self.telemetry.stop()
+        interval = float(self.platform.get("gpu_sample_seconds", DEFAULT_INTERVAL))
+        self.telemetry = Sampler(self.runner, gpus=gpus, nvml=self.nvml, interval=interval,
+                                 errors_file=self.config.data_dir / "fake-gpu-errors" if self.args.fake else None)  # fmt: skip
+        self.telemetry.start()
 
     def heartbeat_loop(self) -> None:
         """One heartbeat every interval, on a fixed beat (a slow answer does not push the next one
@@ -193,9 +206,15 @@ class Agent:
         """Heartbeat; returns (what the platform has placed here, the local runs listed just before
         its read), for sync()."""
         began = time.monotonic()
-        gpus = self.nvml.gpus(limit=self.args.gpus) if self.nvml else []
+        sampler = self.telemetry  # GPUs that changed and their samples ride the heartbeat
+        gpus, samples = sampler.take() if sampler else ([], [])
         local = self.local_runs()  # before the platform's read, see sync()
-        wanted = self.api.heartbeat(agent_instance=self.instance, gpus=gpus)
+        try:
+            wanted = self.api.heartbeat(agent_instance=self.instance, gpus=gpus, samples=samples)
+        except Exception:
+            if sampler:
+                sampler.put_back(gpus, samples)
+            raise
         if wanted is None:
             log.error("another agent took over node %s; stopping", self.args.node)
             # Its jobs now belong to the new agent's platform view: none may outlive this one,

@@ -77,15 +77,19 @@ class AgentApi:
                 "isolation": isolation, "gpus": [wire.to_wire(g) for g in gpus]}  # fmt: skip
         return self._call("POST", "/register/", json=body).json()
 
-    def heartbeat(self, *, agent_instance: str, gpus: list[wire.GpuInfo]) -> dict | None:
+    def heartbeat(self, *, agent_instance: str, gpus: list[wire.GpuInfo],
+                  samples: list[dict] | None = None) -> dict | None:  # fmt: skip
         """The members open on this node (as `assignments()`), or None when another agent
-        instance has taken this node over (this one must stop)."""
+        instance has taken this node over (this one must stop). `samples`: the GPU samples
+        taken since the last heartbeat (workers/telemetry.py)."""
         digest, known = self._members
         body = {
             "agent_instance": agent_instance,
             "gpus": [wire.to_wire(g) for g in gpus],
             "members_digest": digest,
         }
+        if samples:
+            body["samples"] = samples
         answer = self._call("POST", "/heartbeat/", json=body).json()
         if answer["replaced"]:
             return None

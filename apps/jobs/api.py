@@ -37,6 +37,7 @@ from apps.jobs.serializers import (
     virtual_representation,
 )
 from apps.platform.agent_protocol import log_name
+from apps.telemetry.read import METRICS_SCHEMA, job_metrics, log_notices
 from apps.tenants.auth import PEEK_LIMIT, SubmitterAuthentication, TokenAuthentication
 
 
@@ -379,13 +380,15 @@ class JobViewSet(
             raise NotFound(f"the job has no rank {rank}: its ranks are 0 to {job.nodes - 1}")
         if attempt is not None and attempt > job.attempts_count:
             raise NotFound(f"the job has no attempt {attempt}")
-        chunks = []
+        chunks, notices = [], log_notices(job)  # GPU notices (apps/telemetry) after each attempt
         for number, name in enumerate(log_names(job, rank), start=1):
             if attempt is not None and number != attempt or not default_storage.exists(name):
                 continue
             with default_storage.open(name, "rb") as handle:
                 head = b"" if attempt is not None else f"=== attempt {number} ===\n".encode()
                 chunks.append(head + handle.read())
+            if attempt is None or number == attempt:
+                chunks.append(notices.get(number, b""))
         return HttpResponse(b"".join(chunks), content_type="text/plain; charset=utf-8")
 
     @extend_schema(responses={200: ArtifactSerializer(many=True)})
@@ -395,6 +398,12 @@ class JobViewSet(
     def artifacts(self, request, pk=None):
         job = self.get_object()
         return Response(ArtifactSerializer(job.artifacts.all(), many=True).data)
+
+    @extend_schema(responses={200: METRICS_SCHEMA})
+    @action(detail=True, methods=["get"], pagination_class=None, filterset_class=None)
+    def metrics(self, request, pk=None):
+        """The job's GPU telemetry: its GPUs, samples and summary (docs/telemetry.md)."""
+        return Response(job_metrics(self.get_object()))
 
     @extend_schema(
         responses={

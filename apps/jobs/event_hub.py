@@ -30,7 +30,9 @@ from django.db.models import Max
 
 from apps.jobs import stream_slots
 from apps.jobs.arrays import ENDED_KIND as ARRAY_ENDED  # a job array's end
-from apps.jobs.models import JOB_TERMINAL, Job, JobEvent
+from apps.jobs.models import JOB_TERMINAL, Job, JobEvent, JobState
+from apps.platform import events
+from apps.platform.names import GPU_IDLE_KIND  # a job's GPUs sat idle (apps/telemetry/idle.py)
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +40,8 @@ POLL_SECONDS = 0.5
 LOG_CHUNK_BYTES = 64 * 1024
 JOB_FIELDS = ("pk", "state", "progress", "attempts_count", "exit_code")
 END = None  # put on a stream's queue after its last message
-STREAMED = ("state", ARRAY_ENDED)
+STREAMED = ("state", ARRAY_ENDED, GPU_IDLE_KIND)
+GPU_BACKLOG_SECONDS = 30
 
 
 @dataclass
@@ -75,6 +78,9 @@ class Subscriber:
     progress: object = field(default=None)
     seen_event: int = -1  # the job's newest state event when this stream last read events
     seen_log: tuple = ()  # (attempts, size of the current attempt's log) when it last read logs
+    # GPU samples sent up to here (Unix time): a new stream starts a little before it opened
+    # (the page reads the history from the metrics endpoint, and drops what it has).
+    gpu_mark: float = field(default_factory=lambda: time.time() - GPU_BACKLOG_SECONDS)
 
     def push(self, item: str | None) -> None:
         try:
@@ -159,6 +165,7 @@ class Hub:
             .annotate(Max("pk"))
         )
         sizes: dict[str, int] = {}
+        samples = gpu_samples(subscribers, jobs)
         for subscriber in subscribers:
             job = jobs.get(subscriber.job_id)
             if job is None:
@@ -166,6 +173,11 @@ class Hub:
                 continue
             for message in messages_for(subscriber, job, newest.get(subscriber.job_id, 0), sizes):
                 subscriber.push(message)
+            new = [s for s in samples.get(subscriber.job_id, ()) if s["at"] > subscriber.gpu_mark]
+            if new:  # `gpu`: {"samples": [{t, node, index, util, memory_mib}, ...]}
+                subscriber.gpu_mark = new[-1]["at"]
+                subscriber.push(sse("gpu", {"samples": [{k: v for k, v in s.items() if k != "at"}
+                                                        for s in new]}, subscriber.cursor))  # fmt: skip
             if job["state"] in JOB_TERMINAL:
                 self._finish(subscriber)
 
@@ -175,6 +187,22 @@ class Hub:
 
 
 HUB = Hub()
+
+
+def gpu_samples(subscribers: list[Subscriber], jobs: dict) -> dict:
+    """The new GPU samples of the running jobs streamed (apps/telemetry answers): one read a
+    tick, and only while such a stream is open."""
+    after: dict = {}
+    for subscriber in subscribers:
+        job = jobs.get(subscriber.job_id)
+        if job is not None and job["state"] == JobState.RUNNING:
+            mark = after.get(subscriber.job_id, subscriber.gpu_mark)
+            after[subscriber.job_id] = min(mark, subscriber.gpu_mark)
+    found: dict = {}
+    if after:
+        for answer in events.emit(events.GpuSamplesWanted(after=after)):
+            found.update(answer)
+    return found
 
 
 def messages_for(
@@ -228,6 +256,10 @@ def state_events(job_id, cursor: Cursor) -> Iterator[str]:
         cursor.event_id = row["pk"]
         if row["kind"] == ARRAY_ENDED:  # the job array ended with this task (docs/arrays.md)
             yield sse("array.ended", {**row["data"], "at": row["created_at"].isoformat()}, cursor)
+            continue
+        if row["kind"] == GPU_IDLE_KIND:  # {job, idle_minutes, limit_minutes, action}
+            yield sse(GPU_IDLE_KIND, {**row["data"], "reason": row["reason"],
+                                      "at": row["created_at"].isoformat()}, cursor)  # fmt: skip
             continue
         yield sse("state", {
             "from": row["from_state"] or None, "to": row["to_state"], "reason": row["reason"],

@@ -49,6 +49,7 @@ from apps.platform import events
 from apps.scheduling.queues import START_ATTEMPT_TASK, STOP_ATTEMPT_TASK, node_queue
 from apps.secrets.crypto import SecretUnreadable
 from apps.secrets.services import secret_values
+from apps.telemetry.ingest import ingest as ingest_gpu_samples
 
 CHUNK = 1 << 20
 log = logging.getLogger(__name__)
@@ -188,6 +189,7 @@ def agent_settings(node_name: str) -> dict:
         "start_task": START_ATTEMPT_TASK,
         "stop_task": STOP_ATTEMPT_TASK,
         "heartbeat_seconds": settings.HEARTBEAT_SECONDS,
+        "gpu_sample_seconds": settings.GPU_SAMPLE_SECONDS,  # workers/telemetry.py
         "node_lost_after_heartbeats": settings.NODE_LOST_AFTER_HEARTBEATS,
         "kill_grace_seconds": settings.KILL_GRACE_SECONDS,
         "visibility_timeout": settings.CELERY_BROKER_TRANSPORT_OPTIONS.get(
@@ -215,6 +217,7 @@ class HeartbeatView(AgentView):
         )
         if node is None:
             return Response({"replaced": True, "members": []})
+        ingest_gpu_samples(self.node_name, request.data.get("samples"))  # apps/telemetry
         # What runs here rides along, each with its resume point: the agent's sync (which
         # starts a member whose message is late) costs no second request. Unless it has not
         # changed since the agent's copy (one small query instead of the whole list).

@@ -138,6 +138,15 @@ class DrainOverdue:
     reason: str = "its node is drained"
 
 
+@dataclass(frozen=True)
+class GpuSamplesWanted:
+    """The event streams' poller (apps/jobs/event_hub.py) asks for the GPU samples of the running
+    jobs it watches, newer than `after[job id]` (Unix time). Answered in the asker's thread
+    (an in-transaction handler, apps/telemetry): `{job id: [sample, ...]}`, in time order."""
+
+    after: dict = field(compare=False)
+
+
 # --- the bus --------------------------------------------------------------------------------
 
 Handler = Callable[[Any], Any]

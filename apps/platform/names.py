@@ -28,6 +28,12 @@ class Task(StrEnum):
     WEBHOOKS_PUMP = "webhooks.pump"
     WEBHOOKS_DELIVER = "webhooks.deliver"
     EXPIRE_BUNDLES = "bundles.expire"
+    PURGE_TELEMETRY = "telemetry.purge"
+
+
+# JobEvent.kind of an idle-GPU warning (apps/telemetry/idle.py): streamed, and a webhook of
+# this type.
+GPU_IDLE_KIND = "gpu.idle"
 
 
 class StopReason(StrEnum):

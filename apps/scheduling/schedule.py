@@ -38,4 +38,10 @@ def beat_schedule() -> dict:
             "schedule": settings.BUNDLE_EXPIRE_TICK_SECONDS,
             "options": {"queue": Queue.CONTROL, "expires": settings.BUNDLE_EXPIRE_TICK_SECONDS},
         },
+        # GPU series of jobs ended past GPUPLATFORM_TELEMETRY_RETENTION_DAYS (apps/telemetry).
+        "purge-telemetry": {
+            "task": Task.PURGE_TELEMETRY,
+            "schedule": 3600.0,
+            "options": {"queue": Queue.CONTROL, "expires": 3600.0},
+        },
     }

@@ -5,10 +5,12 @@ from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.admission.quotas import period_bounds
 from apps.admission.usage import admission_usage
 from apps.jobs.access import membership_of
 from apps.jobs.services import tenant_limits
 from apps.jobs.usage import current_use
+from apps.telemetry.read import utilization_usage
 
 _COUNT = {"type": "integer", "minimum": 0}
 _BUCKET = {
@@ -77,8 +79,15 @@ USAGE_SCHEMA = {  # the answer below, for the OpenAPI document (gpuplatform/open
                 "properties": {"cap": _COUNT, "in_use": _COUNT},
             },
         },
+        # GPU telemetry (docs/telemetry.md), over the same period as gpu_hours.
+        "gpu_hours_allocated": {"type": "number"},
+        "gpu_hours_utilized": {"type": "number", "description": "GPU-hours weighted by utilisation"},
+        "gpu_efficiency": {"type": "number", "description": "utilized / allocated, 0..1"},
+        "by_user": {"type": "array", "items": {"type": "object", "properties": {
+            "user": {"type": "string"}, "gpu_hours_allocated": {"type": "number"},
+            "gpu_hours_utilized": {"type": "number"}, "gpu_efficiency": {"type": "number"}}}},
     },
-}
+}  # fmt: skip
 
 
 class UsageView(APIView):
@@ -103,5 +112,7 @@ class UsageView(APIView):
                 },
                 # rate_limits (bucket state), gpu_hours (this period), gpu_caps: apps/admission/usage.py
                 **admission_usage(tenant=tenant, user=request.user, limits=limits),
+                # gpu_hours_utilized, gpu_efficiency, by_user: apps/telemetry/read.py
+                **utilization_usage(tenant, period_bounds()[0]),
             }
         )

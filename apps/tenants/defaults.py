@@ -21,6 +21,14 @@ TIER_POLICY = {
                  min_runtime_seconds=15 * 60, max_preemptions=3),
 }  # fmt: skip
 
+# Idle GPUs per tier (docs/telemetry.md), as Princeton's Job Defense Shield: free warns at 60
+# minutes and cancels at 120, pro warns at 120 and takes no action, enterprise neither.
+TIER_IDLE_POLICY: dict[str, dict[str, object]] = {
+    "enterprise": dict(gpu_idle_warn_minutes=None, gpu_idle_minutes=None, gpu_idle_action="none"),
+    "pro": dict(gpu_idle_warn_minutes=120, gpu_idle_minutes=None, gpu_idle_action="none"),
+    "free": dict(gpu_idle_warn_minutes=60, gpu_idle_minutes=120, gpu_idle_action="cancel"),
+}
+
 TEMPLATES = [
     {
         "name": "demo-train",
@@ -62,6 +70,7 @@ def ensure_tiers(Tier, *, with_policy: bool = True) -> None:
                 rank=rank, level=level, weight=weight, preemptible=preemptible, can_preempt=can_preempt,
                 max_queued_jobs=queued, submit_rate_per_minute=rate, submit_burst=burst,
                 preemption_grace_seconds=grace, **(TIER_POLICY[name] if with_policy else {}),
+                **(TIER_IDLE_POLICY[name] if with_policy else {}),
             ),
         )  # fmt: skip
 
@@ -69,6 +78,12 @@ def ensure_tiers(Tier, *, with_policy: bool = True) -> None:
 def apply_tier_policy(Tier) -> None:
     """Give existing default tiers their policy settings (used by the migration adding them)."""
     for name, values in TIER_POLICY.items():
+        Tier.objects.filter(name=name).update(**values)
+
+
+def apply_tier_idle_policy(Tier) -> None:
+    """Give existing default tiers their idle-GPU settings (the migration adding them)."""
+    for name, values in TIER_IDLE_POLICY.items():
         Tier.objects.filter(name=name).update(**values)
 
 

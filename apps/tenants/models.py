@@ -4,6 +4,12 @@ from django.conf import settings
 from django.db import models
 
 
+class IdleAction(models.TextChoices):
+    NONE = "none"
+    REQUEUE = "requeue"
+    CANCEL = "cancel"
+
+
 class Tier(models.Model):
     """A service tier. `rank` orders tiers for "may a tenant submit at this tier"; `level` is the
     strict priority level (higher first) and `weight` the fair share inside one level."""
@@ -45,6 +51,23 @@ class Tier(models.Model):
     )
     bundle_max_mib = models.PositiveIntegerField(
         default=100, help_text="Largest code bundle its tenants may upload, MiB."
+    )
+    # Idle GPUs (docs/telemetry.md): warn after this long with every GPU of a job idle, then
+    # act (requeue from the checkpoint, or cancel); None: never. Minutes of
+    # GPUPLATFORM_GPU_IDLE_MINUTE_SECONDS (60).
+    gpu_idle_warn_minutes = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Warn after its GPUs sat idle this long; empty: never."
+    )
+    gpu_idle_minutes = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Act after its GPUs sat idle this long; empty: never."
+    )
+    gpu_idle_action = models.CharField(
+        max_length=8, choices=IdleAction.choices, default=IdleAction.NONE,
+        help_text="What happens to a job whose GPUs sat idle for gpu_idle_minutes.",
+    )  # fmt: skip
+    interactive_idle_minutes = models.PositiveIntegerField(
+        default=60,
+        help_text="An interactive job ends after nothing was typed or printed this long.",
     )
     description = models.CharField(max_length=200, blank=True)
 

@@ -34,6 +34,7 @@ from django.utils import timezone
 
 from apps.jobs.arrays import ENDED_KIND as ARRAY_ENDED  # a job array's end
 from apps.jobs.models import JobEvent
+from apps.platform.names import GPU_IDLE_KIND  # a job's GPUs sat idle (apps/telemetry/idle.py)
 from apps.webhooks import sender
 from apps.webhooks.guard import WebhookRefused, checked_address, target_of
 from apps.webhooks.models import DeliveryState, Webhook, WebhookDelivery
@@ -94,6 +95,10 @@ def payload_for(event: JobEvent) -> dict:
             "counts": event.data.get("counts", {}),
             "at": event.created_at.isoformat(),
         }  # fmt: skip
+    if event.kind == GPU_IDLE_KIND:
+        return {"type": GPU_IDLE_KIND, "event_id": event.pk, **event.data,
+                "job": {"id": str(job.pk), "name": job.name, "tenant": job.tenant.slug},
+                "reason": event.reason, "at": event.created_at.isoformat()}  # fmt: skip
     return {
         "type": "job.state_changed",
         "event_id": event.pk,
@@ -119,7 +124,7 @@ def deliveries_enqueue(*, now: datetime | None = None) -> int:
 @transaction.atomic
 def _enqueue_for(webhook: Webhook, *, settled_before: datetime, now: datetime) -> int:
     events = list(
-        JobEvent.objects.filter(job__tenant_id=webhook.tenant_id, kind__in=("state", ARRAY_ENDED), pk__gt=webhook.cursor,
+        JobEvent.objects.filter(job__tenant_id=webhook.tenant_id, kind__in=("state", ARRAY_ENDED, GPU_IDLE_KIND), pk__gt=webhook.cursor,
                                 created_at__lte=settled_before)
         .select_related("job__tenant").order_by("pk")[:BATCH]
     )  # fmt: skip

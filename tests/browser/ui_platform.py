@@ -22,7 +22,10 @@ def ui_platform(
     global _platform
     if _platform is None:
         platform = Platform(
-            tmp_path_factory.mktemp("ui-platform"), name="gpuplatform_ui", redis_db=2
+            tmp_path_factory.mktemp("ui-platform"),
+            name="gpuplatform_ui",
+            redis_db=2,
+            env={"GPUPLATFORM_GPU_SAMPLE_SECONDS": "1"},  # the job page's GPU charts fill quickly
         )
         try:
             platform.manage("collectstatic", "--noinput", "-v", "0")

@@ -99,9 +99,10 @@ def gpus():
 
 @pytest.fixture(scope="module")
 def platform(gpus, tmp_path_factory):
-    platform = Platform(
-        tmp_path_factory.mktemp("platform"), name="gpuplatform_e2e_gpu", own_redis=True
-    )
+    # GPUs read every second (workers/telemetry.py): the node's memory figure is seen during the
+    # CUDA job's 8 s hold (at the default 10 s it may never be).
+    platform = Platform(tmp_path_factory.mktemp("platform"), name="gpuplatform_e2e_gpu",
+                        own_redis=True, env={"GPUPLATFORM_GPU_SAMPLE_SECONDS": "1"})  # fmt: skip
     try:
         platform.start({})
         platform.start_agent(NODE, SKU, len(gpus), fake=False)  # NVML's GPUs
