@@ -382,13 +382,13 @@ class JobViewSet(
             raise NotFound(f"the job has no attempt {attempt}")
         chunks, notices = [], log_notices(job)  # GPU notices (apps/telemetry) after each attempt
         for number, name in enumerate(log_names(job, rank), start=1):
-            if attempt is not None and number != attempt or not default_storage.exists(name):
+            if attempt is not None and number != attempt:
                 continue
-            with default_storage.open(name, "rb") as handle:
-                head = b"" if attempt is not None else f"=== attempt {number} ===\n".encode()
-                chunks.append(head + handle.read())
-            if attempt is None or number == attempt:
-                chunks.append(notices.get(number, b""))
+            if default_storage.exists(name):
+                with default_storage.open(name, "rb") as handle:
+                    head = b"" if attempt is not None else f"=== attempt {number} ===\n".encode()
+                    chunks.append(head + handle.read())
+            chunks.append(notices.get(number, b""))
         return HttpResponse(b"".join(chunks), content_type="text/plain; charset=utf-8")
 
     @extend_schema(responses={200: ArtifactSerializer(many=True)})

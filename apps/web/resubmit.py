@@ -13,7 +13,17 @@ from apps.jobs.models import Job
 from apps.tenants.models import Membership
 
 NAMED = {"template", "tier", "gpu_sku"}  # rows on the job, names in a body
-LEFT_OUT_WHEN_EMPTY = {"template", "params", "command", "bundle", "env", "secrets", "python"}
+LEFT_OUT_WHEN_EMPTY = {
+    "template",
+    "params",
+    "command",
+    "bundle",
+    "env",
+    "secrets",
+    "python",
+    "image",
+    "image_pull_secret",
+}
 
 
 def body_of(job: Job) -> dict:

@@ -129,6 +129,17 @@ def test_usage_gives_utilized_gpu_hours_and_efficiency_per_tenant_and_user(cast)
     make_node("h1", gpus=4)
     job, attempt = running(cast, "bob", gpus=2)
     other, other_attempt = running(cast, "alice", gpus=1)
+    # Held for half an hour: a job started a moment ago has held its GPUs ~0.0000 hours, which
+    # rounds to nothing on a fast run.
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.jobs.models import GpuAllocation
+
+    GpuAllocation.objects.filter(attempt__in=[attempt, other_attempt]).update(
+        allocated_at=timezone.now() - timedelta(minutes=30)
+    )
     now = time.time()
     held = attempt.members.get().gpu_indices
     heartbeat("h1", [sample(attempt, i, now - 1, 50, seconds=360) for i in held]
