@@ -12,6 +12,7 @@ from apps.tenants.api import UsageView
 from apps.web.signin import PlatformAdminSite
 from gpuplatform.health import healthz
 from gpuplatform.metrics import metrics
+from gpuplatform.sessions_api import JobSessionsView
 
 # The admin can require a TOTP code from staff (GPUPLATFORM_STAFF_REQUIRE_2FA, apps/web/signin.py);
 # the default site keeps its name and registrations, only its class changes.
@@ -32,6 +33,7 @@ urlpatterns = [
         name="job-artifact-download",
     ),
     path("api/v1/jobs/<uuid:pk>/events/", JobEventsView.as_view(), name="job-events"),
+    path("api/v1/jobs/<uuid:pk>/sessions/", JobSessionsView.as_view(), name="job-sessions"),
     path("api/v1/", include(router.urls)),
     path("api/v1/usage/", UsageView.as_view(), name="usage"),
     path("internal/agent/v1/", include("apps.nodes.agent_urls")),

@@ -81,6 +81,9 @@ class JobSpec:
     env: dict = field(default_factory=dict)
     secrets: list = field(default_factory=list)
     python: dict = field(default_factory=dict)
+    # An interactive job (docs/interactive.md) and its idle timeout (0: its tier's).
+    interactive: bool = False
+    idle_timeout_minutes: float = 0
 
 
 SPEC_FIELDS = tuple(f.name for f in dataclass_fields(JobSpec))  # each a field of Job of that name
@@ -177,6 +180,16 @@ def check_allowed(tenant: Tenant, spec: JobSpec) -> None:
     if spec.tier.rank > tenant.tier.rank:
         raise NotAllowed(
             f"tenant {tenant.slug} may not submit at tier {spec.tier.name}", field="tier"
+        )
+    if spec.interactive and not tenant.allow_commands:
+        raise NotAllowed(
+            f"tenant {tenant.slug} may not run interactive jobs (they run commands)",
+            field="interactive",
+        )
+    idle_limit = spec.tier.interactive_idle_minutes
+    if spec.interactive and spec.idle_timeout_minutes > idle_limit:
+        raise ServiceError(
+            f"at most {idle_limit} minutes at tier {spec.tier.name}", field="idle_timeout_minutes"
         )
     if spec.command is not None and not spec.bundle and not tenant.allow_commands:
         raise NotAllowed(

@@ -25,6 +25,8 @@ class Task(StrEnum):
     # What one dispatcher pass placed on one node, in one message: [{attempt_id, rank, token}, ...]
     START_ATTEMPTS = "workers.start_attempts"
     STOP_ATTEMPT = "workers.stop_attempt"
+    # A session (docs/interactive.md) waits for this node's agent: {"session": id}, a hint only.
+    OPEN_SESSION = "workers.open_session"
     WEBHOOKS_PUMP = "webhooks.pump"
     WEBHOOKS_DELIVER = "webhooks.deliver"
     EXPIRE_BUNDLES = "bundles.expire"

@@ -43,6 +43,10 @@ class Tier(models.Model):
         default=0,
         help_text="Wait instead of preempting when the autoscaler brings a fitting node this soon.",
     )
+    interactive_idle_minutes = models.PositiveIntegerField(
+        default=30,
+        help_text="An interactive job with nothing typed or printed this long ends (its GPUs free).",
+    )
     bundle_max_mib = models.PositiveIntegerField(
         default=100, help_text="Largest code bundle its tenants may upload, MiB."
     )

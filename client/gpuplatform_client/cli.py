@@ -21,7 +21,7 @@ import json
 import sys
 import urllib.error
 
-from . import pack
+from . import interactive, pack
 from .api import TERMINAL, ApiError, Client, ConfigError, Event, load_settings
 
 CONDITIONS = ("afterok", "afterany", "afternotok", "aftercorr")
@@ -32,10 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     argv, command = _split_command(argv)
     args = parser().parse_args(argv)
-    if args.command == "submit":
+    if args.command in ("submit", "exec"):
         args.trailing = command
     elif command:
-        parser().error("`-- COMMAND...` only goes with submit")
+        parser().error("`-- COMMAND...` only goes with submit and exec")
     try:
         client = _client(args)
         return args.run(client, args)
@@ -154,6 +154,8 @@ def parser() -> argparse.ArgumentParser:
             )
         if name == "artifacts":
             command.add_argument("--download", metavar="DIR", help="save every artifact into DIR")
+
+    interactive.register(commands)  # shell, exec, port-forward (interactive.py)
 
     secrets = commands.add_parser("secrets", help="your tenant's secrets (values are write-only)")
     actions = secrets.add_subparsers(dest="action", required=True)
