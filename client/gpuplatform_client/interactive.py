@@ -98,6 +98,7 @@ def cmd_shell(client: Client, args) -> int:
         print(f"gpuplatform: interactive job {job_id} submitted", file=sys.stderr, flush=True)
     if not wait_running(client, job_id):
         return 1
+    print(f"gpuplatform: attaching to job {job_id}; `exit` ends it", file=sys.stderr, flush=True)
     return attach(client, job_id, {"kind": "shell"}, tty=sys.stdin.isatty())
 
 

@@ -137,3 +137,189 @@ def test_another_tenant_gets_404_and_a_viewer_is_refused_for_every_command(platf
     platform.wait_for_state(job["id"], "cancelled")
     over = gp(platform, "alice", "exec", job["id"], "--", "true")
     assert over.returncode != 0 and "409" in over.stderr and "cancelled" in over.stderr
+
+
+# --- shells -----------------------------------------------------------------------------------------
+
+
+def shell(platform: Platform, user: str = "alice", *args: str, rows: int = 24, cols: int = 80) -> Terminal:
+    return Terminal([*CLIENT, "shell", *args], client_env(platform, user), rows=rows, cols=cols)
+
+
+def attached(term: Terminal) -> str:
+    """The job's id, once the shell answers."""
+    job_id = term.expect(r"attaching to job (\S+);", timeout=120).group(1).decode()
+    term.expect(r"[$#] ", timeout=60)  # the shell's prompt: typed ahead, a line may be flushed
+    term.type("echo UP$((40+2))\r")
+    term.expect(r"UP42", timeout=60)
+    return job_id
+
+
+def its_gpus_are_free(platform: Platform, job: dict) -> bool:
+    """Every GPU the job's last attempt held is held by no one now."""
+    nodes = platform.nodes()
+    placed = job["attempts"][-1]["placements"]
+    assert placed
+    holder = {(name, g["index"]): g["allocated_to"] for name, node in nodes.items() for g in node["gpus"]}
+    return all(holder[p["node"], i] is None for p in placed for i in p["gpu_indices"])
+
+
+def test_a_shell_has_the_terminals_size_resize_ctrl_c_and_its_exit_status(platform):
+    term = shell(platform, "alice", "--gpus", "2", "--sku", "H100-80GB", rows=30, cols=100)
+    try:
+        job_id = attached(term)
+        term.type("stty size\r")
+        term.expect(r"30 100")
+        term.resize(40, 120)
+        time.sleep(0.5)  # SIGWINCH -> the client -> a resize frame -> the remote terminal
+        term.type("stty size\r")
+        term.expect(r"40 120")
+        term.type("sleep 100; echo NOT$((1+1))\r")
+        time.sleep(1.5)
+        began = time.monotonic()
+        term.type(b"\x03")
+        term.type("echo AFTER$((1+1))\r")
+        term.expect(r"AFTER2", timeout=30)
+        assert time.monotonic() - began < 30 and b"NOT2" not in term.output
+        term.type("exit 5\r")
+        assert term.wait(timeout=60) == 5
+    finally:
+        term.kill()
+    job = platform.wait_for_state(job_id, ("succeeded", "failed"), timeout=60)
+    assert job["exit_code"] == 5, job
+    platform.wait_until(lambda: its_gpus_are_free(platform, job), timeout=30, what="its GPUs free")
+    kinds = [(e["data"]["event"], e["data"]["kind"], e["actor"]) for e in events(platform, job_id)]
+    assert ("start", "shell", "alice") in kinds and ("end", "shell", "alice") in kinds
+
+
+def test_after_a_dropped_client_the_job_runs_on_and_shell_job_reattaches(platform):
+    term = shell(platform, "alice", "--gpus", "1")
+    try:
+        job_id = attached(term)
+    finally:
+        term.kill()  # the client is gone, as with a lost laptop
+    time.sleep(3)
+    assert platform.job(job_id)["state"] == "running"
+    again = shell(platform, "alice", job_id)
+    try:
+        assert attached(again) == job_id
+        again.type("exit\r")
+        assert again.wait(timeout=60) == 0
+    finally:
+        again.kill()
+    assert platform.wait_for_state(job_id, ("succeeded", "failed"), timeout=60)["state"] == "succeeded"
+
+
+def test_the_idle_timeout_ends_an_interactive_job_and_frees_its_gpus(platform):
+    job = platform.submit("alice", interactive=True, gpus=2, idle_timeout_minutes=0.05, node_selector=ON_N1)
+    platform.wait_for_state(job["id"], "running", timeout=120)
+    ended = platform.wait_for_state(job["id"], ("succeeded", "failed", "cancelled"), timeout=90)
+    assert "idle" in ended["reason"], ended
+    platform.wait_until(lambda: its_gpus_are_free(platform, ended), timeout=30, what="its GPUs free")
+    too_long = platform.post("alice", "/api/v1/jobs/", {"interactive": True, "idle_timeout_minutes": 10_000})
+    assert too_long.status_code == 400 and "idle_timeout_minutes" in too_long.json()
+
+
+# --- faults and revocation ------------------------------------------------------------------------------
+
+
+def background_exec(platform: Platform, user: str, job_id: str, *argv: str) -> subprocess.Popen:
+    return subprocess.Popen([*CLIENT, "exec", job_id, "--", *argv], env=client_env(platform, user),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+
+
+def wait_attached(platform: Platform, job_id: str, count: int = 1, timeout: float = 60) -> None:
+    platform.wait_until(lambda: len([e for e in events(platform, job_id) if e["data"]["event"] == "start"]) >= count,
+                        timeout=timeout, what="the session to start")  # fmt: skip
+
+
+def test_a_revoked_token_ends_its_sessions(platform):
+    token = platform.manage("create_user", "frank", "--tenant", "acme", "--token").strip().splitlines()[-1]
+    platform.tokens["frank"] = token.split()[-1]
+    job = running_job(platform, "frank", node_selector=ON_N1)
+    client = background_exec(platform, "frank", job["id"], "sh", "-c", "echo STARTED; sleep 120")
+    try:
+        assert client.stdout.readline().strip() == "STARTED"
+        revoked_at = time.monotonic()
+        platform.manage("revoke_token", "frank", "--all")
+        code = client.wait(30)
+        took = time.monotonic() - revoked_at
+    finally:
+        client.kill()
+    assert code == 255, client.stderr.read()
+    assert "revoked" in client.stderr.read()
+    assert took < 10, took  # the relay checks every second (the manage command's own start counts here)
+    platform.post("staff", f"/api/v1/jobs/{job['id']}/cancel/")
+
+
+def test_an_agent_restart_ends_its_sessions_cleanly(platform):
+    job = running_job(platform, node_selector={"host": "n2"})
+    client = background_exec(platform, "alice", job["id"], "sh", "-c", "echo STARTED; sleep 120")
+    try:
+        assert client.stdout.readline().strip() == "STARTED"
+        platform.kill("agent-i-n2")
+        code = client.wait(30)
+    finally:
+        client.kill()
+        platform.restart_agent("i-n2")
+    assert code == 255
+    assert "the session ended" in client.stderr.read()
+    platform.wait_until(platform.ready, timeout=90, what="the agent back")
+    cancel(platform, job["id"])
+
+
+# --- port-forward --------------------------------------------------------------------------------------
+
+
+SERVE = (  # one line: a command's argv holds no control characters
+    "import functools, http.server; "
+    "open('blob', 'wb').write(bytes(range(256)) * 81920); "  # 20 MiB
+    "handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory='.'); "
+    "http.server.ThreadingHTTPServer(('127.0.0.1', {port}), handler).serve_forever()"
+)
+
+
+def forward(platform: Platform, job_id: str, ports: str, user: str = "alice") -> subprocess.Popen:
+    return subprocess.Popen([*CLIENT, "port-forward", job_id, ports], env=client_env(platform, user),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+
+
+def test_port_forward_carries_20_mb_intact_and_refuses_another_jobs_port(platform):
+    port, local = free_port(), free_port()
+    server = running_job(platform, command=["{python}", "-c", SERVE.format(port=port)], node_selector=ON_N1)
+    other = running_job(platform, node_selector=ON_N1)
+    deadline = time.monotonic() + 60
+    while True:  # until the job's server listens
+        client = forward(platform, server["id"], f"{local}:{port}")
+        line = client.stdout.readline()
+        if line.startswith("Forwarding"):
+            break
+        client.wait(10)
+        assert time.monotonic() < deadline, client.stderr.read()
+        time.sleep(1)
+    try:
+        expected = hashlib.sha256(bytes(range(256)) * 81920).hexdigest()
+        results = []
+
+        def fetch():
+            with urllib.request.urlopen(f"http://127.0.0.1:{local}/blob", timeout=120) as response:
+                results.append(hashlib.sha256(response.read()).hexdigest())
+
+        import threading
+
+        threads = [threading.Thread(target=fetch) for _ in range(2)]  # two connections, one forward
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(180)
+        assert results == [expected, expected]
+    finally:
+        client.send_signal(signal.SIGINT)
+        client.wait(10)
+    refused = subprocess.run([*CLIENT, "port-forward", other["id"], f"{free_port()}:{port}"],
+                             env=client_env(platform, "alice"), capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert refused.returncode == 1 and "not a port this job listens on" in refused.stderr, refused.stderr
+    for job in (server, other):
+        cancel(platform, job["id"])
