@@ -140,6 +140,8 @@ def errors_for(path: str, method: str, operation: dict) -> list[str]:
         codes.append("400")  # a state the change does not apply to (already ended, cancelled)
     if path.endswith("/events/"):
         codes.append("429")  # the open-stream caps
+    if path.endswith("/sessions/"):
+        codes += ["409", "429"]  # a job not running; the session caps (gpuplatform/sessions_api.py)
     return codes
 
 

@@ -9,12 +9,15 @@ tenant's job 404, a viewer 403, a job not running 409, over the session caps 429
 
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
+from rest_framework.exceptions import NotFound
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.jobs.fields import ArgvField, StrictBooleanField, StrictCharField, StrictIntegerField
+from apps.platform.errors import UnknownObject
 from apps.scheduling import sessions
 
 MAX_RANK = 1024
@@ -38,9 +41,19 @@ class SessionRequestSerializer(serializers.Serializer):
         return attrs
 
 
+class SessionOpenedSerializer(serializers.Serializer):
+    session = serializers.CharField()
+    ticket = serializers.CharField(
+        help_text="Presented once, as X-Session-Ticket, on the websocket."
+    )
+    node = serializers.CharField()
+    url = serializers.CharField(help_text="The session's websocket path.")
+
+
 class JobSessionsView(APIView):
     permission_classes = [IsAuthenticated]
 
+    @extend_schema(request=SessionRequestSerializer, responses={201: SessionOpenedSerializer})
     def post(self, request, pk):
         body = SessionRequestSerializer(data=request.data)
         body.is_valid(raise_exception=True)
@@ -50,8 +63,11 @@ class JobSessionsView(APIView):
             tty=data["tty"], rows=data["rows"], cols=data["cols"], term=data["term"],
             port=data.get("port") or 0,
         )  # fmt: skip
-        opened = sessions.open_session(user=request.user, token_id=getattr(request.auth, "pk", None),
-                                       job_id=pk, request=wanted)  # fmt: skip
+        try:
+            opened = sessions.open_session(user=request.user, token_id=getattr(request.auth, "pk", None),
+                                           job_id=pk, request=wanted)  # fmt: skip
+        except UnknownObject:
+            raise NotFound() from None  # DRF's own 404 shape, as every other unknown id
         return Response(
             {"session": opened.session, "ticket": opened.ticket, "node": opened.node,
              "url": f"/api/v1/sessions/{opened.session}/"},

@@ -22,6 +22,7 @@ from typing import cast
 
 from celery import current_app
 from django.conf import settings
+from django.db import transaction
 
 from apps.jobs.access import membership_of, visible_jobs
 from apps.jobs.models import ATTEMPT_ACTIVE, AttemptMember, Job, JobState
@@ -134,7 +135,8 @@ def open_session(*, user, token_id, job_id, request: Request) -> Opened:
                        "user": user.get_username(), "staff": staff, "event": "start"})  # fmt: skip
     if staff:
         log.warning("support staff %s opened a %s session on job %s", who, request.kind, job.pk)
-    _ask_agent(member.node.name, session)
+    node = member.node.name
+    transaction.on_commit(lambda: _ask_agent(node, session))
     return Opened(session=session, ticket=ticket, node=member.node.name)
 
 

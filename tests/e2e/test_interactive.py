@@ -9,7 +9,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 
@@ -142,7 +141,9 @@ def test_another_tenant_gets_404_and_a_viewer_is_refused_for_every_command(platf
 # --- shells -----------------------------------------------------------------------------------------
 
 
-def shell(platform: Platform, user: str = "alice", *args: str, rows: int = 24, cols: int = 80) -> Terminal:
+def shell(
+    platform: Platform, user: str = "alice", *args: str, rows: int = 24, cols: int = 80
+) -> Terminal:
     return Terminal([*CLIENT, "shell", *args], client_env(platform, user), rows=rows, cols=cols)
 
 
@@ -160,7 +161,9 @@ def its_gpus_are_free(platform: Platform, job: dict) -> bool:
     nodes = platform.nodes()
     placed = job["attempts"][-1]["placements"]
     assert placed
-    holder = {(name, g["index"]): g["allocated_to"] for name, node in nodes.items() for g in node["gpus"]}
+    holder = {
+        (name, g["index"]): g["allocated_to"] for name, node in nodes.items() for g in node["gpus"]
+    }
     return all(holder[p["node"], i] is None for p in placed for i in p["gpu_indices"])
 
 
@@ -207,16 +210,24 @@ def test_after_a_dropped_client_the_job_runs_on_and_shell_job_reattaches(platfor
         assert again.wait(timeout=60) == 0
     finally:
         again.kill()
-    assert platform.wait_for_state(job_id, ("succeeded", "failed"), timeout=60)["state"] == "succeeded"
+    assert (
+        platform.wait_for_state(job_id, ("succeeded", "failed"), timeout=60)["state"] == "succeeded"
+    )
 
 
 def test_the_idle_timeout_ends_an_interactive_job_and_frees_its_gpus(platform):
-    job = platform.submit("alice", interactive=True, gpus=2, idle_timeout_minutes=0.05, node_selector=ON_N1)
+    job = platform.submit(
+        "alice", interactive=True, gpus=2, idle_timeout_minutes=0.05, node_selector=ON_N1
+    )
     platform.wait_for_state(job["id"], "running", timeout=120)
     ended = platform.wait_for_state(job["id"], ("succeeded", "failed", "cancelled"), timeout=90)
     assert "idle" in ended["reason"], ended
-    platform.wait_until(lambda: its_gpus_are_free(platform, ended), timeout=30, what="its GPUs free")
-    too_long = platform.post("alice", "/api/v1/jobs/", {"interactive": True, "idle_timeout_minutes": 10_000})
+    platform.wait_until(
+        lambda: its_gpus_are_free(platform, ended), timeout=30, what="its GPUs free"
+    )
+    too_long = platform.post(
+        "alice", "/api/v1/jobs/", {"interactive": True, "idle_timeout_minutes": 10_000}
+    )
     assert too_long.status_code == 400 and "idle_timeout_minutes" in too_long.json()
 
 
@@ -235,7 +246,11 @@ def wait_attached(platform: Platform, job_id: str, count: int = 1, timeout: floa
 
 
 def test_a_revoked_token_ends_its_sessions(platform):
-    token = platform.manage("create_user", "frank", "--tenant", "acme", "--token").strip().splitlines()[-1]
+    token = (
+        platform.manage("create_user", "frank", "--tenant", "acme", "--token")
+        .strip()
+        .splitlines()[-1]
+    )
     platform.tokens["frank"] = token.split()[-1]
     job = running_job(platform, "frank", node_selector=ON_N1)
     client = background_exec(platform, "frank", job["id"], "sh", "-c", "echo STARTED; sleep 120")
@@ -249,7 +264,9 @@ def test_a_revoked_token_ends_its_sessions(platform):
         client.kill()
     assert code == 255, client.stderr.read()
     assert "revoked" in client.stderr.read()
-    assert took < 10, took  # the relay checks every second (the manage command's own start counts here)
+    assert took < 10, (
+        took
+    )  # the relay checks every second (the manage command's own start counts here)
     platform.post("staff", f"/api/v1/jobs/{job['id']}/cancel/")
 
 
@@ -288,7 +305,9 @@ def forward(platform: Platform, job_id: str, ports: str, user: str = "alice") ->
 
 def test_port_forward_carries_20_mb_intact_and_refuses_another_jobs_port(platform):
     port, local = free_port(), free_port()
-    server = running_job(platform, command=["{python}", "-c", SERVE.format(port=port)], node_selector=ON_N1)
+    server = running_job(
+        platform, command=["{python}", "-c", SERVE.format(port=port)], node_selector=ON_N1
+    )
     other = running_job(platform, node_selector=ON_N1)
     deadline = time.monotonic() + 60
     while True:  # until the job's server listens
@@ -320,6 +339,8 @@ def test_port_forward_carries_20_mb_intact_and_refuses_another_jobs_port(platfor
         client.wait(10)
     refused = subprocess.run([*CLIENT, "port-forward", other["id"], f"{free_port()}:{port}"],
                              env=client_env(platform, "alice"), capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert refused.returncode == 1 and "not a port this job listens on" in refused.stderr, refused.stderr
+    assert refused.returncode == 1 and "not a port this job listens on" in refused.stderr, (
+        refused.stderr
+    )
     for job in (server, other):
         cancel(platform, job["id"])

@@ -11,6 +11,7 @@ def test_queues_and_task_names_are_the_strings_celery_already_routes():
     assert {task.value for task in Task} == {
         "scheduling.dispatch", "scheduling.reconcile", "scheduling.autoscale", "workers.start_attempt",
         "workers.start_attempts", "workers.stop_attempt", "webhooks.pump", "webhooks.deliver", "bundles.expire",
+        "workers.open_session",
     }  # fmt: skip
 
 
