@@ -344,3 +344,54 @@ def test_port_forward_carries_20_mb_intact_and_refuses_another_jobs_port(platfor
     )
     for job in (server, other):
         cancel(platform, job["id"])
+
+
+def test_a_web_restart_ends_its_sessions_cleanly(platform):
+    job = running_job(platform, node_selector=ON_N1)
+    client = background_exec(platform, "alice", job["id"], "sh", "-c", "echo STARTED; sleep 120")
+    try:
+        assert client.stdout.readline().strip() == "STARTED"
+        platform.kill(
+            "web", signal.SIGTERM
+        )  # gunicorn's graceful stop: its workers close the sockets
+        code = client.wait(60)
+    finally:
+        client.kill()
+        platform.start_web()
+    assert code == 255
+    said = client.stderr.read()
+    assert "the session ended" in said, said
+    platform.wait_until(platform.ready, timeout=90, what="the web back")
+    cancel(platform, job["id"])
+
+
+# --- the relay's bounds and what it never logs -----------------------------------------------------
+
+
+def test_a_reader_that_stops_reading_holds_the_sender_back_and_nothing_reaches_the_logs(platform):
+    import redis
+    from websockets.sync.client import connect
+
+    from gpuplatform.relay import HIGH_WATER
+
+    job = running_job(platform, node_selector=ON_N1)
+    secret = "SESSIONBYTES-" + os.urandom(6).hex()
+    opened = platform.post("alice", f"/api/v1/jobs/{job['id']}/sessions/", {
+        "kind": "exec", "argv": ["sh", "-c", f"echo {secret}; head -c 200000000 /dev/zero"]}).json()  # fmt: skip
+    url = platform.url.replace("http://", "ws://") + opened["url"]
+    down = f"gpuplatform:session:{opened['session']}:down"
+    conn = redis.Redis.from_url(platform.env["REDIS_URL"])
+    with connect(url, additional_headers={"X-Session-Ticket": opened["ticket"]}, compression=None,
+                 max_size=2**20, max_queue=1) as ws:  # fmt: skip
+        first = ws.recv(timeout=60)  # then this reader stops reading
+        assert first[:1] == b"\x00"
+        lengths = []
+        for _ in range(10):
+            time.sleep(0.5)
+            lengths.append(conn.llen(down))
+    # 200 MB were waiting to be sent; the relay queued at most HIGH_WATER frames of them.
+    assert max(lengths) <= HIGH_WATER + 1, lengths
+    assert max(lengths) >= HIGH_WATER // 2, lengths  # it did fill up: the sender was held back
+    cancel(platform, job["id"])
+    for name in ("web", "dispatcher", "agent-i-n1", "agent-i-n2"):
+        assert secret not in platform.logs(name, tail=10**8), name
