@@ -36,9 +36,10 @@ log = logging.getLogger(__name__)
 
 CLIENT_PATH = re.compile(r"^/api/v1/sessions/([0-9a-f]{32})/$")
 AGENT_PATH = re.compile(r"^/internal/agent/v1/sessions/([0-9a-f]{32})/$")
-MAX_FRAME = 64 * 1024 + 64  # the client and the agent send at most 64 KiB of data a frame
-HIGH_WATER = 64  # frames queued one way: at most ~4 MiB a direction in Redis
-LOW_WATER = 16
+MAX_FRAME = 256 * 1024 + 64  # the client and the agent send at most 256 KiB of data a frame
+HIGH_WATER = 16  # frames queued one way: at most ~4 MiB a direction in Redis
+LOW_WATER = 4
+POP_MANY = 8  # frames taken from Redis in one round trip when more are waiting
 ATTACH_SECONDS = float(os.environ.get("GPUPLATFORM_SESSION_ATTACH_SECONDS") or 20)
 ALIVE_SECONDS = 5  # a leg's heartbeat key lives this long; the other leg ends without it
 BEAT_SECONDS = 1.0
@@ -118,10 +119,9 @@ class Leg:
     async def push(self, item: bytes) -> None:
         """Queue a frame for the other leg; wait while its list is full (backpressure)."""
         conn = redis_client()
-        async with conn.pipeline(transaction=False) as pipe:
-            pipe.rpush(self.outbox, item)
-            pipe.expire(self.outbox, sessions.PENDING_SECONDS)
-            queued, _ = await pipe.execute()
+        queued = await conn.rpush(self.outbox, item)
+        if queued == 1:  # a list is gone once empty: a new one gets its lifetime (a leftover's)
+            await conn.expire(self.outbox, sessions.PENDING_SECONDS)
         while queued > HIGH_WATER:
             await asyncio.sleep(0.005)
             queued = await conn.llen(self.outbox)
@@ -153,13 +153,14 @@ class Leg:
             if popped is None:
                 await self.check_peer(attach_by)
                 continue
-            item = popped[1]
-            if item[:1] == END:
-                self.told_peer = True  # it ended first: nothing to tell it
-                self.end(ENDED, item[1:].decode(errors="replace"))
-                return
-            self.peer_seen = True
-            await self.send({"type": "websocket.send", "bytes": item[1:]})
+            items = [popped[1], *(await conn.lpop(self.inbox, POP_MANY) or [])]
+            for item in items:
+                if item[:1] == END:
+                    self.told_peer = True  # it ended first: nothing to tell it
+                    self.end(ENDED, item[1:].decode(errors="replace"))
+                    return
+                self.peer_seen = True
+                await self.send({"type": "websocket.send", "bytes": item[1:]})
 
     async def check_peer(self, attach_by: float) -> None:
         there = await redis_client().exists(alive_key(self.session, self.peer))

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DATA, CONTROL = b"\x00", b"\x01"
-CHUNK = 64 * 1024
+CHUNK = 256 * 1024  # data a frame at most (gpuplatform/relay.py MAX_FRAME)
 CLONE_NEWNS = 0x00020000
 HANGUP_GRACE = 2.0  # SIGHUP, then SIGKILL after this when a session's client is gone
 EXIT_FILE = "interactive-exit"  # beside the job's progress file: apps/platform/agent_protocol.py

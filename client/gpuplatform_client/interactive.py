@@ -27,7 +27,7 @@ import urllib.request
 from .api import TERMINAL, ApiError, Client
 
 DATA, CONTROL = b"\x00", b"\x01"
-CHUNK = 64 * 1024
+CHUNK = 256 * 1024  # data a frame at most (gpuplatform/relay.py MAX_FRAME)
 LOST = 255  # as ssh: the session ended without the remote command's status
 CLOSE_REASONS = {
     4001: "the token was revoked",

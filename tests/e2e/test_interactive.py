@@ -195,10 +195,13 @@ def test_a_shell_has_the_terminals_size_resize_ctrl_c_and_its_exit_status(platfo
     assert ("start", "shell", "alice") in kinds and ("end", "shell", "alice") in kinds
 
 
-def test_after_a_dropped_client_the_job_runs_on_and_shell_job_reattaches(platform):
-    term = shell(platform, "alice", "--gpus", "1")
+def test_after_a_dropped_client_the_job_runs_on_and_shell_job_reattaches(platform, tmp_path):
+    (tmp_path / "notes.txt").write_text("from the laptop\n")
+    term = shell(platform, "alice", "--gpus", "1", "--workdir", str(tmp_path))
     try:
         job_id = attached(term)
+        term.type("cat notes.txt\r")  # the shell starts in the uploaded directory
+        term.expect("from the laptop")
     finally:
         term.kill()  # the client is gone, as with a lost laptop
     time.sleep(3)
