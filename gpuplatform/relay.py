@@ -25,6 +25,7 @@ import os
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import redis.asyncio as aioredis
 from django.conf import settings
@@ -54,7 +55,8 @@ _open: dict[str, Leg] = {}  # this process's client legs, by session (revocation
 _watcher: asyncio.Task | None = None
 
 
-def redis_client() -> aioredis.Redis:
+def redis_client() -> Any:
+    """This loop's asyncio client (typed Any: redis-py types each command as sync-or-awaitable)."""
     loop = id(asyncio.get_running_loop())
     if loop not in _redis:
         _redis[loop] = aioredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2)

@@ -223,7 +223,8 @@ def renew(sessions: list[tuple[str, list[str]]]) -> None:
 def check_ticket(session: str, ticket: str) -> dict | None:
     """The session's record if the ticket is its own and unused (it is spent now)."""
     conn = shared_client()
-    record = {k.decode(): v.decode() for k, v in conn.hgetall(key(session)).items()}
+    stored = cast(dict[bytes, bytes], conn.hgetall(key(session)))
+    record = {k.decode(): v.decode() for k, v in stored.items()}
     if not record or not record.get("ticket"):
         return None
     if not hmac.compare_digest(record["ticket"], ticket_digest(ticket)):
