@@ -26,6 +26,7 @@ import os
 import pathlib
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import termios
@@ -96,6 +97,8 @@ class Sessions:
         for key, run in self.agent.local_runs().items():
             limit = getattr(run.assignment, "idle_timeout_seconds", 0)
             if not getattr(run.assignment, "interactive", False) or not limit or not run.started:
+                continue
+            if run.assignment.rank:  # a gang's other ranks end with rank 0, where shells attach
                 continue
             last = max(run.started, self.activity.get(key, 0.0))
             if now - last > limit and not run.stop_reason:
@@ -392,16 +395,41 @@ def hang_up(process: subprocess.Popen) -> None:
 
 def end_interactive_job(run: Run, code: int) -> None:
     """The job's shell exited: its holding process exits with the shell's status."""
-    control_dir = pathlib.Path(job_environment_value(run, "GPUPLATFORM_PROGRESS_FILE")).parent
-    path = control_dir / EXIT_FILE
-    tmp = control_dir / f".{EXIT_FILE}.tmp"
-    tmp.write_text(str(code))
-    os.replace(tmp, path)
-    log.info("interactive attempt %s rank %s: its shell exited %s; the job ends", *run.key, code)
+    if end_hold(run, code):
+        log.info(
+            "interactive attempt %s rank %s: its shell exited %s; the job ends", *run.key, code
+        )
 
 
-def job_environment_value(run: Run, name: str) -> str:
-    return job_environment(run).get(name) or str(run.workdir / ".gpuplatform" / "progress.json")
+def end_hold(run: Run, code: int) -> bool:
+    """Tell an interactive job's holding process to exit with `code`: its exit file, written
+    into the job's own control dir without trusting it (no link followed, a regular file of one
+    link: a job cannot turn this root write onto another file). False where that was refused."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        top = os.open(run.workdir, flags)
+    except OSError:
+        return False
+    try:
+        control = os.open(".gpuplatform", flags, dir_fd=top)
+        try:
+            fd = os.open(EXIT_FILE, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                         0o644, dir_fd=control)  # fmt: skip
+        finally:
+            os.close(control)
+    except OSError:
+        return False
+    finally:
+        os.close(top)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+            return False
+        os.ftruncate(fd, 0)
+        os.write(fd, str(code).encode())
+        return True
+    finally:
+        os.close(fd)
 
 
 # --- which job a listening port belongs to -------------------------------------------------------

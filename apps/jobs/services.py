@@ -679,6 +679,8 @@ def _settle_attempt(
         return
     if ok:
         if _gang_running(attempt, gang):
+            if job.interactive:  # its shell exited: the other ranks only hold GPUs, they end too
+                stop_rest_of_gang(attempt, why=StopReason.SHELL_EXITED, gang=gang)
             return  # wait for the rest of the gang
         end_attempt(attempt, state=AttemptState.SUCCEEDED, exit_code=0)
         transition_job(job, to=JobState.SUCCEEDED, expect=JOB_PLACED, actor=actor, reason="exit code 0",

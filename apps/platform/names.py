@@ -46,6 +46,9 @@ class StopReason(StrEnum):
     AGENT_REPLACED = "agent replaced"  # another agent instance took the node: this one exits
     FENCED = "cut off from the platform"  # the agent missed its heartbeats: its jobs die at once
     UNASSIGNED = "not assigned here any more"  # the database no longer has it on this node
+    # An interactive job's shell exited on one rank (docs/interactive.md): the other ranks'
+    # holding processes exit 0 with it (workers/sessions.py end_hold), no signal sent.
+    SHELL_EXITED = "interactive shell exited"
 
 
 class EndReason(StrEnum):

@@ -218,6 +218,21 @@ def test_after_a_dropped_client_the_job_runs_on_and_shell_job_reattaches(platfor
     )
 
 
+def test_an_interactive_gang_ends_on_every_rank_when_its_shell_exits(platform):
+    term = shell(platform, "alice", "--nodes", "2", "--gpus", "1")
+    try:
+        job_id = attached(term)
+        term.type("echo WORLD=$WORLD_SIZE RANK=$RANK\r")
+        term.expect("WORLD=2 RANK=0")
+        term.type("exit\r")
+        assert term.wait(timeout=60) == 0
+    finally:
+        term.kill()
+    job = platform.wait_for_state(job_id, ("succeeded", "failed"), timeout=60)
+    assert job["state"] == "succeeded", job
+    platform.wait_until(lambda: its_gpus_are_free(platform, job), timeout=30, what="its GPUs free")
+
+
 def test_the_idle_timeout_ends_an_interactive_job_and_frees_its_gpus(platform):
     job = platform.submit(
         "alice", interactive=True, gpus=2, idle_timeout_minutes=0.05, node_selector=ON_N1
