@@ -12,7 +12,11 @@ $(STAMP): requirements.txt requirements-dev.txt
 	$(BIN)/pip install -q --disable-pip-version-check -r requirements-dev.txt
 	rm -f $(VENV)/.installed-*; touch $(STAMP)
 
-install: $(STAMP)
+# Browser assets from npm (package.json: xterm.js for the job page's terminal), never committed.
+node_modules/.package-lock.json: package.json package-lock.json
+	if command -v npm >/dev/null; then npm ci --no-audit --no-fund --ignore-scripts; else echo "no npm: the job page's terminal is left out"; fi
+
+install: $(STAMP) node_modules/.package-lock.json
 
 run: install
 	$(BIN)/python -m gpuplatform.launch

@@ -26,6 +26,7 @@ import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+from urllib.parse import parse_qs
 
 import redis.asyncio as aioredis
 from django.conf import settings
@@ -192,6 +193,11 @@ async def serve(scope, receive, send) -> None:
         await send({"type": "websocket.close", "code": 4404})
 
 
+def query_ticket(scope) -> str:
+    values = parse_qs(scope.get("query_string", b"").decode("latin1")).get("ticket") or [""]
+    return values[0]
+
+
 def header(scope, name: bytes) -> str:
     for key, value in scope.get("headers", []):
         if key.lower() == name:
@@ -201,7 +207,10 @@ def header(scope, name: bytes) -> str:
 
 async def client_leg(session: str, scope, receive, send) -> None:
     await receive()  # websocket.connect
-    record = await in_pool(sessions.check_ticket, session, header(scope, b"x-session-ticket"))
+    # The ticket comes as a header, or (a browser's WebSocket sets none) in the query string;
+    # it is spent here, so a copy in an access log opens nothing.
+    ticket = header(scope, b"x-session-ticket") or query_ticket(scope)
+    record = await in_pool(sessions.check_ticket, session, ticket)
     if record is None:
         await send({"type": "websocket.close", "code": 4403})  # refused before the handshake
         return

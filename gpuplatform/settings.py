@@ -199,7 +199,12 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATICFILES_DIRS = [BASE_DIR / "static"]
+STATICFILES_DIRS: list = [BASE_DIR / "static"]
+# xterm.js for the job page's terminal: installed from npm at build time (`make install`,
+# package.json), never committed; without it the page shows the client's command instead.
+XTERM_DIR = BASE_DIR / "node_modules" / "@xterm" / "xterm"
+if XTERM_DIR.is_dir():
+    STATICFILES_DIRS.append(("vendor/xterm", XTERM_DIR))
 STATIC_ROOT = DATA_DIR / "staticfiles"
 MEDIA_ROOT = DATA_DIR / "storage"
 STORAGES = {

@@ -13,6 +13,7 @@ from apps.web.signin import PlatformAdminSite
 from gpuplatform.health import healthz
 from gpuplatform.metrics import metrics
 from gpuplatform.sessions_api import JobSessionsView
+from gpuplatform.terminal_page import terminal
 
 # The admin can require a TOTP code from staff (GPUPLATFORM_STAFF_REQUIRE_2FA, apps/web/signin.py);
 # the default site keeps its name and registrations, only its class changes.
@@ -41,6 +42,7 @@ urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("metrics", metrics, name="metrics"),
     path("admin/", admin.site.urls),
+    path("jobs/<uuid:job_id>/terminal/", terminal, name="job-terminal"),
     path("", include("apps.web.urls")),
 ]
 

@@ -26,7 +26,9 @@ class Interactive(Work):
 
 def run_in(workdir: pathlib.Path, **fields) -> Run:
     (workdir / ".gpuplatform").mkdir(parents=True, exist_ok=True)
-    return Run(assignment=Interactive(argv=["hold"], **fields), workdir=workdir, log_path=workdir / "log")
+    return Run(
+        assignment=Interactive(argv=["hold"], **fields), workdir=workdir, log_path=workdir / "log"
+    )
 
 
 def test_the_holder_is_told_its_exit_status_in_its_own_control_dir(tmp_path):
