@@ -14,7 +14,7 @@ $(STAMP): requirements.txt requirements-dev.txt
 
 # Browser assets from npm (package.json: xterm.js for the job page's terminal), never committed.
 node_modules/.package-lock.json: package.json package-lock.json
-	if command -v npm >/dev/null; then npm ci --no-audit --no-fund --ignore-scripts; else echo "no npm: the job page's terminal is left out"; fi
+	npm ci --no-audit --no-fund --ignore-scripts || echo "no npm or no registry: the in-browser terminal is left out (docs/interactive.md)"
 
 install: $(STAMP) node_modules/.package-lock.json
 

@@ -1,12 +1,17 @@
 """The job page's terminal (docs/interactive.md): an interactive job's shell in the browser,
 through the same relay as `gpuplatform shell`, signed in with the page's session."""
 
+import pathlib
+
 import pytest
 
 pytestmark = pytest.mark.e2e
+XTERM = pathlib.Path(__file__).resolve().parents[2] / "node_modules" / "@xterm" / "xterm" / "lib" / "xterm.js"
 
 
 def test_an_interactive_job_page_opens_a_shell_in_the_page(sign_in, platform):
+    if not XTERM.exists():
+        pytest.skip("xterm.js is not installed (make install runs npm ci)")
     nodes = platform.nodes()
     if any(node["isolation"] == "none" for node in nodes.values()):
         pytest.skip("the agents cannot fence jobs here: sessions need root and cgroups")
