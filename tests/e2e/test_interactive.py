@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
 
@@ -42,7 +43,8 @@ def platform(tmp_path_factory):
 
 def client_env(platform: Platform, user: str, **extra) -> dict[str, str]:
     env = dict(os.environ, GPUPLATFORM_URL=platform.url, GPUPLATFORM_TOKEN=platform.tokens[user],
-               PYTHONPATH=str(ROOT / "client"), TERM="xterm", PS1=PROMPT, **extra)  # fmt: skip
+               PYTHONPATH=str(ROOT / "client"), TERM="xterm", PS1=PROMPT)  # fmt: skip
+    env.update(extra)
     env.pop("GPUPLATFORM_CONFIG", None)
     return env
 
@@ -413,3 +415,31 @@ def test_a_reader_that_stops_reading_holds_the_sender_back_and_nothing_reaches_t
     cancel(platform, job["id"])
     for name in ("web", "dispatcher", "agent-i-n1", "agent-i-n2"):
         assert secret not in platform.logs(name, tail=10**8), name
+
+
+def test_the_two_legs_meet_through_redis_across_separate_web_servers(platform):
+    """The agents dial the platform's web; this client talks to another web server (its own
+    gunicorn, same database and Redis): the session crosses from one to the other."""
+    port = free_port()
+    platform.spawn("web-b", [sys.executable, "-m", "gunicorn", "gpuplatform.asgi:application", "--worker-class",
+                             "gpuplatform.web_worker.Worker", f"--bind=127.0.0.1:{port}", "--workers", "1",
+                             "--threads", "2"])  # fmt: skip
+    other = f"http://127.0.0.1:{port}"
+    try:
+        platform.wait_until(lambda: _answers(other), timeout=60, what="the second web server")
+        job = running_job(platform, node_selector=ON_N1)
+        env = client_env(platform, "alice", GPUPLATFORM_URL=other)
+        done = subprocess.run([*CLIENT, "exec", job["id"], "--", "sh", "-c", "echo across; exit 9"], env=env,
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert done.returncode == 9 and "across" in done.stdout, done.stderr
+        cancel(platform, job["id"])
+    finally:
+        platform.kill("web-b", signal.SIGTERM)
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/healthz", timeout=2) as answer:
+            return answer.status == 200
+    except OSError:
+        return False
