@@ -263,6 +263,26 @@ async def agent_leg(session: str, scope, receive, send) -> None:
         except Exception:
             pass
     await close(send, code, why)
+    await end_if_never_claimed(session, record)
+
+
+async def end_if_never_claimed(session: str, record: dict) -> None:
+    """The client leg records a session's end; where no client ever presented the ticket (it
+    went away after opening the session), this leg does, once it has waited as long as a
+    client leg waits for an agent's. A client that comes after that is refused."""
+    conn = redis_client()
+    deadline = time.monotonic() + ATTACH_SECONDS
+    while await conn.hexists(sessions.key(session), "ticket"):
+        if time.monotonic() > deadline:
+            if await conn.hdel(sessions.key(session), "ticket"):  # taken from a late client
+                try:
+                    await in_pool(
+                        sessions.session_ended, record, session, "the client did not attach"
+                    )
+                except Exception:
+                    log.exception("could not record the end of session %s", session)
+            return
+        await asyncio.sleep(0.5)
 
 
 async def close(send, code: int, why: str) -> None:

@@ -6,7 +6,14 @@ import pathlib
 import pytest
 
 pytestmark = pytest.mark.e2e
-XTERM = pathlib.Path(__file__).resolve().parents[2] / "node_modules" / "@xterm" / "xterm" / "lib" / "xterm.js"
+XTERM = (
+    pathlib.Path(__file__).resolve().parents[2]
+    / "node_modules"
+    / "@xterm"
+    / "xterm"
+    / "lib"
+    / "xterm.js"
+)
 
 
 def test_an_interactive_job_page_opens_a_shell_in_the_page(sign_in, platform):

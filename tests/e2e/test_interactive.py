@@ -197,6 +197,20 @@ def test_a_shell_has_the_terminals_size_resize_ctrl_c_and_its_exit_status(platfo
     assert ("start", "shell", "alice") in kinds and ("end", "shell", "alice") in kinds
 
 
+def test_a_queued_shell_shows_where_it_stands_then_attaches(platform):
+    hog = running_job(platform, gpus=4, gpu_sku="H100-80GB")  # all of i-n1: a 4-GPU shell waits
+    term = shell(platform, "alice", "--gpus", "4", "--sku", "H100-80GB")
+    try:
+        line = term.expect(r"waiting: job \S+ is queued[^\r\n]*", timeout=60).group(0).decode()
+        assert "position 1" in line, line  # its place in the queue (and its estimate or reason)
+        cancel(platform, hog["id"])
+        attached(term)
+        term.type("exit\r")
+        assert term.wait(timeout=60) == 0
+    finally:
+        term.kill()
+
+
 def test_after_a_dropped_client_the_job_runs_on_and_shell_job_reattaches(platform, tmp_path):
     (tmp_path / "notes.txt").write_text("from the laptop\n")
     term = shell(platform, "alice", "--gpus", "1", "--workdir", str(tmp_path))
@@ -443,3 +457,20 @@ def _answers(url: str) -> bool:
             return answer.status == 200
     except OSError:
         return False
+
+
+def test_a_session_whose_client_never_attaches_ends_and_is_recorded(platform):
+    job = running_job(platform, node_selector=ON_N1)
+    opened = platform.post(
+        "alice", f"/api/v1/jobs/{job['id']}/sessions/", {"kind": "exec", "argv": ["true"]}
+    )
+    assert opened.status_code == 201
+    session = opened.json()["session"]
+
+    def ended():
+        return [e for e in events(platform, job["id"]) if e["data"].get("session") == session
+                and e["data"]["event"] == "end"]  # fmt: skip
+
+    platform.wait_until(ended, timeout=90, what="the end of a session nobody attached to")
+    assert "did not attach" in ended()[0]["reason"]
+    cancel(platform, job["id"])
