@@ -260,12 +260,11 @@ def attach(client: Client, job_id: str, body: dict, *, tty: bool) -> int:
         "term": os.environ.get("TERM") or "xterm-256color",
     }
     with Connection.open(client, job_id, body) as conn, raw_terminal(tty):
-        if tty:
-            signal.signal(
-                signal.SIGWINCH, lambda *_: conn.control({"resize": list(terminal_size())})
-            )
+        resized = threading.Event()
+        if tty:  # the pump sends it: a send from the handler could wait on a lock its thread holds
+            signal.signal(signal.SIGWINCH, lambda *_: resized.set())
         done = threading.Event()
-        threading.Thread(target=pump_stdin, args=(conn, done, tty), daemon=True).start()
+        threading.Thread(target=pump_stdin, args=(conn, done, resized), daemon=True).start()
         code = None
         out = sys.stdout.buffer
         for data, message in conn.frames():
@@ -284,13 +283,17 @@ def attach(client: Client, job_id: str, body: dict, *, tty: bool) -> int:
     return code
 
 
-def pump_stdin(conn: Connection, done: threading.Event, tty: bool) -> None:
+def pump_stdin(conn: Connection, done: threading.Event, resized: threading.Event) -> None:
+    """Keys (or piped input) to the session, and the terminal's new size when it changed."""
     from websockets.exceptions import ConnectionClosed
 
     fd = sys.stdin.fileno()
     try:
         while not done.is_set():
-            ready, _, _ = select.select([fd], [], [], 0.2)
+            if resized.is_set():
+                resized.clear()
+                conn.control({"resize": list(terminal_size())})
+            ready, _, _ = select.select([fd], [], [], 0.1)
             if not ready:
                 continue
             data = os.read(fd, CHUNK)

@@ -100,6 +100,11 @@ def test_exec_runs_inside_the_jobs_fence_and_passes_its_exit_status_through(plat
     namespaces = re.findall(r"mnt:\[\d+\]", out)
     agent_ns = os.readlink("/proc/self/ns/mnt")
     assert namespaces and namespaces[0] != agent_ns, out
+    piped = subprocess.run([*CLIENT, "exec", job["id"], "--", "wc", "-c"], env=client_env(platform, "alice"),
+                           input="x" * 300_000, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert piped.returncode == 0 and piped.stdout.strip() == "300000", (
+        piped.stderr
+    )  # stdin, then its end
     started = [e for e in events(platform, job["id"]) if e["data"].get("event") == "start"]
     assert started and started[0]["actor"] == "alice" and started[0]["data"]["kind"] == "exec"
     cancel(platform, job["id"])
