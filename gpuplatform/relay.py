@@ -103,6 +103,8 @@ class Leg:
 
     async def run(self) -> tuple[int, str]:
         tasks = [asyncio.create_task(t) for t in (self.pump_in(), self.pump_out(), self.beat())]
+        for task in tasks:
+            task.add_done_callback(self.pump_done)
         try:
             code, why = await self.ended
         finally:
@@ -118,6 +120,13 @@ class Leg:
                     "could not tell the other leg of session %s that it ended", self.session
                 )
         return code, why
+
+    def pump_done(self, task: asyncio.Task) -> None:
+        """A pump that failed (Redis gone, a socket error) ends the session rather than leave it
+        half open."""
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("session %s: its relay failed (%s)", self.session[:8], task.exception())
+            self.end(1011, "the relay failed")
 
     async def push(self, item: bytes) -> None:
         """Queue a frame for the other leg; wait while its list is full (backpressure)."""
