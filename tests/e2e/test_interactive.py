@@ -295,17 +295,18 @@ def test_a_revoked_token_ends_its_sessions(platform):
     client = background_exec(platform, "frank", job["id"], "sh", "-c", "echo STARTED; sleep 120")
     try:
         assert client.stdout.readline().strip() == "STARTED"
-        revoked_at = time.monotonic()
         platform.manage("revoke_token", "frank", "--all")
+        revoked_at = time.monotonic()  # the command has committed the revocation by now
         code = client.wait(30)
         took = time.monotonic() - revoked_at
     finally:
         client.kill()
     assert code == 255, client.stderr.read()
     assert "revoked" in client.stderr.read()
-    assert took < 10, (
+    print(f"revocation to the client's exit: {took:.2f} s")
+    assert took < 5, (
         took
-    )  # the relay checks every second (the manage command's own start counts here)
+    )  # the relay checks every second: about 1 s (2 s in the issue); loaded machine
     platform.post("staff", f"/api/v1/jobs/{job['id']}/cancel/")
 
 
