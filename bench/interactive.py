@@ -102,6 +102,15 @@ def web_rss_kib() -> int:
     return total
 
 
+def settled_rss() -> float:
+    """The median of five readings a second apart: a worker's heap moves by itself."""
+    readings = []
+    for _ in range(5):
+        readings.append(web_rss_kib())
+        time.sleep(1)
+    return statistics.median(readings)
+
+
 def healthz_p95(url: str, count: int = 100) -> float:
     times = []
     with requests.Session() as http:
@@ -116,13 +125,15 @@ def healthz_p95(url: str, count: int = 100) -> float:
 def many_sessions(platform, client, job_id: str) -> dict:
     from gpuplatform_client.interactive import Connection
 
-    before_rss, before = web_rss_kib(), healthz_p95(platform.url)
+    before = healthz_p95(platform.url)
+    before_rss = settled_rss()
     conns = [
         Connection.open(client, job_id, {"kind": "exec", "argv": ["sleep", "600"]})
         for _ in range(SESSIONS)
     ]
     time.sleep(5)  # every agent leg attached
-    during_rss, during = web_rss_kib(), healthz_p95(platform.url)
+    during = healthz_p95(platform.url)
+    during_rss = settled_rss()
     for conn in conns:
         conn.ws.close()
     return {"before": before, "during": during, "rss_per_session_kib": (during_rss - before_rss) / SESSIONS,
