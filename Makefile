@@ -12,7 +12,11 @@ $(STAMP): requirements.txt requirements-dev.txt
 	$(BIN)/pip install -q --disable-pip-version-check -r requirements-dev.txt
 	rm -f $(VENV)/.installed-*; touch $(STAMP)
 
-install: $(STAMP)
+# Browser assets from npm (package.json: xterm.js for the job page's terminal), never committed.
+node_modules/.package-lock.json: package.json package-lock.json
+	npm ci --no-audit --no-fund --ignore-scripts || echo "no npm or no registry: the in-browser terminal is left out (docs/interactive.md)"
+
+install: $(STAMP) node_modules/.package-lock.json
 
 run: install  # the demo tokens are kept between runs; `make run ROTATE_DEMO_TOKENS=1` replaces them
 	$(BIN)/python -m gpuplatform.launch $(if $(ROTATE_DEMO_TOKENS),--rotate-demo-tokens)

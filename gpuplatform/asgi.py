@@ -51,6 +51,8 @@ def build(wsgi_app, *, threads: int | None = None):
         elif scope["type"] == "http":
             lane = liveness if LIVENESS.match(scope["path"]) else pool
             await serve_wsgi(wsgi_app, lane, scope, receive, send)
+        elif scope["type"] == "websocket":
+            await relay.serve(scope, receive, send)  # sessions: gpuplatform/relay.py
         elif scope["type"] == "lifespan":
             await lifespan(receive, send)
 
@@ -160,6 +162,8 @@ async def lifespan(receive, send) -> None:
 
 
 application = build(get_wsgi_application())
+from gpuplatform import relay  # noqa: E402 (its models need the apps loaded, just above)
+
 # The URLconf, and with it every view, DRF and the schema's modules, imported as the worker
 # starts, not by the first request it serves: that request took ~0.5 s longer (a submit's).
 reverse("healthz")

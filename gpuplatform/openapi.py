@@ -140,6 +140,8 @@ def errors_for(path: str, method: str, operation: dict) -> list[str]:
         codes.append("429")  # the open-stream caps
     if "{id}" in path and path.startswith(("/api/v1/jobs/", "/api/v1/arrays/")):
         codes.append("400")  # an id prefix that more than one of the tenant's ids start with
+    if path.endswith("/sessions/"):
+        codes += ["409", "429"]  # a job not running; the session caps (gpuplatform/sessions_api.py)
     return list(dict.fromkeys(codes))
 
 

@@ -200,7 +200,12 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATICFILES_DIRS = [BASE_DIR / "static"]
+STATICFILES_DIRS: list = [BASE_DIR / "static"]
+# xterm.js for the job page's terminal: installed from npm at build time (`make install`,
+# package.json), never committed; without it the page shows the client's command instead.
+XTERM_DIR = BASE_DIR / "node_modules" / "@xterm" / "xterm"
+if XTERM_DIR.is_dir():
+    STATICFILES_DIRS.append(("vendor/xterm", XTERM_DIR))
 STATIC_ROOT = DATA_DIR / "staticfiles"
 MEDIA_ROOT = DATA_DIR / "storage"
 STORAGES = {
@@ -391,6 +396,12 @@ TRUST_UNISOLATED_NODES = env_bool("GPUPLATFORM_TRUST_UNISOLATED_NODES", False)
 # tenant, across every web process (apps/jobs/stream_slots.py); over either: 429.
 MAX_STREAMS_PER_TOKEN = env_int("GPUPLATFORM_MAX_STREAMS_PER_TOKEN", 20, minimum=1)
 MAX_STREAMS_PER_TENANT = env_int("GPUPLATFORM_MAX_STREAMS_PER_TENANT", 200, minimum=1)
+# Interactive sessions (docs/interactive.md): open shells, execs and forwarded connections per
+# user and per tenant (429 with Retry-After over them); support staff may attach to a tenant's
+# job only where the operator allows it (and then every session of theirs is audited).
+MAX_SESSIONS_PER_USER = env_int("GPUPLATFORM_MAX_SESSIONS_PER_USER", 20, minimum=1)
+MAX_SESSIONS_PER_TENANT = env_int("GPUPLATFORM_MAX_SESSIONS_PER_TENANT", 200, minimum=1)
+STAFF_CAN_ATTACH = env_bool("GPUPLATFORM_STAFF_CAN_ATTACH", False)
 # API tokens (apps/tenants/tokens.py): days a new one lasts (0: never expires), and days the
 # tokens carried over from DRF's clear-text table keep working after the upgrade.
 TOKEN_EXPIRY_DAYS = env_int("GPUPLATFORM_TOKEN_DAYS", 90, minimum=0)

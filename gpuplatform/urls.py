@@ -13,6 +13,8 @@ from apps.tenants.api import UsageView
 from apps.web.signin import PlatformAdminSite
 from gpuplatform.health import healthz
 from gpuplatform.metrics import metrics
+from gpuplatform.sessions_api import JobSessionsView
+from gpuplatform.terminal_page import terminal
 
 # The admin can require a TOTP code from staff (GPUPLATFORM_STAFF_REQUIRE_2FA, apps/web/signin.py);
 # the default site keeps its name and registrations, only its class changes.
@@ -34,6 +36,7 @@ urlpatterns = [
         name="job-artifact-download",
     ),
     path("api/v1/jobs/<str:pk>/events/", JobEventsView.as_view(), name="job-events"),
+    path("api/v1/jobs/<uuid:pk>/sessions/", JobSessionsView.as_view(), name="job-sessions"),
     path("api/v1/", include(router.urls)),
     path("api/v1/usage/", UsageView.as_view(), name="usage"),
     path("api/v1/capacity/", CapacityView.as_view(), name="capacity"),
@@ -42,6 +45,7 @@ urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("metrics", metrics, name="metrics"),
     path("admin/", admin.site.urls),
+    path("jobs/<uuid:job_id>/terminal/", terminal, name="job-terminal"),
     path("", include("apps.web.urls")),
 ]
 

@@ -48,6 +48,10 @@ class Worker(UvicornWorker):
         # On SIGTERM open event streams are cut after 5 s (their clients reconnect to another
         # worker) instead of holding the restart for gunicorn's graceful timeout.
         "timeout_graceful_shutdown": 5,
+        # Sessions (gpuplatform/relay.py): frames of at most 256 KiB of data, a few queued per
+        # socket before uvicorn stops reading it (backpressure to the sender).
+        "ws_max_size": 512 * 1024,
+        "ws_max_queue": 4,
     }
 
     def __init__(self, *args, **kwargs):

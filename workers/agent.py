@@ -139,6 +139,9 @@ class Agent:
         config.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.runner = Runner(node=args.node, data_dir=config.data_dir, reporter=HttpReporter(self.api),
                              kill_grace=config.kill_grace_seconds, fake_gpus=args.gpus if args.fake else 0)  # fmt: skip
+        from workers.sessions import Sessions
+
+        self.sessions = Sessions(self)  # shells, execs, forwarded ports (docs/interactive.md)
 
     def discover(self) -> list[GpuInfo]:
         from workers.gpus import Nvml, fake_gpus
@@ -297,12 +300,13 @@ class Agent:
 
     def start_threads(self) -> None:
         loops = ((self.heartbeat_loop, "heartbeat"), (self.sync_loop, "sync"), (self.fence_loop, "fence"),
-                 (self.tick_loop, "runner-tick"))  # fmt: skip
+                 (self.tick_loop, "runner-tick"), (self.sessions.idle_loop, "sessions-idle"))  # fmt: skip
         for target, name in loops:
             threading.Thread(target=target, name=name, daemon=True).start()
 
     def shutdown(self) -> None:
         """Graceful stop: jobs here are stopped and handed back to the queue, not failed."""
+        self.sessions.close_all()
         self.runner.stop_all(StopReason.AGENT_STOPPING)
         deadline = time.monotonic() + self.kill_grace + 2
         while self.runner.runs and time.monotonic() < deadline:

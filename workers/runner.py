@@ -192,6 +192,11 @@ class Runner:
             run = self.runs.get((attempt_id, rank))
             if not run or run.finished or run.stop_reason:
                 return
+            if why == StopReason.SHELL_EXITED and getattr(run.assignment, "interactive", False):
+                from workers.sessions import end_hold  # an interactive gang's other rank: exit 0
+
+                end_hold(run, 0)
+                return
             run.stop_reason = why or "stop"
             plan: list[tuple[int, float | None]] = [
                 (signal.SIGTERM, self.kill_grace),

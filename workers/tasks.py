@@ -10,9 +10,11 @@ that the platform asked it to stop). A forged start or stop changes nothing."""
 
 import hmac
 import logging
+import re
 import time
 
 from apps.platform import agent_protocol as wire
+from apps.platform.names import Task
 from apps.scheduling.queues import START_ATTEMPT_TASK, START_ATTEMPTS_TASK, STOP_ATTEMPT_TASK
 from workers.celery_app import app
 
@@ -123,3 +125,13 @@ def stop_attempt(attempt_id: int, rank: int, token: str, why: str = "stop") -> N
     agent.runner.stop(
         attempt_id, rank, work.stop_requested
     )  # the platform's reason, not the message's
+
+
+@app.task(name=Task.OPEN_SESSION, ignore_result=True)
+def open_session(session: str) -> None:
+    """A session waits for this node (workers/sessions.py): dial the web for it. The web gives
+    its spec only to this node's credential, and only for a session opened on this node."""
+    agent = _agent()
+    if agent is None or not isinstance(session, str) or not re.fullmatch(r"[0-9a-f]{32}", session):
+        return
+    agent.sessions.open_session(session)

@@ -201,6 +201,12 @@ class Job(models.Model):
         db_index=False,
     )  # fmt: skip
     array_index = models.PositiveIntegerField(null=True, blank=True)
+    # An interactive job (docs/interactive.md): it holds its GPUs for shells and execs through
+    # the relay; `command` is then what a shell session runs (none: a login shell). It ends when
+    # its shell exits, after `idle_timeout_minutes` (0: its tier's) with nothing typed or printed,
+    # or at max_runtime_seconds.
+    interactive = models.BooleanField(default=False)
+    idle_timeout_minutes = models.FloatField(default=0)
 
     # Indexed by (state, created_at) and (state, tier, created_at) below: every insert and state
     # change updates each index of the table, so none is kept twice.

@@ -190,7 +190,9 @@ def own_code_errors(attrs: dict) -> dict:
     if attrs.get("bundle"):
         if template is not None:
             errors["bundle"] = ["give a bundle with a command, not with a template"]
-        elif command is None:
+        elif command is None and not attrs.get(
+            "interactive"
+        ):  # an interactive job's shells run in it
             errors["bundle"] = ["a bundle needs a command to run in it"]
     if template is not None:
         for name in ("env", "python"):

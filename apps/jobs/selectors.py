@@ -3,7 +3,10 @@
 from django.db.models import Prefetch
 
 from apps.jobs.models import ATTEMPT_ACTIVE, AttemptMember
-from apps.platform.agent_protocol import Assignment  # the wire type, defined without Django
+from apps.platform.agent_protocol import (  # the wire types, defined without Django
+    INTERACTIVE_HOLD,
+    Assignment,
+)
 
 
 def assignment_for(member: AttemptMember) -> Assignment:
@@ -25,6 +28,8 @@ def assignment_of(job, attempt, *, rank: int, gpu_indices, world_size: int, lead
     rows it has just written), no query but the job's template where it is not loaded."""
     template = job.template  # None without a query when the job has none
     argv = list(template.argv) if template is not None else list(job.command or [])
+    if job.interactive:
+        argv = list(INTERACTIVE_HOLD)  # its `command` is what its shells run (workers/sessions.py)
     return Assignment(
         job_id=str(job.pk),
         attempt_id=attempt.pk,
@@ -55,6 +60,10 @@ def assignment_of(job, attempt, *, rank: int, gpu_indices, world_size: int, lead
         image=job.image,
         image_digest=job.image_digest,
         image_auth=bool(job.image_pull_secret),
+        interactive=job.interactive,
+        idle_timeout_seconds=60 * (job.idle_timeout_minutes or job.tier.interactive_idle_minutes)
+        if job.interactive
+        else 0,
     )
 
 

@@ -174,6 +174,11 @@ class JobSubmitSerializer(serializers.Serializer):
     array_params = serializers.JSONField(required=False)
     array_grid = serializers.JSONField(required=False)
     depends_on = DependsOnField(required=False)
+    # An interactive job (docs/interactive.md): `command`, if given, is what its shells run.
+    interactive = StrictBooleanField(required=False, default=False)
+    idle_timeout_minutes = serializers.FloatField(
+        min_value=0.01, max_value=7 * 24 * 60, required=False
+    )
 
     def to_internal_value(self, data):
         if not isinstance(data, dict):
@@ -228,7 +233,13 @@ class JobSubmitSerializer(serializers.Serializer):
         if own_code:
             raise serializers.ValidationError(own_code)
         template, command = attrs.get("template"), attrs.get("command")
-        if template is None and command is None and not attrs.get("image"):
+        interactive_errors(attrs)
+        if (
+            template is None
+            and command is None
+            and not attrs.get("image")
+            and not attrs.get("interactive")
+        ):
             raise serializers.ValidationError({"template": ["give a template or a command"]})
         if template is not None and command is not None:
             raise serializers.ValidationError(
@@ -252,6 +263,19 @@ class JobSubmitSerializer(serializers.Serializer):
 
 
 ARRAY_FIELDS = ("array", "array_params", "array_grid")
+
+
+def interactive_errors(attrs: dict) -> None:
+    """An interactive job runs shells, not a template nor an array; an idle timeout is for one."""
+    if not attrs.get("interactive"):
+        if "idle_timeout_minutes" in attrs:
+            raise serializers.ValidationError(
+                {"idle_timeout_minutes": ["only for an interactive job"]}
+            )
+        return
+    for name in ("template", *ARRAY_FIELDS):
+        if attrs.get(name) is not None:
+            raise serializers.ValidationError({name: ["not for an interactive job"]})
 
 
 def _array_fields(attrs: dict, template: JobTemplate | None) -> dict:
@@ -316,8 +340,10 @@ def spec_from(data: dict, *, default_tier: Tier) -> JobSpec:
     template = data.get("template")
     command: list[str] = data.get("command") or []  # validated: a template, a command, an image
     image = data.get("image") or ""
-    if template is None and not command:  # an image's own Entrypoint and Cmd (docs/images.md)
+    if template is None and not command and image:  # the image's own Cmd (docs/images.md)
         default_name = image.split("@", 1)[0].rsplit("/", 1)[-1].split(":", 1)[0]
+    elif template is None and not command:  # an interactive job's login shell
+        default_name = "shell"
     else:
         default_name = template.name if template else command_name(command)
     derived = {
@@ -400,6 +426,7 @@ class JobSerializer(serializers.ModelSerializer):
             "estimated_start_at", "reason", "cache_hit", "exit_code", "attempts", "retry_on_failure",
             "not_before", "memory_mib", "pids_max", "cpu_weight", "bundle", "env", "secrets", "python",
             "array", "array_index", "depends_on", "image", "image_pull_secret", "image_digest",
+            "interactive", "idle_timeout_minutes",
         ]  # fmt: skip
 
     @extend_schema_field(

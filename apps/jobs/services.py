@@ -100,6 +100,9 @@ class JobSpec:
     # registry's credentials ("" none).
     image: str = ""
     image_pull_secret: str = ""
+    # An interactive job (docs/interactive.md) and its idle timeout (0: its tier's).
+    interactive: bool = False
+    idle_timeout_minutes: float = 0
 
 
 SPEC_FIELDS = tuple(f.name for f in dataclass_fields(JobSpec))  # each a field of Job of that name
@@ -120,6 +123,16 @@ def check_allowed(tenant: Tenant, spec: JobSpec) -> None:
     if spec.tier.rank > tenant.tier.rank:
         raise NotAllowed(
             f"tenant {tenant.slug} may not submit at tier {spec.tier.name}", field="tier"
+        )
+    if spec.interactive and not tenant.allow_commands:
+        raise NotAllowed(
+            f"tenant {tenant.slug} may not run interactive jobs (they run commands)",
+            field="interactive",
+        )
+    idle_limit = spec.tier.interactive_idle_minutes
+    if spec.interactive and spec.idle_timeout_minutes > idle_limit:
+        raise ServiceError(
+            f"at most {idle_limit} minutes at tier {spec.tier.name}", field="idle_timeout_minutes"
         )
     if spec.command is not None and not spec.bundle and not tenant.allow_commands:
         raise NotAllowed(
@@ -445,6 +458,8 @@ def _settle_attempt(
         return
     if ok:
         if _gang_running(attempt, gang):
+            if job.interactive:  # its shell exited: the other ranks only hold GPUs, they end too
+                stop_rest_of_gang(attempt, why=StopReason.SHELL_EXITED, gang=gang)
             return  # wait for the rest of the gang
         end_attempt(attempt, state=AttemptState.SUCCEEDED, exit_code=0)
         transition_job(job, to=JobState.SUCCEEDED, expect=JOB_PLACED, actor=actor, reason="exit code 0",

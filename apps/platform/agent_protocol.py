@@ -87,6 +87,23 @@ class Assignment:
     image: str = ""
     image_digest: str = ""
     image_auth: bool = False
+    # An interactive job (docs/interactive.md): its process only holds the allocation
+    # (`INTERACTIVE_HOLD`); the agent ends it when its shell exits or after this many seconds
+    # with nothing typed or printed through its sessions.
+    interactive: bool = False
+    idle_timeout_seconds: float = 0
+
+
+# What an interactive job's process runs: it waits for the agent to write its shell's exit status
+# into `.gpuplatform/interactive-exit` of its work dir (workers/sessions.py), and exits with it.
+INTERACTIVE_HOLD = [
+    "{python}", "-c",
+    "import os, pathlib, signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))\n"
+    "path = pathlib.Path(os.environ['GPUPLATFORM_PROGRESS_FILE']).with_name('interactive-exit')\n"
+    "while not path.exists():\n    time.sleep(0.2)\n"
+    "sys.exit(int(path.read_text().strip() or 0) & 255)\n",
+]  # fmt: skip
 
 
 def to_wire(value) -> dict:

@@ -45,3 +45,9 @@ class UnknownObject(ServiceError):
     """An id the request names that the caller cannot see (another tenant's, or none): 404."""
 
     status = 404
+
+
+class NotRunning(ServiceError):
+    """A session (shell, exec, port-forward) on a job that is not running (yet, or any more)."""
+
+    status = 409

@@ -25,6 +25,8 @@ class Task(StrEnum):
     # What one dispatcher pass placed on one node, in one message: [{attempt_id, rank, token}, ...]
     START_ATTEMPTS = "workers.start_attempts"
     STOP_ATTEMPT = "workers.stop_attempt"
+    # A session (docs/interactive.md) waits for this node's agent: {"session": id}, a hint only.
+    OPEN_SESSION = "workers.open_session"
     WEBHOOKS_PUMP = "webhooks.pump"
     WEBHOOKS_DELIVER = "webhooks.deliver"
     EXPIRE_BUNDLES = "bundles.expire"
@@ -50,6 +52,9 @@ class StopReason(StrEnum):
     AGENT_REPLACED = "agent replaced"  # another agent instance took the node: this one exits
     FENCED = "cut off from the platform"  # the agent missed its heartbeats: its jobs die at once
     UNASSIGNED = "not assigned here any more"  # the database no longer has it on this node
+    # An interactive job's shell exited on one rank (docs/interactive.md): the other ranks'
+    # holding processes exit 0 with it (workers/sessions.py end_hold), no signal sent.
+    SHELL_EXITED = "interactive shell exited"
 
 
 class EndReason(StrEnum):

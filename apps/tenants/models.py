@@ -49,6 +49,10 @@ class Tier(models.Model):
         default=0,
         help_text="Wait instead of preempting when the autoscaler brings a fitting node this soon.",
     )
+    interactive_idle_minutes = models.PositiveIntegerField(
+        default=30,
+        help_text="An interactive job with nothing typed or printed this long ends (its GPUs free).",
+    )
     bundle_max_mib = models.PositiveIntegerField(
         default=100, help_text="Largest code bundle its tenants may upload, MiB."
     )
@@ -65,10 +69,6 @@ class Tier(models.Model):
         max_length=8, choices=IdleAction.choices, default=IdleAction.NONE,
         help_text="What happens to a job whose GPUs sat idle for gpu_idle_minutes.",
     )  # fmt: skip
-    interactive_idle_minutes = models.PositiveIntegerField(
-        default=60,
-        help_text="An interactive job ends after nothing was typed or printed this long.",
-    )
     description = models.CharField(max_length=200, blank=True)
 
     class Meta:

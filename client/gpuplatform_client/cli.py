@@ -25,7 +25,7 @@ import os
 import sys
 import urllib.error
 
-from . import __version__, pack
+from . import __version__, interactive, pack
 from .api import ApiError, Client, ConfigError, load_settings
 from .follow import cmd_wait
 from .submit import CONDITIONS, cmd_submit
@@ -57,10 +57,10 @@ def _main(argv: list[str]) -> int:
     args, extra = top.parse_known_args(argv)
     if extra:
         _unknown(top, args, extra)
-    if args.command == "submit":
+    if args.command in ("submit", "exec"):
         args.trailing = command
     elif command:
-        top.commands[args.command].error("`-- COMMAND...` only goes with submit")
+        top.commands[args.command].error("`-- COMMAND...` only goes with submit and exec")
     try:
         client = _client(args)
         return args.run(client, args)
@@ -158,9 +158,10 @@ def _unknown(top: Parser, args, extra: list[str]) -> None:
         command = top.commands.get(f"secrets {args.action}", command)
     first = extra[0]
     if not first.startswith("-"):
-        if args.command == "submit":
-            command.error(f"unexpected {' '.join(extra)!r}: the job's command goes after `--`, as in "
-                          f"gpuplatform submit [options] -- {' '.join(extra)}")  # fmt: skip
+        if args.command in ("submit", "exec"):
+            where = "[options]" if args.command == "submit" else "ID"
+            command.error(f"unexpected {' '.join(extra)!r}: the command goes after `--`, as in "
+                          f"gpuplatform {args.command} {where} -- {' '.join(extra)}")  # fmt: skip
         command.error(f"unexpected argument(s): {' '.join(extra)}")
     name = first.split("=", 1)[0]
     options = [o for p in (command, top) for a in p._actions for o in a.option_strings]  # noqa: SLF001 (argparse has no public list)
@@ -222,6 +223,7 @@ def parser() -> Parser:
         run=cmd_templates
     )
     add("nodes", help="free GPUs per GPU model (SKU), now").set_defaults(run=cmd_nodes)
+    interactive.register(add)  # shell, exec, port-forward (interactive.py)
     _secrets_commands(add("secrets", help="your tenant's secrets (values are write-only)"), top)
     return top
 

@@ -12,6 +12,7 @@ def test_queues_and_task_names_are_the_strings_celery_already_routes():
         "scheduling.dispatch", "scheduling.reconcile", "scheduling.autoscale", "workers.start_attempt",
         "workers.start_attempts", "workers.stop_attempt", "webhooks.pump", "webhooks.deliver", "bundles.expire",
         "telemetry.purge",
+        "workers.open_session",
     }  # fmt: skip
 
 

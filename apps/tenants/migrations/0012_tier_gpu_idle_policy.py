@@ -11,7 +11,7 @@ def forwards(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("tenants", "0010_support_adds_webhooks"),
+        ("tenants", "0011_tier_interactive_idle_minutes"),
     ]
 
     operations = [
@@ -41,14 +41,6 @@ class Migration(migrations.Migration):
                 blank=True,
                 help_text="Warn after its GPUs sat idle this long; empty: never.",
                 null=True,
-            ),
-        ),
-        migrations.AddField(
-            model_name="tier",
-            name="interactive_idle_minutes",
-            field=models.PositiveIntegerField(
-                default=60,
-                help_text="An interactive job ends after nothing was typed or printed this long.",
             ),
         ),
         migrations.RunPython(forwards, migrations.RunPython.noop),
