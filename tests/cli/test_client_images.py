@@ -10,7 +10,7 @@ def test_submit_with_an_image_and_a_command(api, capsys):  # noqa: F811
     code = run("submit", "--image", IMAGE, "--image-pull-secret", "REG", "--gpus", "1", "--",
                "python", "train.py")  # fmt: skip
     assert code == 0
-    assert submitted(api) == {"command": ["python", "train.py"], "image": IMAGE,
+    assert submitted(api) == {"command": ["python", "train.py"], "image": IMAGE, "name": "train",
                               "image_pull_secret": "REG", "gpus": 1}  # fmt: skip
 
 
