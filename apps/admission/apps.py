@@ -14,6 +14,8 @@ class AdmissionConfig(AppConfig):
         post_migrate.connect(_install_queued_count_triggers, sender=self)
         # A cached job's followers end with their origin, in the origin's transaction.
         events.subscribe(events.JobEnded, cache.on_job_ended, in_transaction=True)
+        # An origin requeued by support staff is its key's active origin again, where free.
+        events.subscribe(events.JobRequeued, cache.on_job_requeued, in_transaction=True)
 
 
 def _install_queued_count_triggers(sender, using="default", plan=None, **kwargs):

@@ -35,6 +35,7 @@ from apps.jobs.arrayspec import ArraySpec, task_params
 from apps.jobs.models import JOB_PLACED, GpuAllocation, Job, JobArray, JobEvent, JobState
 from apps.jobs.services import SPEC_FIELDS, JobSpec, check_allowed, queue_full
 from apps.nodes.models import Gpu, GpuHealth, NodeState
+from apps.platform.retry import retried
 from apps.tenants.models import Tenant
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,7 @@ def _admit_in_one_statement(*, tenant, user, spec, array, params, grid,
     return saved, first_task(saved, array)
 
 
+@retried
 @transaction.atomic
 def _admit(*, tenant, user, spec, array, params, grid, limits, key, digest, turn,
            depends_on=()) -> tuple[JobArray, Job, bool]:  # fmt: skip
@@ -258,7 +260,7 @@ def materialise() -> int:
     for array in JobArray.objects.filter(ended_at=None).exclude(
         cancelled_at=None, failed_reason="", materialised__lt=F("size")
     ):
-        tasks_of.check_ended(array.pk)
+        tasks_of.check_ended_in_transaction(array.pk)
     if not open_arrays:
         return 0
     free = free_gpus()
@@ -286,9 +288,16 @@ def materialise() -> int:
     return made
 
 
+@retried
 @transaction.atomic
 def _materialise(array_id, count: int) -> int:
-    array = JobArray.objects.select_for_update().select_related("user").filter(pk=array_id).first()
+    # The array's row alone (`of`): with its user's row too, every submit of that user waited
+    # at its commit (the foreign-key check on the job's user) for this, which waited for the
+    # submit's count row.
+    array = (
+        JobArray.objects.select_for_update(of=("self",)).select_related("user")
+        .filter(pk=array_id).first()
+    )  # fmt: skip
     if (
         array is None
         or array.cancelled_at is not None

@@ -33,7 +33,9 @@ def job_submit(*, tenant: Tenant, user, spec: JobSpec, limits: dict | None = Non
     if not locked:
         # Lock the tenant row so concurrent submits of one tenant count queued jobs one at a time.
         tenant = (
-            Tenant.objects.select_for_update(no_key=True).select_related("tier").get(pk=tenant.pk)
+            Tenant.objects.select_for_update(no_key=True, of=("self",))
+            .select_related("tier")
+            .get(pk=tenant.pk)
         )
     job = enqueue_job(tenant=tenant, user=user, spec=spec, limits=limits, built=built)
     if dispatch:

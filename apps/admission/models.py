@@ -28,6 +28,9 @@ class IdempotencyKey(models.Model):
         return f"{self.tenant_id}:{self.key}"
 
 
+ONE_ACTIVE_ORIGIN = "cache_one_active_origin_per_key"
+
+
 class CacheRole(models.TextChoices):
     ORIGIN = "origin"  # runs on a GPU; its result feeds later hits
     FOLLOWER = "follower"  # joined an identical origin while it was queued or running
@@ -36,7 +39,13 @@ class CacheRole(models.TextChoices):
 
 class CachedJob(models.Model):
     """A cacheable job's place in the result cache. `key` hashes template, template version,
-    params and tenant, so nothing is ever shared across tenants or template versions."""
+    params and tenant, so nothing is ever shared across tenants or template versions.
+
+    `active`: an origin whose job is queued or placed (its end clears it, in the same
+    transaction). The partial unique index on (tenant, key) of the active origins is what makes
+    coalescing exact: of two submits that would each start an identical job, only one insert
+    can win; the other's transaction is run again and joins the winner as a follower
+    (apps/admission/services.py, docs/reliability.md "Concurrency")."""
 
     job = models.OneToOneField(
         "jobs.Job", on_delete=models.CASCADE, primary_key=True, related_name="cache_link"
@@ -49,9 +58,17 @@ class CachedJob(models.Model):
         help_text="The origin a follower joined or a hit was served from.",
     )  # fmt: skip
     created_at = models.DateTimeField(auto_now_add=True)
+    active = models.BooleanField(default=False)
 
     class Meta:
         indexes = [models.Index(fields=["tenant", "key", "role"])]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "key"],
+                condition=models.Q(role="origin", active=True),
+                name=ONE_ACTIVE_ORIGIN,
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.role} {self.job_id}"

@@ -60,13 +60,20 @@ def gpus_in_use(tenant_ids=None) -> dict[int, dict[str, int]]:
 class DispatchGate:
     """The dispatcher's admission view for one pass: which tenants have GPU caps, what they
     hold, and what this pass has placed so far (so two jobs of one tenant placed in the same
-    pass cannot together pass the cap). Also holds coalesced followers (see cache.py)."""
+    pass cannot together pass the cap). Also holds coalesced followers back (see cache.py).
+
+    The followers are read at the first `hold`, after the pass has read its queue, never with
+    the rest at `load` (before it): a follower committed between the two reads was in the queue
+    but not among the followers, and ran as a second execution of its origin (issue 36). A job
+    is a follower from its insert's commit on, so a read after the queue's knows every follower
+    in it."""
 
     caps: dict[int, dict[str, int]]
     slugs: dict[int, str]
     in_use: dict[int, dict[str, int]]
     node_skus: dict[str, str]
-    followers: dict = field(default_factory=dict)  # follower job id -> origin job id
+    # follower job id -> origin job id; None until the first `hold` reads them
+    followers: dict | None = None
     throttle: ArrayThrottle = field(default_factory=ArrayThrottle)  # job arrays' %N
 
     @classmethod
@@ -86,7 +93,6 @@ class DispatchGate:
             slugs={q.tenant_id: q.tenant.slug for q in capped},
             in_use=gpus_in_use(list(caps)) if caps else {},
             node_skus=dict(Node.objects.values_list("name", "sku__name")) if caps else {},
-            followers=queued_followers(),
             throttle=ArrayThrottle.load(),
         )
 
@@ -106,6 +112,8 @@ class DispatchGate:
         return True
 
     def hold_reason(self, job: Job, placement=None) -> str | None:
+        if self.followers is None:
+            self.followers = queued_followers()  # after the queue's read (see the class)
         if job.pk in self.followers:
             return follower_reason(job, origin_id=self.followers[job.pk])
         if (over := self.throttle.hold_reason(job)) is not None:

@@ -4,11 +4,19 @@
    spent, nothing created; another body with that key is 409;
 2. the rate limits take a token (429 with Retry-After, or the Redis-down fail mode);
 3. (the caller validates the body into a JobSpec)
-4. under the tenant's row lock: the key again, the GPU-hour quota (403), then the job, through
-   `enqueue_job` (tier, commands, queued-job cap), and its place in the result cache: a hit ends
-   at once, a follower waits on its identical origin. On PostgreSQL a submit with no key and no
-   cached template (the usual one) does all of step 4 in one round trip instead
-   (`_admit_in_one_statement`).
+4. under the tenant's row lock: the key again, the parents and the job's place in the result
+   cache (a hit ends at once, a follower waits on its identical origin), the GPU-hour quota
+   (403), then the job, through `enqueue_job` (tier, commands, queued-job cap). On PostgreSQL a
+   submit with no key and no cached template (the usual one) does all of step 4 in one round
+   trip instead (`_admit_in_one_statement`).
+
+Step 4's row locks come in one order (docs/reliability.md, "Concurrency"): the tenant's row,
+then the existing jobs the new rows will name (the parents, the origin joined or served from),
+then the tenant's count row, then the inserts. Whatever moves a job locks that job before its
+move takes the count row (the jobs table's triggers), so no submit waits for a job while
+holding the count row: at its commit, the foreign-key checks on those jobs find them held by
+this transaction already. A transaction PostgreSQL still aborts (a deadlock it broke, the
+active origin's unique index won by another submit) runs again whole (`retried`).
 """
 
 from __future__ import annotations
@@ -20,12 +28,14 @@ from django.utils import timezone
 
 from apps.admission import cache, dispatch, idempotency, quotas, rows
 from apps.admission.enqueue import enqueue_job
+from apps.admission.models import ONE_ACTIVE_ORIGIN, CacheRole
 from apps.admission.ratelimit import RateDecision, check_submit
 from apps.admission.writer import end_turn_at_commit, write_turn
 from apps.jobs import dependencies
 from apps.jobs import services as jobs
 from apps.jobs.models import Job, JobState
 from apps.jobs.services import JobSpec, tenant_limits, transition_job
+from apps.platform.retry import retried_on
 from apps.tenants.models import Membership, Quota, Tenant
 
 
@@ -153,6 +163,7 @@ def _admit_in_one_statement(
     return saved
 
 
+@retried_on(ONE_ACTIVE_ORIGIN)
 @transaction.atomic
 def _admit(*, tenant: Tenant, user, spec: JobSpec, key: str | None, digest: str,
            limits: dict, turn=None, built: tuple | None = None,
@@ -168,13 +179,14 @@ def _admit(*, tenant: Tenant, user, spec: JobSpec, key: str | None, digest: str,
     earlier = idempotency.replay(tenant=tenant, key=key, digest=digest)
     if earlier is not None:
         return earlier, False  # recorded meanwhile by a request we waited for
-    # The parents (404 for another tenant's), locked before the queued count's row is (the job's
-    # insert takes it): a parent ending meanwhile waits for this submit, or was read ended.
+    # The existing jobs the new rows name, locked before the queued count's row is (the job's
+    # insert takes it): the parents (404 for another tenant's), and the origin this job joins
+    # or is served from. One that ends meanwhile waits for this submit, or was read ended.
     parents = dependencies.resolve(tenant, depends_on) if depends_on else []
     # A job with dependencies runs after them, never from the result cache or with a twin.
     cache_key = None if depends_on else cache.cache_key(spec, tenant)
-    origin = cache.fresh_origin(tenant, cache_key, spec.template) if cache_key else None
-    if origin is None:
+    role, origin = cache.place(tenant, cache_key, spec.template) if cache_key else (None, None)
+    if role != CacheRole.HIT:
         quotas.check_gpu_hours(tenant=tenant, limits=limits, gpus_wanted=spec.gpus * spec.nodes)
     # A submit's own steps in this transaction (job_submit's would add a savepoint: two more
     # statements while the lock is held).
@@ -182,17 +194,23 @@ def _admit(*, tenant: Tenant, user, spec: JobSpec, key: str | None, digest: str,
     if parents:
         dependencies.attach(job, parents)  # decides those whose parents have ended already
     dispatch.after_commit()  # after the turn's hook: the turn ends before the request is sent
-    if origin is not None and cache_key:  # an origin is only ever found by its key
-        _serve_from_cache(job, origin)
-        cache.link_hit(job, tenant=tenant, key=cache_key, origin=origin)
-    elif cache_key:
-        leader = cache.active_origin(tenant, cache_key)
-        if leader is not None:
-            cache.link_follower(job, tenant=tenant, key=cache_key, origin=leader)
-        else:
-            cache.link_origin(job, tenant=tenant, key=cache_key)
+    if cache_key:
+        _link(job, tenant=tenant, key=cache_key, role=role, origin=origin)
     idempotency.remember(tenant=tenant, key=key, digest=digest, job=job)
     return job, True
+
+
+def _link(job: Job, *, tenant: Tenant, key: str, role, origin: Job | None) -> None:
+    """The job's place in the result cache, as `cache.place` decided it."""
+    if role == CacheRole.HIT:
+        assert origin is not None  # a hit is served from an origin
+        _serve_from_cache(job, origin)
+        cache.link_hit(job, tenant=tenant, key=key, origin=origin)
+    elif role == CacheRole.FOLLOWER:
+        assert origin is not None  # a follower joins one
+        cache.link_follower(job, tenant=tenant, key=key, origin=origin)
+    else:
+        cache.link_origin(job, tenant=tenant, key=key)
 
 
 def _serve_from_cache(job: Job, origin: Job) -> None:

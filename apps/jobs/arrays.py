@@ -23,6 +23,7 @@ from apps.jobs.models import JOB_ACTIVE, JOB_TERMINAL, Job, JobArray, JobEvent, 
 from apps.jobs.services import job_cancel, job_requeue, trigger_dispatch
 from apps.platform import events
 from apps.platform.errors import ServiceError
+from apps.platform.retry import retried
 
 UNLIMITED = 10**9  # parse() of a stored spec: it was checked against the cap when it came in
 ENDED_KIND = "array"  # JobEvent.kind of the array's end (the webhooks' array.ended)
@@ -147,7 +148,9 @@ def array_cancel(*, array: JobArray, actor: str, reason: str = "array cancelled 
             cancelled += 1
         except ServiceError:
             continue  # it ended meanwhile
-    check_ended(array.pk)
+    # In a transaction of its own: the end decides the array's dependents, which locks them
+    # (outside one, that lock was a TransactionManagementError: a 500 for the cancel).
+    check_ended_in_transaction(array.pk)
     trigger_dispatch()
     return cancelled
 
@@ -214,10 +217,13 @@ def on_job_ended(event) -> None:
     job = event.job
     if job.array_id is not None and not check_ended(job.array_id):
         # robust: the ending task has committed; a failure here is logged, and the tick repairs it
-        transaction.on_commit(partial(_check_ended_in_transaction, job.array_id), robust=True)
+        transaction.on_commit(partial(check_ended_in_transaction, job.array_id), robust=True)
 
 
-def _check_ended_in_transaction(array_id) -> bool:
+@retried
+def check_ended_in_transaction(array_id) -> bool:
+    """`check_ended` in a transaction of its own (run again whole after a deadlock): for a
+    caller outside one, since the end decides the array's dependents under their locks."""
     with transaction.atomic():
         return check_ended(array_id)
 
@@ -232,5 +238,5 @@ def end_settled_arrays() -> int:
     )
     ended = 0
     for array_id in candidates.values_list("pk", flat=True):
-        ended += _check_ended_in_transaction(array_id)
+        ended += check_ended_in_transaction(array_id)
     return ended

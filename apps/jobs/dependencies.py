@@ -151,7 +151,7 @@ def resolve(tenant, wanted: list[Wanted], *, array=None) -> list[tuple[str, obje
         ids = {w.id for w in wanted if w.kind == kind}
         if not ids:
             continue
-        rows = _locked(model.objects.filter(pk__in=ids, tenant=tenant))
+        rows = _locked(model.objects.filter(pk__in=ids, tenant=tenant).order_by("pk"))
         found.update({(kind, row.pk): row for row in rows})
     resolved = []
     for entry in wanted:

@@ -22,6 +22,7 @@ from apps.jobs.states import check_job_move, job_sources
 from apps.jobs.transitions import log_move, new_event
 from apps.nodes.models import Node
 from apps.platform import events
+from apps.platform.retry import retried
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ class JobPlacement:
     why: str = ""
 
 
+@retried
 @transaction.atomic
 def job_place(*, job: Job, members: list[MemberPlacement], actor: str = "system:dispatcher",
               why: str = "") -> JobAttempt | None:  # fmt: skip
@@ -55,6 +57,7 @@ def job_place(*, job: Job, members: list[MemberPlacement], actor: str = "system:
     return _place([JobPlacement(job=job, members=members, why=why)], actor=actor).get(job.pk)
 
 
+@retried
 @transaction.atomic
 def jobs_place(placements: list[JobPlacement], *, actor: str = "system:dispatcher",
                on_lost_race: Callable[[JobPlacement], None] | None = None) -> dict:  # fmt: skip

@@ -2,7 +2,9 @@
 
 Each transition is a guarded update (`filter(pk, state in expected, version).update(...)`)
 that checks exactly one row changed, plus an audit event. Agent reports carry the attempt's
-fencing token; a report for a superseded attempt changes nothing.
+fencing token; a report for a superseded attempt changes nothing. A service that is a
+transaction of its own runs again whole when PostgreSQL aborts it to break a deadlock
+(`retried`, apps/platform/retry.py; docs/reliability.md "Concurrency").
 
 The guarded moves themselves live in apps/jobs/transitions.py and the dispatcher's placement in
 apps/jobs/placement.py; their public names are importable from here too.
@@ -62,6 +64,7 @@ from apps.platform.errors import (  # callers import them from here too
     ServiceError,
 )
 from apps.platform.names import EndReason, StopReason
+from apps.platform.retry import retried
 from apps.tenants.models import Quota, Tenant, Tier
 
 log = logging.getLogger(__name__)
@@ -168,6 +171,7 @@ def active_attempt(job: Job) -> JobAttempt | None:
     return job.attempts.filter(state__in=ATTEMPT_ACTIVE).order_by("-number").first()
 
 
+@retried
 @transaction.atomic
 def job_cancel(*, job: Job, actor: str, reason: str = "cancelled by user") -> Job:
     """Cancel a queued or placed job. The job is `cancelled` at once; a running attempt is told
@@ -195,6 +199,7 @@ def request_stop(attempt: JobAttempt, *, why: str) -> None:
         events.emit(events.StopRequested(attempt=attempt, member=member))
 
 
+@retried
 @transaction.atomic
 def job_requeue(*, job: Job, actor: str, reason: str) -> Job:
     """Support staff: put a finished or stuck job back in the queue with a new attempt to come."""
@@ -314,6 +319,7 @@ def _same_token(attempt: JobAttempt, token: str) -> bool:
         return False
 
 
+@retried
 @transaction.atomic
 def attempt_member_started(*, attempt_id: int, rank: int, token: str, pid: int) -> bool:
     reported = _reported(attempt_id, rank, token)
@@ -384,6 +390,7 @@ def _progress(attempt: JobAttempt, *, progress: float, checkpoint: str) -> bool:
     return True
 
 
+@retried
 @transaction.atomic
 def attempt_member_finished(*, attempt_id: int, rank: int, token: str, exit_code: int | None,
                             reason: str = "", checkpoint: str = "", retryable: bool = True) -> bool:  # fmt: skip
@@ -492,6 +499,7 @@ def _settle_preempted(
                    preemption_count=job.preemption_count + 1)  # fmt: skip
 
 
+@retried
 @transaction.atomic
 def job_preempt(*, job: Job, actor: str, reason: str, for_job_id: str = "") -> Job:
     """Ask a placed job to checkpoint and stop: its processes get the checkpoint signal, then
@@ -527,6 +535,7 @@ def stop_rest_of_gang(
         request_stop(attempt, why=why)
 
 
+@retried
 @transaction.atomic
 def attempt_lost(*, attempt: JobAttempt, reason: str, actor: str) -> None:
     """Infrastructure failure (node lost, agent restarted): end the attempt and retry the job."""
@@ -551,6 +560,7 @@ def attempt_lost(*, attempt: JobAttempt, reason: str, actor: str) -> None:
     trigger_dispatch()
 
 
+@retried
 @transaction.atomic
 def attempt_orphaned(*, attempt_id: int, actor: str) -> bool:
     """Settle an attempt still active although all its members ended (a report whose write
@@ -597,6 +607,7 @@ def retry_or_fail(
                           not_before=not_before)  # fmt: skip
 
 
+@retried
 @transaction.atomic
 def attempt_member_lost(*, attempt_id: int, rank: int, token: str, reason: str) -> bool:
     """The agent could not run or keep a member (agent stopping, launch impossible): an

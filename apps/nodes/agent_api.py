@@ -21,7 +21,7 @@ from typing import cast
 from django.conf import settings
 from django.core.files import File
 from django.core.files.storage import default_storage
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.http import FileResponse
 from django.views.decorators.debug import sensitive_variables
 from rest_framework import serializers, status
@@ -46,6 +46,7 @@ from apps.nodes.credentials import credential_node, message_key
 from apps.nodes.services import NodeInfo, node_heartbeat, node_register
 from apps.platform import agent_protocol as wire
 from apps.platform import events
+from apps.platform.retry import retried, retryable, run_retried
 from apps.scheduling.queues import START_ATTEMPT_TASK, STOP_ATTEMPT_TASK, node_queue
 from apps.secrets.crypto import SecretUnreadable
 from apps.secrets.services import secret_values
@@ -424,11 +425,15 @@ class ReportView(AgentView):
         body = _report_body(self.kind, member, request.data)
         body.is_valid(raise_exception=True)
         _, apply = REPORTS[self.kind]
-        with transaction.atomic():
+
+        @retried  # a deadlock PostgreSQL broke: the report again, whole (apps/platform/retry.py)
+        @transaction.atomic
+        def report() -> bool:
             locked = jobs.lock_reported_members(attempt_ids=[attempt_id], node_name=self.node_name)
             reported = locked.get((attempt_id, rank))
-            accepted = reported is not None and apply(reported, body.validated_data)
-        return Response({"accepted": accepted})
+            return reported is not None and apply(reported, body.validated_data)
+
+        return Response({"accepted": report()})
 
 
 class StartedView(ReportView):
@@ -483,6 +488,13 @@ class ReportsView(AgentView):
             else:
                 heads.append(None)
                 results[i] = {"status": 400, "errors": head.errors}
+        # The batch's transaction, run again whole where PostgreSQL broke a deadlock in it
+        # (apps/platform/retry.py): every item read again, nothing of the aborted try kept.
+        answered = run_retried(lambda: self._apply_all(items, heads, list(results)),
+                               what="agent reports")  # fmt: skip
+        return Response({"results": answered})
+
+    def _apply_all(self, items: list, heads: list[dict | None], results: list[dict | None]) -> list:
         # One dispatch request for the batch, however many of its reports free GPUs.
         with transaction.atomic(), events.coalesced(events.DispatchWanted):
             # The batch's jobs locked (in id order), then their members read: two statements
@@ -507,7 +519,7 @@ class ReportsView(AgentView):
                 results[i] = self._apply(
                     members[(head["attempt_id"], head["rank"])], head, items[i]
                 )
-        return Response({"results": results})
+        return results
 
     def _apply(self, reported: jobs.ReportedMember, head: dict, item: dict) -> dict:
         member = reported.member
@@ -520,6 +532,12 @@ class ReportsView(AgentView):
         # guarded updates refuse whatever a later item of this batch bases on them).
         try:
             accepted = apply(reported, body.validated_data)
+        except DatabaseError as error:
+            if retryable(error):  # the whole batch's transaction was chosen: it runs again
+                raise
+            log.exception("report %s of attempt %s rank %s failed", head["kind"], member.attempt_id,
+                          member.rank)  # fmt: skip
+            return {"status": 500}
         except Exception:
             log.exception("report %s of attempt %s rank %s failed", head["kind"], member.attempt_id,
                           member.rank)  # fmt: skip

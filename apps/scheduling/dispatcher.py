@@ -36,6 +36,7 @@ from apps.jobs.models import (
 from apps.jobs.services import JobPlacement, MemberPlacement, job_preempt, jobs_place
 from apps.nodes.models import Gpu, GpuHealth, GpuSku, Node, NodeState
 from apps.platform.errors import ServiceError
+from apps.platform.retry import retried
 from apps.scheduling import core, kept, publish
 from apps.scheduling.core import policy
 from apps.scheduling.kept import HELD, ClusterSnapshot, epoch, tolerations_of
@@ -333,6 +334,7 @@ def queued_job(job: Job) -> policy.QueuedJob:
     )  # fmt: skip
 
 
+@retried  # a deadlock PostgreSQL broke: the pass again, reading everything afresh
 def dispatch_once() -> DispatchResult:
     started = time.monotonic()
     result = DispatchResult()

@@ -8,10 +8,12 @@ from apps.jobs.arrays import end_settled_arrays
 from apps.jobs.models import ATTEMPT_ACTIVE, AttemptMember, AttemptState, JobAttempt
 from apps.jobs.services import attempt_lost, attempt_orphaned
 from apps.nodes.services import mark_silent_nodes_lost, preempt_past_drain_deadline
+from apps.platform.retry import retried
 
 log = logging.getLogger(__name__)
 
 
+@retried  # a deadlock PostgreSQL broke: the tick again (each of its repairs is guarded)
 def reconcile_once() -> dict:
     lost_nodes = mark_silent_nodes_lost()
     expired = expire_leases()

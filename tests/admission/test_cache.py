@@ -2,15 +2,19 @@
 
 import concurrent.futures
 
+import psycopg
 import pytest
 import requests
+from django.db import IntegrityError, OperationalError, transaction
 
-from apps.admission.models import CachedJob, TemplateCachePolicy
+from apps.admission import dispatch, idempotency
+from apps.admission.models import CachedJob, CacheRole, TemplateCachePolicy
+from apps.admission.quotas import DispatchGate
 from apps.jobs.models import GpuAllocation, Job, JobAttempt, JobState, JobTemplate
 from apps.tenants.models import Tenant
 from apps.tenants.services import quota_set
 from tests.admission.conftest import INFER, placed_ids, run_to_end
-from tests.factories import make_cast, make_node
+from tests.factories import client_for, make_cast, make_node
 
 
 def submit(client, body=INFER):
@@ -143,6 +147,80 @@ def test_a_failed_leader_fails_its_followers_saying_why(as_user, tmp_path):
     failed = Job.objects.get(pk=follower["id"])
     assert failed.state == JobState.FAILED
     assert failed.reason == f"the identical job {origin['id']} it joined failed: exit code 3"
+
+
+# --- races (issue 36; the stress suite in tests/concurrency makes them happen) -----------------
+
+
+def test_a_follower_that_joins_during_a_dispatch_pass_is_held_back_all_the_same(as_user):
+    """The pass reads its gate, then its queue: a follower committed in between is in the queue.
+    Read with the gate, the followers missed it, and it ran as a second execution."""
+    origin = submit(as_user("bob"))
+    gate = DispatchGate.load()  # the pass begins
+    follower = submit(as_user("alice"))  # another web process, meanwhile
+    job = Job.objects.get(pk=follower["id"])
+    assert gate.hold(job)
+    assert job.reason == f"waiting: joined identical job {origin['id']}; finishes with it"
+
+
+def test_the_database_refuses_a_second_active_origin_for_one_key(as_user):
+    origin = submit(as_user("bob"))
+    link = CachedJob.objects.get(job_id=origin["id"])
+    assert (link.role, link.active) == (CacheRole.ORIGIN, True)
+    twin = submit(as_user("bob"), {**INFER, "params": {"prompt": "other"}})
+    with pytest.raises(IntegrityError), transaction.atomic():
+        CachedJob.objects.filter(job_id=twin["id"]).update(key=link.key, role=CacheRole.ORIGIN)
+
+
+def test_an_origin_that_ended_is_no_longer_active_and_the_next_identical_job_starts_one(as_user, tmp_path):  # fmt: skip
+    first = submit(as_user("bob"))
+    placed_ids()
+    run_to_end(first["id"], exit_code=3, tmp=tmp_path)
+    assert not CachedJob.objects.get(job_id=first["id"]).active
+    second = submit(as_user("bob"))
+    assert CachedJob.objects.get(job_id=second["id"]).role == CacheRole.ORIGIN
+    assert CachedJob.objects.filter(active=True).count() == 1
+
+
+def test_an_heir_is_its_keys_one_active_origin(as_user):
+    origin = submit(as_user("bob"))
+    heir, other = submit(as_user("bob")), submit(as_user("alice"))
+    as_user("bob").post(f"/api/v1/jobs/{origin['id']}/cancel/")
+    active = CachedJob.objects.filter(active=True)
+    assert [(link.job_id, link.role) for link in active] == [
+        (Job.objects.get(pk=heir["id"]).pk, CacheRole.ORIGIN)
+    ]
+    assert CachedJob.objects.get(job_id=other["id"]).source_id == active[0].job_id
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_submit_aborted_by_a_deadlock_runs_again_whole_with_nothing_left_of_the_first_try(
+    monkeypatch,
+):
+    """The first try gets as far as its job's row, its cache link and its dispatch request;
+    PostgreSQL then picks it as a deadlock's victim. The second try is the only one that
+    counts: one job, one link, one dispatch request (the first try's commit hook went with
+    its rollback)."""
+    people = make_cast()
+    make_node("h1", "H100-80GB", 8)
+    quota_set(
+        tenant=Tenant.objects.get(slug="acme"), submit_rate_per_minute=1000, submit_burst=1000
+    )
+    remember, tries, requests_sent = idempotency.remember, [], []
+
+    def deadlocked_once(**kwargs):
+        tries.append(1)
+        if len(tries) == 1:
+            raise OperationalError("deadlock detected") from psycopg.errors.DeadlockDetected()
+        return remember(**kwargs)
+
+    monkeypatch.setattr(idempotency, "remember", deadlocked_once)
+    monkeypatch.setattr(dispatch, "request_soon", lambda: requests_sent.append(1))
+    made = submit(client_for(people["bob"][1]))
+    assert len(tries) == 2
+    assert [str(pk) for pk in Job.objects.values_list("pk", flat=True)] == [made["id"]]
+    assert list(CachedJob.objects.values_list("role", "active")) == [(CacheRole.ORIGIN, True)]
+    assert requests_sent == [1]
 
 
 @pytest.mark.django_db(transaction=True)
