@@ -20,7 +20,14 @@ from apps.scheduling.core.policy_capacity import (
     fits_around,
     pick_reserved,
 )
-from apps.scheduling.core.policy_model import PolicyConfig, QueuedJob, Reserve, alloc_of, gpu_label
+from apps.scheduling.core.policy_model import (
+    PolicyConfig,
+    QueuedJob,
+    Reserve,
+    alloc_of,
+    gpu_label,
+    when_label,
+)
 
 if TYPE_CHECKING:
     from apps.scheduling.core.policy_pass import Pass
@@ -183,7 +190,7 @@ class Reservations:
         if p.explain:
             shortage = p.shortage(job)
             reason = (
-                f"first in line, reserved {len(resv.need)} node(s) from t={resv.shadow:.0f} "
+                f"first in line, reserved {len(resv.need)} node(s) from {when_label(resv.shadow)} "
                 f"(when running jobs end by their limits); now {shortage}"
             )
         p.out.append(Reserve(job.job_id, tuple(sorted(resv.need)), resv.shadow, reason, shortage))
