@@ -22,6 +22,7 @@ from django.db import connection, transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
+from apps.admission import waiting
 from apps.admission.arrays import materialise as materialise_arrays
 from apps.admission.quotas import DispatchGate
 from apps.jobs import queue_order as queue_order_of
@@ -36,7 +37,7 @@ from apps.jobs.models import (
 from apps.jobs.services import JobPlacement, MemberPlacement, job_preempt, jobs_place
 from apps.nodes.models import Gpu, GpuHealth, GpuSku, Node, NodeState
 from apps.platform.errors import ServiceError
-from apps.scheduling import core, kept, publish
+from apps.scheduling import core, kept, plan, publish
 from apps.scheduling.core import policy
 from apps.scheduling.kept import HELD, ClusterSnapshot, epoch, tolerations_of
 from apps.scheduling.models import ProvisionRequest, ProvisionState
@@ -356,12 +357,19 @@ def dispatch_once() -> DispatchResult:
         snapshot = state.snapshot(placement_strategy(jobs.values()))
         _drop_moved(jobs, snapshot)
         held = _held_reservations(jobs)
+        queued, arriving = [queued_job(job) for job in jobs.values()], arriving_nodes()
+        usage = kept.KEPT.usage(state, now, config.half_life_s)
+        _plan(
+            lambda: plan.PLANNER.make(
+                now, jobs, snapshot, queued, tiers, usage, config, held, arriving
+            )
+        )
         decisions = policy.decide(
-            epoch(now), snapshot.cluster, [queued_job(job) for job in jobs.values()], snapshot.running,
-            tiers, kept.KEPT.usage(state, now, config.half_life_s), config=config, held_reservation=held,
-            arriving=arriving_nodes(),
+            epoch(now), snapshot.cluster, queued, snapshot.running, tiers, usage, config=config,
+            held_reservation=held, arriving=arriving,
         )  # fmt: skip
         _apply(list(decisions), jobs, gate, snapshot, result, held)
+        _plan(lambda: plan.PLANNER.write(jobs, result.placed))
     except BaseException:
         kept.KEPT.failed(state)
         raise
@@ -371,6 +379,15 @@ def dispatch_once() -> DispatchResult:
         log.info("dispatch: placed %d, preempted %d, %d waiting, %.3fs", len(result.placed), len(result.preempted),
                  result.waiting, result.seconds)  # fmt: skip
     return result
+
+
+def _plan(step) -> None:
+    """The start plan (apps/scheduling/plan.py) is an answer to users, never a reason for a pass
+    to fail: an error in it is logged and the pass goes on."""
+    try:
+        step()
+    except Exception:
+        log.exception("the start plan failed; estimates keep their last values")
 
 
 def _apply(decisions, jobs: dict[str, Job], gate: DispatchGate, snapshot: ClusterSnapshot,
@@ -489,7 +506,7 @@ def _reservation_reason(decision: policy.Reserve) -> str:
     clock plus its limit, and in the next pass (read back from its attempt's row) at the row's
     insert time plus its limit, some milliseconds later; each change is a write and an event."""
     nodes = ", ".join(decision.nodes[:4]) + (", ..." if len(decision.nodes) > 4 else "")
-    held = f"first in line: {nodes} held for it from {_utc(decision.at)}"
+    held = f"first in line: {nodes} held for it from {_utc(decision.at)} at the latest"
     if not decision.shortage:  # decided without `explain`: the policy said only "reserved"
         return f"{held}; {decision.reason}"
     return (
@@ -499,7 +516,8 @@ def _reservation_reason(decision: policy.Reserve) -> str:
 
 
 def _utc(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, tz=UTC).strftime("%Y-%m-%d %H:%M UTC")
+    """ISO 8601 to the minute (the reader adds the relative time: apps/admission/waiting.py)."""
+    return waiting.iso_minute(datetime.fromtimestamp(epoch, tz=UTC))
 
 
 def _set_reason(reasons: dict[str, tuple[Job, str]], job: Job, reason: str) -> None:
@@ -510,7 +528,8 @@ def _set_reason(reasons: dict[str, tuple[Job, str]], job: Job, reason: str) -> N
 def _write_reasons(reasons: dict[str, tuple[Job, str]]) -> None:
     """One UPDATE per `REASON_BATCH` changed reasons, each guarded as a job's own update was
     (still queued, same version): a pass over a long queue writes only what changed."""
-    changed = [(job, reason) for job, reason in reasons.values() if job.reason != reason]
+    worded = ((job, plan.PLANNER.worded(job, reason)[:300]) for job, reason in reasons.values())
+    changed = [(job, reason) for job, reason in worded if job.reason != reason]
     for start in range(0, len(changed), REASON_BATCH):
         batch = changed[start : start + REASON_BATCH]
         _update_reasons(batch)

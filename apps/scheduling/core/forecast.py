@@ -51,6 +51,7 @@ class Plan:
     starts: dict[str, float]
     on_new_node: dict[str, float]
     cut: bool
+    order: tuple[str, ...] = ()  # the queued jobs in the policy's order at `now`
 
 
 def copy_cluster(cluster: ClusterManager, strategy: str | None = None) -> ClusterManager:
@@ -116,6 +117,7 @@ def forecast(
     for job in queue.values():
         scheduler.submit(replace(job))
     scheduler.hold(list(held_reservation))
+    order = tuple(job.job_id for job in scheduler._order(now))
     pending_nodes = sorted(arriving, key=lambda node: node.ready_at)
     for number, node in enumerate(pending_nodes):
         push(max(now, node.ready_at), _NODE, (f"arriving-{number}", node))
@@ -153,7 +155,7 @@ def forecast(
                 scheduler.add_node(Node(name, node.gpus, node.gpu_model))
                 added[name] = t
                 scheduler.arriving = [n for n in scheduler.arriving if n is not node]
-    return Plan(starts, on_new_node, cut=len(starts) < len(queue))
+    return Plan(starts, on_new_node, cut=len(starts) < len(queue), order=order)
 
 
 def _busy_beyond_running(scheduler: Scheduler, cluster: PolicyCluster) -> None:

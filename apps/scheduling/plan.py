@@ -1,0 +1,309 @@
+"""The dispatcher's plan: when each queued job will start, stored with the job (API.md "Honest
+waiting": `estimated_start_at`, `estimated_start_window`, `queue_position`, the reason's words).
+
+Method (docs/scheduling.md, "Start estimates"):
+- The policy's own code run forward (apps/scheduling/core/forecast.py) from the state a pass
+  hands it: the same cluster, running jobs, queue heads, tiers, usage, reservations and nodes
+  being added. Running jobs end at their predicted times, each started job runs its predicted
+  length; the policy still reasons by limits, as it does live.
+- The runtime predictor (`Predictor`): the durations of a user's last successful runs of the
+  same template (of any user when the user has fewer than MIN_RUNS), at most
+  `max_runtime_seconds`; a running job's end is taken from the runs longer than it has already
+  run (none left: its limit). Three runs of the forecast, at the predictor's QUANTILES, give
+  the window (earliest, latest) and the estimate (the median run). Without history a job is
+  predicted to run to its limit (the window opens at a quarter of it).
+- Made in a dispatcher pass when what it depends on changed (the queue's heads, the running
+  jobs, the nodes being added) or PLAN_SECONDS passed, at most once per MIN_SECONDS per
+  process, over at most PLAN_JOBS queued jobs (the first in queue order) and `max_events`
+  passes each: its cost is bounded whatever the queue. Written only where it changed, so an
+  estimate does not move with the clock; never computed per request.
+- `queue_position` is the order in which the plan starts the jobs (ties and jobs it does not
+  start by the policy's own order).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from django.db.models import Q
+from django.utils import timezone
+
+from apps.admission import fit, waiting
+from apps.jobs.models import AttemptState, Job, JobAttempt, JobState
+from apps.scheduling.core import policy
+from apps.scheduling.core.forecast import Plan, forecast, quantile
+from apps.scheduling.kept import ClusterSnapshot
+
+log = logging.getLogger(__name__)
+
+PLAN_SECONDS = 30.0  # made again at least this often while jobs wait
+MIN_SECONDS = 1.0  # and at most this often
+PLAN_JOBS = 300  # queued jobs planned (the first in queue order); the rest get none
+MAX_EVENTS = 80  # policy passes per forecast
+QUANTILES = (0.1, 0.5, 0.9)  # early, estimate, late
+MIN_RUNS = 3  # runs of a user+template (else of the template) before they predict
+HISTORY_DAYS = 30
+HISTORY_ROWS = 5000
+
+
+class Predictor:
+    """Runtimes from history, per (user, template); a command job's template is None."""
+
+    def __init__(self, runs: dict[tuple, list[float]], of_template: dict, limits: dict):
+        self.runs, self.of_template, self.limits = runs, of_template, limits
+
+    @classmethod
+    def load(cls, jobs: list[tuple[str, int, int | None, int]]) -> Predictor:
+        """`jobs`: (job id, user id, template id, max_runtime_seconds) of every job planned."""
+        users = {user for _, user, _, _ in jobs}
+        templates = {template for _, _, template, _ in jobs if template is not None}
+        since = timezone.now() - timedelta(days=HISTORY_DAYS)
+        rows = (
+            JobAttempt.objects.filter(
+                Q(job__template_id__in=templates) | Q(job__user_id__in=users),
+                state=AttemptState.SUCCEEDED,
+                ended_at__gte=since,
+                started_at__isnull=False,
+            )
+            .order_by("-ended_at")
+            .values_list("job__user_id", "job__template_id", "started_at", "ended_at")[
+                :HISTORY_ROWS
+            ]
+        )
+        runs: dict[tuple, list[float]] = defaultdict(list)
+        of_template: dict[int | None, list[float]] = defaultdict(list)
+        for user, template, started, ended in rows:
+            seconds = max(0.0, (ended - started).total_seconds())
+            if len(runs[user, template]) < 50:
+                runs[user, template].append(seconds)
+            if template is not None and len(of_template[template]) < 50:
+                of_template[template].append(seconds)
+        for samples in (*runs.values(), *of_template.values()):
+            samples.sort()
+        limits = {job: float(limit) for job, _, _, limit in jobs}
+        return cls(dict(runs), dict(of_template), limits)
+
+    def samples(self, user: int, template: int | None) -> list[float]:
+        mine = self.runs.get((user, template), [])
+        if len(mine) >= MIN_RUNS:
+            return mine
+        theirs = self.of_template.get(template, []) if template is not None else []
+        return theirs if len(theirs) >= MIN_RUNS else []
+
+    def runtime(self, q: float, user: int, template: int | None, limit: float) -> float:
+        samples = self.samples(user, template)
+        if not samples:
+            return limit if q >= 0.5 else limit * 0.25
+        return min(limit, quantile(samples, q))
+
+    def remaining(
+        self, q: float, user: int, template: int | None, limit: float, elapsed: float
+    ) -> float:
+        """How much longer a job that has run `elapsed` seconds runs, at quantile q."""
+        longer = [s for s in self.samples(user, template) if s > elapsed]
+        if not longer:
+            left = max(0.0, limit - elapsed)  # no history, or it ran longer than all of it
+            return left if q >= 0.5 else left * 0.25
+        return max(0.0, min(limit, quantile(longer, q)) - elapsed)
+
+
+@dataclass
+class Estimate:
+    start: datetime | None
+    earliest: datetime | None
+    latest: datetime | None
+    position: int | None
+    node_ready: datetime | None = None  # it starts on a node being added, ready then
+
+    def same(self, other: Estimate | None) -> bool:
+        """Equal but for under a second (a replanned estimate that did not move is not
+        written again)."""
+        if other is None or self.position != other.position:
+            return False
+        pairs = [(self.start, other.start), (self.earliest, other.earliest),
+                 (self.latest, other.latest)]  # fmt: skip
+        for a, b in pairs:
+            if (a is None) != (b is None) or (a and b and abs((a - b).total_seconds()) >= 1):
+                return False
+        return True
+
+
+@dataclass
+class Planner:
+    """One per dispatcher process: the last plan, what it was made from, what was written."""
+
+    estimates: dict[str, Estimate] = field(default_factory=dict)
+    written: dict[str, Estimate] = field(default_factory=dict)
+    key: object = None
+    made_at: float = -math.inf
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def due(self, key: object) -> bool:
+        since = time.monotonic() - self.made_at
+        return since >= MIN_SECONDS and (key != self.key or since >= PLAN_SECONDS)
+
+    def make(self, now: datetime, jobs: dict[str, Job], snapshot: ClusterSnapshot,
+             queued: list[policy.QueuedJob], tiers, usage, config, held,
+             arriving: list[policy.ArrivingNode]) -> None:  # fmt: skip
+        """Plan, if due, from the pass's inputs (before `decide` changes the cluster)."""
+        key = (
+            frozenset(job.job_id for job in queued),
+            frozenset(r.job_id for r in snapshot.running),
+            tuple((a.ready_at, a.gpu_model, a.gpus) for a in arriving),
+        )
+        if not queued or not self.due(key):
+            if not queued:
+                self.estimates = {}
+            return
+        started = time.monotonic()
+        levels = {name: tier.level for name, tier in tiers.items()}
+        queued = sorted(queued, key=lambda j: (-levels.get(j.tier, 0), j.submit))[:PLAN_JOBS]
+        planned = [job for job in queued if job.job_id in jobs]
+        at = now.timestamp()
+        predictor = Predictor.load(
+            [
+                (job_id, j.user_id, j.template_id, j.max_runtime_seconds)
+                for job_id, j in jobs.items()
+            ]
+            + self._running_rows(snapshot)  # fmt: skip
+        )
+
+        def end_of(job: policy.RunningJob, q: float) -> float:
+            about = self._about.get(job.job_id)
+            if about is None:  # GPUs held by no job the database knows: as the policy sees them
+                return job.est_end
+            user, template, limit, began = about
+            return at + predictor.remaining(q, user, template, limit, max(0.0, at - began))
+
+        def runtime_of(job: policy.QueuedJob, q: float) -> float:
+            row = jobs.get(job.job_id)
+            if row is None:
+                return job.est_runtime_s
+            return predictor.runtime(
+                q, row.user_id, row.template_id, float(row.max_runtime_seconds)
+            )
+
+        runs: list[Plan] = [
+            forecast(
+                at,
+                snapshot.cluster,
+                planned,
+                snapshot.running,
+                tiers,
+                usage,
+                config=config,
+                held_reservation=held,
+                arriving=arriving,
+                end_of=lambda job, q=q: end_of(job, q),
+                runtime_of=lambda job, q=q: runtime_of(job, q),
+                max_events=MAX_EVENTS,
+            )  # fmt: skip
+            for q in QUANTILES
+        ]
+        self.estimates = self._estimates(runs, planned)
+        self.key, self.made_at = key, time.monotonic()
+        log.debug("plan: %d jobs in %.3fs", len(planned), self.made_at - started)
+
+    # A running job's user, template, limit and start (epoch), read per plan.
+    _about: dict[str, tuple[int, int | None, float, float]] = field(default_factory=dict)
+
+    def _running_rows(self, snapshot: ClusterSnapshot) -> list:
+        ids = [r.job_id for r in snapshot.running]
+        rows = Job.objects.filter(pk__in=[i for i in ids if _is_id(i)]).values_list(
+            "pk", "user_id", "template_id", "max_runtime_seconds"
+        )
+        self._about = {}
+        found = []
+        for pk, user, template, limit in rows:
+            found.append((str(pk), user, template, limit))
+        starts = {r.job_id: r.started_at for r in snapshot.running}
+        for job_id, user, template, limit in found:
+            self._about[job_id] = (user, template, float(limit), starts.get(job_id, 0.0))
+        return found
+
+    def _estimates(self, runs: list[Plan], planned: list[policy.QueuedJob]) -> dict[str, Estimate]:
+        early, middle, late = runs
+        order = {job_id: i for i, job_id in enumerate(middle.order)}
+        ranked = sorted(
+            (job.job_id for job in planned),
+            key=lambda j: (middle.starts.get(j, math.inf), order.get(j, math.inf)),
+        )
+        out = {}
+        for position, job_id in enumerate(ranked, 1):
+            start = middle.starts.get(job_id)
+            if start is None:
+                out[job_id] = Estimate(None, None, None, position)
+                continue
+            seen = [run.starts[job_id] for run in runs if job_id in run.starts]
+            latest = max(seen) if job_id in late.starts else None
+            ready = middle.on_new_node.get(job_id)
+            out[job_id] = Estimate(_dt(start), _dt(min(seen)), _dt(latest) if latest else None,
+                                   position, _dt(ready) if ready else None)  # fmt: skip
+        return out
+
+    def write(self, jobs: dict[str, Job], placed: list[str]) -> None:
+        """Store the estimates that changed on the jobs still queued."""
+        now = timezone.now()
+        changed = []
+        for job_id, estimate in self.estimates.items():
+            job = jobs.get(job_id)
+            if job is None or job_id in placed or estimate.same(self.written.get(job_id)):
+                continue
+            job.planned_start_at, job.planned_start_earliest = estimate.start, estimate.earliest
+            job.planned_start_latest, job.planned_position = estimate.latest, estimate.position
+            job.planned_at = now
+            changed.append(job)
+            self.written[job_id] = estimate
+        if changed:
+            Job.objects.bulk_update(changed, PLAN_FIELDS, batch_size=500)
+        for job_id in placed:
+            self.written.pop(job_id, None)
+        if len(self.written) > 4 * PLAN_JOBS:  # jobs that left the queue otherwise
+            self.written = {k: v for k, v in self.written.items() if k in self.estimates}
+
+    def worded(self, job: Job, reason: str) -> str:
+        """The pass's reason for a waiting job, in agreement with its estimate."""
+        estimate = self.estimates.get(str(job.pk))
+        if estimate is None or estimate.start is None:
+            if not reason.startswith("needs "):  # the policy's "more than the cluster can offer"
+                return reason
+            states = fit.only_unready(fit.shapes(), gpus=job.gpus,
+                                      sku=job.gpu_sku.name if job.gpu_sku_id else None,
+                                      selector=job.node_selector or {})  # fmt: skip
+            if states:
+                return f"only a {states} node could run it: waiting for one to take work again"
+            return reason
+        if estimate.node_ready is not None:
+            return (
+                f"waiting for a node being added: ready at {waiting.iso(estimate.node_ready)}; "
+                f"expected to start {waiting.iso_minute(estimate.start)}"
+            )
+        return f"expected to start {waiting.iso_minute(estimate.start)}: {reason}"
+
+
+PLAN_FIELDS = ["planned_start_at", "planned_start_earliest", "planned_start_latest",
+               "planned_position", "planned_at"]  # fmt: skip
+PLANNER = Planner()
+
+
+def _dt(epoch: float) -> datetime:
+    return datetime.fromtimestamp(epoch, tz=UTC)
+
+
+def _is_id(text: str) -> bool:
+    return len(text) >= 32 and all(c in "0123456789abcdef-" for c in text)
+
+
+__all__ = ["PLANNER", "Estimate", "Planner", "Predictor", "JobState"]
+
+
+def forget() -> None:
+    """A new planner (tests: each starts with no plan made or written)."""
+    global PLANNER
+    PLANNER = Planner()
