@@ -37,7 +37,7 @@ from django.utils import timezone
 from apps.admission import fit, waiting
 from apps.jobs.models import AttemptState, Job, JobAttempt, JobState
 from apps.scheduling.core import policy
-from apps.scheduling.core.forecast import Plan, forecast, quantile
+from apps.scheduling.core.forecast import MIN_RUNS, QUANTILES, Plan, forecast, quantile
 from apps.scheduling.kept import ClusterSnapshot
 
 log = logging.getLogger(__name__)
@@ -46,8 +46,6 @@ PLAN_SECONDS = 30.0  # made again at least this often while jobs wait
 MIN_SECONDS = 1.0  # and at most this often
 PLAN_JOBS = 300  # queued jobs planned (the first in queue order); the rest get none
 MAX_EVENTS = 80  # policy passes per forecast
-QUANTILES = (0.1, 0.5, 0.9)  # early, estimate, late
-MIN_RUNS = 3  # runs of a user+template (else of the template) before they predict
 HISTORY_DAYS = 30
 HISTORY_ROWS = 5000
 
@@ -282,9 +280,9 @@ class Planner:
         if estimate.node_ready is not None:
             return (
                 f"waiting for a node being added: ready at {waiting.iso(estimate.node_ready)}; "
-                f"expected to start {waiting.iso_minute(estimate.start)}"
+                f"expected to start {waiting.iso(estimate.start)}"
             )
-        return f"expected to start {waiting.iso_minute(estimate.start)}: {reason}"
+        return f"expected to start {waiting.iso(estimate.start)}: {reason}"
 
 
 PLAN_FIELDS = ["planned_start_at", "planned_start_earliest", "planned_start_latest",

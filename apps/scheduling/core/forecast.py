@@ -40,6 +40,11 @@ from apps.scheduling.core.policy_model import (
 from apps.scheduling.core.policy_scheduler import Scheduler
 
 _END, _NODE, _WAKE = 0, 1, 2
+# The runtime predictor's quantiles: the early run, the estimate, the late run (the window), and
+# how many runs of a kind it needs before they predict. The platform's plan
+# (apps/scheduling/plan.py) and the simulator's score of it (sim/plan_error.py) share them.
+QUANTILES = (0.1, 0.5, 0.9)
+MIN_RUNS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,9 +96,11 @@ def forecast(
     max_events: int = 60,
     horizon_s: float = 14 * 86400.0,
     strategy: str | None = None,
+    until: str | None = None,
 ) -> Plan:
     """Each queued job's start if running jobs end at `end_of(job)` and each started job runs
-    `runtime_of(job)` (see the module doc). `cluster` is copied, never changed."""
+    `runtime_of(job)` (see the module doc). `cluster` is copied, never changed. `until`: stop
+    once that job has started (a caller that wants one job's start)."""
     world = copy_cluster(cluster, strategy)
     scheduler = Scheduler(world, tiers, config)
     for node in world.list_nodes():
@@ -138,7 +145,7 @@ def forecast(
             elif isinstance(decision, Preempt):
                 for victim in decision.victim_ids:
                     push(t + scheduler.config.grace_s, _END, victim)
-        if len(starts) == len(queue):
+        if len(starts) == len(queue) or (until is not None and until in starts):
             break
         wake = scheduler.wake_at
         if t < wake < math.inf:
@@ -185,4 +192,4 @@ def quantile(samples: list[float], q: float) -> float:
     return samples[low] + (samples[high] - samples[low]) * (at - low)
 
 
-__all__ = ["Plan", "copy_cluster", "forecast", "quantile"]
+__all__ = ["MIN_RUNS", "QUANTILES", "Plan", "copy_cluster", "forecast", "quantile"]
