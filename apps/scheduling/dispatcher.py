@@ -369,7 +369,6 @@ def dispatch_once() -> DispatchResult:
             held_reservation=held, arriving=arriving,
         )  # fmt: skip
         _apply(list(decisions), jobs, gate, snapshot, result, held)
-        _plan(lambda: plan.PLANNER.write(jobs, result.placed))
     except BaseException:
         kept.KEPT.failed(state)
         raise
@@ -527,30 +526,62 @@ def _set_reason(reasons: dict[str, tuple[Job, str]], job: Job, reason: str) -> N
 
 def _write_reasons(reasons: dict[str, tuple[Job, str]]) -> None:
     """One UPDATE per `REASON_BATCH` changed reasons, each guarded as a job's own update was
-    (still queued, same version): a pass over a long queue writes only what changed."""
-    worded = ((job, plan.PLANNER.worded(job, reason)[:300]) for job, reason in reasons.values())
-    changed = [(job, reason) for job, reason in worded if job.reason != reason]
+    (still queued, same version): a pass over a long queue writes only what changed. The words
+    and the start estimate come from the plan (apps/scheduling/plan.py) and are written together:
+    a job whose estimate changed is written even where its reason did not."""
+    planner, at = plan.PLANNER, timezone.now()
+    changed = []
+    for job, reason in reasons.values():
+        worded = planner.worded(job, reason)[:300]
+        estimate = planner.changed(job)
+        if job.reason != worded or estimate is not None:
+            changed.append((job, worded, estimate))
     for start in range(0, len(changed), REASON_BATCH):
         batch = changed[start : start + REASON_BATCH]
-        _update_reasons(batch)
-        for job, reason in batch:
+        _update_reasons(batch, at)
+        for job, reason, estimate in batch:
             job.reason = reason
+            if estimate is not None:
+                planner.stored(job, estimate, at)
 
 
-def _update_reasons(batch: list[tuple[Job, str]]) -> None:
-    """One `UPDATE ... FROM (VALUES (id, version, reason), ...)`, guarded (still queued, same
-    version). The ORM's CASE of 500 WHENs took 0.5 s of a pass's CPU to build for 1,000 new
-    jobs' reasons; this statement is one string."""
+_PLANNED = ("planned_start_at", "planned_start_earliest", "planned_start_latest",
+            "planned_position", "planned_at")  # fmt: skip
+
+
+def _update_reasons(batch: list[tuple[Job, str, plan.Estimate | None]], at) -> None:
+    """One `UPDATE ... FROM (VALUES (id, version, reason, plan...), ...)`, guarded (still queued,
+    same version). The ORM's CASE of 500 WHENs took 0.5 s of a pass's CPU to build for 1,000 new
+    jobs' reasons; this statement is one string. A job whose estimate did not change keeps its
+    stored one (written back as read)."""
     table = connection.ops.quote_name(Job._meta.db_table)
     pk = Job._meta.pk
     assert pk is not None
-    rows = ", ".join(["(%s, %s, %s)"] * len(batch))
+    typed = connection.vendor == "postgresql"  # a VALUES list's NULLs need a type there
+    stamp, number = ("%s::timestamptz", "%s::integer") if typed else ("%s", "%s")
+    row = f"(%s, %s, %s, {stamp}, {stamp}, {stamp}, {number}, {stamp})"
+    rows = ", ".join([row] * len(batch))
     params: list = []
-    for job, reason in batch:
-        params += [pk.get_db_prep_value(job.pk, connection), job.version, reason]
+    moment = connection.ops.adapt_datetimefield_value
+    for job, reason, estimate in batch:
+        if estimate is not None:
+            plan_values = [
+                estimate.start,
+                estimate.earliest,
+                estimate.latest,
+                estimate.position,
+                at,
+            ]
+        else:
+            plan_values = [getattr(job, name) for name in _PLANNED]
+        stamps = [moment(v) if i != 3 else v for i, v in enumerate(plan_values)]
+        params += [pk.get_db_prep_value(job.pk, connection), job.version, reason, *stamps]
+    sets = ", ".join(
+        f'"{name}" = v.column{index}' for index, name in enumerate(("reason", *_PLANNED), 3)
+    )
     with connection.cursor() as cursor:
         cursor.execute(  # a VALUES list's columns are column1, column2, ... (both databases)
-            f'UPDATE {table} SET "reason" = v.column3 FROM (VALUES {rows}) AS v '
+            f"UPDATE {table} SET {sets} FROM (VALUES {rows}) AS v "
             f'WHERE {table}."id" = v.column1 AND {table}."version" = v.column2 '
             f'AND {table}."state" = %s',
             [*params, JobState.QUEUED.value],

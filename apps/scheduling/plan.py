@@ -57,7 +57,7 @@ class Predictor:
         self.runs, self.of_template, self.limits = runs, of_template, limits
 
     @classmethod
-    def load(cls, jobs: list[tuple[str, int, int | None, int]]) -> Predictor:
+    def load(cls, jobs: list[tuple[str, int, int | None, float]]) -> Predictor:
         """`jobs`: (job id, user id, template id, max_runtime_seconds) of every job planned."""
         users = {user for _, user, _, _ in jobs}
         templates = {template for _, _, template, _ in jobs if template is not None}
@@ -164,16 +164,11 @@ class Planner:
         queued = sorted(queued, key=lambda j: (-levels.get(j.tier, 0), j.submit))[:PLAN_JOBS]
         planned = [job for job in queued if job.job_id in jobs]
         at = now.timestamp()
-        predictor = Predictor.load(
-            [
-                (job_id, j.user_id, j.template_id, j.max_runtime_seconds)
-                for job_id, j in jobs.items()
-            ]
-            + self._running_rows(snapshot)  # fmt: skip
-        )
+        self._learn(jobs, snapshot)
+        predictor = self._predictor_for(jobs)
 
         def end_of(job: policy.RunningJob, q: float) -> float:
-            about = self._about.get(job.job_id)
+            about = self._about.get(_key(job.job_id))
             if about is None:  # GPUs held by no job the database knows: as the policy sees them
                 return job.est_end
             user, template, limit, began = about
@@ -208,22 +203,47 @@ class Planner:
         self.key, self.made_at = key, time.monotonic()
         log.debug("plan: %d jobs in %.3fs", len(planned), self.made_at - started)
 
-    # A running job's user, template, limit and start (epoch), read per plan.
+    # Each job's user, template and limit (from the queued rows a pass reads, else one read for
+    # the running jobs it did not see queued), and the running jobs' starts (epoch), per plan.
+    _facts: dict[str, tuple[int, int | None, float]] = field(default_factory=dict)
     _about: dict[str, tuple[int, int | None, float, float]] = field(default_factory=dict)
+    _predictor: Predictor | None = None
+    _predictor_at: float = -math.inf
+    _predicted: frozenset = frozenset()
 
-    def _running_rows(self, snapshot: ClusterSnapshot) -> list:
-        ids = [r.job_id for r in snapshot.running]
-        rows = Job.objects.filter(pk__in=[i for i in ids if _is_id(i)]).values_list(
-            "pk", "user_id", "template_id", "max_runtime_seconds"
-        )
-        self._about = {}
-        found = []
-        for pk, user, template, limit in rows:
-            found.append((str(pk), user, template, limit))
-        starts = {r.job_id: r.started_at for r in snapshot.running}
-        for job_id, user, template, limit in found:
-            self._about[job_id] = (user, template, float(limit), starts.get(job_id, 0.0))
-        return found
+    def _learn(self, jobs: dict[str, Job], snapshot: ClusterSnapshot) -> None:
+        for job_id, job in jobs.items():
+            self._facts[_key(job_id)] = (
+                job.user_id,
+                job.template_id,
+                float(job.max_runtime_seconds),
+            )
+        missing = [r.job_id for r in snapshot.running if _key(r.job_id) not in self._facts]
+        missing = [job_id for job_id in missing if _is_id(job_id)]
+        if missing:
+            for pk, user, template, limit in Job.objects.filter(pk__in=missing).values_list(
+                "pk", "user_id", "template_id", "max_runtime_seconds"
+            ):
+                self._facts[_key(str(pk))] = (user, template, float(limit))
+        self._about = {
+            _key(r.job_id): (*self._facts[_key(r.job_id)], r.started_at)
+            for r in snapshot.running
+            if _key(r.job_id) in self._facts
+        }
+        if len(self._facts) > 8 * PLAN_JOBS:  # forget the jobs that are gone
+            keep = {_key(job_id) for job_id in jobs} | set(self._about)
+            self._facts = {k: v for k, v in self._facts.items() if k in keep}
+
+    def _predictor_for(self, jobs: dict[str, Job]) -> Predictor:
+        """The history, read again every PLAN_SECONDS or when a job of a new user or template
+        is planned (a pass that replans reads nothing then)."""
+        kinds = frozenset((user, template) for user, template, _ in self._facts.values())
+        stale = time.monotonic() - self._predictor_at > PLAN_SECONDS
+        if self._predictor is None or stale or not kinds <= self._predicted:
+            rows = [(job_id, *facts) for job_id, facts in self._facts.items()]
+            self._predictor = Predictor.load(rows)
+            self._predictor_at, self._predicted = time.monotonic(), kinds
+        return self._predictor
 
     def _estimates(self, runs: list[Plan], planned: list[policy.QueuedJob]) -> dict[str, Estimate]:
         early, middle, late = runs
@@ -245,24 +265,20 @@ class Planner:
                                    position, _dt(ready) if ready else None)  # fmt: skip
         return out
 
-    def write(self, jobs: dict[str, Job], placed: list[str]) -> None:
-        """Store the estimates that changed on the jobs still queued."""
-        now = timezone.now()
-        changed = []
-        for job_id, estimate in self.estimates.items():
-            job = jobs.get(job_id)
-            if job is None or job_id in placed or estimate.same(self.written.get(job_id)):
-                continue
-            job.planned_start_at, job.planned_start_earliest = estimate.start, estimate.earliest
-            job.planned_start_latest, job.planned_position = estimate.latest, estimate.position
-            job.planned_at = now
-            changed.append(job)
-            self.written[job_id] = estimate
-        if changed:
-            Job.objects.bulk_update(changed, PLAN_FIELDS, batch_size=500)
-        for job_id in placed:
-            self.written.pop(job_id, None)
-        if len(self.written) > 4 * PLAN_JOBS:  # jobs that left the queue otherwise
+    def changed(self, job: Job) -> Estimate | None:
+        """The job's estimate when it differs from what was stored (then written with its
+        reason: apps/scheduling/dispatcher.py `_write_reasons`), else None."""
+        estimate = self.estimates.get(str(job.pk))
+        if estimate is None or estimate.same(self.written.get(str(job.pk))):
+            return None
+        return estimate
+
+    def stored(self, job: Job, estimate: Estimate, at: datetime) -> None:
+        job.planned_start_at, job.planned_start_earliest = estimate.start, estimate.earliest
+        job.planned_start_latest, job.planned_position = estimate.latest, estimate.position
+        job.planned_at = at
+        self.written[str(job.pk)] = estimate
+        if len(self.written) > 4 * PLAN_JOBS:  # the jobs that left the queue
             self.written = {k: v for k, v in self.written.items() if k in self.estimates}
 
     def worded(self, job: Job, reason: str) -> str:
@@ -282,16 +298,23 @@ class Planner:
                 f"waiting for a node being added: ready at {waiting.iso(estimate.node_ready)}; "
                 f"expected to start {waiting.iso(estimate.start)}"
             )
-        return f"expected to start {waiting.iso(estimate.start)}: {reason}"
+        said = f"; expected to start {waiting.iso(estimate.start)}"
+        if len(reason) + len(said) > REASON_MAX:
+            reason = reason[: REASON_MAX - len(said) - 3] + "..."
+        return reason + said
 
 
-PLAN_FIELDS = ["planned_start_at", "planned_start_earliest", "planned_start_latest",
-               "planned_position", "planned_at"]  # fmt: skip
 PLANNER = Planner()
+REASON_MAX = 300  # Job.reason's length
 
 
 def _dt(epoch: float) -> datetime:
     return datetime.fromtimestamp(epoch, tz=UTC)
+
+
+def _key(job_id: str) -> str:
+    """A job id as the plan keys it: the kept state may give a UUID with or without dashes."""
+    return job_id.replace("-", "")
 
 
 def _is_id(text: str) -> bool:
