@@ -359,11 +359,9 @@ def dispatch_once() -> DispatchResult:
         held = _held_reservations(jobs)
         queued, arriving = [queued_job(job) for job in jobs.values()], arriving_nodes()
         usage = kept.KEPT.usage(state, now, config.half_life_s)
-        _plan(
-            lambda: plan.PLANNER.make(
-                now, jobs, snapshot, queued, tiers, usage, config, held, arriving
-            )
-        )
+        facts = kept.job_facts(state)
+        _plan(lambda: plan.PLANNER.make(now, jobs, snapshot, queued, tiers, usage, config, held,
+                                        arriving, facts, kept.KEPT.runs()))  # fmt: skip
         decisions = policy.decide(
             epoch(now), snapshot.cluster, queued, snapshot.running, tiers, usage, config=config,
             held_reservation=held, arriving=arriving,

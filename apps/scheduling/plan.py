@@ -87,6 +87,17 @@ class Predictor:
         limits = {job: float(limit) for job, _, _, limit in jobs}
         return cls(dict(runs), dict(of_template), limits)
 
+    @classmethod
+    def of_runs(cls, found: dict[tuple[int, int | None], list[float]]) -> Predictor:
+        """From the run lengths the dispatcher's kept usage holds (kept.Kept.runs), latest first."""
+        runs = {kind: sorted(lengths[:50]) for kind, lengths in found.items()}
+        merged: dict[int | None, list[float]] = defaultdict(list)
+        for (_, template), lengths in found.items():
+            if template is not None:
+                merged[template].extend(lengths[:50])
+        of_template = {template: sorted(lengths) for template, lengths in merged.items()}
+        return cls(runs, of_template, {})
+
     def samples(self, user: int, template: int | None) -> list[float]:
         mine = self.runs.get((user, template), [])
         if len(mine) >= MIN_RUNS:
@@ -148,8 +159,11 @@ class Planner:
 
     def make(self, now: datetime, jobs: dict[str, Job], snapshot: ClusterSnapshot,
              queued: list[policy.QueuedJob], tiers, usage, config, held,
-             arriving: list[policy.ArrivingNode]) -> None:  # fmt: skip
-        """Plan, if due, from the pass's inputs (before `decide` changes the cluster)."""
+             arriving: list[policy.ArrivingNode], facts: dict | None = None,
+             runs: dict | None = None) -> None:  # fmt: skip
+        """Plan, if due, from the pass's inputs (before `decide` changes the cluster). `facts`:
+        the running jobs' (user, template, limit) as the kept state read them; `runs`: the run
+        lengths of its usage window (kept.Kept.runs)."""
         key = (
             frozenset(job.job_id for job in queued),
             frozenset(r.job_id for r in snapshot.running),
@@ -164,8 +178,8 @@ class Planner:
         queued = sorted(queued, key=lambda j: (-levels.get(j.tier, 0), j.submit))[:PLAN_JOBS]
         planned = [job for job in queued if job.job_id in jobs]
         at = now.timestamp()
-        self._learn(jobs, snapshot)
-        predictor = self._predictor_for(jobs)
+        self._learn(jobs, snapshot, facts or {})
+        predictor = self._predictor_for(jobs, runs)
 
         def end_of(job: policy.RunningJob, q: float) -> float:
             about = self._about.get(_key(job.job_id))
@@ -211,7 +225,9 @@ class Planner:
     _predictor_at: float = -math.inf
     _predicted: frozenset = frozenset()
 
-    def _learn(self, jobs: dict[str, Job], snapshot: ClusterSnapshot) -> None:
+    def _learn(self, jobs: dict[str, Job], snapshot: ClusterSnapshot, facts: dict) -> None:
+        for job_id, known in facts.items():
+            self._facts[_key(job_id)] = known
         for job_id, job in jobs.items():
             self._facts[_key(job_id)] = (
                 job.user_id,
@@ -234,9 +250,11 @@ class Planner:
             keep = {_key(job_id) for job_id in jobs} | set(self._about)
             self._facts = {k: v for k, v in self._facts.items() if k in keep}
 
-    def _predictor_for(self, jobs: dict[str, Job]) -> Predictor:
-        """The history, read again every PLAN_SECONDS or when a job of a new user or template
-        is planned (a pass that replans reads nothing then)."""
+    def _predictor_for(self, jobs: dict[str, Job], runs: dict | None = None) -> Predictor:
+        """From the run lengths the pass's kept usage holds (no read); without them the history
+        is read, again every PLAN_SECONDS or when a job of a new user or template is planned."""
+        if runs is not None:
+            return Predictor.of_runs(runs)
         kinds = frozenset((user, template) for user, template, _ in self._facts.values())
         stale = time.monotonic() - self._predictor_at > PLAN_SECONDS
         if self._predictor is None or stale or not kinds <= self._predicted:
