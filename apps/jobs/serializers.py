@@ -8,7 +8,7 @@ from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from apps.admission import rows, waiting
+from apps.admission import rows
 from apps.admission.estimates import Estimator
 from apps.jobs import arrays as array_tasks
 from apps.jobs import arrayspec, dependencies
@@ -31,6 +31,7 @@ from apps.jobs.own_code import (
 from apps.jobs.params import ParamsError, validate_params
 from apps.jobs.services import SPEC_FIELDS, JobSpec
 from apps.nodes.models import GpuSku
+from apps.scheduling.core import waiting
 from apps.scheduling.dispatcher import queue_position
 from apps.tenants.models import Tier
 

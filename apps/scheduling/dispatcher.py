@@ -22,7 +22,6 @@ from django.db import connection, transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
-from apps.admission import waiting
 from apps.admission.arrays import materialise as materialise_arrays
 from apps.admission.quotas import DispatchGate
 from apps.jobs import queue_order as queue_order_of
@@ -38,7 +37,7 @@ from apps.jobs.services import JobPlacement, MemberPlacement, job_preempt, jobs_
 from apps.nodes.models import Gpu, GpuHealth, GpuSku, Node, NodeState
 from apps.platform.errors import ServiceError
 from apps.scheduling import core, kept, plan, publish
-from apps.scheduling.core import policy
+from apps.scheduling.core import policy, waiting
 from apps.scheduling.kept import HELD, ClusterSnapshot, epoch, tolerations_of
 from apps.scheduling.models import ProvisionRequest, ProvisionState
 from apps.scheduling.redis import client

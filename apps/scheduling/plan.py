@@ -34,9 +34,9 @@ from datetime import UTC, datetime, timedelta
 from django.db.models import Q
 from django.utils import timezone
 
-from apps.admission import fit, waiting
+from apps.admission import fit
 from apps.jobs.models import AttemptState, Job, JobAttempt, JobState
-from apps.scheduling.core import policy
+from apps.scheduling.core import policy, waiting
 from apps.scheduling.core.forecast import MIN_RUNS, QUANTILES, Plan, forecast, quantile
 from apps.scheduling.kept import ClusterSnapshot
 

@@ -3,6 +3,7 @@ running job of known length gets an estimate from history inside its window, sto
 does not move with the clock; its reason agrees; another tenant's reason names no job of ours;
 `queue_position` is the plan's order."""
 
+import json
 import re
 from datetime import datetime, timedelta
 
@@ -99,3 +100,25 @@ def test_without_history_a_job_is_planned_to_run_to_its_limit(people):
     assert abs((start - placed).total_seconds() - 600) < 5
     earliest, latest = (ts(t) for t in job["estimated_start_window"])
     assert earliest < start <= latest
+
+
+def test_the_event_stream_sends_the_estimate_in_words_when_it_changes():
+    from datetime import UTC
+    from types import SimpleNamespace
+
+    from apps.jobs.event_hub import Cursor, estimate_event
+
+    now = datetime.now(UTC)
+    job = {"state": "queued", "reason": "waiting; expected to start "
+           f"{(now + timedelta(minutes=12)):%Y-%m-%dT%H:%M:%S}Z",
+           "planned_start_at": now + timedelta(minutes=12),
+           "planned_start_earliest": now + timedelta(minutes=8),
+           "planned_start_latest": now + timedelta(minutes=20, seconds=30),
+           "planned_position": 3, "planned_at": now}  # fmt: skip
+    subscriber = SimpleNamespace(estimate=())
+    [message] = list(estimate_event(subscriber, job, Cursor()))
+    assert message.startswith("id: 0.1.0\nevent: estimate\n")
+    data = json.loads(message.split("data: ", 1)[1])
+    assert data["in"] == "in ~12 min, likely 8-20 min" and data["queue_position"] == 3
+    assert "(in ~12 min)" in data["reason"] and len(data["estimated_start_window"]) == 2
+    assert list(estimate_event(subscriber, job, Cursor())) == []  # unchanged: not sent again

@@ -1,4 +1,5 @@
-"""The words of honest waiting (API.md "Honest waiting"): times as ISO 8601 with the relative time
+"""The words of honest waiting (API.md "Honest waiting"), pure (no Django: the job page, the
+API's serializer, the event stream and the dispatcher all use it): times as ISO 8601 with the relative time
 beside them, added when a job is read (the stored reason holds only the absolute time, so it
 does not change, and is not written again, as the clock moves).
 
@@ -11,7 +12,10 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 
-from django.utils import timezone
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
 
 # "2026-12-06T17:11Z" or "2026-12-06T17:11:05Z" (what reasons write), not already followed by a
 # relative time in brackets.
@@ -39,7 +43,7 @@ def _span(seconds: float) -> tuple[float, str]:
 
 
 def relative(at: datetime, now: datetime | None = None) -> str:
-    now = now or timezone.now()
+    now = now or _now()
     seconds = (at - now).total_seconds()
     if abs(seconds) < 5:
         return "now"
@@ -62,7 +66,7 @@ def with_relative(text: str, now: datetime | None = None) -> str:
     min)"."""
     if not text or "T" not in text:
         return text
-    now = now or timezone.now()
+    now = now or _now()
 
     def add(match: re.Match) -> str:
         at = _parse(match.group(1))
@@ -80,7 +84,7 @@ def window_words(
     """ "in ~12 min, likely 8-20 min" (the estimate and its window from now), "" without one."""
     if start is None:
         return ""
-    now = now or timezone.now()
+    now = now or _now()
     words = relative(start, now)
     if earliest is not None and latest is not None and latest > earliest:
         low = max((earliest - now).total_seconds(), 0)
