@@ -9,7 +9,8 @@ Method (docs/scheduling.md, "Start estimates"):
 - The runtime predictor (`Predictor`): the durations of a user's last successful runs of the
   same template (of any user when the user has fewer than MIN_RUNS), at most
   `max_runtime_seconds`; a running job's end is taken from the runs longer than it has already
-  run (none left: its limit). Three runs of the forecast, at the predictor's QUANTILES, give
+  run (none left: about as long again as it ran, the Lindy rule, within its limit; no history
+  at all: its limit). Three runs of the forecast, at the predictor's QUANTILES, give
   the window (earliest, latest) and the estimate (the median run). Without history a job is
   predicted to run to its limit (the window opens at a quarter of it).
 - Made in a dispatcher pass when what it depends on changed (the queue's heads, the running
@@ -37,7 +38,14 @@ from django.utils import timezone
 from apps.admission import fit
 from apps.jobs.models import AttemptState, Job, JobAttempt, JobState
 from apps.scheduling.core import policy, waiting
-from apps.scheduling.core.forecast import MIN_RUNS, QUANTILES, Plan, forecast, quantile
+from apps.scheduling.core.forecast import (
+    MIN_RUNS,
+    QUANTILES,
+    Plan,
+    beyond_history,
+    forecast,
+    quantile,
+)
 from apps.scheduling.kept import ClusterSnapshot
 
 log = logging.getLogger(__name__)
@@ -115,10 +123,13 @@ class Predictor:
         self, q: float, user: int, template: int | None, limit: float, elapsed: float
     ) -> float:
         """How much longer a job that has run `elapsed` seconds runs, at quantile q."""
-        longer = [s for s in self.samples(user, template) if s > elapsed]
-        if not longer:
-            left = max(0.0, limit - elapsed)  # no history, or it ran longer than all of it
+        samples = self.samples(user, template)
+        longer = [s for s in samples if s > elapsed]
+        left = max(0.0, limit - elapsed)
+        if not samples:  # no history: to its limit (a quarter of what is left, early)
             return left if q >= 0.5 else left * 0.25
+        if not longer:  # it outlived its history: about as long again, within its limit
+            return min(left, beyond_history(q, elapsed))
         return max(0.0, min(limit, quantile(longer, q)) - elapsed)
 
 

@@ -180,6 +180,17 @@ def _busy_beyond_running(scheduler: Scheduler, cluster: PolicyCluster) -> None:
             view.take(name, view.free[name] - usable)
 
 
+# A job that has run longer than every run the history holds: it is expected to run about as long
+# again (the Lindy rule), a quarter of that early, three times that late.
+SURVIVOR = {True: 0.25, False: 3.0}
+
+
+def beyond_history(q: float, elapsed: float) -> float:
+    """How much longer a job runs at quantile q once it outlived all the history it has."""
+    factor = 1.0 if q == 0.5 else SURVIVOR[q < 0.5]
+    return max(60.0, factor * elapsed)
+
+
 def quantile(samples: list[float], q: float) -> float:
     """The q-quantile (0..1) of sorted `samples` by linear interpolation."""
     if not samples:
@@ -192,4 +203,4 @@ def quantile(samples: list[float], q: float) -> float:
     return samples[low] + (samples[high] - samples[low]) * (at - low)
 
 
-__all__ = ["MIN_RUNS", "QUANTILES", "Plan", "copy_cluster", "forecast", "quantile"]
+__all__ = ["MIN_RUNS", "QUANTILES", "beyond_history", "Plan", "copy_cluster", "forecast", "quantile"]

@@ -24,7 +24,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from apps.scheduling.core.forecast import MIN_RUNS, QUANTILES, forecast, quantile
+from apps.scheduling.core.forecast import (
+    MIN_RUNS,
+    QUANTILES,
+    beyond_history,
+    forecast,
+    quantile,
+)
 from apps.scheduling.core.policy import TenantUsage
 
 HISTORY = 50
@@ -86,9 +92,12 @@ class PlanErrorHook:
         return quantile(samples, q) if samples else NO_HISTORY_S
 
     def remaining(self, q: float, tenant: str, elapsed: float) -> float:
-        longer = [s for s in self.samples(tenant) if s > elapsed]
+        samples = self.samples(tenant)
+        longer = [s for s in samples if s > elapsed]
+        if not samples:
+            return max(NO_HISTORY_S - elapsed, 0.0) if q >= 0.5 else 0.0
         if not longer:
-            return max(NO_HISTORY_S - elapsed, 60.0) if q >= 0.5 else 60.0
+            return beyond_history(q, elapsed)
         return quantile(longer, q) - elapsed
 
     def arrived(self, sim: Any, job: Any, t: float) -> None:
