@@ -67,9 +67,11 @@ class _Cache:
 def shapes(fresh: bool = False) -> list[Shape]:
     with _Cache.lock:
         stale = _Cache.shapes is None or time.monotonic() - _Cache.loaded_at > FIT_SECONDS
-        if fresh or stale:
-            _Cache.shapes, _Cache.loaded_at = _load(), time.monotonic()
-        return _Cache.shapes
+        found = _Cache.shapes
+        if found is None or fresh or stale:
+            found = _Cache.shapes = _load()
+            _Cache.loaded_at = time.monotonic()
+        return found
 
 
 def forget() -> None:

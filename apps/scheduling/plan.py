@@ -31,6 +31,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 from django.db.models import Q
 from django.utils import timezone
@@ -85,6 +86,8 @@ class Predictor:
         runs: dict[tuple, list[float]] = defaultdict(list)
         of_template: dict[int | None, list[float]] = defaultdict(list)
         for user, template, started, ended in rows:
+            if started is None or ended is None:
+                continue
             seconds = max(0.0, (ended - started).total_seconds())
             if len(runs[user, template]) < 50:
                 runs[user, template].append(seconds)
@@ -171,9 +174,9 @@ class Planner:
     def make(self, now: datetime, jobs: dict[str, Job], snapshot: ClusterSnapshot,
              queued: list[policy.QueuedJob], tiers, usage, config, held,
              arriving: list[policy.ArrivingNode], facts: dict | None = None,
-             runs: dict | None = None) -> None:  # fmt: skip
+             history: dict | None = None) -> None:  # fmt: skip
         """Plan, if due, from the pass's inputs (before `decide` changes the cluster). `facts`:
-        the running jobs' (user, template, limit) as the kept state read them; `runs`: the run
+        the running jobs' (user, template, limit) as the kept state read them; `history`: the run
         lengths of its usage window (kept.Kept.runs)."""
         key = (
             frozenset(job.job_id for job in queued),
@@ -190,7 +193,7 @@ class Planner:
         planned = [job for job in queued if job.job_id in jobs]
         at = now.timestamp()
         self._learn(jobs, snapshot, facts or {})
-        predictor = self._predictor_for(jobs, runs)
+        predictor = self._predictor_for(jobs, history)
 
         def end_of(job: policy.RunningJob, q: float) -> float:
             about = self._about.get(_key(job.job_id))
@@ -218,8 +221,8 @@ class Planner:
                 config=config,
                 held_reservation=held,
                 arriving=arriving,
-                end_of=lambda job, q=q: end_of(job, q),
-                runtime_of=lambda job, q=q: runtime_of(job, q),
+                end_of=partial(end_of, q=q),
+                runtime_of=partial(runtime_of, q=q),
                 max_events=MAX_EVENTS,
             )  # fmt: skip
             for q in QUANTILES
@@ -317,7 +320,7 @@ class Planner:
             if not reason.startswith("needs "):  # the policy's "more than the cluster can offer"
                 return reason
             states = fit.only_unready(fit.shapes(), gpus=job.gpus,
-                                      sku=job.gpu_sku.name if job.gpu_sku_id else None,
+                                      sku=job.gpu_sku.name if job.gpu_sku else None,
                                       selector=job.node_selector or {})  # fmt: skip
             if states:
                 return f"only a {states} node could run it: waiting for one to take work again"

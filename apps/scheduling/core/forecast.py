@@ -113,9 +113,9 @@ def forecast(
         seq += 1
         heapq.heappush(events, (t, kind, seq, payload))
 
-    for job in [replace(job) for job in running]:  # copies: the scheduler changes them
-        scheduler.restore_running(job)
-        push(max(now, min(end_of(job), job.est_end)), _END, job.job_id)
+    for held in [replace(job) for job in running]:  # copies: the scheduler changes them
+        scheduler.restore_running(held)
+        push(max(now, min(end_of(held), held.est_end)), _END, held.job_id)
     _busy_beyond_running(scheduler, world)
     scheduler.reset_usage(now)
     for tenant, usage in (tenant_usage or {}).items():
@@ -125,9 +125,9 @@ def forecast(
         scheduler.submit(replace(job))
     scheduler.hold(list(held_reservation))
     order = tuple(job.job_id for job in scheduler._order(now))
-    pending_nodes = sorted(arriving, key=lambda node: node.ready_at)
-    for number, node in enumerate(pending_nodes):
-        push(max(now, node.ready_at), _NODE, (f"arriving-{number}", node))
+    pending_nodes = sorted(arriving, key=lambda coming: coming.ready_at)
+    for number, coming in enumerate(pending_nodes):
+        push(max(now, coming.ready_at), _NODE, (f"arriving-{number}", coming))
     scheduler.arriving = list(pending_nodes)
     starts: dict[str, float] = {}
     on_new_node: dict[str, float] = {}
@@ -157,11 +157,11 @@ def forecast(
             _, kind, _, payload = heapq.heappop(events)
             if kind == _END and payload in scheduler.running:
                 scheduler.finish(str(payload), t)
-            elif kind == _NODE:
-                name, node = payload  # type: ignore[misc]
-                scheduler.add_node(Node(name, node.gpus, node.gpu_model))
-                added[name] = t
-                scheduler.arriving = [n for n in scheduler.arriving if n is not node]
+            elif kind == _NODE and isinstance(payload, tuple):
+                name, arrived = payload
+                scheduler.add_node(Node(str(name), arrived.gpus, arrived.gpu_model))
+                added[str(name)] = t
+                scheduler.arriving = [n for n in scheduler.arriving if n is not arrived]
     return Plan(starts, on_new_node, cut=len(starts) < len(queue), order=order)
 
 
@@ -203,4 +203,12 @@ def quantile(samples: list[float], q: float) -> float:
     return samples[low] + (samples[high] - samples[low]) * (at - low)
 
 
-__all__ = ["MIN_RUNS", "QUANTILES", "beyond_history", "Plan", "copy_cluster", "forecast", "quantile"]
+__all__ = [
+    "MIN_RUNS",
+    "QUANTILES",
+    "beyond_history",
+    "Plan",
+    "copy_cluster",
+    "forecast",
+    "quantile",
+]

@@ -98,7 +98,9 @@ class Reservations:
         # (level, GPU models) -> the heads at or above that level on nodes of those models
         self._binding: dict[tuple[int, tuple[str, ...]], list[Reservation]] = {}
         self.failed: FailedShapes = {}
-        self._filtered: dict[tuple, set[str]] = {}  # (selector, tolerations) -> unusable nodes
+        self._filtered: dict[
+            tuple[object, ...], set[str]
+        ] = {}  # (selector, tolerations) -> unusable nodes
         self._all_nodes: list[Node] | None = None
 
     def load(self) -> None:

@@ -68,7 +68,7 @@ def with_relative(text: str, now: datetime | None = None) -> str:
         return text
     now = now or _now()
 
-    def add(match: re.Match) -> str:
+    def add(match: re.Match[str]) -> str:
         at = _parse(match.group(1))
         return f"{match.group(1)} ({relative(at, now)})" if at else match.group(1)
 

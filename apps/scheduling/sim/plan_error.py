@@ -21,6 +21,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +32,7 @@ from apps.scheduling.core.forecast import (
     forecast,
     quantile,
 )
-from apps.scheduling.core.policy import TenantUsage
+from apps.scheduling.core.policy import QueuedJob, RunningJob, TenantUsage
 
 HISTORY = 50
 NO_HISTORY_S = 3600.0
@@ -115,13 +116,19 @@ class PlanErrorHook:
             for tenant, use in scheduler._tenant_usage.items()
             if tenant in scheduler._tenant_tier
         }  # fmt: skip
-        starts = []
+        starts: list[float | None] = []
+
+        def ends(q: float) -> Callable[[RunningJob], float]:
+            return lambda r: t + self.remaining(q, tenant_of[r.job_id], t - r.started_at)
+
+        def lengths(q: float) -> Callable[[QueuedJob], float]:
+            return lambda j: self.runtime(q, j.tenant)
+
         for q in QUANTILES:
             plan = forecast(
                 t, sim.cluster, list(scheduler.queued.values()), list(scheduler.running.values()),
                 scheduler.tiers, usage, config=scheduler.config, held_reservation=scheduler._held,
-                end_of=lambda r, q=q: t + self.remaining(q, tenant_of[r.job_id], t - r.started_at),
-                runtime_of=lambda j, q=q: self.runtime(q, j.tenant),
+                end_of=ends(q), runtime_of=lengths(q),
                 max_events=self.max_events, strategy=sim.settings.strategy, until=job.job_id,
             )  # fmt: skip
             starts.append(plan.starts.get(job.job_id))
