@@ -122,3 +122,19 @@ def test_the_event_stream_sends_the_estimate_in_words_when_it_changes():
     assert data["in"] == "in ~12 min, likely 8-20 min" and data["queue_position"] == 3
     assert "(in ~12 min)" in data["reason"] and len(data["estimated_start_window"]) == 2
     assert list(estimate_event(subscriber, job, Cursor())) == []  # unchanged: not sent again
+
+
+def test_a_job_only_a_draining_node_could_run_waits_and_says_so(people):
+    from apps.admission import fit
+    from apps.nodes.models import Node, NodeState
+    from tests.factories import make_node
+
+    big = make_node("big", "H100-80GB", 16)
+    Node.objects.filter(pk=big.pk).update(state=NodeState.DRAINING)
+    fit.forget()
+    job = people["bob"].post("/api/v1/jobs/", {**TRAIN, "gpus": 16}, format="json")
+    assert job.status_code == 201, job.content
+    replan()
+    shown = people["bob"].get(f"/api/v1/jobs/{job.json()['id']}/").json()
+    assert shown["state"] == "queued" and shown["estimated_start_at"] is None
+    assert shown["reason"].startswith("only a draining node could run it"), shown["reason"]
