@@ -31,7 +31,6 @@ class SimJob:
     submit: float
     duration: float  # work, in seconds, at its full size
     gpus_total: int  # as the trace asks
-    user: str = ""  # the trace's `user` column, where it has one (API.md "Simulator")
     tenant: str = ""
     tier: str = ""
     gpus: int = 0  # per node, after fitting the trace's size to the cluster's nodes
@@ -47,6 +46,8 @@ class SimJob:
     seg_start: float = 0.0
     seg_progress_from: float = 0.0
     seg_nodes: str = ""
+    user: str = ""  # the trace's `user` column, where it has one (API.md "Simulator"); last, so
+    # the positional fields above keep their places
 
 
 def traces_dir() -> Path:
