@@ -7,7 +7,8 @@ function the dispatcher calls), with running jobs ending and queued jobs running
 runtime predictor gives. The predictor is the platform's (apps/scheduling/plan.py `Predictor`),
 on what the simulator knows: the lengths of the arriving tenant's finished runs (a trace's user
 stands for the platform's user + template), else anyone's, at least MIN_RUNS; with none, one
-hour. Three forecasts at the predictor's quantiles give the estimate (median) and the window
+hour for a queued job, and for a running one about as long again as it has run, at least an hour
+(the traces carry no limit to bound it, as `max_runtime_seconds` does on the platform). Three forecasts at the predictor's quantiles give the estimate (median) and the window
 (the early and late runs). The simulator's policy itself keeps its own view of runtimes; only
 the predicted world differs from the true one.
 
@@ -95,8 +96,8 @@ class PlanErrorHook:
     def remaining(self, q: float, tenant: str, elapsed: float) -> float:
         samples = self.samples(tenant)
         longer = [s for s in samples if s > elapsed]
-        if not samples:
-            return max(NO_HISTORY_S - elapsed, 0.0) if q >= 0.5 else 0.0
+        if not samples:  # nothing finished yet: an hour, or as long again as it ran (Lindy)
+            return beyond_history(q, max(elapsed, NO_HISTORY_S))
         if not longer:
             return beyond_history(q, elapsed)
         return quantile(longer, q) - elapsed
