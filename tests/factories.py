@@ -87,3 +87,15 @@ def bulk_queued_jobs(count: int, **fields) -> None:
         }
 
     fast_insert(Job, count, vary, name="bulk", created_at=start, **fields)
+
+
+def park_node(gpus: int = 64, sku: str = "H100-80GB") -> Node:
+    """A cordoned node of `gpus` GPUs: a job that big could run some day, so a submit of it is
+    accepted (one no node could ever fit is a 400, apps/admission/fit.py), and it stays queued."""
+    from apps.admission import fit
+    from apps.nodes.models import NodeState
+
+    node = make_node(f"parked-{gpus}", sku, gpus)
+    Node.objects.filter(pk=node.pk).update(state=NodeState.CORDONED)
+    fit.forget()
+    return node

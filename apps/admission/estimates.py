@@ -26,7 +26,7 @@ from typing import NamedTuple
 from django.db.models import Count
 from django.utils import timezone
 
-from apps.admission import rows
+from apps.admission import fit, rows
 from apps.jobs.models import ATTEMPT_ACTIVE, AttemptState, GpuAllocation, Job, JobAttempt, JobState
 from apps.jobs.queue_order import sort_key, tier_key
 from apps.nodes.models import Gpu, GpuHealth, NodeState
@@ -344,9 +344,10 @@ def _not_past(moment: datetime | None) -> datetime | None:
 
 
 def forget() -> None:
-    """Drop the process's reused replay and queue counts (tests)."""
+    """Drop the process's reused replay, queue counts and nodes' shapes (tests)."""
     _shared.estimator = None
     _long.counts = None
+    fit.forget()
 
 
 def _capacity() -> dict[str, int]:

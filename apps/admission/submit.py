@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from rest_framework.exceptions import PermissionDenied, ValidationError
 
-from apps.admission import arrays
+from apps.admission import arrays, fit
 from apps.admission.services import Admission, submitter
 from apps.bundles import services as bundles
 from apps.jobs.models import Job, JobArray
@@ -74,6 +74,7 @@ def submit_job(*, user, body, idempotency_key: str | None, membership: Membershi
             body, named=getattr(membership, "named", None)
         )  # JobSubmitSerializer's rules
         check_own_code(membership.tenant, data)
+        fit.check(data)  # a 400 for what no node could ever run (apps/admission/fit.py)
         spec = spec_from(data, default_tier=membership.tenant.tier)
         depends_on = data.get("depends_on") or []
         if data.get("array") is not None:  # one request, one rate-limit token, whatever its size

@@ -33,12 +33,16 @@ from apps.jobs.arrays import ENDED_KIND as ARRAY_ENDED  # a job array's end
 from apps.jobs.models import JOB_TERMINAL, Job, JobEvent, JobState
 from apps.platform import events
 from apps.platform.names import GPU_IDLE_KIND  # a job's GPUs sat idle (apps/telemetry/idle.py)
+from apps.scheduling.core import waiting
 
 logger = logging.getLogger(__name__)
 
+ESTIMATE_FIELDS = ("planned_start_at", "planned_start_earliest", "planned_start_latest",
+                   "planned_position", "planned_at")  # fmt: skip
 POLL_SECONDS = 0.5
 LOG_CHUNK_BYTES = 64 * 1024
-JOB_FIELDS = ("pk", "state", "progress", "attempts_count", "exit_code")
+JOB_FIELDS = ("pk", "state", "progress", "attempts_count", "exit_code", "reason",
+              *ESTIMATE_FIELDS)  # fmt: skip
 END = None  # put on a stream's queue after its last message
 STREAMED = ("state", ARRAY_ENDED, GPU_IDLE_KIND)
 GPU_BACKLOG_SECONDS = 30
@@ -76,6 +80,7 @@ class Subscriber:
     slot: stream_slots.Slot | None = None
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     progress: object = field(default=None)
+    estimate: tuple = ()  # the queued job's plan and reason when this stream last sent them
     seen_event: int = -1  # the job's newest state event when this stream last read events
     seen_log: tuple = ()  # (attempts, size of the current attempt's log) when it last read logs
     # GPU samples sent up to here (Unix time): a new stream starts a little before it opened
@@ -215,6 +220,8 @@ def messages_for(
         subscriber.seen_event = newest_event
         if newest_event > cursor.event_id:
             yield from state_events(subscriber.job_id, cursor)
+    if job["state"] == JobState.QUEUED:
+        yield from estimate_event(subscriber, job, cursor)
     if job["progress"] != subscriber.progress:
         subscriber.progress = job["progress"]
         yield sse("progress", {"progress": job["progress"], "state": job["state"]}, cursor)
@@ -233,6 +240,28 @@ def messages_for(
             subscriber.seen_log = ()  # it stopped at a chunk: read on next tick
     if terminal:
         yield sse("end", {"state": job["state"], "exit_code": job["exit_code"]}, cursor)
+
+
+def estimate_event(subscriber: Subscriber, job: dict, cursor: Cursor) -> Iterator[str]:
+    """`estimate`: a queued job's start estimate from the dispatcher's plan (apps/scheduling/
+    plan.py), as a time and in words ("in ~12 min, likely 8-20 min"), with its queue position
+    and reason, whenever one of them changes."""
+    mark = (job["reason"], *(job[name] for name in ESTIMATE_FIELDS))
+    if mark == subscriber.estimate or job["planned_at"] is None:
+        return
+    subscriber.estimate = mark
+    start, earliest, latest = (
+        job[f"planned_start_{part}"] for part in ("at", "earliest", "latest")
+    )
+    stamp = waiting.iso
+    yield sse("estimate", {
+        "estimated_start_at": stamp(start) if start else None,
+        "estimated_start_window": [stamp(earliest) if earliest else None,
+                                   stamp(latest) if latest else None] if start else None,
+        "in": waiting.window_words(start, earliest, latest),
+        "queue_position": job["planned_position"],
+        "reason": waiting.with_relative(job["reason"]),
+    }, cursor)  # fmt: skip
 
 
 def state_events(job_id, cursor: Cursor) -> Iterator[str]:

@@ -229,6 +229,14 @@ class Job(models.Model):
     # dispatcher, the start estimate and the queue positions leave it out until it is released.
     has_dependencies = models.BooleanField(default=False)
     held_by_dependencies = models.BooleanField(default=False)
+    # The dispatcher's plan for a queued job (apps/scheduling/plan.py, API.md "Honest waiting"):
+    # its start if every job runs its predicted length, the window of the predictor's quantiles,
+    # its place in the order the plan starts jobs, and when the plan was made (null: none yet).
+    planned_start_at = models.DateTimeField(null=True, blank=True)
+    planned_start_earliest = models.DateTimeField(null=True, blank=True)
+    planned_start_latest = models.DateTimeField(null=True, blank=True)
+    planned_position = models.PositiveIntegerField(null=True, blank=True)
+    planned_at = models.DateTimeField(null=True, blank=True)
 
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)

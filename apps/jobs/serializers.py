@@ -34,6 +34,7 @@ from apps.jobs.own_code import (
 from apps.jobs.params import ParamsError, validate_params
 from apps.jobs.services import SPEC_FIELDS, JobSpec
 from apps.nodes.models import GpuSku
+from apps.scheduling.core import waiting
 from apps.scheduling.dispatcher import queue_position
 from apps.tenants.models import Tier
 
@@ -414,6 +415,7 @@ class JobSerializer(serializers.ModelSerializer):
     template = serializers.CharField(source="template.name", allow_null=True, default=None)
     queue_position = serializers.SerializerMethodField()
     estimated_start_at = serializers.SerializerMethodField()
+    estimated_start_window = serializers.SerializerMethodField()
     attempts = AttemptSerializer(many=True)
     depends_on = serializers.SerializerMethodField()
 
@@ -423,7 +425,7 @@ class JobSerializer(serializers.ModelSerializer):
             "id", "name", "tenant", "user", "tier", "state", "progress", "gpus", "nodes", "gpu_sku",
             "node_selector", "template", "params", "command", "max_runtime_seconds", "checkpointable",
             "cacheable", "created_at", "started_at", "finished_at", "queue_position",
-            "estimated_start_at", "reason", "cache_hit", "exit_code", "attempts", "retry_on_failure",
+            "estimated_start_at", "estimated_start_window", "reason", "cache_hit", "exit_code", "attempts", "retry_on_failure",
             "not_before", "memory_mib", "pids_max", "cpu_weight", "bundle", "env", "secrets", "python",
             "array", "array_index", "depends_on", "image", "image_pull_secret", "image_digest",
             "interactive", "idle_timeout_minutes",
@@ -438,7 +440,27 @@ class JobSerializer(serializers.ModelSerializer):
         """As submitted, each with its state (apps/jobs/dependencies.py)."""
         return dependencies.depends_on(job)
 
+    def to_representation(self, instance):
+        data = super().to_representation(instance)
+        if data.get("state") == JobState.QUEUED and data.get("reason"):
+            data["reason"] = waiting.with_relative(data["reason"])  # "... (in ~12 min)"
+        return data
+
+    @extend_schema_field({"type": "array", "items": {"type": "string", "format": "date-time",
+                          "nullable": True}, "nullable": True})  # fmt: skip
+    def get_estimated_start_window(self, job: Job):
+        """[earliest, latest] from the dispatcher's plan (apps/scheduling/plan.py); null without
+        one (latest null when the late run of the plan could not say)."""
+        if job.state != JobState.QUEUED or job.planned_at is None or not job.planned_start_at:
+            return None
+        field = serializers.DateTimeField()
+        earliest, latest = job.planned_start_earliest, job.planned_start_latest
+        return [field.to_representation(earliest) if earliest else None,
+                field.to_representation(latest) if latest else None]  # fmt: skip
+
     def get_queue_position(self, job: Job) -> int | None:
+        if job.state == JobState.QUEUED and job.planned_at is not None and job.planned_position:
+            return job.planned_position  # the plan's order (apps/scheduling/plan.py)
         positions = self.context.get("queue_positions")
         if positions is not None:
             return positions.get(job.pk)
@@ -450,6 +472,10 @@ class JobSerializer(serializers.ModelSerializer):
         One estimator per response: a list shares it across its jobs."""
         if job.state != "queued" or job.held_by_dependencies:
             return None
+        if job.planned_at is not None:  # the dispatcher's plan, as stored (apps/scheduling/plan.py)
+            start = job.planned_start_at
+            return serializers.DateTimeField().to_representation(start) if start else None
+        # Until the first plan that includes the job (the pass its submit asks for): the replay.
         if "estimator" not in self.context:
             self.context["estimator"] = Estimator.load()
         estimate = self.context["estimator"].estimate(job)
@@ -611,7 +637,7 @@ def _task_shape(array: JobArray) -> dict:
         "created_at": None, "started_at": None,
         "finished_at": _DATETIME.to_representation(ended) if (ended := (
             cancelled or (array.ended_at if array.failed_reason else None))) else None,
-        "queue_position": None, "estimated_start_at": None,
+        "queue_position": None, "estimated_start_at": None, "estimated_start_window": None,
         "reason": array.failed_reason if array.failed_reason else "array cancelled" if cancelled else
         dependencies.array_waiting_reason(array) if array.held_by_dependencies else
         "waiting: a task of its array, to be queued as a job when the dispatcher can start it",

@@ -166,3 +166,16 @@ def autoscale_tick() -> None:
         autoscale_once()
     finally:
         lock.release()
+
+
+def pool_shapes() -> list:
+    """The node shapes the autoscale policies may add (apps/admission/fit.py's `pools_from`):
+    a submit only those could fit is not refused."""
+    from apps.admission.fit import AUTOSCALED, Shape
+
+    return [
+        Shape(sku, gpus, AUTOSCALED, labels or {})
+        for sku, gpus, labels in AutoscalePolicy.objects.exclude(mode=AutoscaleMode.OFF)
+        .filter(max_nodes__gt=0)
+        .values_list("sku__name", "gpus_per_node", "labels")
+    ]

@@ -37,8 +37,8 @@ from apps.jobs.services import JobPlacement, MemberPlacement, job_preempt, jobs_
 from apps.nodes.models import Gpu, GpuHealth, GpuSku, Node, NodeState
 from apps.platform.errors import ServiceError
 from apps.platform.retry import retried
-from apps.scheduling import core, kept, publish
-from apps.scheduling.core import policy
+from apps.scheduling import core, kept, plan, publish
+from apps.scheduling.core import policy, waiting
 from apps.scheduling.kept import HELD, ClusterSnapshot, epoch, tolerations_of
 from apps.scheduling.models import ProvisionRequest, ProvisionState
 from apps.scheduling.redis import client
@@ -358,10 +358,14 @@ def dispatch_once() -> DispatchResult:
         snapshot = state.snapshot(placement_strategy(jobs.values()))
         _drop_moved(jobs, snapshot)
         held = _held_reservations(jobs)
+        queued, arriving = [queued_job(job) for job in jobs.values()], arriving_nodes()
+        usage = kept.KEPT.usage(state, now, config.half_life_s)
+        facts = kept.job_facts(state)
+        _plan(lambda: plan.PLANNER.make(now, jobs, snapshot, queued, tiers, usage, config, held,
+                                        arriving, facts, kept.KEPT.runs()))  # fmt: skip
         decisions = policy.decide(
-            epoch(now), snapshot.cluster, [queued_job(job) for job in jobs.values()], snapshot.running,
-            tiers, kept.KEPT.usage(state, now, config.half_life_s), config=config, held_reservation=held,
-            arriving=arriving_nodes(),
+            epoch(now), snapshot.cluster, queued, snapshot.running, tiers, usage, config=config,
+            held_reservation=held, arriving=arriving,
         )  # fmt: skip
         _apply(list(decisions), jobs, gate, snapshot, result, held)
     except BaseException:
@@ -373,6 +377,15 @@ def dispatch_once() -> DispatchResult:
         log.info("dispatch: placed %d, preempted %d, %d waiting, %.3fs", len(result.placed), len(result.preempted),
                  result.waiting, result.seconds)  # fmt: skip
     return result
+
+
+def _plan(step) -> None:
+    """The start plan (apps/scheduling/plan.py) is an answer to users, never a reason for a pass
+    to fail: an error in it is logged and the pass goes on."""
+    try:
+        step()
+    except Exception:
+        log.exception("the start plan failed; estimates keep their last values")
 
 
 def _apply(decisions, jobs: dict[str, Job], gate: DispatchGate, snapshot: ClusterSnapshot,
@@ -491,7 +504,7 @@ def _reservation_reason(decision: policy.Reserve) -> str:
     clock plus its limit, and in the next pass (read back from its attempt's row) at the row's
     insert time plus its limit, some milliseconds later; each change is a write and an event."""
     nodes = ", ".join(decision.nodes[:4]) + (", ..." if len(decision.nodes) > 4 else "")
-    held = f"first in line: {nodes} held for it from {_utc(decision.at)}"
+    held = f"first in line: {nodes} held for it from {_utc(decision.at)} at the latest"
     if not decision.shortage:  # decided without `explain`: the policy said only "reserved"
         return f"{held}; {decision.reason}"
     return (
@@ -501,7 +514,8 @@ def _reservation_reason(decision: policy.Reserve) -> str:
 
 
 def _utc(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, tz=UTC).strftime("%Y-%m-%d %H:%M UTC")
+    """ISO 8601 to the minute (the reader adds the relative time: apps/admission/waiting.py)."""
+    return waiting.iso_minute(datetime.fromtimestamp(epoch, tz=UTC))
 
 
 def _set_reason(reasons: dict[str, tuple[Job, str]], job: Job, reason: str) -> None:
@@ -511,29 +525,62 @@ def _set_reason(reasons: dict[str, tuple[Job, str]], job: Job, reason: str) -> N
 
 def _write_reasons(reasons: dict[str, tuple[Job, str]]) -> None:
     """One UPDATE per `REASON_BATCH` changed reasons, each guarded as a job's own update was
-    (still queued, same version): a pass over a long queue writes only what changed."""
-    changed = [(job, reason) for job, reason in reasons.values() if job.reason != reason]
+    (still queued, same version): a pass over a long queue writes only what changed. The words
+    and the start estimate come from the plan (apps/scheduling/plan.py) and are written together:
+    a job whose estimate changed is written even where its reason did not."""
+    planner, at = plan.PLANNER, timezone.now()
+    changed = []
+    for job, reason in reasons.values():
+        worded = planner.worded(job, reason)[:300]
+        estimate = planner.changed(job)
+        if job.reason != worded or estimate is not None:
+            changed.append((job, worded, estimate))
     for start in range(0, len(changed), REASON_BATCH):
         batch = changed[start : start + REASON_BATCH]
-        _update_reasons(batch)
-        for job, reason in batch:
+        _update_reasons(batch, at)
+        for job, reason, estimate in batch:
             job.reason = reason
+            if estimate is not None:
+                planner.stored(job, estimate, at)
 
 
-def _update_reasons(batch: list[tuple[Job, str]]) -> None:
-    """One `UPDATE ... FROM (VALUES (id, version, reason), ...)`, guarded (still queued, same
-    version). The ORM's CASE of 500 WHENs took 0.5 s of a pass's CPU to build for 1,000 new
-    jobs' reasons; this statement is one string."""
+_PLANNED = ("planned_start_at", "planned_start_earliest", "planned_start_latest",
+            "planned_position", "planned_at")  # fmt: skip
+
+
+def _update_reasons(batch: list[tuple[Job, str, plan.Estimate | None]], at) -> None:
+    """One `UPDATE ... FROM (VALUES (id, version, reason, plan...), ...)`, guarded (still queued,
+    same version). The ORM's CASE of 500 WHENs took 0.5 s of a pass's CPU to build for 1,000 new
+    jobs' reasons; this statement is one string. A job whose estimate did not change keeps its
+    stored one (written back as read)."""
     table = connection.ops.quote_name(Job._meta.db_table)
     pk = Job._meta.pk
     assert pk is not None
-    rows = ", ".join(["(%s, %s, %s)"] * len(batch))
+    typed = connection.vendor == "postgresql"  # a VALUES list's NULLs need a type there
+    stamp, number = ("%s::timestamptz", "%s::integer") if typed else ("%s", "%s")
+    row = f"(%s, %s, %s, {stamp}, {stamp}, {stamp}, {number}, {stamp})"
+    rows = ", ".join([row] * len(batch))
     params: list = []
-    for job, reason in batch:
-        params += [pk.get_db_prep_value(job.pk, connection), job.version, reason]
+    moment = connection.ops.adapt_datetimefield_value
+    for job, reason, estimate in batch:
+        if estimate is not None:
+            plan_values = [
+                estimate.start,
+                estimate.earliest,
+                estimate.latest,
+                estimate.position,
+                at,
+            ]
+        else:
+            plan_values = [getattr(job, name) for name in _PLANNED]
+        stamps = [moment(v) if i != 3 else v for i, v in enumerate(plan_values)]
+        params += [pk.get_db_prep_value(job.pk, connection), job.version, reason, *stamps]
+    sets = ", ".join(
+        f'"{name}" = v.column{index}' for index, name in enumerate(("reason", *_PLANNED), 3)
+    )
     with connection.cursor() as cursor:
         cursor.execute(  # a VALUES list's columns are column1, column2, ... (both databases)
-            f'UPDATE {table} SET "reason" = v.column3 FROM (VALUES {rows}) AS v '
+            f"UPDATE {table} SET {sets} FROM (VALUES {rows}) AS v "
             f'WHERE {table}."id" = v.column1 AND {table}."version" = v.column2 '
             f'AND {table}."state" = %s',
             [*params, JobState.QUEUED.value],

@@ -72,7 +72,7 @@ _ATTEMPT_FIELDS = (
     "pk", "state", "started_at", "created_at", "checkpoint_at", "preempted_for", "job_id",
     "job__state", "job__tenant__slug", "job__tenant__allow_commands", "job__tier__name",
     "job__tier__preemption_grace_seconds", "job__max_runtime_seconds", "job__preemption_count",
-    "job__gpu_sku__name", "job__node_selector", "job__command",
+    "job__gpu_sku__name", "job__node_selector", "job__command", "job__user_id", "job__template_id",
 )  # fmt: skip
 
 
@@ -109,6 +109,9 @@ class Holding:
     allocations: frozenset[tuple[int, int]]  # (GpuAllocation pk, Gpu pk)
     versions: tuple[int, int]  # the attempt's and its job's, as the allocations were read
     stop_grace_s: float | None  # stopping: it releases its GPUs within this (tier grace)
+    # The job's user, template and max_runtime_seconds: the start plan's runtime predictor
+    # (apps/scheduling/plan.py) needs them, and this read already has the job's row.
+    facts: tuple[int, int | None, float] | None = None
 
 
 @dataclass
@@ -321,6 +324,15 @@ class State:
         return _running_of(self) == _running_of(other)
 
 
+def job_facts(state: State) -> dict[str, tuple[int, int | None, float]]:
+    """{job id: (user id, template id, max_runtime_seconds)} of the jobs holding GPUs."""
+    return {
+        held.running.job_id: held.facts
+        for held in state.holdings.values()
+        if held.facts is not None and not held.running.job_id.startswith(HELD)
+    }
+
+
 def _running_of(state: State) -> dict[int, tuple]:
     out = {}
     for pk, held in state.holdings.items():
@@ -334,7 +346,8 @@ def _running_of(state: State) -> dict[int, tuple]:
 
 def _holding(row: tuple, by_node: dict[str, list[int]], now, allocations, versions) -> Holding:
     (pk, state, started_at, created_at, checkpoint_at, preempted_for, job_id, job_state, tenant,
-     allow_commands, tier, grace_s, max_runtime, preemptions, sku, selector, command) = row  # fmt: skip
+     allow_commands, tier, grace_s, max_runtime, preemptions, sku, selector, command, user,
+     template) = row  # fmt: skip
     live = state in ATTEMPT_ACTIVE and job_state in LIVE_JOB
     name = str(job_id) if live else f"{HELD}{pk}"
     placement = core.Placement(
@@ -361,7 +374,7 @@ def _holding(row: tuple, by_node: dict[str, list[int]], now, allocations, versio
     )  # fmt: skip
     pod = core.Pod(name=name, gpus=per_node, nodes=len(by_node))
     return Holding(pod, placement, running, allocations, versions,
-                   float(grace_s) if stopping else None)  # fmt: skip
+                   float(grace_s) if stopping else None, (user, template, float(max_runtime)))  # fmt: skip
 
 
 # --- the stamps ---------------------------------------------------------------------------------
@@ -430,7 +443,7 @@ def settings_stamp(tiers: list[Tier] | None = None) -> tuple:
 # --- usage: what every attempt that ran in the policy's window used --------------------------
 
 _SPAN_FIELDS = ("pk", "job__tenant__slug", "job__tier__name", "started_at", "ended_at", "job__gpus",
-                "job__nodes")  # fmt: skip
+                "job__nodes", "job__user_id", "job__template_id", "state")  # fmt: skip
 
 
 class UsageSpans:
@@ -456,6 +469,9 @@ class UsageSpans:
         # Each tenant's span ids, sorted: its usage's tier is its lowest one's, as a sum over the
         # spans in id order had it.
         self.ids_of: dict[str, list[int]] = {}
+        # Per span: its job's user and template and whether it succeeded (the start plan's
+        # history of run lengths, apps/scheduling/plan.py: no read of its own).
+        self.kinds: dict[int, tuple[int, int | None, bool]] = {}
         self._ended: dict[str, float] = {}  # tenant: its ended spans' usage valued at _ref
         self._ref: float | None = None  # None: nothing summed yet
         self._half_life = 0.0
@@ -499,11 +515,15 @@ class UsageSpans:
         return True
 
     def _add(self, rows) -> None:
-        for pk, tenant, tier, started, ended, gpus, nodes in rows.values_list(*_SPAN_FIELDS):
+        for row in rows.values_list(*_SPAN_FIELDS):
+            pk, tenant, tier, started, ended, gpus, nodes, user, template, state = row
             span = (tenant, tier, epoch(started), epoch(ended) if ended else None, gpus * nodes)
+            kind = (user, template, state == AttemptState.SUCCEEDED)
             if self.spans.get(pk) == span:
+                self.kinds[pk] = kind
                 continue  # an ended one read again (the end-time read's margin)
             self._drop(pk)
+            self.kinds[pk] = kind
             self.spans[pk] = span
             if span[3] is None:
                 self.running.add(pk)
@@ -513,6 +533,7 @@ class UsageSpans:
 
     def _drop(self, pk: int) -> None:
         span = self.spans.pop(pk, None)
+        self.kinds.pop(pk, None)
         if span is None:
             return
         self.running.discard(pk)
@@ -530,6 +551,18 @@ class UsageSpans:
         tenant, _, started, ended, gpus = span
         value = policy.decayed_run(started, ended, gpus, self._ref, self._half_life)
         self._ended[tenant] = self._ended.get(tenant, 0.0) + sign * value
+
+    def runs(self) -> dict[tuple[int, int | None], list[float]]:
+        """{(user, template): lengths of its succeeded attempts in the window, latest end first}."""
+        ended = sorted(
+            ((span[3], pk) for pk, span in self.spans.items() if span[3] is not None), reverse=True
+        )
+        out: dict[tuple[int, int | None], list[float]] = {}
+        for end, pk in ended:
+            user, template, succeeded = self.kinds.get(pk, (0, None, False))
+            if succeeded:
+                out.setdefault((user, template), []).append(end - self.spans[pk][2])
+        return out
 
     def usage(self, now, half_life_s: float) -> dict[str, policy.TenantUsage]:
         at = epoch(now)
@@ -629,6 +662,10 @@ class Kept:
             spans = self._usage = UsageSpans(since)
             spans.read_at = state.read_at
         return spans.usage(now, half_life_s)
+
+    def runs(self) -> dict[tuple[int, int | None], list[float]] | None:
+        """The run lengths of the usage's window (UsageSpans.runs), None before any pass."""
+        return self._usage.runs() if self._usage is not None else None
 
     def pass_state(
         self, strategy: core.Strategy | str | None, tiers: list[Tier] | None = None

@@ -76,3 +76,16 @@ def run_to_end(
 
 def placed_ids() -> set[str]:
     return set(dispatch_once().placed)
+
+
+@pytest.fixture
+def parked(cast):
+    """A cordoned 64-GPU H100 node: a job of 64 GPUs could run on it some day, so it is accepted
+    (a submit no node could ever fit is a 400, apps/admission/fit.py), and stays queued."""
+    from apps.admission import fit
+    from apps.nodes.models import Node, NodeState
+
+    node = make_node("parked", "H100-80GB", 64)
+    Node.objects.filter(pk=node.pk).update(state=NodeState.CORDONED)
+    fit.forget()
+    return node

@@ -39,6 +39,17 @@ def test_a_queued_job_is_estimated_to_start_when_the_gpus_ahead_of_it_free_up(as
     assert listed[running["id"]]["estimated_start_at"] is None  # not queued
 
 
-def test_a_job_that_can_never_fit_has_no_estimate(as_user):
-    job = as_user("bob").post("/api/v1/jobs/", {**TRAIN, "gpus": 16}, format="json").json()
+def test_a_job_that_can_never_fit_is_refused_and_one_only_a_cordoned_node_fits_has_no_estimate(
+    as_user,
+):
+    from apps.admission import estimates
+    from apps.nodes.models import Node, NodeState
+    from tests.factories import make_node
+
+    estimates.forget()
+    bob = as_user("bob")
+    refused = bob.post("/api/v1/jobs/", {**TRAIN, "gpus": 16}, format="json")
+    assert refused.status_code == 400 and "at most 8 per node" in refused.json()["gpus"][0]
+    Node.objects.filter(pk=make_node("big", "H100-80GB", 16).pk).update(state=NodeState.CORDONED)
+    job = bob.post("/api/v1/jobs/", {**TRAIN, "gpus": 16}, format="json").json()
     assert job["estimated_start_at"] is None

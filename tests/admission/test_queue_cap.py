@@ -13,9 +13,18 @@ from apps.platform.errors import QueueFull
 from apps.tenants.models import Tenant
 from apps.tenants.services import quota_set
 from tests.admission.conftest import TRAIN, generous
-from tests.factories import client_for, make_cast, make_node
+from tests.factories import client_for, make_cast, make_node, park_node
 
 NEVER_FITS = {**TRAIN, "gpus": 64}  # stays queued whatever the dispatcher does
+
+
+@pytest.fixture(autouse=True)
+def never_fits_is_parked(request):
+    """The 64-GPU jobs here stay queued on a cordoned 64-GPU node (tests.factories.park_node):
+    a job no node could ever fit is refused at submit (issue 30)."""
+    if {"cast", "as_user"} & set(request.fixturenames):
+        request.getfixturevalue("cast")
+        park_node()
 
 
 def cap(slug: str, jobs: int) -> None:
@@ -53,6 +62,7 @@ def test_a_job_counts_the_arrays_virtual_tasks_against_the_cap_in_one_round_trip
     """As in production: on PostgreSQL the one-round-trip path (rows.admit)."""
     people = make_cast()
     make_node("h1", "H100-80GB", 8)
+    park_node()
     generous("acme")
     bob = client_for(people["bob"][1])
     assert submit(bob).status_code == 201  # the tenant's count row, for the fast path to lock
@@ -69,6 +79,7 @@ def test_a_submit_that_waited_for_an_array_to_commit_counts_its_tasks(waiting):
     began before the wait cannot see (apps/admission/rows.py, "the queued-job cap")."""
     people = make_cast()
     make_node("h1", "H100-80GB", 8)
+    park_node()
     generous("acme")
     cap("acme", 40)
     bob, alice = people["bob"][0], people["alice"][0]

@@ -13,7 +13,16 @@ from apps.jobs.services import job_cancel, job_requeue
 from apps.tenants.models import Tenant
 from apps.tenants.services import quota_set
 from tests.admission.conftest import TRAIN, generous, placed_ids
-from tests.factories import client_for, make_cast, make_node
+from tests.factories import client_for, make_cast, make_node, park_node
+
+
+@pytest.fixture(autouse=True)
+def never_fits_is_parked(request):
+    """The 64-GPU jobs here stay queued on a cordoned 64-GPU node (tests.factories.park_node):
+    a job no node could ever fit is refused at submit (issue 30)."""
+    if {"cast", "as_user"} & set(request.fixturenames):
+        request.getfixturevalue("cast")
+        park_node()
 
 
 def kept(slug: str) -> int | None:
@@ -79,6 +88,7 @@ def test_a_submit_outside_a_transaction_checks_the_cap_and_inserts_in_one_statem
     holds, and a refusal names the count."""
     people = make_cast()
     make_node("h1", "H100-80GB", 8)
+    park_node()
     generous("acme")
     quota_set(tenant=Tenant.objects.get(slug="acme"), max_queued_jobs=2)
     bob = client_for(people["bob"][1])

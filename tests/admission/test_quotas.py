@@ -11,7 +11,16 @@ from apps.jobs.models import GpuAllocation, Job, JobState
 from apps.tenants.models import Tenant
 from apps.tenants.services import quota_set
 from tests.admission.conftest import TRAIN, placed_ids, run_to_end
-from tests.factories import make_cast, make_node
+from tests.factories import make_cast, make_node, park_node
+
+
+@pytest.fixture(autouse=True)
+def never_fits_is_parked(request):
+    """The 64-GPU jobs here stay queued on a cordoned 64-GPU node (tests.factories.park_node):
+    a job no node could ever fit is refused at submit (issue 30)."""
+    if {"cast", "as_user"} & set(request.fixturenames):
+        request.getfixturevalue("cast")
+        park_node()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -21,6 +30,7 @@ def test_two_hundred_concurrent_submissions_against_a_cap_of_50_admit_exactly_50
     settings.USER_SUBMIT_SHARE = 1
     people = make_cast()
     make_node("h1", "H100-80GB", 8)
+    park_node()
     quota_set(tenant=Tenant.objects.get(slug="acme"), max_queued_jobs=50, submit_rate_per_minute=100_000,
               submit_burst=100_000)  # fmt: skip
     headers = {"Authorization": f"Token {people['bob'][1]}"}

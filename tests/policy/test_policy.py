@@ -397,7 +397,9 @@ def test_the_dispatcher_seam_over_three_ticks_of_a_preemption():
     assert started(third) == ["boss"]
     [again] = [d for d in third if isinstance(d, Reserve)]
     assert again.job_id == "f2" and again.at == 3730.0  # boss ends by its 100 s estimate
-    assert again.reason.startswith("first in line, reserved 1 node(s) from t=3730")
+    assert again.reason.startswith(
+        "first in line, reserved 1 node(s) from 1970-01-01T01:02:10Z"
+    )  # t=3730, as ISO 8601 (issue 30)
 
 
 def test_decide_counts_cordoned_nodes_and_foreign_pods_as_busy():

@@ -13,14 +13,21 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Protocol
 
-from apps.scheduling.core.model import Placement, Pod
+from apps.scheduling.core.model import Node, Placement, Pod, Taint, Toleration
 from apps.scheduling.core.policy_capacity import (
     Reservation,
     earliest_fit,
     fits_around,
     pick_reserved,
 )
-from apps.scheduling.core.policy_model import PolicyConfig, QueuedJob, Reserve, alloc_of, gpu_label
+from apps.scheduling.core.policy_model import (
+    PolicyConfig,
+    QueuedJob,
+    Reserve,
+    alloc_of,
+    gpu_label,
+    when_label,
+)
 
 if TYPE_CHECKING:
     from apps.scheduling.core.policy_pass import Pass
@@ -91,6 +98,10 @@ class Reservations:
         # (level, GPU models) -> the heads at or above that level on nodes of those models
         self._binding: dict[tuple[int, tuple[str, ...]], list[Reservation]] = {}
         self.failed: FailedShapes = {}
+        self._filtered: dict[
+            tuple[object, ...], set[str]
+        ] = {}  # (selector, tolerations) -> unusable nodes
+        self._all_nodes: list[Node] | None = None
 
     def load(self) -> None:
         """Keep the reservations of the jobs that held one last pass (renewed when stale)."""
@@ -143,7 +154,9 @@ class Reservations:
     def reserve(self, job: QueuedJob) -> Reservation | None:
         """The earliest time and nodes for `job`, on nodes no other reservation holds."""
         s = self.s
-        taken = {node for r in self.heads for node in r.need}
+        # Nodes held by other reservations, and those the job can never use (its selector, a
+        # taint it does not tolerate): a head must not hold a node it could not run on.
+        taken = {node for r in self.heads for node in r.need} | self._unusable(job)
         found = earliest_fit(
             s.view, s._ends, _Allocs(s), job.gpus, job.nodes, job.gpu_models, self.p.now, taken
         )
@@ -154,6 +167,32 @@ class Reservations:
         released = {node: gained[node] for node in need if node in gained}
         models = frozenset(s.view.model[node] for node in need)
         return Reservation(job.job_id, s.tiers[job.tier].level, shadow, need, released, models)
+
+    def _unusable(self, job: QueuedJob) -> set[str]:
+        """Nodes that fail the job's static filters as placement checks them (node selector,
+        NoSchedule taints it does not tolerate). O(N) per reservation made, cached per pool."""
+        if not job.node_selector and not any(n.taints for n in self._nodes()):
+            return set()
+        key = (tuple(sorted(job.node_selector.items())), job.tolerations)
+        cached = self._filtered.get(key)
+        if cached is None:
+            tolerations = [Toleration.parse(t) for t in job.tolerations]
+            cached = self._filtered[key] = {
+                node.name
+                for node in self._nodes()
+                if any(node.labels.get(k) != v for k, v in job.node_selector.items())
+                or any(
+                    taint.effect == "NoSchedule"
+                    and not any(tol.tolerates(taint) for tol in tolerations)
+                    for taint in map(Taint.parse, node.taints)
+                )
+            }
+        return cached
+
+    def _nodes(self) -> list[Node]:
+        if self._all_nodes is None:
+            self._all_nodes = self.s.cluster.list_nodes()
+        return self._all_nodes
 
     def make_head(self, job: QueuedJob, force: bool = False) -> bool:
         """Give a blocked job a reservation (or renew its own); False never stops the pass."""
@@ -183,7 +222,7 @@ class Reservations:
         if p.explain:
             shortage = p.shortage(job)
             reason = (
-                f"first in line, reserved {len(resv.need)} node(s) from t={resv.shadow:.0f} "
+                f"first in line, reserved {len(resv.need)} node(s) from {when_label(resv.shadow)} "
                 f"(when running jobs end by their limits); now {shortage}"
             )
         p.out.append(Reserve(job.job_id, tuple(sorted(resv.need)), resv.shadow, reason, shortage))

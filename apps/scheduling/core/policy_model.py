@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from apps.scheduling.core.model import Placement
@@ -272,3 +273,25 @@ def alloc_of(placement: Placement) -> list[tuple[str, int]]:
 def gpu_label(job: QueuedJob) -> str:
     models = "/".join(job.gpu_models) if job.gpu_models else ""
     return f"{job.gpus} free {models + ' ' if models else ''}GPU{'s' if job.gpus != 1 else ''}"
+
+
+def when_label(t: float) -> str:
+    """A time of the policy's clock (seconds since the Unix epoch, as the dispatcher's) as ISO 8601
+    UTC to the second: what reasons show, never the epoch number (API.md "Honest waiting"; the
+    reader adds the relative time, apps/admission/waiting.py)."""
+    return datetime.fromtimestamp(round(t), tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def whose(job: QueuedJob, other: QueuedJob | RunningJob | None, level_of: Mapping[str, int]) -> str:
+    """Another job as `job`'s owner may see it: "your job <id>" when it is their tenant's, else
+    only its standing ("a job of a higher tier", of the same tier): never another tenant's id."""
+    if other is None:
+        return "a job ahead"
+    if other.tenant == job.tenant:
+        return f"your job {other.job_id}"
+    mine, theirs = level_of.get(job.tier, 0), level_of.get(other.tier, 0)
+    if theirs > mine:
+        return "a job of a higher tier"
+    if other.tier == job.tier:
+        return "a job of your tier ahead in queue order"
+    return "a job ahead in queue order"

@@ -25,6 +25,8 @@ from apps.scheduling.core.policy_model import (
     alloc_of,
     gpu_label,
     pool_of,
+    when_label,
+    whose,
 )
 from apps.scheduling.core.policy_preemption import Preemption
 from apps.scheduling.core.policy_sort import Shares
@@ -267,10 +269,11 @@ class Pass:
             return self.shortage(job)
         first = min(hard, key=lambda r: r.shadow)
         holder = self.s.queued.get(first.job_id)
+        levels = {name: tier.level for name, tier in self.s.tiers.items()}
         shape = f"{holder.nodes} x {holder.gpus} GPUs, " if holder else ""
         return (
-            f"reserved for a job ahead ({first.job_id}: {shape}from t={first.shadow:.0f}); "
-            f"this job would run past it. {self.shortage(job)}"
+            f"GPUs reserved for {whose(job, holder, levels)} ({shape}from "
+            f"{when_label(first.shadow)}); this job would run past it. {self.shortage(job)}"
         )
 
     def wait(self, job: QueuedJob, reason: str | Callable[..., str], *args: object) -> None:

@@ -310,7 +310,7 @@ class Preemption:
             s._signal(victim, job.job_id, release)
         ids = tuple(v.job_id for v in victims)
         why = (
-            f"preempting {len(ids)} job(s) of lower standing for {job.job_id} "
+            f"preempting {len(ids)} job(s) of lower standing for a job of tier {tier.name} "
             f"(tier {tier.name}); lost GPU-time {cost / 3600:.2f} GPU-h"
         )
         self.p.out.append(Preempt(ids, job.job_id, why, cost))

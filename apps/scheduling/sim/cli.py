@@ -39,10 +39,12 @@ from typing import Any
 from apps.scheduling.sim.autoscale import AutoscaleHook, AutoscaleSettings
 from apps.scheduling.sim.engine import SimSettings, Simulation
 from apps.scheduling.sim.estimate import EstimateErrorHook, error_table
+from apps.scheduling.sim.plan_error import PlanErrorHook, plan_table
 from apps.scheduling.sim.presets import POLICIES, policy_preset
 from apps.scheduling.sim.report import summarize, targets_table, write_outputs
 from apps.scheduling.sim.workload import (
     assign_tenants,
+    assign_users_as_tenants,
     fit_to_nodes,
     offered_load,
     parse_mix,
@@ -51,6 +53,15 @@ from apps.scheduling.sim.workload import (
     synthetic,
     trace_path,
 )
+
+
+def tenants_arg(text: str) -> int | str:
+    if text == "trace":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("a number of tenants, or `trace`") from None
 
 
 def parser() -> argparse.ArgumentParser:
@@ -65,7 +76,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, default=16)
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--nodes-per-rack", type=int, default=0, help="label nodes with racks/zones")
-    p.add_argument("--tenants", type=int, default=12)
+    p.add_argument(
+        "--tenants",
+        type=tenants_arg,
+        default=12,
+        help="how many tenants to draw, or `trace`: each user of the trace is one",
+    )
     p.add_argument("--tier-mix", default="enterprise=0.1,pro=0.3,free=0.6")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--policy", default="default", help=f"one or more of {','.join(POLICIES)}")
@@ -118,6 +134,10 @@ def parser() -> argparse.ArgumentParser:
         help="measure estimated_start_at's error at every EVERY-th arrival (default 1: all)",
     )  # fmt: skip
     p.add_argument(
+        "--plan-error", nargs="?", const=1, type=int, metavar="EVERY",
+        help="score the platform's plan estimate (apps/scheduling/plan.py) at every EVERY-th arrival",
+    )  # fmt: skip
+    p.add_argument(
         "--estimate-order", choices=("platform", "policy"), default="platform",
         help="queue order the estimate replays (platform: queue_position's; policy: the scheduler's)",
     )  # fmt: skip
@@ -152,7 +172,10 @@ def load_workload(args: argparse.Namespace) -> tuple[list, str]:
         reader = read_itp if args.format == "itp" else read_philly
         jobs = reader(path, args.limit)
         source = str(path)
-    assign_tenants(jobs, parse_mix(args.tier_mix), args.tenants, args.seed)
+    if args.tenants == "trace":
+        assign_users_as_tenants(jobs, parse_mix(args.tier_mix), args.seed)
+    else:
+        assign_tenants(jobs, parse_mix(args.tier_mix), args.tenants, args.seed)
     fit_to_nodes(jobs, args.gpus_per_node)
     return jobs, source
 
@@ -193,6 +216,10 @@ def run_one(args: argparse.Namespace, policy: str, out: Path, mode: str = "off")
     if args.estimate_error:
         estimate = EstimateErrorHook(args.estimate_error, args.estimate_order)
         estimate.install(sim)
+    planned = None
+    if args.plan_error:
+        planned = PlanErrorHook(args.plan_error)
+        planned.install(sim)
     began, cpu = time.perf_counter(), time.process_time()
     sim.run()
     elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu
@@ -215,6 +242,8 @@ def run_one(args: argparse.Namespace, policy: str, out: Path, mode: str = "off")
     summary["paid_gpu_hours"] = scaling["paid_gpu_hours"]
     if estimate is not None:
         summary["estimate_error"] = estimate.summary()
+    if planned is not None:
+        summary["plan_error"] = planned.summary()
     if args.no_files:
         out.mkdir(parents=True, exist_ok=True)
         (out / "summary.json").write_text(
@@ -363,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     for key, s in results.items():
         if "estimate_error" in s:
             text += f"\n{key}: " + error_table(s["estimate_error"])
+        if "plan_error" in s:
+            text += f"\n{key}: " + plan_table(s["plan_error"])
     print(text)
     if len(runs) > 1:
         (args.out / "table.md").write_text(text)

@@ -46,6 +46,8 @@ class SimJob:
     seg_start: float = 0.0
     seg_progress_from: float = 0.0
     seg_nodes: str = ""
+    user: str = ""  # the trace's `user` column, where it has one (API.md "Simulator"); last, so
+    # the positional fields above keep their places
 
 
 def traces_dir() -> Path:
@@ -72,7 +74,8 @@ def trace_path(fmt: str, trace: str | None) -> Path:
 
 
 def read_itp(path: Path, limit: int | None = None) -> list[SimJob]:
-    """msr-itp-elasticflow raw/clusterNN.csv: job_id, submission_time, duration, num_gpu."""
+    """msr-itp-elasticflow raw/clusterNN.csv: job_id, submission_time, duration, num_gpu, and
+    an optional fifth column `user` (API.md "Simulator")."""
     jobs = []
     with open(path, newline="") as fh:
         for row in csv.DictReader(fh):
@@ -82,6 +85,7 @@ def read_itp(path: Path, limit: int | None = None) -> list[SimJob]:
                     float(row["submission_time"]),
                     float(row["duration"]),
                     int(row["num_gpu"]),
+                    user=(row.get("user") or "").strip(),
                 )
             )
             if limit and len(jobs) >= limit:
@@ -165,6 +169,21 @@ def assign_tenants(jobs: list[SimJob], mix: dict[str, float], tenants: int, seed
         tier = rng.choices(tiers, tier_weights)[0]
         job.tier = tier
         job.tenant = rng.choices(groups[tier], zipf[tier])[0]
+
+
+def assign_users_as_tenants(jobs: list[SimJob], mix: dict[str, float], seed: int) -> None:
+    """`--tenants trace`: every distinct user of the trace is a tenant (a job without one is the
+    user "unknown"), its tier drawn by `mix` with `random.Random(seed)`, users taken in the order
+    they first submit, so the same seed gives the same tiers."""
+    rng = random.Random(seed)
+    tiers = [tier for tier, share in mix.items() if share > 0]
+    weights = [mix[tier] for tier in tiers]
+    tier_of: dict[str, str] = {}
+    for job in jobs:
+        user = job.user or "unknown"
+        if user not in tier_of:
+            tier_of[user] = rng.choices(tiers, weights)[0]
+        job.tenant, job.tier = user, tier_of[user]
 
 
 def fit_to_nodes(jobs: list[SimJob], gpus_per_node: int) -> None:

@@ -1,0 +1,199 @@
+"""How right is the plan? The platform's start estimate (apps/scheduling/plan.py) scored in the
+simulator on a trace (issue 30).
+
+At every EVERY-th arrival the hook makes the estimate the dispatcher would store: the policy's
+own code run forward from the simulator's state (apps/scheduling/core/forecast.py, the same
+function the dispatcher calls), with running jobs ending and queued jobs running for times a
+runtime predictor gives. The predictor is the platform's (apps/scheduling/plan.py `Predictor`),
+on what the simulator knows: the lengths of the arriving tenant's finished runs (a trace's user
+stands for the platform's user + template), else anyone's, at least MIN_RUNS; with none, one
+hour for a queued job, and for a running one about as long again as it has run, at least an hour
+(the traces carry no limit to bound it, as `max_runtime_seconds` does on the platform). Three forecasts at the predictor's quantiles give the estimate (median) and the window
+(the early and late runs). The simulator's policy itself keeps its own view of runtimes; only
+the predicted world differs from the true one.
+
+After the run, for the jobs that waited at least `min_wait_s` (5 minutes): the median of
+|estimate - actual start| / actual wait (the relative error), and the share of starts inside the
+window. Both are reported per tier and overall (summary.json's `plan_error`).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from apps.scheduling.core.forecast import (
+    MIN_RUNS,
+    QUANTILES,
+    beyond_history,
+    forecast,
+    quantile,
+)
+from apps.scheduling.core.policy import QueuedJob, RunningJob, TenantUsage
+
+HISTORY = 50
+NO_HISTORY_S = 3600.0
+MIN_WAIT_S = 300.0
+
+
+@dataclass
+class _Estimate:
+    job_id: str
+    tier: str
+    arrived: float
+    start: float | None
+    earliest: float | None
+    latest: float | None
+
+
+@dataclass
+class PlanErrorHook:
+    every: int = 1
+    max_events: int = 60
+    min_wait_s: float = MIN_WAIT_S
+    records: list[_Estimate] = field(default_factory=list)
+    arrivals: int = 0
+    cpu_s: float = 0.0
+    _runs: dict[str, deque] = field(default_factory=dict)
+    _all: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
+    _sorted: dict[str, list[float]] = field(default_factory=dict)
+    _sim: Any = None
+
+    def install(self, sim: Any) -> None:
+        self._sim = sim
+        sim.arrival_hooks.append(self.arrived)
+        finished = sim._finished
+
+        def on_finish(job_id: str, attempt: int, t: float) -> None:
+            job = sim.by_id[job_id]
+            live, seg_start = attempt == job.attempt, job.seg_start
+            finished(job_id, attempt, t)
+            if live:
+                self._runs.setdefault(job.tenant, deque(maxlen=HISTORY)).append(t - seg_start)
+                self._all.append(t - seg_start)
+                self._sorted.pop(job.tenant, None)
+                self._sorted.pop("", None)
+
+        sim._finished = on_finish
+
+    def samples(self, tenant: str) -> list[float]:
+        found = self._sorted.get(tenant)
+        if found is None:
+            mine = self._runs.get(tenant, ())
+            source = mine if len(mine) >= MIN_RUNS else self._all
+            found = sorted(source) if len(source) >= MIN_RUNS else []
+            self._sorted[tenant] = found
+        return found
+
+    def runtime(self, q: float, tenant: str) -> float:
+        samples = self.samples(tenant)
+        return quantile(samples, q) if samples else NO_HISTORY_S
+
+    def remaining(self, q: float, tenant: str, elapsed: float) -> float:
+        samples = self.samples(tenant)
+        longer = [s for s in samples if s > elapsed]
+        if not samples:  # nothing finished yet: an hour, or as long again as it ran (Lindy)
+            return beyond_history(q, max(elapsed, NO_HISTORY_S))
+        if not longer:
+            return beyond_history(q, elapsed)
+        return quantile(longer, q) - elapsed
+
+    def arrived(self, sim: Any, job: Any, t: float) -> None:
+        self.arrivals += 1
+        if (self.arrivals - 1) % self.every:
+            return
+        scheduler = sim.scheduler
+        if job.job_id not in scheduler.queued:
+            return
+        began = time.process_time()
+        tenant_of = {r.job_id: sim.by_id[r.job_id].tenant for r in scheduler.running.values()}
+        usage = {
+            tenant: TenantUsage(scheduler._tenant_tier.get(tenant, job.tier),
+                                use.value(t, scheduler.config.half_life_s))
+            for tenant, use in scheduler._tenant_usage.items()
+            if tenant in scheduler._tenant_tier
+        }  # fmt: skip
+        starts: list[float | None] = []
+
+        def ends(q: float) -> Callable[[RunningJob], float]:
+            return lambda r: t + self.remaining(q, tenant_of[r.job_id], t - r.started_at)
+
+        def lengths(q: float) -> Callable[[QueuedJob], float]:
+            return lambda j: self.runtime(q, j.tenant)
+
+        for q in QUANTILES:
+            plan = forecast(
+                t, sim.cluster, list(scheduler.queued.values()), list(scheduler.running.values()),
+                scheduler.tiers, usage, config=scheduler.config, held_reservation=scheduler._held,
+                end_of=ends(q), runtime_of=lengths(q),
+                max_events=self.max_events, strategy=sim.settings.strategy, until=job.job_id,
+            )  # fmt: skip
+            starts.append(plan.starts.get(job.job_id))
+        early, middle, late = starts
+        known = [s for s in starts if s is not None]
+        self.records.append(_Estimate(job.job_id, job.tier, t, middle,
+                                      min(known) if known else None,
+                                      late if late is not None else None))  # fmt: skip
+        self.cpu_s += time.process_time() - began
+
+    def summary(self) -> dict[str, Any]:
+        by_id = self._sim.by_id if self._sim is not None else {}
+        groups: dict[str, list[tuple[_Estimate, float]]] = {}
+        for record in self.records:
+            job = by_id.get(record.job_id)
+            if job is None or job.start is None:
+                continue
+            wait = job.start - record.arrived
+            if wait < self.min_wait_s:
+                continue
+            groups.setdefault("all", []).append((record, job.start))
+            groups.setdefault(record.tier, []).append((record, job.start))
+        return {
+            "every": self.every,
+            "arrivals": self.arrivals,
+            "estimated": len(self.records),
+            "min_wait_s": self.min_wait_s,
+            "cpu_seconds": round(self.cpu_s, 1),
+            "groups": {name: _score(rows) for name, rows in sorted(groups.items())},
+        }
+
+
+def _score(rows: list[tuple[_Estimate, float]]) -> dict[str, Any]:
+    relative, inside, none = [], 0, 0
+    for record, start in rows:
+        if record.start is None:
+            none += 1
+            continue
+        wait = start - record.arrived
+        relative.append(abs(record.start - start) / wait)
+        if record.earliest is not None and record.latest is not None:
+            inside += record.earliest <= start <= record.latest
+    n = len(relative)
+    return {
+        "waited": len(rows),
+        "no_estimate": none,
+        "median_relative_error": statistics.median(relative) if relative else None,
+        "in_window": inside / n if n else None,
+    }
+
+
+def plan_table(summary: dict[str, Any]) -> str:
+    lines = [
+        f"plan estimate ({summary['estimated']} of {summary['arrivals']} arrivals, every "
+        f"{summary['every']}; jobs that waited >= {summary['min_wait_s'] / 60:.0f} min)",
+        "",
+        "| group | waited | no estimate | median relative error | starts in window |",
+        "|---|---|---|---|---|",
+    ]
+    for name, s in summary["groups"].items():
+        error, inside = s["median_relative_error"], s["in_window"]
+        lines.append(
+            f"| {name} | {s['waited']} | {s['no_estimate']} | "
+            f"{'-' if error is None else f'{100 * error:.0f}%'} | "
+            f"{'-' if inside is None else f'{100 * inside:.0f}%'} |"
+        )
+    return "\n".join(lines) + "\n"
