@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 DATA, CONTROL = b"\x00", b"\x01"
 CHUNK = 256 * 1024  # data a frame at most (gpuplatform/relay.py MAX_FRAME)
 CLONE_NEWNS = 0x00020000
+START_WAIT_SECONDS = 60.0  # a session for a member that is still starting waits this long for it
 HANGUP_GRACE = 2.0  # SIGHUP, then SIGKILL after this when a session's client is gone
 EXIT_FILE = "interactive-exit"  # beside the job's progress file: apps/platform/agent_protocol.py
 
@@ -156,9 +157,14 @@ class Session:
     def find_run(self, spec: dict) -> Run | None:
         key = (int(spec["attempt_id"]), int(spec["rank"]))
         run = self.agent.local_runs().get(key)
-        if run is None or run.assignment.token != spec["token"] or run.process is None:
+        if run is None or run.assignment.token != spec["token"]:
             return None
-        if run.finished or run.process.poll() is not None:
+        # A member still being prepared (its environment built, or a gang member waiting for
+        # rank 0's MASTER_PORT: workers/prepare.py) has no process yet: wait for it a while.
+        deadline = time.monotonic() + START_WAIT_SECONDS
+        while run.process is None and not run.finished and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if run.process is None or run.finished or run.process.poll() is not None:
             return None
         return run
 
