@@ -5,6 +5,9 @@ dependencies are not carried over (the parents have run)."""
 
 from __future__ import annotations
 
+from dataclasses import MISSING
+from dataclasses import fields as dataclass_fields
+
 from rest_framework.exceptions import ValidationError
 
 from apps.admission.submit import submit_job
@@ -13,16 +16,13 @@ from apps.jobs.models import Job
 from apps.tenants.models import Membership
 
 NAMED = {"template", "tier", "gpu_sku"}  # rows on the job, names in a body
-LEFT_OUT_WHEN_EMPTY = {
-    "template",
-    "params",
-    "command",
-    "bundle",
-    "env",
-    "secrets",
-    "python",
-    "image",
-    "image_pull_secret",
+LEFT_OUT_WHEN_EMPTY = {"template", "params", "command"}
+# A field the spec has a default for is left out at its default: a field added to the spec later
+# (an image, an interactive job's idle timeout) never makes every resubmit a 400.
+DEFAULTS = {
+    f.name: f.default_factory() if f.default_factory is not MISSING else f.default
+    for f in dataclass_fields(services.JobSpec)
+    if f.default is not MISSING or f.default_factory is not MISSING
 }
 
 
@@ -33,7 +33,9 @@ def body_of(job: Job) -> dict:
         value = getattr(job, name)
         if name in NAMED:
             value = value.name if value is not None else None
-        if name in LEFT_OUT_WHEN_EMPTY and not value:
+        if (name in LEFT_OUT_WHEN_EMPTY and not value) or (
+            name in DEFAULTS and value == DEFAULTS[name]
+        ):
             continue
         body[name] = value
     if "command" in body:
