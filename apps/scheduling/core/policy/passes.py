@@ -2,8 +2,8 @@
 reserved for, or told why it waits.
 
 The pass is a list of named steps; the rules it composes live beside it: the order in
-policy_sort.py (`QueueSort`), reservations and backfill in policy_backfill.py (`Backfill`),
-preemption in policy_preemption.py with its cost in policy_victims.py (`VictimCost`).
+sort.py (`QueueSort`), reservations and backfill in backfill.py (`Backfill`),
+preemption in preemption.py with its cost in victims.py (`VictimCost`).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from apps.scheduling.core.model import Placement
-from apps.scheduling.core.policy_backfill import Reservations, make_backfill
-from apps.scheduling.core.policy_capacity import Reservation
-from apps.scheduling.core.policy_model import (
+from apps.scheduling.core.policy.backfill import Reservations, make_backfill
+from apps.scheduling.core.policy.capacity import Reservation
+from apps.scheduling.core.policy.model import (
     Decision,
     Pool,
     QueuedJob,
@@ -28,11 +28,11 @@ from apps.scheduling.core.policy_model import (
     when_label,
     whose,
 )
-from apps.scheduling.core.policy_preemption import Preemption
-from apps.scheduling.core.policy_sort import Shares
+from apps.scheduling.core.policy.preemption import Preemption
+from apps.scheduling.core.policy.sort import Shares
 
 if TYPE_CHECKING:
-    from apps.scheduling.core.policy_scheduler import Scheduler
+    from apps.scheduling.core.policy.scheduler import Scheduler
 
 
 class Pass:

@@ -4,7 +4,7 @@ A job may preempt preemptible jobs of a lower level, or, when its tier is under 
 of a same-level tier over its guarantee; with `tenant_reclaim`, a tenant below its share of its
 tier may reclaim from a tenant above it. Victims must have run `min_runtime_s` and been preempted
 fewer than `max_preemptions` times. The cheapest set by the configured `VictimCost`
-(policy_victims.py) is planned by policy_preempt.py, and nothing is preempted unless the job then
+(victims.py) is planned by preempt.py, and nothing is preempted unless the job then
 really fits (a dry run against the placement core).
 """
 
@@ -14,12 +14,12 @@ import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from apps.scheduling.core.policy_model import Preempt, QueuedJob, RunningJob, TierPolicy
-from apps.scheduling.core.policy_preempt import plan_victims
+from apps.scheduling.core.policy.model import Preempt, QueuedJob, RunningJob, TierPolicy
+from apps.scheduling.core.policy.preempt import plan_victims
 
 if TYPE_CHECKING:
-    from apps.scheduling.core.policy_pass import Pass
-    from apps.scheduling.core.policy_scheduler import Scheduler
+    from apps.scheduling.core.policy.passes import Pass
+    from apps.scheduling.core.policy.scheduler import Scheduler
 
 Plan = tuple[list[RunningJob], float]
 

@@ -5,7 +5,7 @@ the nodes that free up first; `config.reservations` > 1 gives that many blocked 
 disjoint nodes) and the placement of a job that must leave them intact. What the first job of its
 standing does when it can neither start nor preempt is a `Backfill` rule from `BACKFILLS`
 (`PolicyConfig.backfill` picks `easy` or `off`); a new rule is a new class there.
-policy_capacity.py holds the counting underneath (free GPUs per node, the shadow time).
+capacity.py holds the counting underneath (free GPUs per node, the shadow time).
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Protocol
 
 from apps.scheduling.core.model import Node, Placement, Pod, Taint, Toleration
-from apps.scheduling.core.policy_capacity import (
+from apps.scheduling.core.policy.capacity import (
     Reservation,
     earliest_fit,
     fits_around,
     pick_reserved,
 )
-from apps.scheduling.core.policy_model import (
+from apps.scheduling.core.policy.model import (
     PolicyConfig,
     QueuedJob,
     Reserve,
@@ -30,8 +30,8 @@ from apps.scheduling.core.policy_model import (
 )
 
 if TYPE_CHECKING:
-    from apps.scheduling.core.policy_pass import Pass
-    from apps.scheduling.core.policy_scheduler import Scheduler
+    from apps.scheduling.core.policy.passes import Pass
+    from apps.scheduling.core.policy.scheduler import Scheduler
 
 
 class Backfill(Protocol):

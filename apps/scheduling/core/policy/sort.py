@@ -1,7 +1,7 @@
 """Queue sort: the order in which a pass looks at the queued jobs (Kubernetes' QueueSort plugin).
 
 `PolicyConfig.ordering` names one of `ORDERINGS`; a new order is a new class registered there,
-not a branch in the pass. policy_order.py holds the queue index the orders walk (docs there).
+not a branch in the pass. order.py holds the queue index the orders walk (docs there).
 """
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
-from apps.scheduling.core.policy_model import PolicyConfig, QueuedJob, pool_of
-from apps.scheduling.core.policy_order import SlurmPriority
+from apps.scheduling.core.policy.model import PolicyConfig, QueuedJob, pool_of
+from apps.scheduling.core.policy.order import SlurmPriority
 
 if TYPE_CHECKING:
-    from apps.scheduling.core.policy_scheduler import Scheduler
+    from apps.scheduling.core.policy.scheduler import Scheduler
 
 # tier -> tenant -> (running GPUs, max-min fair share of the tier): computed once per pass.
 Shares = dict[str, dict[str, tuple[int, float]]]
