@@ -208,6 +208,9 @@ class Wait:
 
 Decision = Start | Preempt | Reserve | Wait
 
+# tier -> tenant -> (running GPUs, max-min fair share of the tier): computed once per pass.
+Shares = dict[str, dict[str, tuple[int, float]]]
+
 
 def decayed_gpu_seconds(
     runs: Iterable[tuple[float, float, int]], now: float, half_life_s: float

@@ -20,6 +20,7 @@ from apps.scheduling.core.policy.model import (
     Pool,
     QueuedJob,
     RunningJob,
+    Shares,
     TierPolicy,
     Usage,
     alloc_of,
@@ -27,7 +28,7 @@ from apps.scheduling.core.policy.model import (
 )
 from apps.scheduling.core.policy.order import QueueIndex
 from apps.scheduling.core.policy.passes import Pass
-from apps.scheduling.core.policy.sort import Shares, make_ordering
+from apps.scheduling.core.policy.sort import make_ordering
 from apps.scheduling.core.policy.victims import make_victim_cost
 
 
