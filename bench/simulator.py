@@ -198,7 +198,7 @@ def section(quick: bool) -> str:
     lines = [
         "## Simulator\n",
         "The discrete-event simulator (`python -m apps.scheduling.sim`) drives the real policy",
-        "(`apps/scheduling/core/policy.py`) and placement core on public traces.",
+        "(`apps/scheduling/core/policy/`) and placement core on public traces.",
         f"{'Quick run (`--quick`): trace slices only. ' if quick else ''}"
         "Times are CPU seconds of the simulating process (the machine is shared by several",
         "processes, so wall time is longer).\n",

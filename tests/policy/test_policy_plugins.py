@@ -14,8 +14,8 @@ from apps.scheduling.core.policy import (
     Start,
     default_tiers,
 )
-from apps.scheduling.core.policy_backfill import BACKFILLS
-from apps.scheduling.core.policy_sort import Fifo
+from apps.scheduling.core.policy.backfill import BACKFILLS
+from apps.scheduling.core.policy.sort import Fifo
 
 
 def test_the_registries_name_every_rule_the_config_may_choose():

@@ -26,8 +26,8 @@ from dataclasses import dataclass, replace
 
 from apps.scheduling.core.cluster import ClusterManager
 from apps.scheduling.core.model import Node
-from apps.scheduling.core.policy_cluster import PolicyCluster
-from apps.scheduling.core.policy_model import (
+from apps.scheduling.core.policy.cluster import PolicyCluster
+from apps.scheduling.core.policy.model import (
     ArrivingNode,
     PolicyConfig,
     Preempt,
@@ -37,7 +37,7 @@ from apps.scheduling.core.policy_model import (
     TenantUsage,
     TierPolicy,
 )
-from apps.scheduling.core.policy_scheduler import Scheduler
+from apps.scheduling.core.policy.scheduler import Scheduler
 
 _END, _NODE, _WAKE = 0, 1, 2
 # The runtime predictor's quantiles: the early run, the estimate, the late run (the window), and

@@ -1,6 +1,6 @@
 """The policies the simulator compares, as tier settings plus a `PolicyConfig` each.
 
-- `default`: our policy (policy.py): enterprise on its own level above pro and free; pro and free
+- `default`: our policy (core/policy/): enterprise on its own level above pro and free; pro and free
   share a level 3:1 by weight with guaranteed shares 30% / 10%; aging capped at the share (an
   aged job goes ahead only while its tenant is below its max-min share of its tier and the job
   fits in the shortfall; past 3.5 x the age limit, the level's oldest job, one at a time); EASY

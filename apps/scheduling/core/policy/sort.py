@@ -1,22 +1,44 @@
 """Queue sort: the order in which a pass looks at the queued jobs (Kubernetes' QueueSort plugin).
 
 `PolicyConfig.ordering` names one of `ORDERINGS`; a new order is a new class registered there,
-not a branch in the pass. policy_order.py holds the queue index the orders walk (docs there).
+not a branch in the pass. order.py holds the queue index the orders walk (docs there).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from apps.scheduling.core.policy_model import PolicyConfig, QueuedJob, pool_of
-from apps.scheduling.core.policy_order import SlurmPriority
+from apps.scheduling.core.policy.capacity import FreeView
+from apps.scheduling.core.policy.model import (
+    PolicyConfig,
+    QueuedJob,
+    Shares,
+    TierPolicy,
+    Usage,
+    pool_of,
+)
+from apps.scheduling.core.policy.order import QueueIndex, SlurmPriority
 
-if TYPE_CHECKING:
-    from apps.scheduling.core.policy_scheduler import Scheduler
 
-# tier -> tenant -> (running GPUs, max-min fair share of the tier): computed once per pass.
-Shares = dict[str, dict[str, tuple[int, float]]]
+class SortState(Protocol):
+    """What an order reads of the scheduler: `Scheduler` satisfies it (mypy checks where the
+    scheduler hands itself to its order)."""
+
+    config: PolicyConfig
+    tiers: dict[str, TierPolicy]
+    tenant_weights: dict[str, float]
+    index: QueueIndex
+    view: FreeView
+    queued: dict[str, QueuedJob]
+    now: float
+    _tier_usage: dict[str, Usage]
+    _tenant_usage: dict[str, Usage]
+    _held: list[str]
+
+    def tenant_shares(self, tier: str) -> dict[str, tuple[int, float]]: ...
+
+    def _usage_of(self, tenant: str) -> Usage: ...
 
 
 class QueueSort(Protocol):
@@ -26,11 +48,11 @@ class QueueSort(Protocol):
     # A job holding a reservation waits while a higher level has queued jobs.
     levels_first: bool
 
-    def order(self, s: Scheduler, now: float, shares: Shares) -> Iterator[QueuedJob]:
+    def order(self, s: SortState, now: float, shares: Shares) -> Iterator[QueuedJob]:
         """The queued jobs, first to look at first (lazily: a pass stops early)."""
         ...
 
-    def submitted(self, s: Scheduler, job: QueuedJob) -> None:
+    def submitted(self, s: SortState, job: QueuedJob) -> None:
         """A job joined the queue (an order that keeps its own sorted list slots it in)."""
         ...
 
@@ -45,10 +67,10 @@ class Fifo:
     def __init__(self, config: PolicyConfig) -> None:
         pass
 
-    def order(self, s: Scheduler, now: float, shares: Shares) -> Iterator[QueuedJob]:
+    def order(self, s: SortState, now: float, shares: Shares) -> Iterator[QueuedJob]:
         return s.index.fifo()
 
-    def submitted(self, s: Scheduler, job: QueuedJob) -> None:
+    def submitted(self, s: SortState, job: QueuedJob) -> None:
         pass
 
 
@@ -59,7 +81,7 @@ class LevelFifo(Fifo):
     every_arrival_urgent = False
     levels_first = True
 
-    def order(self, s: Scheduler, now: float, shares: Shares) -> Iterator[QueuedJob]:
+    def order(self, s: SortState, now: float, shares: Shares) -> Iterator[QueuedJob]:
         return s.index.level_fifo()
 
 
@@ -70,7 +92,7 @@ class FairShare(Fifo):
     every_arrival_urgent = False
     levels_first = True
 
-    def order(self, s: Scheduler, now: float, shares: Shares) -> Iterator[QueuedJob]:
+    def order(self, s: SortState, now: float, shares: Shares) -> Iterator[QueuedJob]:
         tiers = s.tiers
         tenant_weights = s.tenant_weights
         cfg = s.config
@@ -89,7 +111,7 @@ class FairShare(Fifo):
         )
 
 
-def _tier_key(s: Scheduler, now: float) -> Callable[[str, float], tuple[int, float]]:
+def _tier_key(s: SortState, now: float) -> Callable[[str, float], tuple[int, float]]:
     """A tier's standing: (at or over its guarantee, decayed GPUs / weight), with `charged`
     GPUs already yielded in this pass counted in."""
     half_life = s.config.half_life_s
@@ -106,7 +128,7 @@ def _tier_key(s: Scheduler, now: float) -> Callable[[str, float], tuple[int, flo
     return tier_key
 
 
-def _tenant_key(s: Scheduler, now: float) -> Callable[[str, str], float]:
+def _tenant_key(s: SortState, now: float) -> Callable[[str, str], float]:
     half_life = s.config.half_life_s
     tenant_weights = s.tenant_weights
 
@@ -118,7 +140,7 @@ def _tenant_key(s: Scheduler, now: float) -> Callable[[str, str], float]:
     return tenant_key
 
 
-def _behind_a_reservation(s: Scheduler) -> Callable[[QueuedJob], bool]:
+def _behind_a_reservation(s: SortState) -> Callable[[QueuedJob], bool]:
     """Whether a queued job of the job's level holds a reservation (from an earlier pass) in
     the job's resource pool: that job starts first, within the longest runtime."""
     queued, tiers = s.queued, s.tiers
@@ -130,7 +152,7 @@ def _behind_a_reservation(s: Scheduler) -> Callable[[QueuedJob], bool]:
     return lambda job: bool(held) and (tiers[job.tier].level, pool_of(job)) in held
 
 
-def _standing(s: Scheduler, shares: Shares) -> Callable[[str, str], tuple[int, float, float]]:
+def _standing(s: SortState, shares: Shares) -> Callable[[str, str], tuple[int, float, float]]:
     """A tenant's (running GPUs, max-min fair share of its tier, its weight over the weight of
     its tier's tenants with work); the shares are computed once per pass."""
     weights = s.tenant_weights
@@ -158,7 +180,7 @@ class SlurmMultifactor:
     def __init__(self, config: PolicyConfig) -> None:
         self.priorities = SlurmPriority(config.slurm_calc_period_s)
 
-    def order(self, s: Scheduler, now: float, shares: Shares) -> Iterator[QueuedJob]:
+    def order(self, s: SortState, now: float, shares: Shares) -> Iterator[QueuedJob]:
         # A generator: the priorities are computed when the pass first asks, after the
         # reservation holders have started.
         order = self.priorities.ordered(
@@ -170,10 +192,10 @@ class SlurmMultifactor:
             if queued.get(job.job_id) is job:
                 yield job
 
-    def submitted(self, s: Scheduler, job: QueuedJob) -> None:
+    def submitted(self, s: SortState, job: QueuedJob) -> None:
         self.priorities.add(job, self.priority(s, job))
 
-    def priority(self, s: Scheduler, job: QueuedJob) -> float:
+    def priority(self, s: SortState, job: QueuedJob) -> float:
         cfg = s.config
         w_qos, w_fs, w_age = cfg.slurm_weights
         max_qos = max((t.qos_priority for t in s.tiers.values()), default=0) or 1

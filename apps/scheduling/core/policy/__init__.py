@@ -54,18 +54,18 @@ The rules (docs/scheduling.md has the formulas):
   preempted fewer than `max_preemptions` times; the cheapest set (GPU-time since last checkpoint
   plus restart cost) is chosen, and nothing is preempted unless the job then really fits.
 
-Code map (docs/scheduling.md): the data in policy_model.py, the state in policy_scheduler.py,
-a pass in policy_pass.py; the rules it composes behind Protocols with named registries:
-queue order in policy_sort.py, backfill and reservations in policy_backfill.py, preemption in
-policy_preemption.py with its cost in policy_victims.py; the cluster it needs, policy_cluster.py.
+Code map (docs/scheduling.md): the data in model.py, the state in scheduler.py,
+a pass in passes.py; the rules it composes behind Protocols with named registries:
+queue order in sort.py, backfill and reservations in backfill.py, preemption in
+preemption.py with its cost in victims.py; the cluster it needs, cluster.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from apps.scheduling.core.policy_cluster import PolicyCluster
-from apps.scheduling.core.policy_model import (
+from apps.scheduling.core.policy.cluster import PolicyCluster
+from apps.scheduling.core.policy.model import (
     FAIR_RECLAIM,
     HOUR,
     LN2,
@@ -85,9 +85,9 @@ from apps.scheduling.core.policy_model import (
     default_tiers,
     last_checkpoint,
 )
-from apps.scheduling.core.policy_scheduler import Scheduler
-from apps.scheduling.core.policy_sort import ORDERINGS, QueueSort
-from apps.scheduling.core.policy_victims import VICTIM_COSTS, VictimCost
+from apps.scheduling.core.policy.scheduler import Scheduler
+from apps.scheduling.core.policy.sort import ORDERINGS, QueueSort
+from apps.scheduling.core.policy.victims import VICTIM_COSTS, VictimCost
 
 __all__ = [
     "FAIR_RECLAIM",

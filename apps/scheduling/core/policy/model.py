@@ -41,10 +41,10 @@ class TierPolicy:
 
 @dataclass(frozen=True, slots=True)
 class PolicyConfig:
-    ordering: str = "fair"  # a name in policy_sort.ORDERINGS: fair | level-fifo | fifo | slurm
+    ordering: str = "fair"  # a name in sort.ORDERINGS: fair | level-fifo | fifo | slurm
     backfill: bool = True  # EASY backfill behind the first blocked job
     preemption: bool = True
-    victim_cost: str = "checkpoint"  # policy_victims.VICTIM_COSTS: checkpoint | youngest (Slurm)
+    victim_cost: str = "checkpoint"  # victims.VICTIM_COSTS: checkpoint | youngest (Slurm)
     half_life_s: float = 72 * HOUR  # decay of tenant and tier usage
     backfill_depth: int = 256  # jobs looked at per pass and resource pool (bf_max_job_test)
     grace_s: float = 0.0  # a victim releases its GPUs this long after the signal
@@ -207,6 +207,9 @@ class Wait:
 
 
 Decision = Start | Preempt | Reserve | Wait
+
+# tier -> tenant -> (running GPUs, max-min fair share of the tier): computed once per pass.
+Shares = dict[str, dict[str, tuple[int, float]]]
 
 
 def decayed_gpu_seconds(

@@ -1,4 +1,4 @@
-"""What preempting a running job costs: the rule the victim planner (policy_preempt.py) minimises.
+"""What preempting a running job costs: the rule the victim planner (preempt.py) minimises.
 
 `PolicyConfig.victim_cost` names one of `VICTIM_COSTS`; a new rule is a new class there.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from apps.scheduling.core.policy_model import RunningJob, last_checkpoint
+from apps.scheduling.core.policy.model import RunningJob, last_checkpoint
 
 
 class VictimCost(Protocol):

@@ -1,7 +1,7 @@
 """The policy's incremental state: queue, free GPUs per node, usage, reservations held.
 
 `Scheduler` is what the simulator keeps alive and feeds events (`submit`, `finish`, ...); the
-stateless `policy.decide` builds a fresh one per tick. A pass over it is policy_pass.py.
+stateless `policy.decide` builds a fresh one per tick. A pass over it is passes.py.
 """
 
 from __future__ import annotations
@@ -11,24 +11,25 @@ from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from apps.scheduling.core.model import Node, Pod
-from apps.scheduling.core.policy_capacity import FreeView, Reservation
-from apps.scheduling.core.policy_cluster import PolicyCluster
-from apps.scheduling.core.policy_model import (
+from apps.scheduling.core.policy.capacity import FreeView, Reservation
+from apps.scheduling.core.policy.cluster import PolicyCluster
+from apps.scheduling.core.policy.model import (
     ArrivingNode,
     Decision,
     PolicyConfig,
     Pool,
     QueuedJob,
     RunningJob,
+    Shares,
     TierPolicy,
     Usage,
     alloc_of,
     pool_of,
 )
-from apps.scheduling.core.policy_order import QueueIndex
-from apps.scheduling.core.policy_pass import Pass
-from apps.scheduling.core.policy_sort import Shares, make_ordering
-from apps.scheduling.core.policy_victims import make_victim_cost
+from apps.scheduling.core.policy.order import QueueIndex
+from apps.scheduling.core.policy.passes import Pass
+from apps.scheduling.core.policy.sort import make_ordering
+from apps.scheduling.core.policy.victims import make_victim_cost
 
 
 class Scheduler:

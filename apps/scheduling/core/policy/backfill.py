@@ -5,43 +5,78 @@ the nodes that free up first; `config.reservations` > 1 gives that many blocked 
 disjoint nodes) and the placement of a job that must leave them intact. What the first job of its
 standing does when it can neither start nor preempt is a `Backfill` rule from `BACKFILLS`
 (`PolicyConfig.backfill` picks `easy` or `off`); a new rule is a new class there.
-policy_capacity.py holds the counting underneath (free GPUs per node, the shadow time).
+capacity.py holds the counting underneath (free GPUs per node, the shadow time).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from apps.scheduling.core.model import Node, Placement, Pod, Taint, Toleration
-from apps.scheduling.core.policy_capacity import (
+from apps.scheduling.core.policy.capacity import (
+    FreeView,
     Reservation,
     earliest_fit,
     fits_around,
     pick_reserved,
 )
-from apps.scheduling.core.policy_model import (
+from apps.scheduling.core.policy.cluster import PolicyCluster
+from apps.scheduling.core.policy.model import (
+    Decision,
     PolicyConfig,
     QueuedJob,
     Reserve,
+    RunningJob,
+    TierPolicy,
     alloc_of,
     gpu_label,
     when_label,
 )
 
-if TYPE_CHECKING:
-    from apps.scheduling.core.policy_pass import Pass
-    from apps.scheduling.core.policy_scheduler import Scheduler
+
+class BackfillScheduler(Protocol):
+    """What reservations read of the scheduler (`Scheduler` satisfies it)."""
+
+    config: PolicyConfig
+    tiers: dict[str, TierPolicy]
+    queued: dict[str, QueuedJob]
+    running: dict[str, RunningJob]
+    view: FreeView
+    cluster: PolicyCluster
+    _held: list[str]
+    _resvs: dict[str, Reservation]
+    _resv_dirty: bool
+    _ends: list[tuple[float, int, str]]
+
+    def _pod(self, job: QueuedJob | RunningJob) -> Pod: ...
+
+
+class BackfillPass(Protocol):
+    """What a backfill rule and the reservations use of the pass (`Pass` satisfies it)."""
+
+    now: float
+    explain: bool
+    invalid: bool
+    out: list[Decision]
+    resv: Reservations
+
+    @property
+    def s(self) -> BackfillScheduler: ...
+
+    def wait(self, job: QueuedJob, reason: str | Callable[..., str], *args: object) -> None: ...
+
+    def shortage(self, job: QueuedJob) -> str: ...
 
 
 class Backfill(Protocol):
     name: str
 
-    def blocked(self, p: Pass, job: QueuedJob) -> bool:
+    def blocked(self, p: BackfillPass, job: QueuedJob) -> bool:
         """The first job of its standing neither starts nor preempts. False stops the pass."""
         ...
 
-    def preempted(self, p: Pass, job: QueuedJob) -> bool:
+    def preempted(self, p: BackfillPass, job: QueuedJob) -> bool:
         """The first job of its standing signalled victims; they stop within the grace."""
         ...
 
@@ -51,10 +86,10 @@ class Easy:
 
     name = "easy"
 
-    def blocked(self, p: Pass, job: QueuedJob) -> bool:
+    def blocked(self, p: BackfillPass, job: QueuedJob) -> bool:
         return p.resv.make_head(job)
 
-    def preempted(self, p: Pass, job: QueuedJob) -> bool:
+    def preempted(self, p: BackfillPass, job: QueuedJob) -> bool:
         return p.resv.make_head(job, force=True)  # hold the victims' GPUs for it
 
 
@@ -63,11 +98,11 @@ class Off:
 
     name = "off"
 
-    def blocked(self, p: Pass, job: QueuedJob) -> bool:
+    def blocked(self, p: BackfillPass, job: QueuedJob) -> bool:
         p.wait(job, p.shortage, job)
         return False
 
-    def preempted(self, p: Pass, job: QueuedJob) -> bool:
+    def preempted(self, p: BackfillPass, job: QueuedJob) -> bool:
         return True
 
 
@@ -90,9 +125,9 @@ class Reservations:
     reservation of its level or above but its own.
     """
 
-    def __init__(self, p: Pass) -> None:
+    def __init__(self, p: BackfillPass) -> None:
         self.p = p
-        self.s: Scheduler = p.s
+        self.s: BackfillScheduler = p.s
         self.heads: list[Reservation] = []
         self.head_of: dict[str, Reservation] = {}
         # (level, GPU models) -> the heads at or above that level on nodes of those models
@@ -305,7 +340,7 @@ class _Allocs(Mapping[str, list[tuple[str, int]]]):
 
     __slots__ = ("s",)
 
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(self, scheduler: BackfillScheduler) -> None:
         self.s = scheduler
 
     def __getitem__(self, job_id: str) -> list[tuple[str, int]]:

@@ -4,7 +4,7 @@ A job may preempt preemptible jobs of a lower level, or, when its tier is under 
 of a same-level tier over its guarantee; with `tenant_reclaim`, a tenant below its share of its
 tier may reclaim from a tenant above it. Victims must have run `min_runtime_s` and been preempted
 fewer than `max_preemptions` times. The cheapest set by the configured `VictimCost`
-(policy_victims.py) is planned by policy_preempt.py, and nothing is preempted unless the job then
+(victims.py) is planned by preempt.py, and nothing is preempted unless the job then
 really fits (a dry run against the placement core).
 """
 
@@ -12,14 +12,67 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from apps.scheduling.core.policy_model import Preempt, QueuedJob, RunningJob, TierPolicy
-from apps.scheduling.core.policy_preempt import plan_victims
+from apps.scheduling.core.model import Pod
+from apps.scheduling.core.policy.capacity import FreeView
+from apps.scheduling.core.policy.cluster import PolicyCluster
+from apps.scheduling.core.policy.model import (
+    ArrivingNode,
+    Decision,
+    PolicyConfig,
+    Preempt,
+    QueuedJob,
+    RunningJob,
+    Shares,
+    TierPolicy,
+    Usage,
+)
+from apps.scheduling.core.policy.order import QueueIndex
+from apps.scheduling.core.policy.preempt import plan_victims
+from apps.scheduling.core.policy.victims import VictimCost
 
-if TYPE_CHECKING:
-    from apps.scheduling.core.policy_pass import Pass
-    from apps.scheduling.core.policy_scheduler import Scheduler
+
+class PreemptionScheduler(Protocol):
+    """What preemption reads and changes of the scheduler (`Scheduler` satisfies it)."""
+
+    tiers: dict[str, TierPolicy]
+    queued: dict[str, QueuedJob]
+    running: dict[str, RunningJob]
+    view: FreeView
+    index: QueueIndex
+    cluster: PolicyCluster
+    arriving: list[ArrivingNode]
+    victim_cost: VictimCost
+    wake_at: float
+    _preemptible_running: int
+    _plan_failed: dict[str, float]
+    _reclaim_failed: dict[str, float]
+    _victims_of: dict[str, set[str]]
+    _running_of: dict[str, dict[str, RunningJob]]
+
+    def tier_gpus(self, tier: str) -> int: ...
+
+    def tenant_shares(self, tier: str) -> dict[str, tuple[int, float]]: ...
+
+    def _usage_of(self, tenant: str) -> Usage: ...
+
+    def _pod(self, job: QueuedJob | RunningJob) -> Pod: ...
+
+    def _signal(self, victim: RunningJob, for_job: str, release: float) -> None: ...
+
+
+class PreemptionPass(Protocol):
+    """What preemption uses of the pass (`Pass` satisfies it)."""
+
+    now: float
+    cfg: PolicyConfig
+    shares: Shares
+    out: list[Decision]
+
+    @property
+    def s(self) -> PreemptionScheduler: ...
+
 
 Plan = tuple[list[RunningJob], float]
 
@@ -27,9 +80,9 @@ Plan = tuple[list[RunningJob], float]
 class Preemption:
     """The preemption budget and bookkeeping of one pass."""
 
-    def __init__(self, p: Pass) -> None:
+    def __init__(self, p: PreemptionPass) -> None:
         self.p = p
-        self.s: Scheduler = p.s
+        self.s: PreemptionScheduler = p.s
         self.now = p.now
         self.cfg = p.cfg
         self.plans_left = self.cfg.preempt_plans_per_pass if self.cfg.preemption else 0

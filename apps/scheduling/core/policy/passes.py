@@ -2,23 +2,24 @@
 reserved for, or told why it waits.
 
 The pass is a list of named steps; the rules it composes live beside it: the order in
-policy_sort.py (`QueueSort`), reservations and backfill in policy_backfill.py (`Backfill`),
-preemption in policy_preemption.py with its cost in policy_victims.py (`VictimCost`).
+sort.py (`QueueSort`), reservations and backfill in backfill.py (`Backfill`),
+preemption in preemption.py with its cost in victims.py (`VictimCost`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from apps.scheduling.core.model import Placement
-from apps.scheduling.core.policy_backfill import Reservations, make_backfill
-from apps.scheduling.core.policy_capacity import Reservation
-from apps.scheduling.core.policy_model import (
+from apps.scheduling.core.policy.backfill import BackfillScheduler, Reservations, make_backfill
+from apps.scheduling.core.policy.capacity import Reservation
+from apps.scheduling.core.policy.model import (
     Decision,
     Pool,
     QueuedJob,
     RunningJob,
+    Shares,
     Start,
     TierPolicy,
     Wait,
@@ -28,11 +29,24 @@ from apps.scheduling.core.policy_model import (
     when_label,
     whose,
 )
-from apps.scheduling.core.policy_preemption import Preemption
-from apps.scheduling.core.policy_sort import Shares
+from apps.scheduling.core.policy.preemption import Preemption, PreemptionScheduler
+from apps.scheduling.core.policy.sort import QueueSort
 
-if TYPE_CHECKING:
-    from apps.scheduling.core.policy_scheduler import Scheduler
+
+class PassScheduler(BackfillScheduler, PreemptionScheduler, Protocol):
+    """What a pass uses of the scheduler: what its reservations and its preemption use, and
+    the queue it walks (`Scheduler` satisfies it)."""
+
+    ordering: QueueSort
+    pools: dict[Pool, int]
+
+    def _order(self, now: float, shares: Shares | None = None) -> Iterator[QueuedJob]: ...
+
+    def _tier_cap(self, tier: TierPolicy) -> float: ...
+
+    def _add_running(self, job: RunningJob, now: float) -> None: ...
+
+    def _count_pool(self, job: QueuedJob, delta: int) -> None: ...
 
 
 class Pass:
@@ -40,7 +54,7 @@ class Pass:
 
     def __init__(
         self,
-        scheduler: Scheduler,
+        scheduler: PassScheduler,
         now: float,
         explain: bool,
         order: Iterator[QueuedJob] | None = None,
