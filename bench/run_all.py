@@ -1,7 +1,9 @@
-"""`make bench`: run every benchmark module and assemble docs/benchmarks.md.
+"""`make bench`: run every benchmark module and assemble docs/bench/00-log.md.
 
 Each module writes its own section to docs/bench/<name>.md (with the command that produced
-each figure); this script runs them in order and stitches the sections together.
+each figure); this script runs them in order and stitches the sections together into the log.
+docs/benchmarks.md is the current table, kept by hand: copy a new headline figure there with its
+command, date and machine.
 """
 
 import importlib
@@ -40,12 +42,13 @@ def main() -> int:
         if rc:
             failed.append(name)
     parts = [
-        "# Benchmarks\n",
+        "# Benchmarks: the full log\n",
         "Produced by `make bench` (`python -m bench.run_all`) on the 2-core, "
         "24 GB development machine. Each section names the command behind its figures.\n",
     ]
-    parts += [p.read_text() for p in sorted(SECTIONS.glob("*.md"))]
-    (ROOT / "docs" / "benchmarks.md").write_text("\n".join(parts))
+    log = SECTIONS / "00-log.md"
+    parts += [p.read_text() for p in sorted(SECTIONS.glob("*.md")) if p != log]
+    log.write_text("\n".join(parts))
     if failed:
         print("failed:", ", ".join(failed), file=sys.stderr)
     return 1 if failed else 0
