@@ -10,6 +10,7 @@ than `LEASE_SECONDS`. Every web process counts in the same sets, so the caps hol
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -70,13 +71,25 @@ def tenant_key(tenant_id) -> str:
     return f"{PREFIX}tenant:{tenant_id}"
 
 
+def take(keys: Sequence[str], member: str, *, lease: float, caps: tuple[int, int]) -> int:
+    """Lease `member` a place in both sets of `keys` (the holder's, then the tenant's), each
+    capped: 0 taken, 1 the first set is full, 2 the second is. Event streams here, and
+    interactive sessions (apps/scheduling/sessions.py), count their open connections with it."""
+    args = (*keys, member, str(lease), *map(str, caps))
+    return int(cast(str, shared_client().eval(_ACQUIRE, len(keys), *args)))
+
+
+def renew_in(pipe, keys: Sequence[str], member: str, *, lease: float) -> None:
+    """Queue the renewal of a lease `take` gave (not of one that lapsed) on a pipeline."""
+    pipe.eval(_RENEW, len(keys), *keys, member, str(lease))
+
+
 def acquire(*, holder: str, tenant_id) -> Slot:
     """A slot for one stream, or OverCap. `holder`: who opens it (a token id, or the user for a
     web session), never a secret."""
     slot = Slot((token_key(holder), tenant_key(tenant_id)), uuid.uuid4().hex)
     caps = (settings.MAX_STREAMS_PER_TOKEN, settings.MAX_STREAMS_PER_TENANT)
-    args = (*slot.keys, slot.member, str(LEASE_SECONDS), *map(str, caps))
-    answer = int(cast(str, shared_client().eval(_ACQUIRE, 2, *args)))
+    answer = take(slot.keys, slot.member, lease=LEASE_SECONDS, caps=caps)
     if answer:
         raise OverCap("token" if answer == 1 else "tenant")
     return slot
@@ -85,7 +98,7 @@ def acquire(*, holder: str, tenant_id) -> Slot:
 def renew(slots: list[Slot]) -> None:
     pipe = shared_client().pipeline(transaction=False)
     for slot in slots:
-        pipe.eval(_RENEW, 2, *slot.keys, slot.member, str(LEASE_SECONDS))
+        renew_in(pipe, slot.keys, slot.member, lease=LEASE_SECONDS)
     pipe.execute()
 
 

@@ -24,6 +24,7 @@ from celery import current_app
 from django.conf import settings
 from django.db import transaction
 
+from apps.jobs import stream_slots
 from apps.jobs.access import membership_of, visible_jobs
 from apps.jobs.models import ATTEMPT_ACTIVE, AttemptMember, Job, JobState
 from apps.jobs.services import record_event
@@ -42,31 +43,6 @@ PENDING_SECONDS = 60  # a session nobody attached to lapses; the relay renews an
 LEASE_SECONDS = 30  # a slot's lease, renewed by the relay while the session is open
 RETRY_AFTER_SECONDS = 5
 DEFAULT_SHELL = ["/bin/bash", "-l"]  # the agent falls back to /bin/sh where there is no bash
-
-# KEYS: the user's set, the tenant's set. ARGV: member, lease, user cap, tenant cap.
-# Returns 0 (taken), 1 (the user is at the cap) or 2 (the tenant is). As apps/jobs/stream_slots.py.
-_ACQUIRE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-local lease = tonumber(ARGV[2])
-for _, key in ipairs(KEYS) do redis.call('ZREMRANGEBYSCORE', key, '-inf', now) end
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return 1 end
-if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[4]) then return 2 end
-for _, key in ipairs(KEYS) do
-  redis.call('ZADD', key, now + lease, ARGV[1])
-  redis.call('EXPIRE', key, math.ceil(lease) + 1)
-end
-return 0
-"""
-_RENEW = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-for _, key in ipairs(KEYS) do
-  redis.call('ZADD', key, 'XX', now + tonumber(ARGV[2]), ARGV[1])
-  redis.call('EXPIRE', key, math.ceil(tonumber(ARGV[2])) + 1)
-end
-return 0
-"""
 
 
 class OverSessionCap(ServiceError):
@@ -190,8 +166,7 @@ def _default_argv(job: Job, kind: str) -> list[str]:
 def _take_slot(*, user_id, tenant_id, member: str) -> list[str]:
     keys = [f"{SLOTS}user:{user_id}", f"{SLOTS}tenant:{tenant_id}"]
     caps = (settings.MAX_SESSIONS_PER_USER, settings.MAX_SESSIONS_PER_TENANT)
-    answer = int(cast(str, shared_client().eval(_ACQUIRE, 2, *keys, member, str(LEASE_SECONDS),
-                                                 *map(str, caps))))  # fmt: skip
+    answer = stream_slots.take(keys, member, lease=LEASE_SECONDS, caps=caps)  # as event streams'
     if answer:
         scope = "user" if answer == 1 else "tenant"
         raise OverSessionCap(f"too many open sessions for this {scope} "
@@ -216,7 +191,7 @@ def renew(sessions: list[tuple[str, list[str]]]) -> None:
     pipe = shared_client().pipeline(transaction=False)
     for session, slot_keys in sessions:
         pipe.expire(key(session), PENDING_SECONDS)
-        pipe.eval(_RENEW, len(slot_keys), *slot_keys, session, str(LEASE_SECONDS))
+        stream_slots.renew_in(pipe, slot_keys, session, lease=LEASE_SECONDS)
     pipe.execute()
 
 
