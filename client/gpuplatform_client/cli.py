@@ -159,8 +159,12 @@ def _unknown(top: Parser, args, extra: list[str]) -> None:
     first = extra[0]
     if not first.startswith("-"):
         if args.command in ("submit", "exec"):
-            where = "[options]" if args.command == "submit" else "ID"
-            command.error(f"unexpected {' '.join(extra)!r}: the command goes after `--`, as in "
+            what, where = (
+                ("the job's command", "[options]")
+                if args.command == "submit"
+                else ("the command", "ID")
+            )
+            command.error(f"unexpected {' '.join(extra)!r}: {what} goes after `--`, as in "
                           f"gpuplatform {args.command} {where} -- {' '.join(extra)}")  # fmt: skip
         command.error(f"unexpected argument(s): {' '.join(extra)}")
     name = first.split("=", 1)[0]
