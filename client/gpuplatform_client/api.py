@@ -168,6 +168,11 @@ class Client:
                 out.write(chunk)
         return target
 
+    def open_session(self, job_id: str, body: dict) -> dict:
+        """An interactive session on a running job (docs/interactive.md): its id, the one-use
+        ticket its websocket presents, and the node."""
+        return self._json("POST", f"/api/v1/jobs/{job_id}/sessions/", body, timeout=30)
+
     def usage(self) -> dict:
         return self._json("GET", "/api/v1/usage/")
 

@@ -185,7 +185,7 @@ class Connection:
     def open(cls, client: Client, job_id: str, body: dict) -> Connection:
         from websockets.sync.client import connect
 
-        opened = open_session(client, job_id, body)
+        opened = client.open_session(job_id, body)
         parts = urllib.parse.urlsplit(client.url)
         scheme = "wss" if parts.scheme == "https" else "ws"
         url = f"{scheme}://{parts.netloc}{opened['url']}"
@@ -233,23 +233,6 @@ class Connection:
             self.close_reason = "the connection to the web was lost"
         else:
             self.close_reason = CLOSE_REASONS.get(code) or reason or f"code {code}"
-
-
-def open_session(client: Client, job_id: str, body: dict) -> dict:
-    request = urllib.request.Request(f"{client.url}/api/v1/jobs/{job_id}/sessions/",
-                                     data=json.dumps(body).encode(), method="POST")  # fmt: skip
-    request.add_header("Authorization", f"Token {client.token}")
-    request.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 (the configured URL)
-            return json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        raw = error.read().decode("utf-8", errors="replace")
-        try:
-            parsed = json.loads(raw)
-        except ValueError:
-            parsed = raw
-        raise ApiError(error.code, parsed, error.headers.get("Retry-After")) from None
 
 
 def attach(client: Client, job_id: str, body: dict, *, tty: bool) -> int:

@@ -26,7 +26,6 @@ from dataclasses import dataclass, replace
 
 from apps.scheduling.core.cluster import ClusterManager
 from apps.scheduling.core.model import Node
-from apps.scheduling.core.policy.cluster import PolicyCluster
 from apps.scheduling.core.policy.model import (
     ArrivingNode,
     PolicyConfig,
@@ -37,7 +36,7 @@ from apps.scheduling.core.policy.model import (
     TenantUsage,
     TierPolicy,
 )
-from apps.scheduling.core.policy.scheduler import Scheduler
+from apps.scheduling.core.policy.scheduler import Scheduler, busy_beyond_running
 
 _END, _NODE, _WAKE = 0, 1, 2
 # The runtime predictor's quantiles: the early run, the estimate, the late run (the window), and
@@ -116,7 +115,7 @@ def forecast(
     for held in [replace(job) for job in running]:  # copies: the scheduler changes them
         scheduler.restore_running(held)
         push(max(now, min(end_of(held), held.est_end)), _END, held.job_id)
-    _busy_beyond_running(scheduler, world)
+    busy_beyond_running(scheduler, world)
     scheduler.reset_usage(now)
     for tenant, usage in (tenant_usage or {}).items():
         scheduler.set_usage(tenant, usage.tier, usage.gpu_seconds, now)
@@ -163,21 +162,6 @@ def forecast(
                 added[str(name)] = t
                 scheduler.arriving = [n for n in scheduler.arriving if n is not arrived]
     return Plan(starts, on_new_node, cut=len(starts) < len(queue), order=order)
-
-
-def _busy_beyond_running(scheduler: Scheduler, cluster: PolicyCluster) -> None:
-    """As policy.decide: what the cluster cannot give counts as busy (cordoned nodes, unhealthy
-    GPUs, pods of no running job)."""
-    view = scheduler.view
-    for name in list(view.free):
-        node = cluster.node_view(name)
-        usable = 0
-        if not node.cordoned:
-            usable = sum(
-                1 for m, ok in zip(node.free_milli, node.healthy, strict=True) if m >= 1000 and ok
-            )
-        if view.free[name] > usable:
-            view.take(name, view.free[name] - usable)
 
 
 # A job that has run longer than every run the history holds: it is expected to run about as long

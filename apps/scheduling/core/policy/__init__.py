@@ -85,7 +85,7 @@ from apps.scheduling.core.policy.model import (
     default_tiers,
     last_checkpoint,
 )
-from apps.scheduling.core.policy.scheduler import Scheduler
+from apps.scheduling.core.policy.scheduler import Scheduler, busy_beyond_running
 from apps.scheduling.core.policy.sort import ORDERINGS, QueueSort
 from apps.scheduling.core.policy.victims import VICTIM_COSTS, VictimCost
 
@@ -141,7 +141,7 @@ def decide(
         scheduler.add_node(node, in_cluster=True)
     for held in running:
         scheduler.restore_running(held)
-    _busy_beyond_running(scheduler, cluster)
+    busy_beyond_running(scheduler, cluster)
     scheduler.reset_usage(now)
     for tenant, usage in (tenant_usage or {}).items():
         scheduler.set_usage(tenant, usage.tier, usage.gpu_seconds, now)
@@ -150,17 +150,3 @@ def decide(
     scheduler.hold(held_reservation)
     scheduler.arriving = list(arriving)
     return scheduler.decide(now, explain=explain)
-
-
-def _busy_beyond_running(scheduler: Scheduler, cluster: PolicyCluster) -> None:
-    """Count as busy what the cluster cannot give: other pods, cordoned nodes, unhealthy GPUs."""
-    view = scheduler.view
-    for name in list(view.free):
-        node = cluster.node_view(name)
-        usable = 0
-        if not node.cordoned:
-            usable = sum(
-                1 for m, ok in zip(node.free_milli, node.healthy, strict=True) if m >= 1000 and ok
-            )
-        if view.free[name] > usable:
-            view.take(name, view.free[name] - usable)

@@ -352,3 +352,18 @@ class Scheduler:
 
     def _order(self, now: float, shares: Shares | None = None) -> Iterator[QueuedJob]:
         return self.ordering.order(self, now, {} if shares is None else shares)
+
+
+def busy_beyond_running(scheduler: Scheduler, cluster: PolicyCluster) -> None:
+    """Count as busy what the cluster cannot give: other pods, cordoned nodes, unhealthy GPUs
+    (policy.decide, and the forecast that runs the policy forward)."""
+    view = scheduler.view
+    for name in list(view.free):
+        node = cluster.node_view(name)
+        usable = 0
+        if not node.cordoned:
+            usable = sum(
+                1 for m, ok in zip(node.free_milli, node.healthy, strict=True) if m >= 1000 and ok
+            )
+        if view.free[name] > usable:
+            view.take(name, view.free[name] - usable)
