@@ -43,8 +43,9 @@ SKOPEO, UMOCI = "skopeo", "umoci"
 RETRIES = 3
 PULL_TIMEOUT = 3600
 UNREACHABLE = ("connection refused", "no such host", "i/o timeout", "timeout", "connection reset")
-NOT_FOUND = ("manifest unknown", "not found", "name unknown", "404")
-AUTH = ("unauthorized", "authentication required", "denied", "401", "403")
+# Whole words only: a registry on port 34403 or a repository named team/denied-x is not a refusal.
+NOT_FOUND = re.compile(r"\b(manifest unknown|not found|name unknown|404)\b")
+AUTH = re.compile(r"\b(unauthorized|authentication required|denied|401|403)\b")
 
 
 class PullFailed(Exception):
@@ -90,6 +91,13 @@ def _why(stderr: str, auth: str | None) -> str:
                 text = text.replace(part, "***")
     text = re.sub(r'time="[^"]*" level=\w+ msg=', "", text)
     return text[:200]
+
+
+def _without_names(text: str, ref: refs.ImageRef) -> str:
+    """skopeo's words without the image's own names, which may hold "403" or "denied"."""
+    for name in sorted({str(ref), ref.host, ref.repository}, key=len, reverse=True):
+        text = text.replace(name.lower(), "<image>")
+    return text
 
 
 class ImageCache:
@@ -165,10 +173,10 @@ class ImageCache:
             if result.returncode == 0:
                 return result
             why = _why(result.stderr, auth)
-            low = result.stderr.lower()
-            if any(word in low for word in AUTH):
+            low = _without_names(result.stderr.lower(), ref)
+            if AUTH.search(low):
                 raise PullFailed(f"image {ref}: the registry refused the credentials: {why}")
-            if any(word in low for word in NOT_FOUND):
+            if NOT_FOUND.search(low):
                 raise PullFailed(f"image {ref}: not found: {why}")
             if not any(word in low for word in UNREACHABLE):
                 raise PullFailed(f"image {ref}: {why}")  # a corrupt layer, a bad manifest...

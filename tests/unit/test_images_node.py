@@ -76,3 +76,26 @@ def test_the_images_config_under_the_submits():
     assert images.command(image, ["train"]) == ["/entry", "train"]
     env = images.environment(image, {"B": "submit", "PATH": "/usr/bin", "PYTHONPATH": "/sdk"})
     assert env == {"A": "image", "B": "submit", "PATH": "/opt/bin:/bin"}
+
+
+@pytest.mark.parametrize(
+    ("reference", "stderr", "said"),
+    [
+        # The registry's port holds "403": still "not found" (CI's registry once listened on 34403).
+        ("127.0.0.1:34403/team/nothing:v1",
+         'Error parsing image name "docker://127.0.0.1:34403/team/nothing:v1": reading manifest v1 '
+         "in 127.0.0.1:34403/team/nothing: manifest unknown: manifest unknown", "not found"),
+        ("127.0.0.1:5000/denied/box:v1",
+         "reading manifest v1 in 127.0.0.1:5000/denied/box: manifest unknown", "not found"),
+        ("127.0.0.1:4040/team/box:v1",
+         "reading manifest v1 in 127.0.0.1:4040/team/box: unauthorized: authentication required",
+         "the registry refused the credentials"),
+    ],
+)  # fmt: skip
+def test_a_registrys_answer_is_read_without_the_images_own_names(tmp_path, monkeypatch, reference, stderr, said):
+    failed = images.subprocess.CompletedProcess([], 1, stdout="", stderr=stderr)
+    monkeypatch.setattr(images, "_run", lambda argv: failed)
+    cache = images.ImageCache(tmp_path / "images")
+    with pytest.raises(images.PullFailed) as raised:
+        cache._tried(["skopeo"], parse(reference), None)
+    assert f"{reference}: {said}" in raised.value.reason

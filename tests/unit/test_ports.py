@@ -135,9 +135,10 @@ def test_rank_0s_start_report_gives_its_gang_the_port(cast, tmp_path):  # noqa: 
 
 
 def test_with_no_free_port_rank_0_never_starts_and_is_reported_lost(runner, leases):  # noqa: F811
-    runner.ports = leases(41010, 41010)
-    taken = leases(41010, 41010)
-    assert taken.lease() == 41010  # another agent of the host holds the only one
+    only = _free_block(1)
+    runner.ports = leases(only, only)
+    taken = leases(only, only)
+    assert taken.lease() == only  # another agent of the host holds the only one
     failures = []
     runner.reporter.finished = lambda run, *_: (  # the HTTP reporter sends "lost" for these
         failures.append(run.failure),
@@ -146,6 +147,6 @@ def test_with_no_free_port_rank_0_never_starts_and_is_reported_lost(runner, leas
     runner.launch(Work(argv=["{python}", "-c", "print('ran')"], world_size=2))
     finish = run_until_finished(runner)
     assert failures == ["lost"]
-    assert finish[1:] == (127, "no free port for MASTER_PORT in 41010-41010")
+    assert finish[1:] == (127, f"no free port for MASTER_PORT in {only}-{only}")
     assert not any(e[0] == "started" for e in runner.reporter.events)
     assert next(iter(runner.ended)) == (1, 0) and runner.runs == {}
