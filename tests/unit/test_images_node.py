@@ -92,7 +92,9 @@ def test_the_images_config_under_the_submits():
          "the registry refused the credentials"),
     ],
 )  # fmt: skip
-def test_a_registrys_answer_is_read_without_the_images_own_names(tmp_path, monkeypatch, reference, stderr, said):
+def test_a_registrys_answer_is_read_without_the_images_own_names(
+    tmp_path, monkeypatch, reference, stderr, said
+):
     failed = images.subprocess.CompletedProcess([], 1, stdout="", stderr=stderr)
     monkeypatch.setattr(images, "_run", lambda argv: failed)
     cache = images.ImageCache(tmp_path / "images")
