@@ -5,6 +5,7 @@ Each skips with the reason where this machine cannot fence jobs (not root, no cg
 from __future__ import annotations
 
 import json
+import pathlib
 import time
 import uuid
 from dataclasses import dataclass
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 import pytest
 
 from tests.unit.test_runner import Recorder, Work
-from workers.isolation import detect, remove_node_groups
+from workers.isolation import PRIVATE_DIRS, detect, remove_node_groups
 from workers.runner import Runner
 
 
@@ -30,6 +31,17 @@ class Keyed(Recorder):
 
     def finished(self, run, exit_code, reason, checkpoint):
         self.events.append(("finished", exit_code, reason, run.key))
+
+
+def outside_private_tmp() -> pathlib.Path:
+    """Where a test puts host files a job must not reach: beside the code, as `make run` lays them
+    out, unless the checkout sits under /tmp, which a fenced job sees as its own empty tmpfs (it
+    would get ENOENT there, not the EACCES the fence gives); then /var/lib, which jobs see as is.
+    """
+    root = pathlib.Path(__file__).resolve().parents[2]
+    if any(root.is_relative_to(private) for private in PRIVATE_DIRS):
+        return pathlib.Path("/var/lib")
+    return root
 
 
 def fenced_runner(data_dir, *, node: str | None = None, fake_gpus: int = 0, **kwargs) -> Runner:

@@ -3,7 +3,6 @@ fenced job sees only its own (the rest are not in its mount namespace, and denie
 devices cgroup where there is one)."""
 
 import os
-import pathlib
 import shutil
 import subprocess
 import sys
@@ -11,11 +10,9 @@ import uuid
 
 import pytest
 
-from tests.isolation.conftest import finish, launch, report, result_of
+from tests.isolation.conftest import finish, launch, outside_private_tmp, report, result_of
 from workers.isolation import make_fake_devices
 from workers.runner import Runner
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_a_job_sees_only_its_own_fake_gpu_device_files(runner):
@@ -69,9 +66,7 @@ def test_with_real_gpus_the_other_device_files_are_covered_and_cuda_counts_from_
 ):
     """As on a node with /dev/nvidiaN: a world-traversable dir of char devices, shared with the
     host. The job's namespace covers the other GPUs' files with an empty root-only file."""
-    dev = (
-        ROOT / f".isolation-test-dev-{uuid.uuid4().hex[:8]}"
-    )  # not under /tmp: the job's /tmp is its own
+    dev = outside_private_tmp() / f".isolation-test-dev-{uuid.uuid4().hex[:8]}"
     request.addfinalizer(lambda: shutil.rmtree(dev))
     make_fake_devices(dev, 3)
     dev.chmod(0o755)

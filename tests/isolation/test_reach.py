@@ -2,16 +2,20 @@
 database and storage, another job's dirs and /tmp; and cannot signal another job."""
 
 import os
-import pathlib
 import shutil
 import uuid
 
 import pytest
 
-from tests.isolation.conftest import finish, launch, report, result_of, wait_for_line
+from tests.isolation.conftest import (
+    finish,
+    launch,
+    outside_private_tmp,
+    report,
+    result_of,
+    wait_for_line,
+)
 from tests.processes import alive
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 TRY_READ = """
 def attempt(what, action):
@@ -37,10 +41,10 @@ def test_a_job_cannot_read_the_agents_environment(runner, monkeypatch):
 @pytest.fixture
 def control_plane(monkeypatch):
     """A control plane's data dir as `make run` lays it out (gpuplatform.launch), somewhere a
-    job could otherwise walk to: beside the code, not under a hidden /tmp."""
+    job could otherwise walk to: beside the code (outside_private_tmp)."""
     from gpuplatform import launch as platform_launch
 
-    path = ROOT / f".isolation-test-var-{uuid.uuid4().hex[:8]}"
+    path = outside_private_tmp() / f".isolation-test-var-{uuid.uuid4().hex[:8]}"
     monkeypatch.setenv("GPUPLATFORM_DATA_DIR", str(path))
     data = platform_launch.data_dir()
     (data / "db.sqlite3").write_text("every user's API token")
