@@ -16,7 +16,9 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.jobs.access import visible_jobs
 from apps.jobs.fields import ArgvField, StrictBooleanField, StrictCharField, StrictIntegerField
+from apps.jobs.lookup import resolve
 from apps.platform.errors import UnknownObject
 from apps.scheduling import sessions
 
@@ -63,9 +65,11 @@ class JobSessionsView(APIView):
             tty=data["tty"], rows=data["rows"], cols=data["cols"], term=data["term"],
             port=data.get("port") or 0,
         )  # fmt: skip
+        jobs = visible_jobs(request.user)  # `pk`: the id or a unique prefix (apps/jobs/lookup.py)
+        job_id = resolve(jobs, pk, what="job")
         try:
             opened = sessions.open_session(user=request.user, token_id=getattr(request.auth, "pk", None),
-                                           job_id=pk, request=wanted)  # fmt: skip
+                                           job_id=job_id, request=wanted)  # fmt: skip
         except UnknownObject:
             raise NotFound() from None  # DRF's own 404 shape, as every other unknown id
         return Response(

@@ -36,7 +36,7 @@ urlpatterns = [
         name="job-artifact-download",
     ),
     path("api/v1/jobs/<str:pk>/events/", JobEventsView.as_view(), name="job-events"),
-    path("api/v1/jobs/<uuid:pk>/sessions/", JobSessionsView.as_view(), name="job-sessions"),
+    path("api/v1/jobs/<str:pk>/sessions/", JobSessionsView.as_view(), name="job-sessions"),
     path("api/v1/", include(router.urls)),
     path("api/v1/usage/", UsageView.as_view(), name="usage"),
     path("api/v1/capacity/", CapacityView.as_view(), name="capacity"),

@@ -3,7 +3,7 @@ from django.templatetags.static import static
 from django.urls import path
 from django.views.generic import RedirectView
 
-from apps.web import docs_page, secrets_page, tokens, views
+from apps.web import docs_page, prefixes, secrets_page, tokens, views
 
 
 class FaviconRedirect(RedirectView):
@@ -24,7 +24,9 @@ urlpatterns = [
     path("jobs/<uuid:job_id>/", views.job_detail, name="web-job-detail"),
     path("jobs/<uuid:job_id>/cancel/", views.job_cancel, name="web-job-cancel"),
     path("jobs/<uuid:job_id>/resubmit/", views.job_resubmit, name="web-job-resubmit"),
+    path("jobs/<str:prefix>/", prefixes.job_by_prefix, name="web-job-by-prefix"),
     path("arrays/<uuid:array_id>/", views.array_detail, name="web-array-detail"),
+    path("arrays/<str:prefix>/", prefixes.array_by_prefix, name="web-array-by-prefix"),
     path("arrays/<uuid:array_id>/cancel/", views.array_cancel, name="web-array-cancel"),
     path(
         "arrays/<uuid:array_id>/requeue-failed/",

@@ -162,3 +162,24 @@ def test_an_ambiguous_prefix_in_depends_on_is_a_400_naming_it(as_user, bobs_job)
     body = {**GOOD, "depends_on": [{"job": "1a2b3c4d", "condition": "afterok"}]}
     response = as_user("bob").post("/api/v1/jobs/", body, format="json")
     assert response.status_code == 400 and "ambiguous" in response.json()["depends_on"][0]
+
+
+def test_the_pages_take_a_prefix_and_redirect_to_the_one_they_name(
+    bobs_job, bobs_array, django_user_model
+):
+    from django.test import Client
+
+    array, _ = bobs_array
+    browser, other = Client(), Client()
+    browser.force_login(django_user_model.objects.get(username="bob"))
+    other.force_login(django_user_model.objects.get(username="dave"))
+    page = browser.get("/jobs/1a2b3c4d/")
+    assert page.status_code == 302 and page.url == f"/jobs/{bobs_job.pk}/"
+    assert browser.get(page.url).status_code == 200
+    assert other.get("/jobs/1a2b3c4d/").status_code == 404  # another tenant's: no such job
+    assert browser.get("/jobs/1a2b/").status_code == 404  # too short to be a prefix
+    clone(Job, bobs_job, "1a2b3c4d-ffff-4000-8000-000000000002")
+    ambiguous = browser.get("/jobs/1a2b3c4d/")
+    assert ambiguous.status_code == 400 and b"ambiguous" in ambiguous.content
+    assert browser.get(f"/arrays/{str(array.pk)[:8]}/").status_code == 400  # the clone shares it
+    assert browser.get(f"/arrays/{str(array.pk)[:13]}/").url == f"/arrays/{array.pk}/"

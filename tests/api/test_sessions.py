@@ -77,6 +77,18 @@ def test_another_tenant_gets_404_a_viewer_403_and_staff_403_unless_the_operator_
     assert open_session(as_user, None, job).status_code == 401
 
 
+def test_a_session_opens_by_the_jobs_id_prefix_among_the_callers_jobs_only(as_user):
+    job = running(as_user, "bob")
+    prefix = str(job.pk)[:8]
+    opened = as_user("bob").post(f"/api/v1/jobs/{prefix}/sessions/", {"kind": "exec", "argv": ["true"]},
+                                 format="json")  # fmt: skip
+    assert opened.status_code == 201, opened.json()
+    assert JobEvent.objects.filter(job=job, kind="session").count() == 1
+    other = as_user("dave").post(f"/api/v1/jobs/{prefix}/sessions/", {"kind": "exec", "argv": ["true"]},
+                                 format="json")  # fmt: skip
+    assert other.status_code == 404
+
+
 def test_a_session_wants_a_running_job_a_known_rank_and_whole_input(as_user):
     job = running(as_user, "bob")
     assert open_session(as_user, "bob", job, kind="shell").json() == {
