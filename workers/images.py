@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from apps.platform import images as refs
+from workers import image_driver
 from workers.isolation import env_int
 
 log = logging.getLogger(__name__)
@@ -527,6 +528,11 @@ def prepare_member(cache: ImageCache, reporter, run, head: BinaryIO, *, jailed: 
         shutil.copytree(image.rootfs, scratch / "copy", symlinks=True)
         head.write(b"gpuplatform: no overlayfs here: the job runs in a private copy of the image\n")
     run.extra["image"], run.extra["image_scratch"] = image, scratch
+    driver = image_driver.mounts(bool(a.gpu_indices))  # the host's NVIDIA driver, read-only
+    if driver:
+        _say(head, f"the node's NVIDIA driver in the image: {len(driver)} files in "
+                   f"{image_driver.LIB_DIR} and {image_driver.BIN_DIR}")  # fmt: skip
+    run.extra["image_driver"] = driver
 
 
 def command(image: Image, argv: list[str]) -> list[str]:
@@ -558,7 +564,8 @@ def for_job(run, argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[
     if not argv:
         run.failure = "final"  # the job's own input: no retry changes it
         raise ValueError("the image has no Entrypoint or Cmd and the submit no command")
-    return argv, environment(image, env)
+    env = environment(image, env)
+    return argv, image_driver.environment(env) if run.extra.get("image_driver") else env
 
 
 def fence(run, spec: dict, own_gpus: list[pathlib.Path]) -> None:
@@ -571,7 +578,9 @@ def fence(run, spec: dict, own_gpus: list[pathlib.Path]) -> None:
         "rootfs": str(image.rootfs), "upper": str(scratch / "upper"), "work": str(scratch / "work"),
         "mount": str(scratch / "mount"),
         "copy": str(scratch / "copy") if (scratch / "copy").is_dir() else "",
-        "devices": [str(path) for path in own_gpus],
+        "devices": [str(path) for path in own_gpus] + (image_driver.control_devices(own_gpus)
+                                                       if run.extra.get("image_driver") else []),
+        "driver": [list(pair) for pair in run.extra.get("image_driver") or []],
         "binds": [str(run.workdir), str(run.checkpoint_dir)], "working_dir": working_dir,
     }  # fmt: skip
     if working_dir:
