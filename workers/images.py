@@ -345,7 +345,11 @@ class ImageCache:
 
     def _entries(self) -> list[pathlib.Path]:
         roots = self.root / "roots"
-        return [path for path in roots.iterdir() if (path / "ready").exists()]
+        return [
+            path
+            for path in roots.iterdir()
+            if re.fullmatch(r"[0-9a-f]{64}", path.name) and (path / "ready").exists()
+        ]
 
     def _remove_unless_used(self, hexa: str) -> bool:
         fd = os.open(self.root / "locks" / f"{hexa}.use", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
