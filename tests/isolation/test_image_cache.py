@@ -117,13 +117,16 @@ def test_a_running_job_keeps_its_image_through_an_eviction(run_image, served):  
     assert "marker-one" in log_of(runner, busy)
 
 
-def test_a_pull_shows_its_size_and_layers_in_the_log(run_image, served):  # noqa: F811
+def test_a_pull_shows_its_size_layers_and_progress_in_the_log(run_image, served, monkeypatch):  # noqa: F811
     registry, _, digests, _ = served
+    monkeypatch.setattr(images, "PROGRESS_EVERY", 0.0)  # a "fetched" line at each look
     runner, key = run_image(f"{registry.host}/team/other:v1", ["true"])
     assert ended(runner, key) == (0, "")
     log = log_of(runner, key)
     assert re.search(rf"image {short(digests['two'])} pulling \S+ \(\d+\.\d MB in 1 layer", log)
     assert re.search(rf"image {short(digests['two'])} layer 1/1 [0-9a-f]{{12}} \(\d+\.\d MB\)", log)
+    fetched = re.findall(rf"image {short(digests['two'])} fetched ([\d.]+) of ([\d.]+) MB", log)
+    assert fetched and float(fetched[-1][0]) >= float(fetched[-1][1]) > 0.5, log  # all of it
 
 
 def test_an_image_over_the_limit_fails_at_once_without_a_download(run_image, served):  # noqa: F811
