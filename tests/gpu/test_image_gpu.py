@@ -7,6 +7,7 @@ The image is built here (tests/oci_images.py): busybox, plus the host's C librar
 
 from __future__ import annotations
 
+import pathlib
 import re
 import shutil
 import subprocess
@@ -20,6 +21,8 @@ from tests.isolation.test_images import ImageJob, Reporter
 from tests.oci_images import Registry, build_image, need_tools
 from workers import image_driver
 from workers.isolation import remove_node_groups
+
+SCRIPT = "nvidia-smi -L; ls /dev; ls /usr/local/nvidia/lib64; echo libs=$LD_LIBRARY_PATH"
 
 
 def glibc_of(program: str) -> list[str]:
@@ -37,8 +40,9 @@ def test_nvidia_smi_runs_in_a_busybox_image_on_its_own_gpu(tmp_path, monkeypatch
     if smi is None or not image_driver.host_has_driver():
         pytest.skip("no nvidia-smi or no /proc/driver/nvidia here")
     libc = [path for path in glibc_of(smi) if "nvidia" not in path]
-    layout = build_image(tmp_path / "image", marker="gpu", env=["PATH=/bin"], cmd=[],
-                         host_files=libc)  # fmt: skip
+    dirs = ":".join(sorted({str(pathlib.PurePath(path).parent) for path in libc}))
+    layout = build_image(tmp_path / "image", marker="gpu", cmd=[], host_files=libc,
+                         env=["PATH=/bin", f"LD_LIBRARY_PATH={dirs}"])  # fmt: skip
     registry = Registry(tmp_path / "registry")
     runner = None
     try:
@@ -46,8 +50,7 @@ def test_nvidia_smi_runs_in_a_busybox_image_on_its_own_gpu(tmp_path, monkeypatch
         monkeypatch.setenv("GPUPLATFORM_INSECURE_REGISTRIES", registry.host)
         runner = fenced_runner(tmp_path / "agent")  # the real GPUs: no fake device files
         runner.reporter = Reporter()
-        job = ImageJob(argv=["sh", "-c", "nvidia-smi -L; ls /dev; ls /usr/local/nvidia/lib64"],
-                       attempt_id=1, job_id="job-1", image=f"{registry.host}/team/smi:v1",
+        job = ImageJob(argv=["sh", "-c", SCRIPT], attempt_id=1, job_id="job-1", image=f"{registry.host}/team/smi:v1",
                        gpu_indices=[0])  # fmt: skip
         assert runner.launch(job)
         deadline, done = time.monotonic() + 120, []
@@ -61,8 +64,14 @@ def test_nvidia_smi_runs_in_a_busybox_image_on_its_own_gpu(tmp_path, monkeypatch
         listed = re.findall(r"^GPU \d+: .*\(UUID: (GPU-[0-9a-f-]+)\)", log, re.MULTILINE)
         assert listed == [gpus[0]["uuid"]], log  # its own GPU, and only that one
         assert "libnvidia-ml.so.1" in log and "nvidiactl" in log
+        assert f"libs={dirs}:{image_driver.LIB_DIR}\n" in log  # the image's, then the driver's
     finally:
         if runner is not None:
             runner.kill_all("test over")
+            for _ in range(100):
+                runner.tick()
+                if not runner.runs and not runner.reaping:
+                    break
+                time.sleep(0.05)
             remove_node_groups(runner.isolation.cgroups)
         registry.stop()
