@@ -38,9 +38,11 @@ def _tool(*argv: str) -> str:
 
 
 def build_image(workdir: pathlib.Path, *, marker: str, env: list[str], cmd: list[str],
-                working_dir: str = "", user: str = "", setuid_copy: bool = False) -> pathlib.Path:  # fmt: skip
+                working_dir: str = "", user: str = "", setuid_copy: bool = False,
+                host_files: list[str] = ()) -> pathlib.Path:  # fmt: skip
     """An OCI layout at workdir/layout with one tag, "v1": busybox's applets in /bin, /MARKER
-    holding `marker`; its config's Env, Cmd, WorkingDir and User as given."""
+    holding `marker`; its config's Env, Cmd, WorkingDir and User as given; `host_files` copied
+    from the host to the same paths (their symlinks followed), e.g. a glibc for a host tool."""
     layout, bundle = workdir / "layout", workdir / "bundle"
     _tool("umoci", "init", "--layout", str(layout))
     _tool("umoci", "new", "--image", f"{layout}:base")
@@ -53,8 +55,12 @@ def build_image(workdir: pathlib.Path, *, marker: str, env: list[str], cmd: list
     (rootfs / "MARKER").write_text(marker)
     (rootfs / "scratch").mkdir(mode=0o777)
     os.chmod(rootfs / "scratch", 0o1777)  # the image's own writable dir: each job its own layer
-    (rootfs / "etc").mkdir()
+    (rootfs / "etc").mkdir(exist_ok=True)
     (rootfs / "etc" / "image-release").write_text("test image\n")
+    for path in host_files:
+        target = rootfs / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, target)
     if setuid_copy:  # a root-owned setuid shell: nosuid and no_new_privs make it nothing
         shutil.copy(BUSYBOX, rootfs / "bin" / "busybox-suid")
         os.chmod(rootfs / "bin" / "busybox-suid", 0o4755)

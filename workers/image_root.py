@@ -11,7 +11,9 @@ In a mount namespace of the job's own (nothing mounted here reaches the host):
   null, zero, full, random, urandom and tty and the member's own GPUs' device files, a private
   /tmp and /dev/shm (tmpfs);
 - the member's work and checkpoint dirs bound at the paths they have on the host (the job's
-  environment names them), and nothing else of the host;
+  environment names them), and, for a job with GPUs on a host with a driver, the driver's
+  libraries and tools (`spec["image"]["driver"]`, workers/image_driver.py) bound read-only,
+  nosuid and nodev; nothing else of the host;
 - then pivot_root into it and the old root detached: no host path is left to reach.
 As jail.py: only os calls and libc through ctypes, no import after the fork, no thread.
 """
@@ -23,7 +25,7 @@ import os
 import platform
 
 CLONE_NEWNS, MNT_DETACH = 0x00020000, 2
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 2, 4, 8, 32
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}.get(platform.machine(), 155)  # syscall numbers
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
@@ -93,6 +95,11 @@ def enter_image(spec: dict) -> None:
         target = _inside(root, path)
         _point(target, True)
         mount(path, target, None, MS_BIND | MS_REC)
+    for source, path in image.get("driver") or []:  # the host's NVIDIA driver, read-only
+        target = _inside(root, path)
+        _point(target, False)
+        mount(source, target, None, MS_BIND)
+        mount("none", target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | NOSUID_NODEV)
     if image.get("working_dir"):
         _point(_inside(root, image["working_dir"]), True)
     os.chdir(root)

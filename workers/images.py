@@ -15,8 +15,20 @@ manifest digest and shared by every job that runs that digest. Pure Python, no D
   job writes to an overlay of its own (workers/image_root.py).
 - One pull per digest however many jobs want it: a lock file per digest (flock); whoever waits
   finds the root ready and logs `image <digest12> cached`.
+- In use: every member holds its image's use lock (`locks/<hex>.use`, flock shared) from before
+  it looks for the image until it ends (`release`); the agent holds it, and a fenced job dies
+  with its agent (the fork server's PDEATHSIG), so no job runs in an image nobody holds.
+- The cap (GPUPLATFORM_IMAGE_CACHE_GIB, default 100): after each pull, the least recently used
+  images (the mtime of their `ready`, touched at each use) that no member holds (their use lock
+  taken exclusively without waiting) go, unpacked root and tag, then `umoci gc` drops the blobs
+  no image left names, until the cache fits. An image in use is never evicted, even where the
+  cache stays over its cap: the agent's log says so.
+- Too big: the manifest's sizes (layers and config, compressed) summed before any layer is
+  fetched; over GPUPLATFORM_IMAGE_MAX_GIB (default: the cache's cap) the job fails at once.
+- Progress: the job's log gets the image's size and layers at the start, a line per layer as
+  skopeo starts it, and the bytes fetched so far every PROGRESS_EVERY seconds.
 - A pull that fails for the job's own reason (auth refused, no such image, a corrupt layer) is
-  final: the job fails at once, naming the image and why, no retry; a registry that does not
+  final: the job fails at once, naming the image and why, no retry (too big as well); a registry that does not
   answer is tried RETRIES times with backoff first, then the same.
 """
 
@@ -26,22 +38,33 @@ import base64
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import pathlib
 import re
 import secrets
 import shutil
 import subprocess
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from apps.platform import images as refs
+from workers import image_driver
+from workers.isolation import env_int
+
+log = logging.getLogger(__name__)
 
 SKOPEO, UMOCI = "skopeo", "umoci"
 RETRIES = 3
 PULL_TIMEOUT = 3600
+PROGRESS_EVERY = 5.0  # seconds between "fetched N of M MB" lines during a pull
+GIB, MB = 2**30, 10**6
+INDEX_TYPES = ("application/vnd.oci.image.index.v1+json",
+               "application/vnd.docker.distribution.manifest.list.v2+json")  # fmt: skip
+ARCH = {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, os.uname().machine)
 UNREACHABLE = ("connection refused", "no such host", "i/o timeout", "timeout", "connection reset")
 # Whole words only: a registry on port 34403 or a repository named team/denied-x is not a refusal.
 NOT_FOUND = re.compile(r"\b(manifest unknown|not found|name unknown|404)\b")
@@ -100,10 +123,115 @@ def _without_names(text: str, ref: refs.ImageRef) -> str:
     return text
 
 
+def _say(head: BinaryIO, line: str) -> None:
+    head.write(f"gpuplatform: {line}\n".encode())
+    head.flush()
+
+
+def _watched(argv: list[str], watch: Callable[[str], None], every: float = 1.0
+             ) -> subprocess.CompletedProcess:  # fmt: skip
+    """`_run`, with `watch(stdout so far)` called about every `every` seconds while it runs."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        process = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL)  # noqa: S603
+        deadline = time.monotonic() + PULL_TIMEOUT
+        while True:
+            try:
+                process.wait(timeout=every)
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() > deadline:
+                    process.kill()
+                    process.wait()
+                    raise
+            out.seek(0)
+            watch(out.read().decode(errors="replace"))
+        out.seek(0)
+        err.seek(0)
+        stdout = out.read().decode(errors="replace")
+        watch(stdout)
+        return subprocess.CompletedProcess(argv, process.returncode, stdout,
+                                           err.read().decode(errors="replace"))  # fmt: skip
+
+
+class Progress:
+    """A pull's lines in the job's log: each layer as skopeo starts it (its size from the
+    manifest), and every PROGRESS_EVERY seconds the bytes fetched into the layout so far."""
+
+    BLOB = re.compile(r"^Copying blob (sha256:[0-9a-f]{64})(.*)$", re.MULTILINE)
+
+    def __init__(self, head: BinaryIO, short: str, blobs: dict[str, int], layout: pathlib.Path):
+        self.head, self.short, self.layout = head, short, layout
+        self.layers = list(blobs)[1:]  # the config's first
+        self.sizes, self.total = blobs, sum(blobs.values())
+        self.said: set[str] = set()
+        self.before, self.last = _layout_bytes(layout), time.monotonic()
+
+    def __call__(self, stdout: str) -> None:
+        for match in self.BLOB.finditer(stdout):
+            digest, rest = match.group(1), match.group(2)
+            if digest in self.said:
+                continue
+            self.said.add(digest)
+            number = self.layers.index(digest) + 1 if digest in self.layers else 0
+            had = ", already here" if "skipped" in rest else ""
+            _say(self.head, f"image {self.short} layer {number}/{len(self.layers)} "
+                            f"{digest[7:19]} ({self.sizes.get(digest, 0) / MB:.1f} MB{had})")  # fmt: skip
+        if time.monotonic() - self.last >= PROGRESS_EVERY:
+            self.last = time.monotonic()
+            fetched = max(0, _layout_bytes(self.layout) - self.before)
+            _say(self.head, f"image {self.short} fetched {fetched / MB:.1f} of "
+                            f"{self.total / MB:.1f} MB")  # fmt: skip
+
+
+def _layout_bytes(layout: pathlib.Path) -> int:
+    """The layout's blobs, and the partial downloads skopeo writes beside them."""
+    total = 0
+    for where in (layout, layout / "blobs" / "sha256"):
+        with contextlib.suppress(FileNotFoundError), os.scandir(where) as entries:
+            for entry in entries:
+                with contextlib.suppress(FileNotFoundError):
+                    if entry.is_file(follow_symlinks=False):
+                        total += entry.stat(follow_symlinks=False).st_size
+    return total
+
+
+def _tree_bytes(root: pathlib.Path) -> int:
+    """The bytes an unpacked root takes on disk (its blocks; a hard link once per name)."""
+    total = 0
+    for top, dirs, files in os.walk(root):
+        for name in dirs + files:
+            with contextlib.suppress(FileNotFoundError):
+                total += os.lstat(os.path.join(top, name)).st_blocks * 512
+    return total
+
+
+def _entry_bytes(bundle: pathlib.Path) -> int:
+    try:
+        return int((bundle / "size").read_text())
+    except (FileNotFoundError, ValueError):
+        return _tree_bytes(bundle)
+
+
+def _last_used(bundle: pathlib.Path) -> float:
+    try:
+        return (bundle / "ready").stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
+
+
 class ImageCache:
-    def __init__(self, root: pathlib.Path, *, insecure: list[str] | None = None):
+    def __init__(self, root: pathlib.Path, *, insecure: list[str] | None = None,
+                 cap_bytes: int | None = None, max_bytes: int | None = None):  # fmt: skip
         self.root = root
         self.insecure = insecure_registries() if insecure is None else insecure
+        # The cache's cap in GiB (unpacked roots and blobs): least recently used images no job
+        # uses go past it after each pull; one in use never does.
+        cap = env_int("GPUPLATFORM_IMAGE_CACHE_GIB", 100, minimum=1)
+        self.cap = cap_bytes if cap_bytes is not None else cap * GIB
+        # The largest image a job may pull in GiB (compressed, as its manifest says; 0: the
+        # cache's cap): a job with a bigger one fails at once, "too big".
+        largest = env_int("GPUPLATFORM_IMAGE_MAX_GIB", 0)
+        self.max = (max_bytes if max_bytes is not None else largest * GIB) or self.cap
         self.layout = root / "oci"
         for path in (root, root / "roots", root / "locks", root / "auth", root / "jobs"):
             path.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -122,23 +250,51 @@ class ImageCache:
             raise PullFailed(f"image {ref}: the registry gave no sha256 digest ({digest[:80]!r})")
         return digest
 
-    def get(self, ref: refs.ImageRef, digest: str, auth: str | None, head: BinaryIO) -> Image:
-        """The unpacked image of `digest` (pulled and unpacked here if no job did it before)."""
+    def acquire(
+        self, ref: refs.ImageRef, digest: str, auth: str | None, head: BinaryIO
+    ) -> tuple[Image, int]:
+        """The unpacked image of `digest` (pulled and unpacked here if no job did it before) and
+        the fd of its use lock, held (shared) until `release(fd)`: no eviction takes it before."""
+        hexa = digest.split(":", 1)[1]
+        fd = os.open(self.root / "locks" / f"{hexa}.use", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                     0o600)  # fmt: skip
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # in use from here: eviction passes it by
+            image, pulled = self._get(ref, digest, auth, head)
+        except BaseException:
+            os.close(fd)
+            raise
+        if pulled:
+            self.evict()
+        return image, fd
+
+    @staticmethod
+    def release(fd: int) -> None:
+        os.close(fd)  # drops the shared lock: the image may be evicted from now on
+
+    def _get(self, ref: refs.ImageRef, digest: str, auth: str | None, head: BinaryIO
+             ) -> tuple[Image, bool]:  # fmt: skip
         hexa = digest.split(":", 1)[1]
         bundle = self.root / "roots" / hexa
         with self._locked(f"{hexa}.lock"):
             if (bundle / "ready").exists():
-                head.write(f"gpuplatform: image {hexa[:12]} cached\n".encode())
-                head.flush()
-                return self._image(digest, bundle)
+                os.utime(bundle / "ready")  # used now: the last to be evicted
+                _say(head, f"image {hexa[:12]} cached")
+                return self._image(digest, bundle), False
             began = time.monotonic()
-            head.write(f"gpuplatform: image {hexa[:12]} pulling {ref.pinned(digest)}\n".encode())
-            head.flush()
+            layers = self._sizes(ref, digest, auth)
+            total = sum(layers.values())
+            if total > self.max:
+                raise PullFailed(f"image {ref}: too big: {total / MB:.1f} MB, over the node's "
+                                 f"limit of {self.max / MB:.1f} MB (GPUPLATFORM_IMAGE_MAX_GIB)")  # fmt: skip
+            _say(head, f"image {hexa[:12]} pulling {ref.pinned(digest)} ({total / MB:.1f} MB "
+                       f"in {len(layers) - 1} layer(s))")  # fmt: skip
             with self._locked("layout.lock"), self._auth_file(ref, auth) as authfile:
-                argv = [SKOPEO, "copy", "--retry-times", "0", "--quiet",
+                argv = [SKOPEO, "copy", "--retry-times", "0",
                         *self._tls(ref, "--src-tls-verify"), *authfile,
                         f"docker://{ref.pinned(digest)}", f"oci:{self.layout}:{hexa}"]  # fmt: skip
-                self._tried(argv, ref, auth)
+                progress = Progress(head, hexa[:12], layers, self.layout)
+                self._tried(argv, ref, auth, watch=progress)
             pulled = time.monotonic()
             scratch = bundle.with_name(f".{hexa}.{secrets.token_hex(4)}")
             scratch.mkdir(mode=0o700)
@@ -148,13 +304,70 @@ class ImageCache:
                 shutil.rmtree(scratch, ignore_errors=True)
                 raise PullFailed(f"image {ref}: could not unpack: {_why(result.stderr, None)}")
             self._write_config(hexa, scratch / "image.json")
+            (scratch / "size").write_text(str(_tree_bytes(scratch / "rootfs")))
             (scratch / "ready").touch()
             shutil.rmtree(bundle, ignore_errors=True)  # an unpack a crash left unfinished
             scratch.rename(bundle)
-            head.write(f"gpuplatform: image {hexa[:12]} pulled in {pulled - began:.2f}s, "
-                       f"unpacked in {time.monotonic() - pulled:.2f}s\n".encode())  # fmt: skip
-            head.flush()
-            return self._image(digest, bundle)
+            _say(head, f"image {hexa[:12]} pulled in {pulled - began:.2f}s, "
+                       f"unpacked in {time.monotonic() - pulled:.2f}s")  # fmt: skip
+            return self._image(digest, bundle), True
+
+    # --- the cap ----------------------------------------------------------------------------
+
+    def size(self) -> int:
+        """The cache's bytes: the unpacked roots, and the layout's blobs (shared by images)."""
+        return sum(_entry_bytes(path) for path in self._entries()) + _layout_bytes(self.layout)
+
+    def evict(self) -> list[str]:
+        """Drop the least recently used images no member holds until the cache fits its cap;
+        the digests (hex) it dropped. One in use stays, whatever the cap: the log says so."""
+        evicted: list[str] = []
+        with self._locked("evict.lock"):
+            total = self.size()
+            if total <= self.cap:
+                return evicted
+            in_use: list[str] = []
+            for path in sorted(self._entries(), key=_last_used):
+                if total <= self.cap:
+                    break
+                if self._remove_unless_used(path.name):
+                    evicted.append(path.name)
+                    total = self.size()
+                else:
+                    in_use.append(path.name)
+        for hexa in evicted:
+            log.info("image cache: evicted %s (over %.1f GiB)", hexa[:12], self.cap / GIB)
+        if total > self.cap:
+            log.warning("image cache: %.2f GiB, over its cap of %.2f GiB: the images left are "
+                        "in use by running jobs and are kept (%s)", total / GIB, self.cap / GIB,
+                        ", ".join(hexa[:12] for hexa in in_use) or "none")  # fmt: skip
+        return evicted
+
+    def _entries(self) -> list[pathlib.Path]:
+        roots = self.root / "roots"
+        return [
+            path
+            for path in roots.iterdir()
+            if re.fullmatch(r"[0-9a-f]{64}", path.name) and (path / "ready").exists()
+        ]
+
+    def _remove_unless_used(self, hexa: str) -> bool:
+        fd = os.open(self.root / "locks" / f"{hexa}.use", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                     0o600)  # fmt: skip
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False  # a member runs in it, or waits for its pull
+            gone = self.root / "roots" / f".evicted-{hexa}-{secrets.token_hex(4)}"
+            (self.root / "roots" / hexa).rename(gone)  # no longer `ready`: a later use pulls it
+            shutil.rmtree(gone, ignore_errors=True)
+            with self._locked("layout.lock"):  # its tag, then the blobs no tag names
+                _run([UMOCI, "rm", "--image", f"{self.layout}:{hexa}"], timeout=600)
+                _run([UMOCI, "gc", "--layout", str(self.layout)], timeout=600)
+            return True
+        finally:
+            os.close(fd)
 
     # --- helpers ----------------------------------------------------------------------------
 
@@ -163,11 +376,45 @@ class ImageCache:
             return [f"{option}=false"]
         return []
 
-    def _tried(self, argv: list[str], ref: refs.ImageRef, auth: str | None):
+    def _sizes(self, ref: refs.ImageRef, digest: str, auth: str | None) -> dict[str, int]:
+        """The image's blobs and their sizes as its manifest says (the config's too), before
+        anything is fetched; for an index, those of the entry for this node's platform."""
+        manifest = self._raw(ref, digest, auth)
+        if manifest.get("mediaType") in INDEX_TYPES or "manifests" in manifest:
+            entries = [
+                entry for entry in manifest.get("manifests") or []
+                if (entry.get("platform") or {}).get("os", "linux") == "linux"
+                and (entry.get("platform") or {}).get("architecture", ARCH) == ARCH
+            ]  # fmt: skip
+            if not entries or not refs.DIGEST.fullmatch(str(entries[0].get("digest"))):
+                raise PullFailed(f"image {ref}: no linux/{ARCH} image in its index")
+            manifest = self._raw(ref, entries[0]["digest"], auth)
+        try:
+            blobs = [manifest["config"], *manifest["layers"]]
+            return {str(blob["digest"]): int(blob["size"]) for blob in blobs}
+        except (KeyError, TypeError, ValueError):
+            raise PullFailed(f"image {ref}: its manifest names no layers with sizes") from None
+
+    def _raw(self, ref: refs.ImageRef, digest: str, auth: str | None) -> dict:
+        with self._auth_file(ref, auth) as authfile:
+            argv = [SKOPEO, "inspect", "--retry-times", "0", "--raw",
+                    *self._tls(ref, "--tls-verify"), *authfile,
+                    f"docker://{ref.pinned(digest)}"]  # fmt: skip
+            result = self._tried(argv, ref, auth)
+        try:
+            manifest = json.loads(result.stdout)
+        except ValueError:
+            raise PullFailed(f"image {ref}: its manifest is not JSON") from None
+        if not isinstance(manifest, dict):
+            raise PullFailed(f"image {ref}: its manifest is not a JSON object")
+        return manifest
+
+    def _tried(self, argv: list[str], ref: refs.ImageRef, auth: str | None,
+               watch: Callable[[str], None] | None = None) -> subprocess.CompletedProcess:  # fmt: skip
         """Run skopeo; a registry that does not answer is tried again (backoff 1, 2 s...)."""
         for attempt in range(RETRIES):
             try:
-                result = _run(argv)
+                result = _run(argv) if watch is None else _watched(argv, watch)
             except subprocess.TimeoutExpired:
                 raise PullFailed(f"image {ref}: the registry took too long") from None
             if result.returncode == 0:
@@ -274,7 +521,8 @@ def prepare_member(cache: ImageCache, reporter, run, head: BinaryIO, *, jailed: 
     if not getattr(a, "image_digest", ""):
         fixed = reporter.image_digest(run, digest)  # the first member's report wins
         digest = fixed if fixed and refs.DIGEST.fullmatch(fixed) else digest
-    image = cache.get(ref, digest, auth, head)
+    image, held = cache.acquire(ref, digest, auth, head)
+    run.extra["image_use"] = held  # until the member ends (`release`): never evicted before
     scratch = scratch_dir(cache.root, run.key)
     clear_scratch(scratch)
     for name in ("upper", "work", "mount"):
@@ -284,6 +532,11 @@ def prepare_member(cache: ImageCache, reporter, run, head: BinaryIO, *, jailed: 
         shutil.copytree(image.rootfs, scratch / "copy", symlinks=True)
         head.write(b"gpuplatform: no overlayfs here: the job runs in a private copy of the image\n")
     run.extra["image"], run.extra["image_scratch"] = image, scratch
+    driver = image_driver.mounts(bool(a.gpu_indices))  # the host's NVIDIA driver, read-only
+    if driver:
+        _say(head, f"the node's NVIDIA driver in the image: {len(driver)} files in "
+                   f"{image_driver.LIB_DIR} and {image_driver.BIN_DIR}")  # fmt: skip
+    run.extra["image_driver"] = driver
 
 
 def command(image: Image, argv: list[str]) -> list[str]:
@@ -315,7 +568,8 @@ def for_job(run, argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[
     if not argv:
         run.failure = "final"  # the job's own input: no retry changes it
         raise ValueError("the image has no Entrypoint or Cmd and the submit no command")
-    return argv, environment(image, env)
+    env = environment(image, env)
+    return argv, image_driver.environment(env) if run.extra.get("image_driver") else env
 
 
 def fence(run, spec: dict, own_gpus: list[pathlib.Path]) -> None:
@@ -328,7 +582,9 @@ def fence(run, spec: dict, own_gpus: list[pathlib.Path]) -> None:
         "rootfs": str(image.rootfs), "upper": str(scratch / "upper"), "work": str(scratch / "work"),
         "mount": str(scratch / "mount"),
         "copy": str(scratch / "copy") if (scratch / "copy").is_dir() else "",
-        "devices": [str(path) for path in own_gpus],
+        "devices": [str(path) for path in own_gpus] + (image_driver.control_devices(own_gpus)
+                                                       if run.extra.get("image_driver") else []),
+        "driver": [list(pair) for pair in run.extra.get("image_driver") or []],
         "binds": [str(run.workdir), str(run.checkpoint_dir)], "working_dir": working_dir,
     }  # fmt: skip
     if working_dir:
@@ -342,3 +598,13 @@ def scratch_dir(cache_root: pathlib.Path, key: tuple[int, int]) -> pathlib.Path:
 
 def clear_scratch(path: pathlib.Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
+
+
+def release(run) -> None:
+    """The member ended: its own layer goes, and its hold on its image (evictable from now)."""
+    scratch = run.extra.pop("image_scratch", None)
+    if scratch is not None:
+        clear_scratch(scratch)
+    held = run.extra.pop("image_use", None)
+    if held is not None:
+        ImageCache.release(held)

@@ -235,9 +235,7 @@ class Preparer:
             raise Failed(f"image: member {a.rank}: {error}", LOST) from None
 
     def release(self, run: Run) -> None:
-        scratch = run.extra.pop("image_scratch", None)
-        if scratch is not None:
-            images.clear_scratch(scratch)
+        images.release(run)  # its own layer, and its hold on its image
         lease = run.bundle_lease
         if isinstance(lease, Lease):
             lease.release()

@@ -39,7 +39,14 @@ from apps.platform.errors import ServiceError
 from apps.platform.retry import retried
 from apps.scheduling import core, kept, plan, publish
 from apps.scheduling.core import policy, waiting
-from apps.scheduling.kept import HELD, ClusterSnapshot, epoch, tolerations_of
+from apps.scheduling.kept import (
+    FENCED_LABEL,
+    HELD,
+    ClusterSnapshot,
+    epoch,
+    selector_of,
+    tolerations_of,
+)
 from apps.scheduling.models import ProvisionRequest, ProvisionState
 from apps.scheduling.redis import client
 from apps.tenants.models import Tenant, Tier
@@ -80,6 +87,17 @@ def cluster_state(strategy: core.Strategy | str, tiers: list[Tier] | None = None
 def _tolerations(job: Job) -> tuple[str, ...]:
     """The queued job's tolerations, by the running jobs' rule (kept.tolerations_of)."""
     return tolerations_of(job.command, job.tenant.allow_commands)
+
+
+def _wait_reason(job: Job, reason: str, snapshot: ClusterSnapshot) -> str:
+    """The policy's reason, and for a job in an image that no node could take, why: an image
+    runs only on a node that fences its jobs (docs/images.md), and none here does."""
+    if not job.image or not reason.startswith("needs "):
+        return reason
+    if any(FENCED_LABEL in node.labels for node in snapshot.cluster.list_nodes()):
+        return reason
+    return (f"{reason}: a job in an image runs only on a node that fences its jobs "
+            "(its agent root, with cgroups), and no node here does")  # fmt: skip
 
 
 def tier_rows() -> list[Tier]:
@@ -329,7 +347,7 @@ def queued_job(job: Job) -> policy.QueuedJob:
         job_id=str(job.pk), tenant=job.tenant.slug, tier=job.tier.name, gpus=job.gpus, nodes=job.nodes,
         submit=epoch(job.created_at) - job.priority_boost * settings.PRIORITY_BOOST_SECONDS,
         est_runtime_s=float(job.max_runtime_seconds),
-        gpu_models=(job.gpu_sku.name,) if job.gpu_sku_id and job.gpu_sku else (), node_selector=job.node_selector or {},
+        gpu_models=(job.gpu_sku.name,) if job.gpu_sku_id and job.gpu_sku else (), node_selector=selector_of(job.node_selector, job.image),
         preemptions=job.preemption_count, tolerations=_tolerations(job),
     )  # fmt: skip
 
@@ -441,7 +459,7 @@ def _apply_chunk(decisions, jobs: dict[str, Job], gate: DispatchGate, snapshot: 
                     _set_reason(reasons, job, _reservation_reason(decision))
                 result.waiting += 1
             elif isinstance(decision, policy.Wait) and job is not None:
-                _set_reason(reasons, job, decision.reason)
+                _set_reason(reasons, job, _wait_reason(job, decision.reason, snapshot))
                 result.waiting += 1
         if starts:
             # A start the allocation index refused: another dispatcher's, or the kept cluster

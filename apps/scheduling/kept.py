@@ -49,6 +49,10 @@ STOPPING = "(stopping)"
 # agent can: only jobs that run the platform's own templates for tenants who may not run commands
 # tolerate it, unless the operator opted the node in (Node.allow_unisolated_commands).
 UNISOLATED_TAINT = "gpuplatform.io/unisolated=true:NoSchedule"
+# A node whose agent fences its jobs carries this label in the cluster the policy sees, and a job
+# in an OCI image selects it: images run only inside the fence (docs/images.md), so never on an
+# unfenced node, even one opted in to commands.
+FENCED_LABEL = "gpuplatform.io/fenced"
 LIVE_JOB = (JobState.STARTING, JobState.RUNNING, JobState.PREEMPTING)
 REBUILD_EVERY_S = 300.0  # a full read at least this often, compared with the kept state
 DELTA_LIMIT = 2_000  # more changed attempts than this in one pass: read everything again
@@ -73,6 +77,7 @@ _ATTEMPT_FIELDS = (
     "job__state", "job__tenant__slug", "job__tenant__allow_commands", "job__tier__name",
     "job__tier__preemption_grace_seconds", "job__max_runtime_seconds", "job__preemption_count",
     "job__gpu_sku__name", "job__node_selector", "job__command", "job__user_id", "job__template_id",
+    "job__image",
 )  # fmt: skip
 
 
@@ -91,6 +96,16 @@ def epoch(moment) -> float:
 def taints(isolation: str, allow_unisolated_commands: bool) -> tuple[str, ...]:
     opted_in = allow_unisolated_commands or settings.TRUST_UNISOLATED_NODES
     return (UNISOLATED_TAINT,) if isolation == "none" and not opted_in else ()
+
+
+def labels_of(labels: dict | None, isolation: str) -> dict[str, str]:
+    """The node's labels, and FENCED_LABEL where its agent fences its jobs."""
+    return {**(labels or {}), FENCED_LABEL: "true"} if isolation != "none" else dict(labels or {})
+
+
+def selector_of(selector: dict | None, image: str) -> dict[str, str]:
+    """The job's node selector, and FENCED_LABEL for a job in an image."""
+    return {**(selector or {}), FENCED_LABEL: "true"} if image else dict(selector or {})
 
 
 def tolerations_of(command, allow_commands: bool) -> tuple[str, ...]:
@@ -162,7 +177,8 @@ class State:
         for pk, name, sku, labels, state, isolation, allow in nodes:
             gpus = gpus_of.get(pk, {})
             size = max(gpus, default=-1) + 1
-            cluster.add_node(core.Node(name=name, gpus=size, gpu_model=sku, labels=labels or {},
+            cluster.add_node(core.Node(name=name, gpus=size, gpu_model=sku,
+                                       labels=labels_of(labels, isolation),
                                        taints=taints(isolation, allow)))  # fmt: skip
             self.node_ids[name] = pk
             if state != NodeState.READY:
@@ -347,7 +363,7 @@ def _running_of(state: State) -> dict[int, tuple]:
 def _holding(row: tuple, by_node: dict[str, list[int]], now, allocations, versions) -> Holding:
     (pk, state, started_at, created_at, checkpoint_at, preempted_for, job_id, job_state, tenant,
      allow_commands, tier, grace_s, max_runtime, preemptions, sku, selector, command, user,
-     template) = row  # fmt: skip
+     template, image) = row  # fmt: skip
     live = state in ATTEMPT_ACTIVE and job_state in LIVE_JOB
     name = str(job_id) if live else f"{HELD}{pk}"
     placement = core.Placement(
@@ -368,7 +384,7 @@ def _holding(row: tuple, by_node: dict[str, list[int]], now, allocations, versio
         last_checkpoint_at=epoch(checkpoint_at) if checkpoint_at else None,
         preemptions=preemptions,
         gpu_models=(sku,) if sku else (),
-        node_selector=selector or {},
+        node_selector=selector_of(selector, image),
         preempted_for=(preempted_for or STOPPING) if stopping else None,
         tolerations=tolerations_of(command, allow_commands),
     )  # fmt: skip

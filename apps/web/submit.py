@@ -8,7 +8,9 @@ rendering of the form carries a fresh Idempotency-Key, so a double click submits
 "Your own code": a command (split as a shell would, though no shell runs it) instead of the
 template, and optionally a zip (or .tar.gz) of its working directory, stored as a bundle exactly
 as `POST /api/v1/bundles/` stores one (apps/bundles/services.py `store`: streamed from the
-uploaded file, the tenant's cap, deduplicated) and submitted as the body's `bundle`.
+uploaded file, the tenant's cap, deduplicated) and submitted as the body's `bundle`. An OCI
+image (`image`, and the name of the tenant secret with its registry's credentials,
+`image_pull_secret`; docs/images.md) goes with a command, or alone: the image's own Cmd runs.
 
 Dependencies: one text input, the CLI's `--depends-on` shapes separated by commas or spaces
 (`afterok:<job id>, afterany:array:<array id>`, docs/pipelines.md), each turned into a body
@@ -36,7 +38,7 @@ from apps.tenants.models import Membership
 PARAM_PREFIX = "param_"
 FORM_FIELDS = {"template", "params", "name", "gpus", "nodes", "gpu_sku", "tier", "command", "workdir",
                "bundle", "env", "python", "secrets", "depends_on", "max_runtime_seconds", "array",
-               "array_params", "array_grid"}  # fmt: skip
+               "array_params", "array_grid", "image", "image_pull_secret"}  # fmt: skip
 DEPENDENCY_SHAPE = (
     f"write [condition:][job:|array:]<id>, the condition one of {', '.join(dependencies.CONDITIONS)} "
     "(afterok if left out)"
@@ -113,18 +115,21 @@ class FormRefused(Exception):
 
 def own_code_body(data: QueryDict, workdir: UploadedFile | None, membership: Membership,
                   user) -> dict | None:  # fmt: skip
-    """The command (and bundle) part of the body when the form gives a command, else None (a
-    template's submit). A working directory needs a command to run in it."""
+    """The command (and bundle, and image) part of the body when the form gives a command or an
+    image, else None (a template's submit). A working directory needs a command to run in it;
+    an image alone runs its own Cmd."""
     text = data.get("command", "").strip()
-    if not text:
-        if workdir is not None:
-            raise FormRefused({"command": ["give the command to run in the uploaded directory"]})
-        return None
+    image = {key: data.get(key, "").strip() for key in ("image", "image_pull_secret")}
+    image = {key: value for key, value in image.items() if value}
+    if not text and workdir is not None:
+        raise FormRefused({"command": ["give the command to run in the uploaded directory"]})
+    if not text and not image:
+        return None  # the API answers a pull secret without an image, naming the field
     try:
         argv = shlex.split(text)
     except ValueError as error:
         raise FormRefused({"command": [f"cannot split it into arguments: {error}"]}) from None
-    body: dict = {"command": argv}
+    body: dict = {"command": argv, **image} if argv else dict(image)
     if workdir is not None:
         head = workdir.read(2)
         workdir.seek(0)

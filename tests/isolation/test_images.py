@@ -20,7 +20,7 @@ import pytest
 
 from tests.isolation.conftest import Job, Keyed, fenced_runner, log_of
 from tests.oci_images import Registry, build_image, need_tools
-from workers import images
+from workers import image_driver, images
 
 PASSWORD = "pull-pass-7c1e-VALUE"  # noqa: S105 (a test's value)
 ENV = ["PATH=/bin", "FOO=from-image", "BAR=image-bar"]
@@ -96,8 +96,9 @@ def run_image(tmp_path, monkeypatch, served):
             runner.reporter = reporter or Reporter()
             made.append(runner)
         attempt = next(ATTEMPTS)
+        fields.setdefault("gpu_indices", [1])
         job = ImageJob(argv=argv, attempt_id=attempt, job_id=f"job-{attempt}", image=image,
-                       gpu_indices=[1], **fields)  # fmt: skip
+                       **fields)  # fmt: skip
         assert runner.launch(job)
         return runner, (attempt, 0)
 
@@ -245,3 +246,32 @@ def test_an_image_without_cmd_or_entrypoint_and_no_command_fails_saying_so(run_i
     code, reason = ended(runner, key)
     assert "no Entrypoint or Cmd" in reason
     assert runner.reporter.failures[key] == "final"
+
+
+def test_the_hosts_driver_is_bound_read_only_for_a_job_with_gpus(run_image, served, tmp_path,
+                                                                 monkeypatch):  # fmt: skip
+    """A stand-in driver (this machine may have none): a library and an `nvidia-smi` that the
+    discovery names, bound read-only at /usr/local/nvidia and on the job's paths."""
+    registry, _, _, _ = served
+    (tmp_path / "libnvidia-ml.so.1").write_text("the host's NVML\n")
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho fake-smi ran on $(ls /dev | grep nvidia | tr '\\n' ' ')\n")
+    smi.chmod(0o755)
+    for path in (tmp_path, tmp_path / "libnvidia-ml.so.1"):
+        path.chmod(path.stat().st_mode | 0o055)
+    found = [(str(tmp_path / "libnvidia-ml.so.1"), f"{image_driver.LIB_DIR}/libnvidia-ml.so.1"),
+             (str(smi), f"{image_driver.BIN_DIR}/nvidia-smi")]  # fmt: skip
+    monkeypatch.setattr(image_driver, "discover", lambda: list(found))
+    script = ("nvidia-smi; cat /usr/local/nvidia/lib64/libnvidia-ml.so.1; echo libs=$LD_LIBRARY_PATH; "
+              "echo x >> /usr/local/nvidia/lib64/libnvidia-ml.so.1 || echo lib-read-only")  # fmt: skip
+    runner, key = run_image(f"{registry.host}/team/box:v1", ["sh", "-c", script])
+    assert ended(runner, key) == (0, ""), log_of(runner, key)
+    log = log_of(runner, key)
+    assert "fake-smi ran on nvidia1" in log and "the host's NVML" in log
+    assert "libs=/usr/local/nvidia/lib64" in log and "lib-read-only" in log
+    assert "NVIDIA driver in the image: 2 files" in log
+    assert (tmp_path / "libnvidia-ml.so.1").read_text() == "the host's NVML\n"
+    _, bare = run_image(f"{registry.host}/team/box:v1", ["sh", "-c", "ls /usr/local/nvidia || echo none"],
+                        runner=runner, gpu_indices=[])  # fmt: skip
+    assert ended(runner, bare) == (0, "")
+    assert "none" in log_of(runner, bare) and "NVIDIA driver" not in log_of(runner, bare)
