@@ -368,6 +368,11 @@ RATE_LIMIT_FAIL_OPEN_TIERS = env_list(
     "GPUPLATFORM_RATE_LIMIT_FAIL_OPEN_TIERS", ["enterprise", "pro"]
 )
 USER_SUBMIT_SHARE = env_float("GPUPLATFORM_USER_SUBMIT_SHARE", 1.0, minimum=0.01, maximum=1)
+# Seconds a web process spends a lease of its tenants' submit tokens before it gives the unspent
+# ones back to Redis (apps/admission/leases.py); 0: every submit takes its token from Redis.
+RATE_LIMIT_LEASE_SECONDS = env_float(
+    "GPUPLATFORM_RATE_LIMIT_LEASE_SECONDS", 1.0, minimum=0, maximum=1
+)
 RESULT_CACHE_TTL_SECONDS = env_int("GPUPLATFORM_RESULT_CACHE_TTL", 24 * 3600, minimum=0)
 # The agent API (docs/architecture.md, "Agent API"): the most a member may upload as its log, one
 # artifact or one checkpoint (413 past it), and the web's URL as agents started here reach it.

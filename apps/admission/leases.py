@@ -1,18 +1,16 @@
 """Each web process's own token buckets: leases of the shared Redis buckets (buckets.py), spent
 locally, so that a submit makes no Redis round trip while its process holds tokens for it.
 
-A lease is taken for a (tenant, user) pair: up to `lease_size` tokens, as many as both buckets
-hold, taken from both at once in Redis. The process spends them one a submit; once empty it
-takes another. A lease lives LEASE_SECONDS at most: then a thread of the process (or the next
-submit) gives its unspent tokens back with the next take, so the shared buckets are reconciled
-at least once a second. When Redis has no token, the refusal is remembered until its
-Retry-After, and refused locally until then.
+A lease is taken for a (tenant, user) pair: up to one second of refill (`lease_size`), as many
+as both buckets hold, taken from both at once in Redis. The process spends them one a submit;
+once empty it takes another. A lease lives RATE_LIMIT_LEASE_SECONDS (1 s) at most: then a thread
+of the process (or the next submit, with its take) gives the unspent tokens back, so the shared
+buckets are reconciled at least once a second. When Redis has no token, its answer says when
+one comes, and the process refuses on its own until then.
 
-Every admitted submit spends a token that was taken from the shared bucket, so no process admits
-beyond the shared buckets: over-admission is none while Redis answers (docs/admission.md,
-"Rate limits", with what it costs: a token leased by one process and not spent waits there,
-LEASE_SECONDS at most).
-"""
+Every admitted submit spends a token taken from the shared buckets, so no process admits beyond
+them: over-admission is none while Redis answers (docs/admission.md, "Rate limits", with its
+cost: tokens leased by one process and not spent wait there, one lease period at most)."""
 
 from __future__ import annotations
 
@@ -23,16 +21,21 @@ import time
 from dataclasses import dataclass, field
 
 import redis
+from django.conf import settings
 
 from apps.admission import buckets
 
-LEASE_SECONDS = 1.0  # the longest a process keeps tokens (or a refusal) without asking Redis
+
+def lease_seconds() -> float:
+    """The longest a process keeps tokens (or a refusal) without asking Redis (0: it asks for
+    every submit)."""
+    return settings.RATE_LIMIT_LEASE_SECONDS
 
 
 def lease_size(bucket: buckets.Bucket) -> int:
-    """What one lease takes at most: one LEASE_SECONDS of the bucket's refill, within its burst
-    (a slow bucket, 60/min or less, is leased one token at a time, as it was taken before)."""
-    refill = math.floor(bucket.rate_per_second * LEASE_SECONDS)
+    """What one lease takes at most: one lease period's refill, within the burst (a slow bucket,
+    60/min or less, is leased one token at a time, as tokens were taken before leases)."""
+    refill = math.floor(bucket.rate_per_second * lease_seconds())
     return max(1, min(bucket.burst, refill))
 
 
@@ -44,7 +47,7 @@ class Lease:
     taken_at: float = field(default_factory=time.monotonic)
 
     def fresh(self, now: float) -> bool:
-        return now - self.taken_at < LEASE_SECONDS
+        return now - self.taken_at < lease_seconds()
 
     def result(self, taken: int, now: float) -> buckets.TakeResult:
         """The shared buckets as this process sees them: Redis's last answer, its waits less the
@@ -105,8 +108,8 @@ class Leases:
         return held.tokens if held is not None and held.fresh(time.monotonic()) else 0
 
     def give_back_stale(self) -> None:
-        """Return the unspent tokens of every lease older than LEASE_SECONDS (lost if Redis does
-        not answer: the shared bucket refills them)."""
+        """Return the unspent tokens of every lease past its period (lost if Redis does not
+        answer: the shared bucket refills them)."""
         now = time.monotonic()
         with self.lock:
             stale = [k for k, lease in self.held.items() if not lease.fresh(now)]
@@ -124,7 +127,7 @@ class Leases:
 
     def reconcile_in_background(self) -> None:
         """This process's reconciler thread (again after a fork: threads do not cross one)."""
-        if self.reconciler_pid == os.getpid():
+        if self.reconciler_pid == os.getpid() or not lease_seconds():
             return
         with self.lock:
             if self.reconciler_pid != os.getpid():
@@ -137,7 +140,7 @@ class Leases:
 
     def reconcile_forever(self) -> None:
         while threading.main_thread().is_alive():
-            time.sleep(LEASE_SECONDS / 2)
+            time.sleep(max(0.05, lease_seconds() / 2))
             self.give_back_stale()
 
 

@@ -56,7 +56,7 @@ def test_unspent_tokens_go_back_to_the_shared_buckets(cast):
     assert process.take(big).taken == 1  # a lease of 1 s of refill, 10 tokens: one spent
     assert buckets.peek(big).states[0].remaining == 0 and process.unspent(big) == 9
     for lease in process.held.values():
-        lease.taken_at -= leases.LEASE_SECONDS  # as if a second had gone by, without the refill
+        lease.taken_at -= leases.lease_seconds()  # as if a second had gone by, without the refill
     process.give_back_stale()
     assert buckets.peek(big).states[0].remaining == 9
     assert process.unspent(big) == 0
@@ -74,4 +74,15 @@ def test_two_processes_together_admit_no_more_than_the_shared_bucket(cast):
             admitted += process.take(wanted).taken
     elapsed = time.monotonic() - started
     assert admitted <= 20 + 10 * elapsed
-    assert admitted >= 20 + 10 * (elapsed - leases.LEASE_SECONDS) - 10  # and not starved
+    assert admitted >= 20 + 10 * (elapsed - leases.lease_seconds()) - 10  # and not starved
+
+
+def test_a_lease_period_of_0_takes_every_token_from_redis(as_user, settings, redis_calls):
+    settings.USER_SUBMIT_SHARE = 1
+    settings.RATE_LIMIT_LEASE_SECONDS = 0
+    limit(rate=6000, burst=100)
+    codes = [
+        as_user("bob").post("/api/v1/jobs/", TRAIN, format="json").status_code for _ in range(5)
+    ]
+    assert codes == [201] * 5
+    assert [call["want"] for call in redis_calls] == [1] * 5
