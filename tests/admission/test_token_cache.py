@@ -138,3 +138,18 @@ def test_zero_turns_the_cache_off(cast, settings):
     with CaptureQueriesContext(connection) as second:
         assert status(key) == 200
     assert len(token_reads(second.captured_queries)) == 1
+
+
+def test_after_a_lost_subscription_the_listener_comes_back_and_drops_the_whole_cache(cast):
+    """Messages sent while it was away went unheard: every entry goes once it is back."""
+    _, key = cast["bob"]
+    assert status(key) == 200
+    digest = digest_of(key)
+    listener = token_cache.CACHE.listener
+    assert token_cache.CACHE.get(digest) is not None
+
+    shared_client().client_kill_filter(_type="pubsub")
+
+    assert wait_until(lambda: not listener.subscribed.is_set(), 5)
+    assert wait_until(listener.subscribed.is_set, 10)
+    assert token_cache.CACHE.get(digest) is None
