@@ -12,6 +12,7 @@ from django.test.utils import CaptureQueriesContext
 from apps.platform.redis import shared_client
 from apps.tenants import token_cache
 from apps.tenants.models import ApiToken
+from apps.tenants.services import user_create
 from apps.tenants.tokens import digest_of, token_issue, token_revoke
 from tests.factories import client_for
 
@@ -153,3 +154,11 @@ def test_after_a_lost_subscription_the_listener_comes_back_and_drops_the_whole_c
     assert wait_until(lambda: not listener.subscribed.is_set(), 5)
     assert wait_until(listener.subscribed.is_set, 10)
     assert token_cache.CACHE.get(digest) is None
+
+
+def test_a_user_made_staff_no_more_by_create_user_loses_staff_powers_at_once(cast):
+    staff, key = cast["staff"]
+    nodes = client_for(key).get("/api/v1/nodes/")
+    assert nodes.status_code == 200
+    user_create(username=staff.username, tenant_slug=None, token=None)
+    assert client_for(key).get("/api/v1/nodes/").status_code == 403
