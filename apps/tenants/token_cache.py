@@ -32,6 +32,9 @@ from apps.tenants.models import ApiToken
 log = logging.getLogger(__name__)
 CHANNEL = "gpuplatform:tokens:revoked"
 RECONNECT_SECONDS = 1.0
+MAX_ENTRIES = (
+    10_000  # tokens used within the cache's seconds, per process: far more than a web serves
+)
 
 
 @dataclass
@@ -84,8 +87,20 @@ class TokenCache:
             return
         entry = Entry.of(token, user)
         with self.lock:
-            if epoch == self.epoch:
-                self.entries[digest] = entry
+            if epoch != self.epoch:
+                return
+            if len(self.entries) >= MAX_ENTRIES:
+                self.sweep(entry.stored_at)
+            self.entries[digest] = entry
+
+    def sweep(self, now: float) -> None:
+        """Make room: the expired entries go, and all of them if that is not enough."""
+        ttl = settings.TOKEN_CACHE_SECONDS
+        for digest, entry in list(self.entries.items()):
+            if now - entry.stored_at >= ttl:
+                del self.entries[digest]
+        if len(self.entries) >= MAX_ENTRIES:
+            self.entries.clear()
 
     def used(self, digest: str, token) -> None:
         """Keep the token's `last_used_at` as `tokens.touch` left it: one write a minute, not

@@ -162,3 +162,13 @@ def test_a_user_made_staff_no_more_by_create_user_loses_staff_powers_at_once(cas
     assert nodes.status_code == 200
     user_create(username=staff.username, tenant_slug=None, token=None)
     assert client_for(key).get("/api/v1/nodes/").status_code == 403
+
+
+def test_a_full_cache_makes_room_by_dropping_what_expired(cast, monkeypatch, settings):
+    monkeypatch.setattr(token_cache, "MAX_ENTRIES", 2)
+    keys = [cast[name][1] for name in ("alice", "bob", "carol")]
+    assert status(keys[0]) == 200
+    later = time.monotonic() + settings.TOKEN_CACHE_SECONDS
+    monkeypatch.setattr(token_cache.time, "monotonic", lambda: later)
+    assert status(keys[1]) == 200 and status(keys[2]) == 200
+    assert set(token_cache.CACHE.entries) == {digest_of(keys[1]), digest_of(keys[2])}
