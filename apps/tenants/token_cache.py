@@ -32,9 +32,8 @@ from apps.tenants.models import ApiToken
 log = logging.getLogger(__name__)
 CHANNEL = "gpuplatform:tokens:revoked"
 RECONNECT_SECONDS = 1.0
-MAX_ENTRIES = (
-    10_000  # tokens used within the cache's seconds, per process: far more than a web serves
-)
+# Tokens used within the cache's seconds in one process: far more than one web process serves.
+MAX_ENTRIES = 10_000
 
 
 @dataclass
@@ -155,6 +154,8 @@ class RevocationListener(threading.Thread):
                 if self.subscribed.is_set():
                     log.warning("token revocations: lost Redis (%s); cache entries live %ss at "
                                 "most until it is back", error, settings.TOKEN_CACHE_SECONDS)  # fmt: skip
+            except Exception:  # a bug must not end the thread: it would never hear again
+                log.exception("token revocations: the listener failed; subscribing again")
             self.subscribed.clear()
             time.sleep(RECONNECT_SECONDS)
 
