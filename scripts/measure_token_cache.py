@@ -5,16 +5,16 @@ GPUPLATFORM_RATE_LIMIT_LEASE_SECONDS=0: a token read and a Redis round trip per 
 before). One client, requests one after another, the two servers in turn, ROUNDS rounds.
 Per request: the client's wall time and the web worker's CPU time (/proc).
 
-    python -m scripts.measure_token_cache [--requests 500] [--rounds 5]
+    SECRET_KEY=x python -m scripts.measure_token_cache [--requests 1000] [--rounds 10]
 
-Prints medians over the rounds and the ratio (on / off). DATABASE_URL=postgres://... measures
+Prints medians over the rounds and the median of the rounds' ratios (on / off; each round runs
+the two servers back to back, in alternating order). DATABASE_URL=postgres://... measures
 on a fresh PostgreSQL database beside it; SQLite otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import pathlib
 import statistics
 import sys
@@ -30,14 +30,17 @@ BODY = {"template": "demo-train", "params": {"steps": 1}, "gpus": 1}
 
 
 def worker_cpu(master_pid: int) -> float:
-    """CPU seconds (user + system) of the gunicorn master's children: its one worker."""
-    total = 0.0
-    tick = os.sysconf("SC_CLK_TCK")
+    """CPU seconds of the gunicorn master's children (its one worker), all their threads, from
+    the scheduler's nanosecond counts (/proc/.../schedstat; /proc's stat counts 10 ms ticks)."""
+    total = 0
     children = pathlib.Path(f"/proc/{master_pid}/task/{master_pid}/children").read_text().split()
     for pid in children:
-        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / tick
-    return total
+        for task in pathlib.Path(f"/proc/{pid}/task").iterdir():
+            try:
+                total += int((task / "schedstat").read_text().split()[0])
+            except (FileNotFoundError, ProcessLookupError):
+                pass  # a thread that ended meanwhile
+    return total / 1e9
 
 
 def start(platform: Platform, name: str, env: dict[str, str]) -> tuple[str, int]:
@@ -74,8 +77,8 @@ def batch(session: requests.Session, url: str, pid: int, n: int, kind: str) -> t
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--requests", type=int, default=500)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         platform = Platform(pathlib.Path(tmp), name="gpuplatform_measure_tokens", own_redis=True)
@@ -108,12 +111,16 @@ def main() -> None:
             database = (
                 "PostgreSQL" if platform.env["DATABASE_URL"].startswith("postgres") else "SQLite"
             )
-            print(f"{database}, {args.rounds} rounds x {per_round} requests each, one client")
+            print(f"{database}, {args.rounds} rounds x {per_round} requests each, one client; "
+                  "ratio: the median of the rounds' on/off ratios")  # fmt: skip
             for kind in ("GET", "POST"):
-                on = [statistics.median(v[i] for v in figures[(kind, "on")]) for i in (0, 1)]
-                off = [statistics.median(v[i] for v in figures[(kind, "off")]) for i in (0, 1)]
-                print(f"{kind:4} wall ms/request: on {on[0]:.2f}, off {off[0]:.2f}, ratio {on[0] / off[0]:.2f}; "
-                      f"worker CPU ms/request: on {on[1]:.2f}, off {off[1]:.2f}, ratio {on[1] / off[1]:.2f}")  # fmt: skip
+                on, off = figures[(kind, "on")], figures[(kind, "off")]
+                line = [kind]
+                for i, what in ((0, "wall"), (1, "worker CPU")):
+                    ratio = statistics.median(a[i] / b[i] for a, b in zip(on, off, strict=True))
+                    line.append(f"{what} ms/request: on {statistics.median(v[i] for v in on):.2f}, "
+                                f"off {statistics.median(v[i] for v in off):.2f}, ratio {ratio:.2f}")  # fmt: skip
+                print(f"{line[0]}: " + "; ".join(line[1:]))
                 for name in ("on", "off"):
                     rounds = ", ".join(f"{w:.2f}/{c:.2f}" for w, c in figures[(kind, name)])
                     print(f"     {name:3} per round (wall/CPU ms): {rounds}")
