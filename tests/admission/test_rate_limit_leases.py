@@ -74,7 +74,7 @@ def test_two_processes_together_admit_no_more_than_the_shared_bucket(cast):
             admitted += process.take(wanted).taken
     elapsed = time.monotonic() - started
     assert admitted <= 20 + 10 * elapsed
-    assert admitted >= 20 + 10 * (elapsed - leases.lease_seconds()) - 10  # and not starved
+    assert admitted >= 20  # the burst at least: leases admit, they do not only refuse
 
 
 def test_a_lease_period_of_0_takes_every_token_from_redis(as_user, settings, redis_calls):
