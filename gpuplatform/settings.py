@@ -368,6 +368,11 @@ RATE_LIMIT_FAIL_OPEN_TIERS = env_list(
     "GPUPLATFORM_RATE_LIMIT_FAIL_OPEN_TIERS", ["enterprise", "pro"]
 )
 USER_SUBMIT_SHARE = env_float("GPUPLATFORM_USER_SUBMIT_SHARE", 1.0, minimum=0.01, maximum=1)
+# Seconds a web process spends a lease of its tenants' submit tokens before it gives the unspent
+# ones back to Redis (apps/admission/leases.py); 0: every submit takes its token from Redis.
+RATE_LIMIT_LEASE_SECONDS = env_float(
+    "GPUPLATFORM_RATE_LIMIT_LEASE_SECONDS", 1.0, minimum=0, maximum=1
+)
 RESULT_CACHE_TTL_SECONDS = env_int("GPUPLATFORM_RESULT_CACHE_TTL", 24 * 3600, minimum=0)
 # The agent API (docs/architecture.md, "Agent API"): the most a member may upload as its log, one
 # artifact or one checkpoint (413 past it), and the web's URL as agents started here reach it.
@@ -406,6 +411,10 @@ STAFF_CAN_ATTACH = env_bool("GPUPLATFORM_STAFF_CAN_ATTACH", False)
 # tokens carried over from DRF's clear-text table keep working after the upgrade.
 TOKEN_EXPIRY_DAYS = env_int("GPUPLATFORM_TOKEN_DAYS", 90, minimum=0)
 MIGRATED_TOKEN_DAYS = env_int("GPUPLATFORM_MIGRATED_TOKEN_DAYS", 30, minimum=1)
+# Seconds a web process keeps an authenticated token without reading it again (0: no cache;
+# apps/tenants/token_cache.py). Revocations reach every process through Redis at once; this is
+# the most a revoked token lives on in a process while that channel is down.
+TOKEN_CACHE_SECONDS = env_float("GPUPLATFORM_TOKEN_CACHE_SECONDS", 30.0, minimum=0, maximum=60)
 FLOWER_PORT = env_int("FLOWER_PORT", 5555, minimum=1, maximum=65535)
 PORT = env_int("PORT", 8000, minimum=1, maximum=65535)
 PLATFORM_URL = (

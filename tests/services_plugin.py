@@ -50,11 +50,24 @@ def _no_kept_cluster_between_tests():
 
 
 @pytest.fixture(autouse=True)
+def _no_cached_tokens_between_tests():
+    """Each process's token cache (apps/tenants/token_cache.py) holds what a rolled-back test read;
+    a test that changes a token's row by hand expects the next request to read it again."""
+    yield
+    token_cache = sys.modules.get("apps.tenants.token_cache")
+    if token_cache is not None:
+        token_cache.CACHE.forget()
+
+
+@pytest.fixture(autouse=True)
 def _full_submit_buckets_for_each_test():
     """The submit rate limits' buckets are Redis keys by tenant id, and a rolled-back test's ids
     come back in the next one: without this, a fast run of many submitting tests (tests/api
     alone: 250 tests in 13 s) drained one tenant's bucket and later tests got 429."""
     yield
+    leases = sys.modules.get("apps.admission.leases")
+    if leases is not None:
+        leases.LEASES.forget()
     buckets = sys.modules.get("apps.admission.buckets")
     if buckets is None:
         return

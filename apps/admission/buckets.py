@@ -1,6 +1,7 @@
-"""Token buckets in Redis: one Lua script takes a token from several buckets at once (the
-tenant's and the user's), all or nothing, on Redis's own clock, so every web process shares
-the same buckets and two requests can never spend one token.
+"""Token buckets in Redis: one Lua script takes tokens from several buckets at once (the
+tenant's and the user's), the same number from each, on Redis's own clock, so every web process
+shares the same buckets and two requests can never spend one token. A web process takes them a
+lease at a time and spends them locally (apps/admission/leases.py).
 
 A bucket is a hash {t: tokens, ts: last refill time}; it refills `rate` tokens per second up to
 `burst` and expires once it would be full again (a full bucket and a missing one are the same).
@@ -17,30 +18,33 @@ from django.conf import settings
 
 PREFIX = "gpuplatform:rl:"
 
-# KEYS: the buckets. ARGV: rate per second and burst of each bucket, then 1 to take a token or
-# 0 to only look. Returns [taken, then per bucket: tokens left, seconds to one token, seconds to full].
+# KEYS: the buckets. ARGV: rate per second and burst of each bucket, then tokens to give back
+# (a lease's unspent ones, apps/admission/leases.py), then how many to take: as many as every
+# bucket holds up to that number (0: only look). Returns [taken, then per bucket: tokens left,
+# seconds to one token, seconds to full].
 _TAKE = """
 if redis.replicate_commands then pcall(redis.replicate_commands) end
 local now_t = redis.call('TIME')
 local now = tonumber(now_t[1]) + tonumber(now_t[2]) / 1000000
-local take = tonumber(ARGV[#ARGV])
+local back = tonumber(ARGV[#ARGV - 1])
+local want = tonumber(ARGV[#ARGV])
 local tokens = {}
-local ok = 1
+local n = want
 for i = 1, #KEYS do
   local rate, burst = tonumber(ARGV[2 * i - 1]), tonumber(ARGV[2 * i])
   local state = redis.call('HMGET', KEYS[i], 't', 'ts')
   local t, ts = tonumber(state[1]), tonumber(state[2])
   if t == nil or ts == nil then t, ts = burst, now end
-  t = math.min(burst, t + math.max(0, now - ts) * rate)
+  t = math.min(burst, t + math.max(0, now - ts) * rate + back)
   tokens[i] = t
-  if t < 1 then ok = 0 end
+  n = math.min(n, math.floor(t))
 end
-local out = {ok * take}
+n = math.max(0, n)
+local out = {n}
 for i = 1, #KEYS do
   local rate, burst = tonumber(ARGV[2 * i - 1]), tonumber(ARGV[2 * i])
-  local t = tokens[i]
-  if ok == 1 and take == 1 then t = t - 1 end
-  if take == 1 then
+  local t = tokens[i] - n
+  if want > 0 or back > 0 then
     redis.call('HSET', KEYS[i], 't', tostring(t), 'ts', tostring(now))
     redis.call('EXPIRE', KEYS[i], math.ceil((burst - t) / rate) + 1)
   end
@@ -79,7 +83,7 @@ class BucketState:
 
 @dataclass(frozen=True)
 class TakeResult:
-    taken: bool
+    taken: int  # tokens taken from every bucket (0: none)
     states: list[BucketState]
 
     @property
@@ -105,12 +109,14 @@ def _script(conn: redis.Redis):
     return conn.register_script(_TAKE)
 
 
-def _run(buckets: list[Bucket], *, take: bool, conn: redis.Redis | None = None) -> TakeResult:
+def _run(
+    buckets: list[Bucket], *, want: int, back: int = 0, conn: redis.Redis | None = None
+) -> TakeResult:
     conn = conn or client()
     args: list = []
     for bucket in buckets:
         args += [repr(bucket.rate_per_second), bucket.burst]
-    raw = _script(conn)(keys=[b.key for b in buckets], args=[*args, 1 if take else 0])
+    raw = _script(conn)(keys=[b.key for b in buckets], args=[*args, back, want])
     values = [float(v) for v in raw[1:]]
     states = [
         BucketState(
@@ -121,14 +127,25 @@ def _run(buckets: list[Bucket], *, take: bool, conn: redis.Redis | None = None) 
         )
         for i, b in enumerate(buckets)
     ]
-    return TakeResult(taken=bool(int(raw[0])), states=states)
+    return TakeResult(taken=int(raw[0]), states=states)
 
 
 def take(buckets: list[Bucket], *, conn: redis.Redis | None = None) -> TakeResult:
     """Take one token from every bucket, or from none if any is empty. Raises RedisError."""
-    return _run(buckets, take=True, conn=conn)
+    return _run(buckets, want=1, conn=conn)
+
+
+def lease(buckets: list[Bucket], want: int, *, back: int = 0) -> TakeResult:
+    """Give back `back` tokens to every bucket (a lease's unspent ones), then take as many as
+    every bucket holds, `want` at most. Raises RedisError."""
+    return _run(buckets, want=want, back=back)
+
+
+def give_back(buckets: list[Bucket], tokens: int) -> None:
+    """Return a lease's unspent tokens (a full bucket keeps no more than its burst)."""
+    _run(buckets, want=0, back=tokens)
 
 
 def peek(buckets: list[Bucket], *, conn: redis.Redis | None = None) -> TakeResult:
     """The buckets' state now, taking nothing."""
-    return _run(buckets, take=False, conn=conn)
+    return _run(buckets, want=0, conn=conn)

@@ -1,5 +1,6 @@
 """Submit rate limits: a token bucket per tenant (rate and burst from its tier, overridden by
-its quota) and one per user (USER_SUBMIT_SHARE of the tenant's), both taken by one script.
+its quota) and one per user (USER_SUBMIT_SHARE of the tenant's), shared in Redis and spent from
+this process's lease of both (leases.py).
 
 When Redis does not answer, the tier decides: tiers in RATE_LIMIT_FAIL_OPEN_TIERS are admitted
 (logged and counted), the others get 503 with Retry-After. The queued-job cap and the GPU-hour
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 import redis
 from django.conf import settings
 
-from apps.admission import buckets
+from apps.admission import buckets, leases
 from apps.admission.counters import bump
 from apps.platform.errors import AdmissionUnavailable, RateLimited
 from apps.tenants.models import Tenant
@@ -60,7 +61,7 @@ def headers_for(result: buckets.TakeResult) -> dict[str, str]:
 def check_submit(*, tenant: Tenant, user, limits: dict) -> RateDecision:
     """Take a submit token for this tenant and user, or say when to come back."""
     try:
-        result = buckets.take(submit_buckets(tenant, user, limits))
+        result = leases.LEASES.take(submit_buckets(tenant, user, limits))
     except redis.RedisError as error:
         return _redis_down(tenant, error)
     headers = headers_for(result)

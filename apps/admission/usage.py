@@ -3,9 +3,12 @@ taken by looking), GPU-hours this period, and GPUs in use against the per-SKU ca
 
 from __future__ import annotations
 
+import math
+
 import redis
 
 from apps.admission import buckets
+from apps.admission.leases import LEASES
 from apps.admission.quotas import gpu_hours, gpus_in_use
 from apps.admission.ratelimit import submit_buckets
 from apps.tenants.models import Tenant
@@ -25,11 +28,14 @@ def bucket_state(tenant: Tenant, user, limits: dict) -> dict:
         states = buckets.peek(wanted).states
     except redis.RedisError:
         return {"available": False}
+    held = LEASES.unspent(wanted)  # taken by this process and not spent: still the tenant's
     out: dict[str, object] = {"available": True}
     for name, state in zip(("tenant", "user"), states, strict=True):
+        rate = state.bucket.rate_per_second
         out[name] = {
             "rate_per_minute": round(state.bucket.rate_per_minute, 3), "burst": state.bucket.burst,
-            "remaining": state.remaining, "seconds_to_full": round(state.seconds_to_full, 1),
+            "remaining": max(0, math.floor(state.tokens + held)),
+            "seconds_to_full": round(max(0.0, state.seconds_to_full - held / rate), 1),
         }  # fmt: skip
     return out
 

@@ -1,7 +1,10 @@
 from django.contrib import admin
 from django.contrib.admin.exceptions import NotRegistered
+from django.contrib.auth import get_user_model
+from django.contrib.auth.admin import UserAdmin
 from rest_framework.authtoken.models import TokenProxy
 
+from apps.tenants import token_cache
 from apps.tenants.audit import AuditedAdmin
 from apps.tenants.models import ApiToken, Membership, Quota, Tenant, Tier
 
@@ -9,6 +12,30 @@ try:  # DRF's clear-text tokens are no longer used (apps/tenants/tokens.py); its
     admin.site.unregister(TokenProxy)
 except NotRegistered:
     pass
+User = get_user_model()
+try:  # Django's own, registered again below with the token cache told of every change
+    admin.site.unregister(User)
+except NotRegistered:
+    pass
+
+
+@admin.register(User)
+class TokenAwareUserAdmin(UserAdmin):
+    """Django's user admin. A user changed here (made inactive, staff or not, other groups) or
+    deleted is dropped with all their tokens from every web process's token cache
+    (apps/tenants/token_cache.py), so that their next request is judged on the new row."""
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        token_cache.revoked(user_ids=[obj.pk])
+
+    def delete_model(self, request, obj):
+        token_cache.revoked(user_ids=[obj.pk])
+        super().delete_model(request, obj)
+
+    def delete_queryset(self, request, queryset):
+        token_cache.revoked(user_ids=list(queryset.values_list("pk", flat=True)))
+        super().delete_queryset(request, queryset)
 
 
 @admin.register(Tier)
@@ -85,3 +112,11 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None):
         return False
+
+    def delete_model(self, request, obj):
+        token_cache.revoked(digests=[obj.digest])
+        super().delete_model(request, obj)
+
+    def delete_queryset(self, request, queryset):
+        token_cache.revoked(digests=list(queryset.values_list("digest", flat=True)))
+        super().delete_queryset(request, queryset)

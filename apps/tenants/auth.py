@@ -13,11 +13,13 @@ from the view, which has DRF parse a small JSON body before authenticating
 
 from __future__ import annotations
 
+import copy
+
 from django.utils.translation import gettext_lazy as _
 from rest_framework import authentication, exceptions
 
-from apps.admission import rows
-from apps.tenants import tokens
+from apps.admission import rows, services
+from apps.tenants import token_cache, tokens
 
 PEEK_LIMIT = (
     64 * 1024
@@ -25,17 +27,26 @@ PEEK_LIMIT = (
 
 
 class TokenAuthentication(authentication.TokenAuthentication):
+    """A token found in this process's cache (apps/tenants/token_cache.py) costs no statement;
+    its expiry is still checked on every request, and a revocation drops it from the cache."""
+
     def authenticate_credentials(self, key):
-        found = self.lookup(tokens.digest_of(key))
+        digest = tokens.digest_of(key)
+        found = token_cache.CACHE.get(digest)
         if found is None:
-            raise exceptions.AuthenticationFailed(_("Invalid token."))
+            epoch = token_cache.CACHE.epoch
+            found = self.lookup(digest)
+            if found is None:
+                raise exceptions.AuthenticationFailed(_("Invalid token."))
+            token_cache.CACHE.put(digest, *found, epoch=epoch)
         token, user = found
         refused = tokens.refusal(token)
         if refused:
             raise exceptions.AuthenticationFailed(refused)
         if not user.is_active:
             raise exceptions.AuthenticationFailed(_("User inactive or deleted."))
-        tokens.touch(token)
+        if tokens.touch(token):
+            token_cache.CACHE.used(digest, token)
         return user, token
 
     def lookup(self, digest: str) -> tuple | None:
@@ -44,15 +55,28 @@ class TokenAuthentication(authentication.TokenAuthentication):
 
 class SubmitterAuthentication(TokenAuthentication):
     """For `POST /api/v1/jobs/`: `request.auth.submitter` is then the user's membership as
-    `apps.admission.services.submitter` gives it (None: in no tenant). `names`: the template
-    and SKU the body names, set by the view before authentication ({}: none known)."""
+    `apps.admission.services.submitter` gives it (None: in no tenant), read with the token, or
+    alone where the token came from the cache (one statement either way; the membership is
+    never cached: a role or a tenant changes without a revocation). `names`: the template and
+    SKU the body names, set by the view before authentication ({}: none known)."""
 
     names: dict = {}  # noqa: RUF012 (never changed in place: the view sets an instance's own)
+
+    def __init__(self) -> None:
+        self.membership: tuple = ()  # (membership,) once the lookup read it
+
+    def authenticate_credentials(self, key):
+        user, token = super().authenticate_credentials(key)
+        if not self.membership:  # the token came from the cache
+            self.membership = (services.submitter(user, **self.names),)
+        token = copy.copy(token)  # the cached row stays without it: a membership changes
+        token.submitter = self.membership[0]
+        return user, token
 
     def lookup(self, digest: str) -> tuple | None:
         found = rows.token_submitter(digest, **self.names)
         if found is None:
             return None
         token, user, membership = found
-        token.submitter = membership
+        self.membership = (membership,)
         return token, user

@@ -4,7 +4,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.db import transaction
 
-from apps.tenants import roles
+from apps.tenants import roles, token_cache
 from apps.tenants.models import Membership, Quota, Role, Tenant, Tier
 from apps.tenants.tokens import token_issue
 
@@ -48,6 +48,7 @@ def user_create(*, username: str, tenant_slug: str | None, role: str = Role.MEMB
     elif not user.has_usable_password():
         user.set_unusable_password()
     user.save()
+    token_cache.revoked(user_ids=[user.pk])  # staff or not: judged on this row from now on
     if staff:
         roles.ensure_groups()
         user.groups.add(Group.objects.get(name=roles.SUPPORT))

@@ -18,6 +18,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from apps.tenants import token_cache
 from apps.tenants.models import ApiToken
 
 PREFIX = "gpp_"
@@ -51,9 +52,7 @@ def token_issue(*, user, name: str, days: int | None = None) -> tuple[ApiToken, 
         raise TokenError("a token's name is 1 to 64 characters")
     if days is not None and days < 0:
         raise TokenError("days must be 0 (never expires) or more")
-    ApiToken.objects.filter(user=user, name=name, revoked_at__isnull=True).update(
-        revoked_at=timezone.now()
-    )
+    _revoke(ApiToken.objects.filter(user=user, name=name, revoked_at__isnull=True))
     key = PREFIX + secrets.token_urlsafe(32)
     token = ApiToken.objects.create(
         user=user, name=name, prefix=key[:SHOWN], digest=digest_of(key), expires_at=expiry(days)
@@ -73,7 +72,15 @@ def token_revoke(
             active = active.filter(name=name)
         else:
             active = active.filter(pk=token_id or 0)  # token_id is set: checked above
-    return active.update(revoked_at=timezone.now())
+    return _revoke(active)
+
+
+@transaction.atomic
+def _revoke(active) -> int:
+    """Revoke these tokens, and drop them from every web process's cache (token_cache.py)."""
+    digests = list(active.select_for_update().values_list("digest", flat=True))
+    token_cache.revoked(digests=digests)
+    return active.filter(digest__in=digests).update(revoked_at=timezone.now())
 
 
 def refusal(token: ApiToken) -> str | None:
@@ -85,7 +92,7 @@ def refusal(token: ApiToken) -> str | None:
     return None
 
 
-def touch(token: ApiToken) -> None:
+def touch(token: ApiToken) -> bool:
     """Record a use, at most once a minute per token (a guarded UPDATE: several web processes
     seeing the same stale time write once between them). A token's first minute counts as used
     at its creation: its first requests (a script's first submit) then cost no write, which keeps
@@ -93,10 +100,11 @@ def touch(token: ApiToken) -> None:
     that a token used only in the minute it was made still shows as never used."""
     now = timezone.now()
     if now - (token.last_used_at or token.created_at) < TOUCH_EVERY:
-        return
+        return False
     stale = Q(last_used_at__isnull=True) | Q(last_used_at__lt=now - TOUCH_EVERY)
     ApiToken.objects.filter(stale, pk=token.pk).update(last_used_at=now)
     token.last_used_at = now
+    return True
 
 
 def active_tokens(user):

@@ -1,9 +1,11 @@
-"""Submit rate limits: token buckets in Redis per tenant and per user."""
+"""Submit rate limits: token buckets in Redis per tenant and per user, spent from each process's
+lease of them (apps/admission/leases.py)."""
 
 import time
 
 import pytest
 
+from apps.admission import leases
 from apps.admission.models import AdmissionCounter
 from apps.jobs.models import Job, JobState
 from apps.tenants.models import Tenant, Tier
@@ -111,6 +113,9 @@ def test_with_redis_stopped_open_tiers_are_admitted_and_closed_ones_get_503_then
     assert as_user("bob").post("/api/v1/jobs/", TRAIN, format="json").status_code == 201
 
     server.stop()
+    from_lease = as_user("bob").post("/api/v1/jobs/", TRAIN, format="json")
+    assert from_lease.status_code == 201 and "X-RateLimit-Degraded" not in from_lease
+    time.sleep(leases.lease_seconds())  # this process's lease of acme's tokens has run out
     admitted = as_user("bob").post(
         "/api/v1/jobs/", TRAIN, format="json"
     )  # acme: enterprise, fails open
@@ -130,5 +135,5 @@ def test_with_redis_stopped_open_tiers_are_admitted_and_closed_ones_get_503_then
     assert again.status_code == 201 and "X-RateLimit-Remaining" in again
     assert as_user("bob").post("/api/v1/jobs/", TRAIN, format="json").status_code == 201
     # Nothing admitted during the outage was lost: every job is there, queued for the dispatcher.
-    assert Job.objects.filter(tenant__slug="acme", state=JobState.QUEUED).count() == 3
+    assert Job.objects.filter(tenant__slug="acme", state=JobState.QUEUED).count() == 4
     assert Job.objects.filter(tenant__slug="globex").count() == 1

@@ -208,7 +208,7 @@ def test_a_closed_tiers_submit_with_redis_down_gets_the_documented_503(
         raise redis.ConnectionError("refused")
 
     settings.RATE_LIMIT_FAIL_OPEN_TIERS = []
-    monkeypatch.setattr(buckets, "take", down)
+    monkeypatch.setattr(buckets, "lease", down)  # how a web process takes its tokens
     response = client_for(cast["bob"][1]).post(
         "/api/v1/jobs/", {"template": "demo-train"}, format="json"
     )

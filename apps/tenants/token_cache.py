@@ -1,0 +1,198 @@
+"""This process's cache of authenticated API tokens (apps/tenants/auth.py), so that a request does
+not read its token from the database every time, and the revocation channel that keeps it honest.
+
+Every path that revokes, deletes or rotates a token, or deactivates, changes or deletes a user,
+calls `revoked(...)`: it drops the entries here at once and, after the commit, publishes them on
+Redis; a listener thread in each process that uses the cache drops them there (milliseconds;
+the contract is 2 s, docs/operations.md "API tokens"). While that listener is not subscribed (Redis down, a
+lost connection) an entry still lives at most TOKEN_CACHE_SECONDS (60 at most); on subscribing
+again the whole cache is dropped, since messages may have gone by unheard.
+
+A fill races a revocation: a request reads a token just before the revocation commits and would
+store it just after the message went by. `epoch` counts the messages heard: a fill is stored
+only if none came while it read.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+import redis
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import DEFAULT_DB_ALIAS, transaction
+
+from apps.platform.redis import shared_client
+from apps.tenants.models import ApiToken
+
+log = logging.getLogger(__name__)
+CHANNEL = "gpuplatform:tokens:revoked"
+RECONNECT_SECONDS = 1.0
+# Tokens used within the cache's seconds in one process: far more than one web process serves.
+MAX_ENTRIES = 10_000
+
+
+@dataclass
+class Entry:
+    """A token and its user as their columns: each request gets instances of its own
+    (`Model.from_db`), so what one request caches on them (a user's membership, read lazily)
+    never reaches another."""
+
+    token: dict
+    user: dict
+    stored_at: float  # time.monotonic()
+
+    @classmethod
+    def of(cls, token, user) -> Entry:
+        return cls(columns(token), columns(user), time.monotonic())
+
+    def instances(self) -> tuple:
+        user_model = get_user_model()
+        user = user_model.from_db(DEFAULT_DB_ALIAS, list(self.user), list(self.user.values()))
+        token = ApiToken.from_db(DEFAULT_DB_ALIAS, list(self.token), list(self.token.values()))
+        token.user = user
+        return token, user
+
+
+def columns(instance) -> dict:
+    return {f.attname: getattr(instance, f.attname) for f in instance._meta.concrete_fields}
+
+
+class TokenCache:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.entries: dict[str, Entry] = {}
+        self.epoch = 0
+        self.listener: RevocationListener | None = None
+
+    def get(self, digest: str) -> tuple | None:
+        """(token, user), new instances, if stored less than TOKEN_CACHE_SECONDS ago."""
+        if not settings.TOKEN_CACHE_SECONDS:
+            return None
+        self.listen()
+        entry = self.entries.get(digest)
+        if entry is None or time.monotonic() - entry.stored_at >= settings.TOKEN_CACHE_SECONDS:
+            return None
+        return entry.instances()
+
+    def put(self, digest: str, token, user, *, epoch: int) -> None:
+        """Store what was read from the database while `epoch` was current, unless a revocation
+        was heard since."""
+        if not settings.TOKEN_CACHE_SECONDS:
+            return
+        entry = Entry.of(token, user)
+        with self.lock:
+            if epoch != self.epoch:
+                return
+            if len(self.entries) >= MAX_ENTRIES:
+                self.sweep(entry.stored_at)
+            self.entries[digest] = entry
+
+    def sweep(self, now: float) -> None:
+        """Make room: the expired entries go, and all of them if that is not enough."""
+        ttl = settings.TOKEN_CACHE_SECONDS
+        for digest, entry in list(self.entries.items()):
+            if now - entry.stored_at >= ttl:
+                del self.entries[digest]
+        if len(self.entries) >= MAX_ENTRIES:
+            self.entries.clear()
+
+    def used(self, digest: str, token) -> None:
+        """Keep the token's `last_used_at` as `tokens.touch` left it: one write a minute, not
+        one for every request until the entry is read again."""
+        entry = self.entries.get(digest)
+        if entry is not None:
+            entry.token["last_used_at"] = token.last_used_at
+
+    def drop(self, messages: list[str]) -> None:
+        """`token:<digest>` drops that token, `user:<id>` every token of that user."""
+        digests = {m.removeprefix("token:") for m in messages if m.startswith("token:")}
+        users = {m.removeprefix("user:") for m in messages if m.startswith("user:")}
+        with self.lock:
+            self.epoch += 1
+            for digest, entry in list(self.entries.items()):
+                if digest in digests or str(entry.token["user_id"]) in users:
+                    del self.entries[digest]
+
+    def forget(self) -> None:
+        with self.lock:
+            self.epoch += 1
+            self.entries.clear()
+
+    def listen(self) -> None:
+        """Start this process's listener (again after a fork: threads do not cross one)."""
+        listener = self.listener
+        if listener is not None and listener.pid == os.getpid():
+            return
+        with self.lock:
+            if self.listener is None or self.listener.pid != os.getpid():
+                self.entries.clear()
+                self.listener = RevocationListener(self)
+                self.listener.start()
+
+
+class RevocationListener(threading.Thread):
+    """Subscribed to CHANNEL; reconnects every RECONNECT_SECONDS while Redis does not answer."""
+
+    def __init__(self, cache: TokenCache) -> None:
+        super().__init__(name="token-revocations", daemon=True)
+        self.cache = cache
+        self.pid = os.getpid()
+        self.subscribed = threading.Event()
+
+    def run(self) -> None:
+        while True:
+            try:
+                self.listen_once()
+            except (redis.RedisError, OSError) as error:
+                if not threading.main_thread().is_alive():
+                    return  # the process is exiting (its Redis may be stopping first)
+                if self.subscribed.is_set():
+                    log.warning("token revocations: lost Redis (%s); cache entries live %ss at "
+                                "most until it is back", error, settings.TOKEN_CACHE_SECONDS)  # fmt: skip
+            except Exception:  # a bug must not end the thread: it would never hear again
+                log.exception("token revocations: the listener failed; subscribing again")
+            self.subscribed.clear()
+            time.sleep(RECONNECT_SECONDS)
+
+    def listen_once(self) -> None:
+        conn = redis.Redis.from_url(
+            settings.REDIS_URL, socket_connect_timeout=2, health_check_interval=10
+        )
+        with conn.pubsub() as pubsub:
+            pubsub.subscribe(CHANNEL)
+            while True:
+                message = pubsub.get_message(timeout=1.0)
+                if message is None:
+                    continue
+                if message["type"] == "subscribe":
+                    self.cache.forget()  # what was published while away went unheard
+                    self.subscribed.set()
+                elif message["type"] == "message":
+                    self.cache.drop(message["data"].decode().split())
+
+
+CACHE = TokenCache()
+
+
+def revoked(*, digests=(), user_ids=()) -> None:
+    """Drop these tokens (by digest) and every token of these users, here now and in every web
+    process once the transaction commits (before it, another process could read the old row
+    back)."""
+    messages = [f"token:{d}" for d in digests] + [f"user:{pk}" for pk in user_ids]
+    if not messages:
+        return
+    CACHE.drop(messages)
+    transaction.on_commit(lambda: publish(messages))
+
+
+def publish(messages: list[str]) -> None:
+    try:
+        shared_client().publish(CHANNEL, " ".join(messages))
+    except redis.RedisError as error:
+        log.warning("token revocations: could not publish (%s); other web processes drop these "
+                    "tokens within %ss", error, settings.TOKEN_CACHE_SECONDS)  # fmt: skip
