@@ -4,11 +4,13 @@ then the medians and the ratios.
 Each pair measures, on both sides, with the same shapes:
 
 1. submits/s from 8 clients: `count` one-GPU `true` jobs submitted by 8 concurrent clients while
-   nothing can start (ours: no node registered yet; Slurm: the partition DOWN), first POST (or
-   `sbatch`) to last answer;
+   nothing can start, first POST (or `sbatch`) to last answer. Slurm: the partition DOWN, its
+   nodes up. Ours: the 4 nodes registered, then their agents stopped until the platform holds
+   them lost (known, as Slurm's are: a submit is checked against their shapes, apps/admission/fit.py);
 2. the drain of those queued jobs by 4 nodes x 4 fake GPUs (16 at a time): ours from the first
    attempt's start to the last one's end (server clocks), Slurm's from `partition UP` until
-   `squeue` is empty (polled every 0.2 s, as ../shared/peers/slurm/bench.sh does);
+   `squeue` is empty (polled every 0.2 s, as ../shared/peers/slurm/bench.sh does); ours with the
+   agents started again;
 3. submit to running on the idle cluster: from the client's clock just before its POST (or
    `sbatch`) to the job's own first instruction, `date +%s.%N` (ours: read from the job's log,
    Slurm's: from the file its script writes), `latency` samples a pair, 0-1 s apart.
@@ -70,8 +72,15 @@ def cpu_seconds(pid: int) -> float:
 
 
 def ours(count: int, samples: int, data_dir: pathlib.Path) -> dict:
-    with running_platform(data_dir, {}, "peer") as platform:
+    nodes = {f"peer-{i}": ("H100-80GB", GPUS, "") for i in range(NODES)}
+    with running_platform(data_dir, nodes, "peer") as platform:
         web = platform.processes["web"].pid
+        for node in nodes:  # Slurm's partition DOWN: the nodes known, none taking work
+            platform.kill(f"agent-{node}", group=True)
+        platform.wait_until(
+            lambda: all(n["state"] == "lost" for n in platform.nodes().values()),
+            timeout=120, what="the nodes lost",
+        )  # fmt: skip
         sessions = [platform.api("bob") for _ in range(CLIENTS)]
         url = platform.url + "/api/v1/jobs/"
         body = {"command": ["true"], "gpus": 1}
@@ -91,8 +100,8 @@ def ours(count: int, samples: int, data_dir: pathlib.Path) -> dict:
         cpu_submit = cpu_seconds(web) - cpu
 
         cpu = cpu_seconds(web)
-        for i in range(NODES):
-            platform.start_agent(f"peer-{i}", "H100-80GB", GPUS)
+        for node in nodes:
+            platform.restart_agent(node)
         wait_until_ended(platform, count, interval=0.5)
         cpu_drain = cpu_seconds(web) - cpu
         attempts = [job["attempts"][-1] for job in all_jobs(platform)]
