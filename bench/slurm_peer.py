@@ -16,14 +16,14 @@ Each pair measures, on both sides, with the same shapes:
    Slurm's: from the file its script writes), `latency` samples a pair, 0-1 s apart.
 
 Besides, our web's CPU (gunicorn's master and workers, from psutil: /proc/<pid>/stat) divided
-by the submits and by the jobs ended in the drain (which includes the bench's own polls: two
-count queries every 0.5 s).
+by the submits and by the jobs ended in the drain (which includes the nodes' registrations and heartbeats and the
+bench's own polls: two count queries a second).
 
     SCHED_PARAMS=batch_sched_delay=0 bash ../shared/peers/slurm/setup.sh   # the lab, tuned
     python -m bench.slurm_peer [--pairs 5] [--count 1000] [--latency 10]
 
 SQLite (the embedded default) unless DATABASE_URL names PostgreSQL. Writes
-docs/bench/70-slurm-peer.md (or its --out) with every pair and the medians.
+docs/bench/70-slurm-peer-sqlite.md or -postgresql.md (or its --out) with every pair and the medians.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from datetime import UTC, datetime
 from bench.foundation import all_jobs, running_platform, ts, wait_until_ended
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-OUT = ROOT / "docs" / "bench" / "70-slurm-peer.md"
+SECTIONS = ROOT / "docs" / "bench"
 LAB = pathlib.Path(os.environ.get("LAB", "/tmp/slurmlab"))
 SLURM_ENV = dict(os.environ, SLURM_CONF=str(LAB / "etc" / "slurm.conf"))
 CLIENTS = 8
@@ -102,7 +102,7 @@ def ours(count: int, samples: int, data_dir: pathlib.Path) -> dict:
         cpu = cpu_seconds(web)
         for node in nodes:
             platform.restart_agent(node)
-        wait_until_ended(platform, count, interval=0.5)
+        wait_until_ended(platform, count, interval=1.0)
         cpu_drain = cpu_seconds(web) - cpu
         attempts = [job["attempts"][-1] for job in all_jobs(platform)]
         drain = max(ts(a["ended_at"]) for a in attempts) - min(
@@ -204,7 +204,7 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--count", type=int, default=1000, help="jobs submitted and drained")
     parser.add_argument("--latency", type=int, default=10, help="latency samples a pair")
-    parser.add_argument("--out", default=str(OUT))
+    parser.add_argument("--out", help="default: docs/bench/70-slurm-peer-<backend>.md")
     args = parser.parse_args()
     if shutil.which("sbatch") is None or not (LAB / "etc" / "slurm.conf").exists():
         print(
@@ -254,7 +254,8 @@ Command: `{command}` ({backend}; Slurm 22.05, SchedulerParameters `{sched}`), on
 {table}
 """
     print(text)
-    pathlib.Path(args.out).write_text(text)
+    out = args.out or SECTIONS / f"70-slurm-peer-{backend.lower()}.md"
+    pathlib.Path(out).write_text(text)
     return 0
 
 
