@@ -199,13 +199,72 @@ FIGURES = (
 )
 
 
+def section(pairs: list[dict], *, backend: str, command: str, sched: str, when: datetime) -> str:
+    """The run's section: every pair, the medians, and the ratios (of the medians, and the
+    median of the pairs' own ratios: each pair ran side by side, so its ratio is the figure)."""
+    rows = []
+    for key, name, form in FIGURES:
+        a = statistics.median(p["ours"][key] for p in pairs)
+        b = statistics.median(p["slurm"][key] for p in pairs)
+        paired = statistics.median(p["ours"][key] / p["slurm"][key] for p in pairs)
+        each = ", ".join(
+            f"{form.format(p['ours'][key])}/{form.format(p['slurm'][key])}" for p in pairs
+        )
+        rows.append(f"| {name} | {form.format(a)} | {form.format(b)} | {a / b:.2f}x | "
+                    f"{paired:.2f}x | {each} |")  # fmt: skip
+    for key, name in (("web_cpu_ms_per_submit", "web CPU per submit, ms"),
+                      ("web_cpu_ms_per_job_end", "web CPU per job end (drain), ms")):  # fmt: skip
+        a = statistics.median(p["ours"][key] for p in pairs)
+        each = ", ".join(f"{p['ours'][key]:.1f}" for p in pairs)
+        rows.append(f"| {name} | {a:.1f} | | | | {each} |")
+    table = "\n".join(rows)
+    return f"""## Beside Slurm, interleaved pairs ({backend})
+
+Command: `{command}` ({backend}; Slurm 22.05, SchedulerParameters `{sched}`), on
+{when:%Y-%m-%d %H:%M} UTC, on the 2-core machine shared with 4 other engineers' work; loads at
+each pair's start: {", ".join(str(p["load"]) for p in pairs)}. Each pair runs ours, then Slurm's.
+
+| figure | ours, median | Slurm, median | ratio of medians | median of pair ratios | each pair, ours/Slurm |
+|---|---|---|---|---|---|
+{table}
+"""
+
+
+def again(args) -> int:
+    with open(args.again) as log:  # the run's printed lines, or its PAIR lines alone (JSON Lines)
+        lines = [line.removeprefix("PAIR ") for line in log]
+    pairs = [json.loads(line) for line in lines if line.startswith("{")]
+    backend = (
+        "PostgreSQL" if os.environ.get("DATABASE_URL", "").startswith("postgres") else "SQLite"
+    )
+    command = f"python -m bench.slurm_peer --pairs {args.pairs} --count {args.count} --latency {args.latency}"
+    when = (
+        datetime.fromisoformat(args.when)
+        if args.when
+        else datetime.fromtimestamp(os.path.getmtime(args.again), UTC)
+    )
+    text = section(pairs, backend=backend, command=command, sched="batch_sched_delay=0", when=when)
+    print(text)
+    out = args.out or SECTIONS / f"70-slurm-peer-{backend.lower()}.md"
+    pathlib.Path(out).write_text(text)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--count", type=int, default=1000, help="jobs submitted and drained")
     parser.add_argument("--latency", type=int, default=10, help="latency samples a pair")
     parser.add_argument("--out", help="default: docs/bench/70-slurm-peer-<backend>.md")
+    parser.add_argument("--again", metavar="LOG", help="write the section again from a run's "
+                        "printed PAIR lines (docs/bench/70-slurm-peer-*.jsonl keeps them); give "
+                        "the run's --pairs/--count/--latency")  # fmt: skip
+    parser.add_argument(
+        "--when", help="with --again: the run's UTC time (ISO), default the LOG's mtime"
+    )
     args = parser.parse_args()
+    if args.again:
+        return again(args)
     if shutil.which("sbatch") is None or not (LAB / "etc" / "slurm.conf").exists():
         print(
             "bench.slurm_peer: no Slurm lab: run `SCHED_PARAMS=batch_sched_delay=0 bash "
@@ -228,31 +287,8 @@ def main() -> int:
         pair = {"pair": number, "load": round(load, 1), "ours": mine, "slurm": peer}
         pairs.append(pair)
         print("PAIR " + json.dumps(pair), flush=True)
-    rows = []
-    for key, name, form in FIGURES:
-        a = statistics.median(p["ours"][key] for p in pairs)
-        b = statistics.median(p["slurm"][key] for p in pairs)
-        each = ", ".join(
-            f"{form.format(p['ours'][key])}/{form.format(p['slurm'][key])}" for p in pairs
-        )
-        rows.append(f"| {name} | {form.format(a)} | {form.format(b)} | {a / b:.2f}x | {each} |")
-    for key, name in (("web_cpu_ms_per_submit", "web CPU per submit, ms"),
-                      ("web_cpu_ms_per_job_end", "web CPU per job end (drain), ms")):  # fmt: skip
-        a = statistics.median(p["ours"][key] for p in pairs)
-        each = ", ".join(f"{p['ours'][key]:.1f}" for p in pairs)
-        rows.append(f"| {name} | {a:.1f} | | | {each} |")
     command = f"python -m bench.slurm_peer --pairs {args.pairs} --count {args.count} --latency {args.latency}"
-    table = "\n".join(rows)
-    text = f"""## Beside Slurm, interleaved pairs ({backend})
-
-Command: `{command}` ({backend}; Slurm 22.05, SchedulerParameters `{sched}`), on
-{datetime.now(UTC):%Y-%m-%d %H:%M} UTC; loads at each pair's start:
-{", ".join(str(p["load"]) for p in pairs)}. Each pair runs ours, then Slurm's.
-
-| figure | ours, median | Slurm, median | ratio | each pair, ours/Slurm |
-|---|---|---|---|---|
-{table}
-"""
+    text = section(pairs, backend=backend, command=command, sched=sched, when=datetime.now(UTC))
     print(text)
     out = args.out or SECTIONS / f"70-slurm-peer-{backend.lower()}.md"
     pathlib.Path(out).write_text(text)
