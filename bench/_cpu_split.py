@@ -1,0 +1,123 @@
+"""Where the CPU of a submit and of a drained job goes, per platform process.
+
+    python -m bench._cpu_split [--count 1000] [--spy DIR]
+
+bench.slurm_peer's shapes on one platform: 4 nodes x 4 fake GPUs registered, then lost (their
+agents stopped); `count` one-GPU `true` jobs submitted by 8 client threads; the agents started
+again and the queue drained. Prints the CPU seconds (psutil: the process and its descendants,
+live and reaped) each process used, divided by the submits and by the jobs drained, and the
+bench client's own. `--spy DIR`: py-spy (if installed) records the web, the dispatcher and one
+agent for 8 s of each phase, GIL-holding samples only, into DIR/<phase>.<process> (raw
+folded stacks). Not part of `make bench` (a tool for finding the cost, not a figure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from bench.foundation import running_platform, wait_until_ended
+from bench.slurm_peer import CLIENTS, GPUS, NODES, cpu_seconds
+
+
+def spies(platform, phase: str, out: pathlib.Path | None) -> list[subprocess.Popen]:
+    spy = shutil.which("py-spy")
+    if out is None or spy is None:
+        return []
+    out.mkdir(parents=True, exist_ok=True)
+    return [
+        subprocess.Popen(
+            [
+                spy,
+                "record",
+                "-r",
+                "100",
+                "-d",
+                "8",
+                "--gil",
+                "-f",
+                "raw",
+                "-s",
+                "-o",
+                str(out / f"{phase}.{name}"),
+                "-p",
+                str(platform.processes[name].pid),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        for name in ("web", "dispatcher", "agent-peer-0")
+        if name in platform.processes and platform.processes[name].poll() is None
+    ]
+
+
+def per_process(platform) -> dict[str, float]:
+    return {
+        name: cpu_seconds(process.pid)
+        for name, process in platform.processes.items()
+        if process.poll() is None
+    }
+
+
+def spent(platform, before: dict[str, float], count: int) -> dict[str, float]:
+    after = per_process(platform)
+    return {k: round((after[k] - before[k]) / count * 1000, 2) for k in after if k in before}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--count", type=int, default=1000)
+    parser.add_argument("--spy", type=pathlib.Path)
+    args = parser.parse_args()
+    nodes = {f"peer-{i}": ("H100-80GB", GPUS, "") for i in range(NODES)}
+    with tempfile.TemporaryDirectory(prefix="gpuplatform-cpu-") as tmp:
+        with running_platform(pathlib.Path(tmp), nodes, "cpu") as platform:
+            for node in nodes:
+                platform.kill(f"agent-{node}", group=True)
+            platform.wait_until(
+                lambda: all(n["state"] == "lost" for n in platform.nodes().values()),
+                timeout=120, what="the nodes lost",
+            )  # fmt: skip
+            sessions = [platform.api("bob") for _ in range(CLIENTS)]
+            url = platform.url + "/api/v1/jobs/"
+            local = threading.local()
+
+            def submit(i: int) -> None:
+                if not hasattr(local, "session"):
+                    local.session = sessions[i % CLIENTS]
+                answer = local.session.post(url, json={"command": ["true"], "gpus": 1}, timeout=60)
+                assert answer.status_code == 201, answer.text
+
+            before, mine, began = per_process(platform), time.process_time(), time.monotonic()
+            watching = spies(platform, "submit", args.spy)
+            with concurrent.futures.ThreadPoolExecutor(CLIENTS) as pool:
+                list(pool.map(submit, range(args.count)))
+            rate = args.count / (time.monotonic() - began)
+            split = spent(platform, before, args.count)
+            client = (time.process_time() - mine) / args.count * 1000
+            print(f"submit: {rate:.0f}/s; CPU ms a submit: {split}, the client {client:.2f}")
+            for spy in watching:
+                spy.wait()
+
+            for node in nodes:
+                platform.restart_agent(node)
+            before, began = per_process(platform), time.monotonic()
+            watching = spies(platform, "drain", args.spy)
+            wait_until_ended(platform, args.count, interval=1.0)
+            rate = args.count / (time.monotonic() - began)
+            print(f"drain: {rate:.1f} jobs/s (from the agents' start); CPU ms a job: "
+                  f"{spent(platform, before, args.count)}")  # fmt: skip
+            for spy in watching:
+                spy.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,299 @@
+"""Beside Slurm, in one run (issue 35): interleaved pairs, ours then Slurm's, each pair printed,
+then the medians and the ratios.
+
+Each pair measures, on both sides, with the same shapes:
+
+1. submits/s from 8 clients: `count` one-GPU `true` jobs submitted by 8 concurrent clients while
+   nothing can start, first POST (or `sbatch`) to last answer. Slurm: the partition DOWN, its
+   nodes up. Ours: the 4 nodes registered, then their agents stopped until the platform holds
+   them lost (known, as Slurm's are: a submit is checked against their shapes, apps/admission/fit.py);
+2. the drain of those queued jobs by 4 nodes x 4 fake GPUs (16 at a time): ours from the first
+   attempt's start to the last one's end (server clocks), Slurm's from `partition UP` until
+   `squeue` is empty (polled every 0.2 s, as ../shared/peers/slurm/bench.sh does); ours with the
+   agents started again;
+3. submit to running on the idle cluster: from the client's clock just before its POST (or
+   `sbatch`) to the job's own first instruction, `date +%s.%N` (ours: read from the job's log,
+   Slurm's: from the file its script writes), `latency` samples a pair, 0-1 s apart.
+
+Besides, our web's CPU (gunicorn's master and workers, from psutil: /proc/<pid>/stat) divided
+by the submits and by the jobs ended in the drain (which includes the nodes' registrations and heartbeats and the
+bench's own polls: two count queries a second).
+
+    SCHED_PARAMS=batch_sched_delay=0 bash ../shared/peers/slurm/setup.sh   # the lab, tuned
+    python -m bench.slurm_peer [--pairs 5] [--count 1000] [--latency 10]
+
+SQLite (the embedded default) unless DATABASE_URL names PostgreSQL. Writes
+docs/bench/70-slurm-peer-sqlite.md or -postgresql.md (or its --out) with every pair and the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import pathlib
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import UTC, datetime
+
+from bench.foundation import all_jobs, running_platform, ts, wait_until_ended
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SECTIONS = ROOT / "docs" / "bench"
+LAB = pathlib.Path(os.environ.get("LAB", "/tmp/slurmlab"))
+SLURM_ENV = dict(os.environ, SLURM_CONF=str(LAB / "etc" / "slurm.conf"))
+CLIENTS = 8
+NODES, GPUS = 4, 4
+
+
+def cpu_seconds(pid: int) -> float:
+    """The process's CPU and its descendants' (gunicorn's workers), live and reaped."""
+    import psutil
+
+    process = psutil.Process(pid)
+    total = 0.0
+    for each in [process, *process.children(recursive=True)]:
+        try:
+            times = each.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system + times.children_user + times.children_system
+    return total
+
+
+# --- ours -------------------------------------------------------------------------------------
+
+
+def ours(count: int, samples: int, data_dir: pathlib.Path) -> dict:
+    nodes = {f"peer-{i}": ("H100-80GB", GPUS, "") for i in range(NODES)}
+    with running_platform(data_dir, nodes, "peer") as platform:
+        web = platform.processes["web"].pid
+        for node in nodes:  # Slurm's partition DOWN: the nodes known, none taking work
+            platform.kill(f"agent-{node}", group=True)
+        platform.wait_until(
+            lambda: all(n["state"] == "lost" for n in platform.nodes().values()),
+            timeout=120, what="the nodes lost",
+        )  # fmt: skip
+        sessions = [platform.api("bob") for _ in range(CLIENTS)]
+        url = platform.url + "/api/v1/jobs/"
+        body = {"command": ["true"], "gpus": 1}
+        local = threading.local()
+
+        def submit(i: int) -> None:
+            if not hasattr(local, "session"):
+                local.session = sessions[i % CLIENTS]
+            answer = local.session.post(url, json=body, timeout=60)
+            assert answer.status_code == 201, answer.text
+
+        cpu = cpu_seconds(web)
+        began = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(CLIENTS) as pool:
+            list(pool.map(submit, range(count)))
+        submit_seconds = time.monotonic() - began
+        cpu_submit = cpu_seconds(web) - cpu
+
+        cpu = cpu_seconds(web)
+        for node in nodes:
+            platform.restart_agent(node)
+        wait_until_ended(platform, count, interval=1.0)
+        cpu_drain = cpu_seconds(web) - cpu
+        attempts = [job["attempts"][-1] for job in all_jobs(platform)]
+        drain = max(ts(a["ended_at"]) for a in attempts) - min(
+            ts(a["started_at"]) for a in attempts
+        )
+
+        latencies = []
+        session = platform.api("bob")
+        for _ in range(samples):
+            time.sleep(random.random())
+            posted = time.time()
+            answer = session.post(url, json={"command": ["date", "+%s.%N"], "gpus": 1}, timeout=60)
+            assert answer.status_code == 201, answer.text
+            job = platform.wait_for_state(answer.json()["id"], ["succeeded", "failed"], timeout=60)
+            log = session.get(f"{url}{job['id']}/logs/", timeout=30).text
+            latencies.append(first_clock(log) - posted)
+    return {
+        "submits_per_second": count / submit_seconds,
+        "drain_jobs_per_second": count / drain,
+        "latency_p50_ms": statistics.median(latencies) * 1000,
+        "latencies_ms": [round(x * 1000, 1) for x in latencies],
+        "web_cpu_ms_per_submit": cpu_submit / count * 1000,
+        "web_cpu_ms_per_job_end": cpu_drain / count * 1000,
+    }
+
+
+def first_clock(log: str) -> float:
+    """The clock `date +%s.%N` printed: the log's first line that reads as a number."""
+    for line in log.splitlines():
+        try:
+            return float(line.strip())
+        except ValueError:
+            continue
+    raise AssertionError(f"no clock in the job's log: {log[:500]!r}")
+
+
+# --- Slurm's ----------------------------------------------------------------------------------
+
+
+def slurm(*args: str, check: bool = True) -> str:
+    return subprocess.run(args, env=SLURM_ENV, check=check, capture_output=True, text=True).stdout
+
+
+def slurm_empty() -> None:
+    while slurm("squeue", "-h", "-o", "%i").strip():
+        time.sleep(0.2)
+
+
+def theirs(count: int, samples: int, work: pathlib.Path) -> dict:
+    slurm("scancel", "-u", "root", check=False)
+    slurm_empty()
+    slurm("scontrol", "update", "partitionname=gpu", "state=DOWN")
+    sbatch = ["sbatch", "-Q", "-o", "/dev/null", "-J", "gpu1", "--gres=gpu:1", "--wrap", "true"]
+
+    def submit(_: int) -> None:
+        slurm(*sbatch)
+
+    began = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(CLIENTS) as pool:
+        list(pool.map(submit, range(count)))
+    submit_seconds = time.monotonic() - began
+
+    began = time.monotonic()
+    slurm("scontrol", "update", "partitionname=gpu", "state=UP")
+    slurm_empty()
+    drain = time.monotonic() - began
+
+    latencies = []
+    work.mkdir(parents=True, exist_ok=True)
+    stamp = work / "started.ts"
+    for _ in range(samples):
+        time.sleep(random.random())
+        stamp.unlink(missing_ok=True)
+        posted = time.time()
+        slurm("sbatch", "-Q", "-o", "/dev/null", "-J", "lat", "--wrap", f"date +%s.%N > {stamp}")
+        while not stamp.exists() or not stamp.read_text().strip():
+            time.sleep(0.005)
+        latencies.append(float(stamp.read_text()) - posted)
+        slurm_empty()
+    return {
+        "submits_per_second": count / submit_seconds,
+        "drain_jobs_per_second": count / drain,
+        "latency_p50_ms": statistics.median(latencies) * 1000,
+        "latencies_ms": [round(x * 1000, 1) for x in latencies],
+    }
+
+
+# --- the run ----------------------------------------------------------------------------------
+
+FIGURES = (
+    ("submits_per_second", "submits/s, 8 clients", "{:.1f}"),
+    ("drain_jobs_per_second", "drain, jobs/s", "{:.1f}"),
+    ("latency_p50_ms", "submit to first instruction, p50 ms", "{:.0f}"),
+)
+
+
+def section(pairs: list[dict], *, backend: str, command: str, sched: str, when: datetime) -> str:
+    """The run's section: every pair, the medians, and the ratios (of the medians, and the
+    median of the pairs' own ratios: each pair ran side by side, so its ratio is the figure)."""
+    rows = []
+    for key, name, form in FIGURES:
+        a = statistics.median(p["ours"][key] for p in pairs)
+        b = statistics.median(p["slurm"][key] for p in pairs)
+        paired = statistics.median(p["ours"][key] / p["slurm"][key] for p in pairs)
+        each = ", ".join(
+            f"{form.format(p['ours'][key])}/{form.format(p['slurm'][key])}" for p in pairs
+        )
+        rows.append(f"| {name} | {form.format(a)} | {form.format(b)} | {a / b:.2f}x | "
+                    f"{paired:.2f}x | {each} |")  # fmt: skip
+    for key, name in (("web_cpu_ms_per_submit", "web CPU per submit, ms"),
+                      ("web_cpu_ms_per_job_end", "web CPU per job end (drain), ms")):  # fmt: skip
+        a = statistics.median(p["ours"][key] for p in pairs)
+        each = ", ".join(f"{p['ours'][key]:.1f}" for p in pairs)
+        rows.append(f"| {name} | {a:.1f} | | | | {each} |")
+    table = "\n".join(rows)
+    return f"""## Beside Slurm, interleaved pairs ({backend})
+
+Command: `{command}` ({backend}; Slurm 22.05, SchedulerParameters `{sched}`), on
+{when:%Y-%m-%d %H:%M} UTC, on the 2-core machine shared with 4 other engineers' work; loads at
+each pair's start: {", ".join(str(p["load"]) for p in pairs)}. Each pair runs ours, then Slurm's.
+
+| figure | ours, median | Slurm, median | ratio of medians | median of pair ratios | each pair, ours/Slurm |
+|---|---|---|---|---|---|
+{table}
+"""
+
+
+def again(args) -> int:
+    with open(args.again) as log:  # the run's printed lines, or its PAIR lines alone (JSON Lines)
+        lines = [line.removeprefix("PAIR ") for line in log]
+    pairs = [json.loads(line) for line in lines if line.startswith("{")]
+    backend = (
+        "PostgreSQL" if os.environ.get("DATABASE_URL", "").startswith("postgres") else "SQLite"
+    )
+    command = f"python -m bench.slurm_peer --pairs {args.pairs} --count {args.count} --latency {args.latency}"
+    when = (
+        datetime.fromisoformat(args.when)
+        if args.when
+        else datetime.fromtimestamp(os.path.getmtime(args.again), UTC)
+    )
+    text = section(pairs, backend=backend, command=command, sched="batch_sched_delay=0", when=when)
+    print(text)
+    out = args.out or SECTIONS / f"70-slurm-peer-{backend.lower()}.md"
+    pathlib.Path(out).write_text(text)
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--pairs", type=int, default=5)
+    parser.add_argument("--count", type=int, default=1000, help="jobs submitted and drained")
+    parser.add_argument("--latency", type=int, default=10, help="latency samples a pair")
+    parser.add_argument("--out", help="default: docs/bench/70-slurm-peer-<backend>.md")
+    parser.add_argument("--again", metavar="LOG", help="write the section again from a run's "
+                        "printed PAIR lines (docs/bench/70-slurm-peer-*.jsonl keeps them); give "
+                        "the run's --pairs/--count/--latency")  # fmt: skip
+    parser.add_argument(
+        "--when", help="with --again: the run's UTC time (ISO), default the LOG's mtime"
+    )
+    args = parser.parse_args()
+    if args.again:
+        return again(args)
+    if shutil.which("sbatch") is None or not (LAB / "etc" / "slurm.conf").exists():
+        print(
+            "bench.slurm_peer: no Slurm lab: run `SCHED_PARAMS=batch_sched_delay=0 bash "
+            "../shared/peers/slurm/setup.sh` first",
+            file=sys.stderr,
+        )
+        return 2
+    backend = (
+        "PostgreSQL" if os.environ.get("DATABASE_URL", "").startswith("postgres") else "SQLite"
+    )
+    sched = slurm("scontrol", "show", "config")
+    sched = next((x.split("=", 1)[1].strip() for x in sched.splitlines()
+                  if x.startswith("SchedulerParameters")), "?")  # fmt: skip
+    pairs = []
+    for number in range(1, args.pairs + 1):
+        load = os.getloadavg()[0]
+        with tempfile.TemporaryDirectory(prefix="gpuplatform-peer-") as tmp:
+            mine = ours(args.count, args.latency, pathlib.Path(tmp))
+            peer = theirs(args.count, args.latency, pathlib.Path(tmp) / "slurm")
+        pair = {"pair": number, "load": round(load, 1), "ours": mine, "slurm": peer}
+        pairs.append(pair)
+        print("PAIR " + json.dumps(pair), flush=True)
+    command = f"python -m bench.slurm_peer --pairs {args.pairs} --count {args.count} --latency {args.latency}"
+    text = section(pairs, backend=backend, command=command, sched=sched, when=datetime.now(UTC))
+    print(text)
+    out = args.out or SECTIONS / f"70-slurm-peer-{backend.lower()}.md"
+    pathlib.Path(out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
