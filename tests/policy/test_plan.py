@@ -165,6 +165,7 @@ def test_a_calibrated_plan_scales_its_wait_by_the_past_errors_and_then_stands(pe
     assert f"; expected to start {start:%Y-%m-%dT%H:%M:%S}Z (in ~" in job["reason"]
     assert queued["id"].replace("-", "") in calibrator.open_jobs()
     replan()  # later: the first calibrated estimate stands
-    assert bob.get(f"/api/v1/jobs/{queued['id']}/").json()["estimated_start_at"] == job[
-        "estimated_start_at"
-    ]
+    assert (
+        bob.get(f"/api/v1/jobs/{queued['id']}/").json()["estimated_start_at"]
+        == job["estimated_start_at"]
+    )
