@@ -30,7 +30,7 @@ from apps.scheduling.core.forecast import quantile
 FLOOR_S = 60.0  # a planned wait under a minute counts as a minute (the ratio stays finite)
 STEP = 4.0  # buckets: planned wait < 4 min, < 16 min, < 64 min, < 4.3 h, < 17 h, more
 BUCKETS = 6
-MIN_SAMPLES = 20  # ratios a bucket needs before it is used alone
+MIN_SAMPLES = 10  # ratios a bucket needs before it is used alone
 HISTORY = 400  # ratios kept per bucket (the latest)
 LOW, MIDDLE, HIGH = 0.1, 0.35, 0.9  # the window's quantiles and the estimate's
 

@@ -146,8 +146,8 @@ def parser() -> argparse.ArgumentParser:
         help="the scored estimate corrected by the plan's past errors (core/calibrate.py)",
     )  # fmt: skip
     p.add_argument(
-        "--plan-events", type=int, default=60, metavar="N",
-        help="policy passes per scored forecast",
+        "--plan-events", type=int, default=80, metavar="N",
+        help="policy passes per scored forecast (the dispatcher's plan: 80)",
     )  # fmt: skip
     p.add_argument(
         "--estimate-order", choices=("platform", "policy"), default="platform",

@@ -4,17 +4,22 @@ simulator on a trace (issue 30).
 At every EVERY-th arrival the hook makes the estimate the dispatcher would store: the policy's
 own code run forward from the simulator's state (apps/scheduling/core/forecast.py, the same
 function the dispatcher calls), with running jobs ending and queued jobs running for times a
-runtime predictor gives. The predictor is the platform's (apps/scheduling/plan.py `Predictor`),
-on what the simulator knows: the lengths of the arriving tenant's finished runs (a trace's user
-stands for the platform's user + template), else anyone's, at least MIN_RUNS; with none, one
-hour for a queued job, and for a running one about as long again as it has run, at least an hour
-(the traces carry no limit to bound it, as `max_runtime_seconds` does on the platform). Three forecasts at the predictor's quantiles give the estimate (median) and the window
-(the early and late runs). The simulator's policy itself keeps its own view of runtimes; only
-the predicted world differs from the true one.
+runtime predictor gives. The predictor is the platform's rules (apps/scheduling/plan.py
+`Predictor`) on what the simulator knows: the lengths of the arriving tenant's finished runs (a
+trace's user stands for the platform's user + template), else anyone's, at least MIN_RUNS; with
+none, one hour for a queued job, and for a running one about as long again as it has run, at
+least an hour (the traces carry no limit to bound it, as `max_runtime_seconds` does on the
+platform). The median run's start is then calibrated as the dispatcher calibrates it
+(apps/scheduling/core/calibrate.py: its planned wait scaled by the ratios actual / planned wait
+of the jobs planned before it that have started, learned as they start); while the calibrator
+has too little history, the plan's own window is shown (runs at the predictor's early and late
+quantiles). `--plan-arrivals SECONDS` makes the plan expect the last SECONDS' arrivals to come
+again (`expected_arrivals`); `--plan-calibration off` scores the plan alone.
 
 After the run, for the jobs that waited at least `min_wait_s` (5 minutes): the median of
-|estimate - actual start| / actual wait (the relative error), and the share of starts inside the
-window. Both are reported per tier and overall (summary.json's `plan_error`).
+|estimate - actual start| / actual wait (the relative error), the same for the plan's own
+estimate, and the share of starts inside the window. Per tier and overall (summary.json's
+`plan_error`).
 """
 
 from __future__ import annotations
@@ -59,7 +64,7 @@ class _Estimate:
 @dataclass
 class PlanErrorHook:
     every: int = 1
-    max_events: int = 60
+    max_events: int = 80
     min_wait_s: float = MIN_WAIT_S
     records: list[_Estimate] = field(default_factory=list)
     arrivals: int = 0
