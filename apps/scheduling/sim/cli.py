@@ -146,6 +146,10 @@ def parser() -> argparse.ArgumentParser:
         help="the scored estimate corrected by the plan's past errors (core/calibrate.py)",
     )  # fmt: skip
     p.add_argument(
+        "--plan-rescore", type=float, default=0.0, metavar="SECONDS",
+        help="also re-plan every waiting job every SECONDS of simulated time and score those",
+    )  # fmt: skip
+    p.add_argument(
         "--plan-events", type=int, default=80, metavar="N",
         help="policy passes per scored forecast (the dispatcher's plan: 80)",
     )  # fmt: skip
@@ -232,7 +236,8 @@ def run_one(args: argparse.Namespace, policy: str, out: Path, mode: str = "off")
     if args.plan_error:
         planned = PlanErrorHook(args.plan_error, max_events=args.plan_events,
                                 calibrate=args.plan_calibration == "on",
-                                arrival_window_s=args.plan_arrivals)  # fmt: skip
+                                arrival_window_s=args.plan_arrivals,
+                                rescore_s=args.plan_rescore)  # fmt: skip
         planned.install(sim)
     began, cpu = time.perf_counter(), time.process_time()
     sim.run()

@@ -27,7 +27,6 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,18 +34,20 @@ from apps.scheduling.core.calibrate import Calibrator
 from apps.scheduling.core.forecast import (
     MIN_RUNS,
     QUANTILES,
+    Plan,
     beyond_history,
     expected_arrivals,
     forecast,
     quantile,
 )
-from apps.scheduling.core.policy import QueuedJob, RunningJob, TenantUsage
+from apps.scheduling.core.policy import QueuedJob, TenantUsage
 
 HISTORY = 50
 NO_HISTORY_S = 3600.0
 MIN_WAIT_S = 300.0
 HORIZON_S = 2 * 86400.0
 MAX_EXPECTED = 300
+PLAN_JOBS = 300  # as the dispatcher's plan (apps/scheduling/plan.py)
 
 
 @dataclass
@@ -75,6 +76,10 @@ class PlanErrorHook:
     _sim: Any = None
     calibrate: bool = True
     arrival_window_s: float = 0.0
+    rescore_s: float = 0.0
+    _first: dict[str, float] = field(default_factory=dict)
+    _later: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    _next_rescore: float = 0.0
     _recent: deque = field(default_factory=deque)
     calibrator: Calibrator = field(default_factory=Calibrator)
 
@@ -90,6 +95,8 @@ class PlanErrorHook:
                 self.calibrator.started(job.job_id, t)
 
         sim._start = on_start
+        if self.rescore_s > 0:
+            sim.hooks.append(self.passed)
 
         def on_finish(job_id: str, attempt: int, t: float) -> None:
             job = sim.by_id[job_id]
@@ -137,28 +144,9 @@ class PlanErrorHook:
         expected = expected_arrivals(t, self._recent, self.arrival_window_s, HORIZON_S,
                                      MAX_EXPECTED) if self.arrival_window_s > 0 else []  # fmt: skip
         began = time.process_time()
-        tenant_of = {r.job_id: sim.by_id[r.job_id].tenant for r in scheduler.running.values()}
-        usage = {
-            tenant: TenantUsage(scheduler._tenant_tier.get(tenant, job.tier),
-                                use.value(t, scheduler.config.half_life_s))
-            for tenant, use in scheduler._tenant_usage.items()
-            if tenant in scheduler._tenant_tier
-        }  # fmt: skip
-
-        def ends(q: float) -> Callable[[RunningJob], float]:
-            return lambda r: t + self.remaining(q, tenant_of[r.job_id], t - r.started_at)
-
-        def lengths(q: float) -> Callable[[QueuedJob], float]:
-            return lambda j: self.runtime(q, j.tenant)
 
         def start_at(q: float) -> float | None:
-            plan = forecast(
-                t, sim.cluster, list(scheduler.queued.values()), list(scheduler.running.values()),
-                scheduler.tiers, usage, config=scheduler.config, held_reservation=scheduler._held,
-                end_of=ends(q), runtime_of=lengths(q),
-                max_events=self.max_events, strategy=sim.settings.strategy, until=job.job_id,
-                expected=expected,
-            )  # fmt: skip
+            plan = self._forecast(sim, t, q, until=job.job_id, expected=expected)
             return plan.starts.get(job.job_id)
 
         early_q, middle_q, late_q = QUANTILES
@@ -177,6 +165,56 @@ class PlanErrorHook:
             record = _Estimate(job.job_id, job.tier, t, middle, min(known) if known else None,
                                starts[2], raw=middle)  # fmt: skip
         self.records.append(record)
+        if record.calibrated and record.start is not None:
+            self._first[job.job_id] = record.start
+        self.cpu_s += time.process_time() - began
+
+    def _forecast(
+        self,
+        sim: Any,
+        t: float,
+        q: float,
+        until: str | None = None,
+        expected: list[QueuedJob] | None = None,
+        max_jobs: int | None = None,
+    ) -> Plan:
+        """The plan at quantile q from the simulator's state at t (`max_jobs`: the first queued
+        jobs in the platform's order only, as the dispatcher plans at most PLAN_JOBS)."""
+        scheduler = sim.scheduler
+        tenant_of = {r.job_id: sim.by_id[r.job_id].tenant for r in scheduler.running.values()}
+        usage = {
+            tenant: TenantUsage(scheduler._tenant_tier.get(tenant, "free"),
+                                use.value(t, scheduler.config.half_life_s))
+            for tenant, use in scheduler._tenant_usage.items()
+            if tenant in scheduler._tenant_tier
+        }  # fmt: skip
+        queued = list(scheduler.queued.values())
+        if max_jobs is not None:
+            levels = {name: tier.level for name, tier in scheduler.tiers.items()}
+            queued = sorted(queued, key=lambda j: (-levels.get(j.tier, 0), j.submit))[:max_jobs]
+        return forecast(
+            t, sim.cluster, queued, list(scheduler.running.values()),
+            scheduler.tiers, usage, config=scheduler.config, held_reservation=scheduler._held,
+            end_of=lambda r: t + self.remaining(q, tenant_of[r.job_id], t - r.started_at),
+            runtime_of=lambda j: self.runtime(q, j.tenant),
+            max_events=self.max_events, strategy=sim.settings.strategy, until=until,
+            expected=expected or [],
+        )  # fmt: skip
+
+    def passed(self, sim: Any, t: float) -> None:
+        """`rescore_s` > 0: every rescore_s of simulated time, the plan of every waiting job
+        (the dispatcher's: the first PLAN_JOBS, the median run, a job's first calibrated
+        estimate standing while the plan is not later), kept to score what a job shows later
+        in its wait."""
+        if t < self._next_rescore or not sim.scheduler.queued:
+            return
+        self._next_rescore = t + self.rescore_s
+        began = time.process_time()
+        plan = self._forecast(sim, t, QUANTILES[1], max_jobs=PLAN_JOBS)
+        for job_id, start in plan.starts.items():
+            first = self._first.get(job_id)
+            shown = max(start, first, t) if first is not None and self.calibrate else start
+            self._later.setdefault(job_id, []).append((t, shown))
         self.cpu_s += time.process_time() - began
 
     def summary(self) -> dict[str, Any]:
@@ -198,6 +236,30 @@ class PlanErrorHook:
             "min_wait_s": self.min_wait_s,
             "cpu_seconds": round(self.cpu_s, 1),
             "groups": {name: _score(rows) for name, rows in sorted(groups.items())},
+            **({"later": self._later_score(by_id)} if self.rescore_s > 0 else {}),
+        }
+
+    def _later_score(self, by_id: dict[str, Any]) -> dict[str, Any]:
+        """The estimates shown later in a wait (`passed`), for the jobs that waited at least
+        min_wait_s: per job the median of |shown - start| / the wait left when shown, and of
+        |shown - start| / the whole wait; then the median over the jobs."""
+        left, whole = [], []
+        for job_id, shown in self._later.items():
+            job = by_id.get(job_id)
+            if job is None or job.start is None or job.start - job.submit < self.min_wait_s:
+                continue
+            before = [(t, at) for t, at in shown if t < job.start]
+            if not before:
+                continue
+            left.append(statistics.median(abs(at - job.start) / (job.start - t)
+                                          for t, at in before))  # fmt: skip
+            whole.append(statistics.median(abs(at - job.start) / (job.start - job.submit)
+                                           for t, at in before))  # fmt: skip
+        return {
+            "every_s": self.rescore_s,
+            "jobs": len(left),
+            "median_relative_error_of_wait_left": statistics.median(left) if left else None,
+            "median_relative_error_of_whole_wait": statistics.median(whole) if whole else None,
         }
 
 
@@ -244,4 +306,13 @@ def plan_table(summary: dict[str, Any]) -> str:
             f"{_pct(s['median_relative_error'])} | {_pct(s['raw_median_relative_error'])} | "
             f"{_pct(s['in_window'])} |"
         )
+    later = summary.get("later")
+    if later:
+        lines += [
+            "",
+            f"re-estimated every {later['every_s'] / 60:.0f} min while waiting ({later['jobs']} "
+            f"jobs): median relative error {_pct(later['median_relative_error_of_wait_left'])} "
+            f"of the wait left, {_pct(later['median_relative_error_of_whole_wait'])} of the "
+            "whole wait",
+        ]
     return "\n".join(lines) + "\n"
