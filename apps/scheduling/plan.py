@@ -13,6 +13,10 @@ Method (docs/scheduling.md, "Start estimates"):
   at all: its limit). Three runs of the forecast, at the predictor's QUANTILES, give
   the window (earliest, latest) and the estimate (the median run). Without history a job is
   predicted to run to its limit (the window opens at a quarter of it).
+- Calibrated by the plan's own past errors (apps/scheduling/core/calibrate.py): once enough
+  planned jobs started, a job's first estimate and window are its plan's wait scaled by the
+  ratios (actual wait / planned wait) of earlier jobs of its tier and planned wait; that first
+  estimate stands while later plans are not later than it.
 - Made in a dispatcher pass when what it depends on changed (the queue's heads, the running
   jobs, the nodes being added) or PLAN_SECONDS passed, at most once per MIN_SECONDS per
   process, over at most PLAN_JOBS queued jobs (the first in queue order) and `max_events`
@@ -39,6 +43,7 @@ from django.utils import timezone
 from apps.admission import fit
 from apps.jobs.models import AttemptState, Job, JobAttempt, JobState
 from apps.scheduling.core import policy, waiting
+from apps.scheduling.core.calibrate import Calibrated, Calibrator
 from apps.scheduling.core.forecast import (
     MIN_RUNS,
     QUANTILES,
@@ -166,6 +171,7 @@ class Planner:
     key: object = None
     made_at: float = -math.inf
     lock: threading.Lock = field(default_factory=threading.Lock)
+    calibrator: Calibrator = field(default_factory=Calibrator)
 
     def due(self, key: object) -> bool:
         since = time.monotonic() - self.made_at
@@ -227,7 +233,8 @@ class Planner:
             )  # fmt: skip
             for q in QUANTILES
         ]
-        self.estimates = self._estimates(runs, planned)
+        self._calibrate(at, runs[1], planned, snapshot)
+        self.estimates = self._estimates(at, runs, planned)
         self.key, self.made_at = key, time.monotonic()
         log.debug("plan: %d jobs in %.3fs", len(planned), self.made_at - started)
 
@@ -238,6 +245,7 @@ class Planner:
     _predictor: Predictor | None = None
     _predictor_at: float = -math.inf
     _predicted: frozenset = frozenset()
+    _first: dict[str, Calibrated] = field(default_factory=dict)  # each job's first calibrated
 
     def _learn(self, jobs: dict[str, Job], snapshot: ClusterSnapshot, facts: dict) -> None:
         for job_id, known in facts.items():
@@ -277,8 +285,30 @@ class Planner:
             self._predictor_at, self._predicted = time.monotonic(), kinds
         return self._predictor
 
-    def _estimates(self, runs: list[Plan], planned: list[policy.QueuedJob]) -> dict[str, Estimate]:
+    def _calibrate(self, at: float, middle: Plan, planned: list[policy.QueuedJob],
+                   snapshot: ClusterSnapshot) -> None:  # fmt: skip
+        """Teach the calibrator: the planned jobs that started since (their first plan against
+        their start), forget those that left the queue unstarted; note the new ones' plans."""
+        running = {_key(r.job_id): r.started_at for r in snapshot.running}
+        queued = {_key(job.job_id) for job in planned}
+        for job_id in self.calibrator.open_jobs():
+            if job_id in running:
+                self.calibrator.started(job_id, running[job_id])
+            elif job_id not in queued:
+                self.calibrator.forget(job_id)
+        for job in planned:
+            start = middle.starts.get(job.job_id)
+            if start is not None:
+                self.calibrator.planned(_key(job.job_id), job.tier, at, start)
+
+    def _estimates(
+        self, at: float, runs: list[Plan], planned: list[policy.QueuedJob]
+    ) -> dict[str, Estimate]:
+        """Each planned job's estimate: the calibrated start and window where the calibrator has
+        the history (core/calibrate.py), else the median run and the three runs' spread."""
         early, middle, late = runs
+        tier_of = {job.job_id: job.tier for job in planned}
+        self._first = {k: v for k, v in self._first.items() if k in tier_of}
         order = {job_id: i for i, job_id in enumerate(middle.order)}
         ranked = sorted(
             (job.job_id for job in planned),
@@ -291,9 +321,20 @@ class Planner:
                 out[job_id] = Estimate(None, None, None, position)
                 continue
             seen = [run.starts[job_id] for run in runs if job_id in run.starts]
-            latest = max(seen) if job_id in late.starts else None
+            earliest, latest = min(seen), max(seen) if job_id in late.starts else None
             ready = middle.on_new_node.get(job_id)
-            out[job_id] = Estimate(_dt(start), _dt(min(seen)), _dt(latest) if latest else None,
+            first = self._first.get(job_id)
+            if first is None and ready is None:
+                first = self.calibrator.estimate(tier_of[job_id], at, start)
+                if first is not None:
+                    self._first[job_id] = first
+            if first is not None and ready is None:
+                # The first calibrated estimate stands while the plan is not later than it (so
+                # it does not move with the clock); a later plan is news and moves it.
+                start = max(start, first.start, at)
+                earliest = max(at, min(first.earliest, start))
+                latest = max(first.latest, start)
+            out[job_id] = Estimate(_dt(start), _dt(earliest), _dt(latest) if latest else None,
                                    position, _dt(ready) if ready else None)  # fmt: skip
         return out
 

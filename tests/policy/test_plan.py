@@ -14,6 +14,7 @@ from django.utils import timezone
 from apps.admission import estimates
 from apps.jobs.models import Job, JobAttempt
 from apps.scheduling import plan
+from apps.scheduling.core.calibrate import BUCKETS, MIN_SAMPLES
 from apps.scheduling.dispatcher import dispatch_once
 from tests.admission.conftest import TRAIN, cast, generous, run_to_end  # noqa: F401 (fixtures)
 from tests.factories import client_for
@@ -138,3 +139,33 @@ def test_a_job_only_a_draining_node_could_run_waits_and_says_so(people):
     shown = people["bob"].get(f"/api/v1/jobs/{job.json()['id']}/").json()
     assert shown["state"] == "queued" and shown["estimated_start_at"] is None
     assert shown["reason"].startswith("only a draining node could run it"), shown["reason"]
+
+
+def test_a_calibrated_plan_scales_its_wait_by_the_past_errors_and_then_stands(people):
+    bob = people["bob"]
+    running = bob.post("/api/v1/jobs/", {**TRAIN, "gpus": 8, "max_runtime_seconds": 600},
+                       format="json").json()  # fmt: skip
+    dispatch_once()
+    placed = JobAttempt.objects.get(job_id=running["id"]).created_at
+    # Earlier plans were all twice too early (whatever the tier or the planned wait).
+    calibrator = plan.PLANNER.calibrator
+    for b in range(BUCKETS):
+        for i in range(MIN_SAMPLES):
+            planned_wait = 60.0 * 4**b + 1
+            calibrator.planned(f"x{b}-{i}", "other", 0.0, planned_wait)
+            calibrator.started(f"x{b}-{i}", 2 * planned_wait)
+    queued = bob.post("/api/v1/jobs/", {**TRAIN, "gpus": 8}, format="json").json()
+    replan()
+    job = bob.get(f"/api/v1/jobs/{queued['id']}/").json()
+    at = Job.objects.get(pk=queued["id"]).planned_at
+    raw = (placed + timedelta(seconds=600) - at).total_seconds()  # the plan: at the limit
+    start = ts(job["estimated_start_at"])
+    assert abs((start - at).total_seconds() - 2 * raw) < 5, (start, at, raw)
+    assert [ts(t) for t in job["estimated_start_window"]] == [start, start]
+    assert f"; expected to start {start:%Y-%m-%dT%H:%M:%S}Z (in ~" in job["reason"]
+    assert queued["id"].replace("-", "") in calibrator.open_jobs()
+    replan()  # later: the first calibrated estimate stands
+    assert (
+        bob.get(f"/api/v1/jobs/{queued['id']}/").json()["estimated_start_at"]
+        == job["estimated_start_at"]
+    )

@@ -38,7 +38,7 @@ from apps.scheduling.core.policy.model import (
 )
 from apps.scheduling.core.policy.scheduler import Scheduler, busy_beyond_running
 
-_END, _NODE, _WAKE = 0, 1, 2
+_END, _NODE, _ARRIVE, _WAKE = 0, 1, 2, 3
 # The runtime predictor's quantiles: the early run, the estimate, the late run (the window), and
 # how many runs of a kind it needs before they predict. The platform's plan
 # (apps/scheduling/plan.py) and the simulator's score of it (sim/plan_error.py) share them.
@@ -96,10 +96,13 @@ def forecast(
     horizon_s: float = 14 * 86400.0,
     strategy: str | None = None,
     until: str | None = None,
+    expected: Iterable[QueuedJob] = (),
 ) -> Plan:
     """Each queued job's start if running jobs end at `end_of(job)` and each started job runs
     `runtime_of(job)` (see the module doc). `cluster` is copied, never changed. `until`: stop
-    once that job has started (a caller that wants one job's start)."""
+    once that job has started (a caller that wants one job's start). `expected`: jobs expected
+    to arrive later (`expected_arrivals`), each submitted at its `submit` time; they get no
+    start of their own in the plan but take their place in the policy's order."""
     world = copy_cluster(cluster, strategy)
     scheduler = Scheduler(world, tiers, config)
     for node in world.list_nodes():
@@ -123,6 +126,9 @@ def forecast(
     for job in queue.values():
         scheduler.submit(replace(job))
     scheduler.hold(list(held_reservation))
+    phantoms = {job.job_id: job for job in expected if job.job_id not in queue}
+    for job in phantoms.values():
+        push(max(now, job.submit), _ARRIVE, job)
     order = tuple(job.job_id for job in scheduler._order(now))
     pending_nodes = sorted(arriving, key=lambda coming: coming.ready_at)
     for number, coming in enumerate(pending_nodes):
@@ -135,7 +141,9 @@ def forecast(
     while passes < max_events and t - now <= horizon_s:
         passes += 1
         for decision in scheduler.decide(t):
-            if isinstance(decision, Start) and decision.job_id in queue:
+            if isinstance(decision, Start) and decision.job_id in phantoms:
+                push(t + max(0.0, runtime_of(phantoms[decision.job_id])), _END, decision.job_id)
+            elif isinstance(decision, Start) and decision.job_id in queue:
                 starts[decision.job_id] = t
                 new = [added[a.node] for a in decision.placement.assignments if a.node in added]
                 if new:
@@ -156,12 +164,35 @@ def forecast(
             _, kind, _, payload = heapq.heappop(events)
             if kind == _END and payload in scheduler.running:
                 scheduler.finish(str(payload), t)
+            elif kind == _ARRIVE and isinstance(payload, QueuedJob):
+                scheduler.submit(replace(payload))
             elif kind == _NODE and isinstance(payload, tuple):
                 name, arrived = payload
                 scheduler.add_node(Node(str(name), arrived.gpus, arrived.gpu_model))
                 added[str(name)] = t
                 scheduler.arriving = [n for n in scheduler.arriving if n is not arrived]
     return Plan(starts, on_new_node, cut=len(starts) < len(queue), order=order)
+
+
+def expected_arrivals(
+    now: float, recent: Iterable[QueuedJob], window_s: float, horizon_s: float, max_jobs: int
+) -> list[QueuedJob]:
+    """The arrivals a plan expects: the jobs submitted in the last `window_s` (`recent`, their
+    `submit` times in (now - window_s, now]) arriving again, shifted by window_s, 2 window_s, ...
+    up to `horizon_s` ahead, at most `max_jobs` (the earliest). An arrival rate and mix of the
+    recent past, with the tenants and tiers that came; each copy has its own id."""
+    past = sorted((job for job in recent if now - window_s < job.submit <= now),
+                  key=lambda job: job.submit)  # fmt: skip
+    out: list[QueuedJob] = []
+    if not past or window_s <= 0:
+        return out
+    for k in range(1, int(horizon_s // window_s) + 2):
+        for job in past:
+            at = job.submit + k * window_s
+            if at - now > horizon_s or len(out) >= max_jobs:
+                return out
+            out.append(replace(job, job_id=f"{job.job_id}~{k}", submit=at, seq=-1))
+    return out
 
 
 # A job that has run longer than every run the history holds: it is expected to run about as long
@@ -193,6 +224,7 @@ __all__ = [
     "beyond_history",
     "Plan",
     "copy_cluster",
+    "expected_arrivals",
     "forecast",
     "quantile",
 ]

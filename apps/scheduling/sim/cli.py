@@ -138,6 +138,22 @@ def parser() -> argparse.ArgumentParser:
         help="score the platform's plan estimate (apps/scheduling/plan.py) at every EVERY-th arrival",
     )  # fmt: skip
     p.add_argument(
+        "--plan-arrivals", type=float, default=0.0, metavar="SECONDS",
+        help="the scored plan expects the last SECONDS' arrivals to come again (0: none)",
+    )  # fmt: skip
+    p.add_argument(
+        "--plan-calibration", choices=("on", "off"), default="on",
+        help="the scored estimate corrected by the plan's past errors (core/calibrate.py)",
+    )  # fmt: skip
+    p.add_argument(
+        "--plan-rescore", type=float, default=0.0, metavar="SECONDS",
+        help="also re-plan every waiting job every SECONDS of simulated time and score those",
+    )  # fmt: skip
+    p.add_argument(
+        "--plan-events", type=int, default=80, metavar="N",
+        help="policy passes per scored forecast (the dispatcher's plan: 80)",
+    )  # fmt: skip
+    p.add_argument(
         "--estimate-order", choices=("platform", "policy"), default="platform",
         help="queue order the estimate replays (platform: queue_position's; policy: the scheduler's)",
     )  # fmt: skip
@@ -218,7 +234,10 @@ def run_one(args: argparse.Namespace, policy: str, out: Path, mode: str = "off")
         estimate.install(sim)
     planned = None
     if args.plan_error:
-        planned = PlanErrorHook(args.plan_error)
+        planned = PlanErrorHook(args.plan_error, max_events=args.plan_events,
+                                calibrate=args.plan_calibration == "on",
+                                arrival_window_s=args.plan_arrivals,
+                                rescore_s=args.plan_rescore)  # fmt: skip
         planned.install(sim)
     began, cpu = time.perf_counter(), time.process_time()
     sim.run()
