@@ -10,6 +10,10 @@ With `--fake`: a GPU's utilisation is its job's CPU use on this node (a busy pro
 100, a sleeping one 0) and its memory the job's resident memory, read from the member's cgroup
 where it has one, else from /proc for its session's processes. A file `fake-gpu-errors` in the
 agent's data dir (lines `INDEX xid N` or `INDEX ecc N`) fakes an error on a fake GPU.
+
+A sample carries `"active": true` when the member's interactive sessions (workers/sessions.py:
+a shell, an exec or a forwarded port, on any rank) carried a byte either way during the seconds
+it covers: the web's idle policy counts that GPU in use (typing keeps an interactive job alive).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import os
 import pathlib
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -48,8 +53,11 @@ class _Usage:
 
 class Sampler:
     def __init__(self, runner: Runner, *, gpus: list[GpuInfo], nvml: Nvml | None,
-                 interval: float = DEFAULT_INTERVAL, errors_file: pathlib.Path | None = None):  # fmt: skip
+                 interval: float = DEFAULT_INTERVAL, errors_file: pathlib.Path | None = None,
+                 activity: Callable[[tuple[int, int]], float | None] | None = None):  # fmt: skip
         self.runner, self.nvml, self.interval = runner, nvml, interval
+        # (attempt, rank) -> seconds since its sessions' last byte, None if none (Sessions.quiet_for)
+        self.activity = activity
         self.errors_file = errors_file
         self.inventory = {g.index: g for g in gpus}
         self.unhealthy: dict[int, str] = {}  # index -> "xid 79" / "ecc 2": sticky
@@ -134,6 +142,8 @@ class Sampler:
                 sample.update(extra)
                 if health:
                     sample["health"] = health
+                if self._active(key[:2], seconds):
+                    sample["active"] = True
                 samples.append(sample)
             self._pending.extend(samples)
         live = {(r.assignment.attempt_id, r.assignment.rank) for r in holders.values()}
@@ -142,6 +152,11 @@ class Sampler:
         for old in [k for k in self._last if k[:2] not in live]:
             del self._last[old]
         return samples
+
+    def _active(self, member: tuple[int, int], seconds: float) -> bool:
+        """Whether the member's sessions carried a byte in the `seconds` just before now."""
+        quiet = self.activity(member) if self.activity is not None else None
+        return quiet is not None and quiet <= seconds
 
     def _holders(self) -> dict[int, Run]:
         with self.runner.lock:

@@ -41,6 +41,7 @@ class Sample:
     memory_mib: int
     seconds: float
     health: str = ""
+    active: bool = False  # its member's sessions carried a byte meanwhile (typing, output)
 
 
 def parse(raw, now: float) -> list[Sample]:
@@ -54,6 +55,7 @@ def parse(raw, now: float) -> list[Sample]:
                 t=float(item["t"]), index=int(item["index"]), attempt_id=int(item["attempt_id"]),
                 rank=int(item["rank"]), util=float(item["util"]), memory_mib=int(item["memory_mib"]),
                 seconds=float(item.get("seconds", 0)), health=str(item.get("health", ""))[:32],
+                active=item.get("active") is True,
             )  # fmt: skip
         except (TypeError, KeyError, ValueError, AttributeError):
             continue
@@ -165,7 +167,7 @@ def _apply(row: GpuSeries, samples: list[Sample]) -> tuple[list[Sample], bool]:
         row.last_t, row.last_util, row.last_memory_mib = s.t, s.util, s.memory_mib
         row.util_max = max(row.util_max, s.util)
         row.memory_max_mib = max(row.memory_max_mib, s.memory_mib)
-        if s.util < threshold:
+        if s.util < threshold and not s.active:  # typing in a session: in use (idle.py)
             row.idle_since = row.idle_since if row.idle_since is not None else s.t - s.seconds
         else:
             row.idle_since = None

@@ -199,3 +199,22 @@ def test_the_heartbeat_carries_the_samples_and_a_failed_one_carries_them_again(t
     agent.heartbeat_once()
     assert sent[1]["samples"] == [] and sent[1]["gpus"] == []  # nothing new: nothing sent
     agent.runner.kill_all()
+
+
+def test_a_sample_is_marked_active_when_the_members_sessions_carried_a_byte_meanwhile(runner):
+    runner.run(21, [0], SLEEPY)
+    quiet: dict[tuple[int, int], float] = {}
+    sampler = Sampler(runner, gpus=fake_gpus("n1", 2), nvml=None, interval=1.0,
+                      activity=quiet.get)  # fmt: skip
+    time.sleep(0.5)
+    sampler.sample()  # the baseline
+    time.sleep(1.0)
+    (untouched,) = sampler.sample()
+    assert "active" not in untouched  # no session: nothing typed
+    quiet[(21, 0)] = 0.2  # a keystroke 0.2 s ago
+    time.sleep(1.0)
+    (typed,) = sampler.sample()
+    assert typed["active"] is True and typed["util"] < 5  # an idle GPU, but in use
+    quiet[(21, 0)] = 30.0  # the last one long before this sample's second
+    time.sleep(1.0)
+    assert "active" not in sampler.sample()[0]
