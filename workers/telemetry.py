@@ -187,8 +187,9 @@ class Sampler:
         readings = {}
         util_by_run: dict[tuple[int, int], tuple[int | None, int]] = {}
         runs = list({id(r): r for r in holders.values()}.values())
-        # The unfenced members' processes, by session: one pass over /proc for all of them.
-        sessions = self._sessions.usage({pid for r in runs if (pid := _unfenced_session(r))}, now)
+        # The members' processes by session, for those whose cgroup gives no reading (none, or
+        # a hybrid host's v2 group without the controllers): one pass over /proc for all.
+        sessions = self._sessions.usage({pid for r in runs if (pid := _session_of(r))}, now)
         for run in runs:
             key = (run.assignment.attempt_id, run.assignment.rank)
             usage = member_usage(run, now, sessions)
@@ -306,10 +307,8 @@ def member_usage(run: Run, now: float, sessions: dict[int, _Usage] | None = None
     return sessions.get(process.pid)
 
 
-def _unfenced_session(run: Run) -> int | None:
-    """The session of a member with no cgroup v2 to read (the runner starts each in its own)."""
-    if getattr(run.cgroup, "v2", None) is not None or run.process is None:
-        return None
+def _session_of(run: Run) -> int | None:
+    """The member's session (the runner starts each member in its own)."""
     return getattr(run.process, "pid", None) or None
 
 
