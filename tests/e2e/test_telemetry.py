@@ -135,7 +135,7 @@ def test_an_idle_free_job_is_warned_then_cancelled(platform):
     job = platform.submit("erin", **IDLE_TRAIN)["id"]
     done = platform.wait_for_state(job, "cancelled", timeout=90)
     assert "GPUs idle for" in done["reason"] and "limit is 3 minutes" in done["reason"]
-    logs = platform.get("bob", f"/api/v1/jobs/{job}/logs/").text
+    logs = platform.get("erin", f"/api/v1/jobs/{job}/logs/").text
     (notice,) = [line for line in logs.splitlines() if line.startswith("[gpuplatform ")]
     assert "every GPU idle for" in notice and "then cancel" in notice
     events = platform.get("erin", f"/api/v1/jobs/{job}/events/")  # ends: the job has ended
