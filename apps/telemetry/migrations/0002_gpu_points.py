@@ -8,12 +8,12 @@ from django.db import migrations, models
 def points_to_rows(apps, schema_editor):
     series_model = apps.get_model("telemetry", "GpuSeries")
     point_model = apps.get_model("telemetry", "GpuPoint")
-    for series in series_model.objects.exclude(points=[]).iterator():
+    for series in series_model.objects.iterator():
         point_model.objects.bulk_create(
             point_model(series=series, t=t, util=util, memory_mib=memory, seconds=seconds)
-            for t, util, memory, seconds in series.points
+            for t, util, memory, seconds in series.points_json
         )
-        series_model.objects.filter(pk=series.pk).update(point_count=len(series.points))
+        series_model.objects.filter(pk=series.pk).update(point_count=len(series.points_json))
 
 
 def rows_to_points(apps, schema_editor):
@@ -22,7 +22,7 @@ def rows_to_points(apps, schema_editor):
     for series in series_model.objects.iterator():
         rows = point_model.objects.filter(series=series).order_by("t")
         points = [list(p) for p in rows.values_list("t", "util", "memory_mib", "seconds")]
-        series_model.objects.filter(pk=series.pk).update(points=points)
+        series_model.objects.filter(pk=series.pk).update(points_json=points)
 
 
 class Migration(migrations.Migration):
@@ -31,6 +31,8 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        # (renamed first: the points' rows are `points` on a series, as the list was)
+        migrations.RenameField(model_name="gpuseries", old_name="points", new_name="points_json"),
         migrations.AddField(
             model_name="gpuseries",
             name="point_count",
@@ -63,5 +65,5 @@ class Migration(migrations.Migration):
             },
         ),
         migrations.RunPython(points_to_rows, rows_to_points),
-        migrations.RemoveField(model_name="gpuseries", name="points"),
+        migrations.RemoveField(model_name="gpuseries", name="points_json"),
     ]
