@@ -256,3 +256,15 @@ def test_the_session_table_finds_new_processes_at_its_next_pass(monkeypatch):
     finally:
         os.killpg(leader.pid, signal.SIGKILL)
         leader.wait()
+
+
+def test_the_agents_sessions_say_how_long_each_member_has_been_quiet():
+    from types import SimpleNamespace
+
+    from workers.sessions import Sessions
+
+    sessions = Sessions(SimpleNamespace())
+    assert sessions.quiet_for((7, 1)) is None  # no session yet
+    sessions.touch((7, 1))  # a byte on rank 1's exec
+    time.sleep(0.2)
+    assert 0.2 <= sessions.quiet_for((7, 1)) < 5 and sessions.quiet_for((7, 0)) is None
