@@ -1,13 +1,16 @@
 """What GPU telemetry costs (docs/telemetry.md), through the whole stack (real processes, fake
-GPUs), sampling on (every 0.5 s, 20 times the default rate) against off (once an hour):
+GPUs), sampling on (every 0.5 s, 20 times the default rate) against off (once an hour), in P
+interleaved pairs (off then on, then on then off, ...), medians of each:
 
 1. a drain: 4 nodes x 8 GPUs running M one-GPU jobs of 1 s each, first submit to last end;
 2. submit-to-running on an idle cluster, p50 over N jobs submitted one at a time;
-3. the samples one web process absorbs: `apps.telemetry.ingest.ingest` called in this process
-   (one core) against the platform's own database (its processes stopped first), 8 GPUs x 5
-   samples a heartbeat, the series past their 1,000 points (each heartbeat rewrites 8 full ones).
+3. once: the samples one web process absorbs, `apps.telemetry.ingest.ingest` called in this
+   process (one core) against the platform's own database (its processes stopped first), 8 GPUs
+   x 5 samples a heartbeat, 2,000 samples a GPU (each series compacted twice past 1,000 points).
 
-`python -m bench.telemetry [--jobs M] [--latency N]` writes docs/bench/60-telemetry.md.
+`python -m bench.telemetry [--jobs M] [--latency N] [--pairs P]` writes
+docs/bench/60-telemetry.md, or docs/bench/60-telemetry-postgres.md where DATABASE_URL is a
+PostgreSQL one (each platform then gets its own database beside it).
 """
 
 from __future__ import annotations
@@ -91,43 +94,74 @@ def ingest_per_second(platform, node: str, heartbeats: int = 400) -> float:
     return stored / (time.perf_counter() - began)
 
 
+def database() -> str:
+    url = os.environ.get("DATABASE_URL", "")
+    return "PostgreSQL" if url.startswith(("postgres://", "postgresql://")) else "SQLite"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=200, help="jobs in each drain")
     parser.add_argument("--latency", type=int, default=20, help="jobs for submit-to-running")
+    parser.add_argument("--pairs", type=int, default=3, help="interleaved off/on pairs")
     parser.add_argument("--ingest-only", action="store_true", help="only the ingest rate (printed)")
     args = parser.parse_args()
-    if args.ingest_only:
-        sampling("0.5")
-        with tempfile.TemporaryDirectory(prefix="gpuplatform-bench-telemetry-") as tmp:
-            print(latency(1, pathlib.Path(tmp), "ingest", ingest_rate=True))
-        return 0
-    load = os.getloadavg()[0]
-    figures = {}
+    settings = {"off": "3600", "on": "0.5"}
     with tempfile.TemporaryDirectory(prefix="gpuplatform-bench-telemetry-") as tmp:
-        for label, seconds in (("off", "3600"), ("on", "0.5")):
-            sampling(seconds)
-            figures[label] = {
-                "drain": drain(args.jobs, pathlib.Path(tmp), f"drain-{label}"),
-                **latency(args.latency, pathlib.Path(tmp), f"lat-{label}", ingest_rate=label == "on"),
-            }  # fmt: skip
-            print(label, figures[label], flush=True)
-    off, on = figures["off"], figures["on"]
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(f"""## GPU telemetry
-
-`python -m bench.telemetry --jobs {args.jobs} --latency {args.latency}` (docs/telemetry.md).
-Sampling "on" is every 0.5 s (20 times the default 10 s), "off" once an hour. Load average when
-it started: {load:.1f} on {os.cpu_count()} cores (other work on the machine moves these figures).
-
-| figure | sampling off | sampling on | on / off |
-|---|---|---|---|
-| drain: {args.jobs} one-GPU jobs of 1 s on 4 nodes x 8 GPUs, first submit to last end | {off["drain"]:.1f} s | {on["drain"]:.1f} s | {on["drain"] / off["drain"]:.2f} |
-| submit-to-running p50, idle cluster ({args.latency} jobs) | {off["p50"]:.3f} s | {on["p50"]:.3f} s | {on["p50"] / off["p50"]:.2f} |
-| samples one web core stores a second (8 GPUs x 5 samples a heartbeat) | | {on["samples_per_second"]:,.0f} /s | |
-""")  # fmt: skip
-    print(OUT.read_text())
+        if args.ingest_only:
+            sampling(settings["on"])
+            print(latency(1, pathlib.Path(tmp), "ingest", ingest_rate=True))
+            return 0
+        load = os.getloadavg()[0]
+        runs: dict[str, dict[str, list[float]]] = {k: {"drain": [], "p50": []} for k in settings}
+        for pair in range(args.pairs):
+            order = ("off", "on") if pair % 2 == 0 else ("on", "off")
+            for label in order:
+                sampling(settings[label])
+                runs[label]["drain"].append(
+                    drain(args.jobs, pathlib.Path(tmp), f"dr-{label}{pair}")
+                )
+            for label in order:
+                sampling(settings[label])
+                figures = latency(
+                    args.latency, pathlib.Path(tmp), f"la-{label}{pair}", ingest_rate=False
+                )
+                runs[label]["p50"].append(figures["p50"])
+            print(pair, runs, flush=True)
+        sampling(settings["on"])
+        rate = latency(1, pathlib.Path(tmp), "ingest", ingest_rate=True)["samples_per_second"]
+    write(args, runs, rate, load)
     return 0
+
+
+def write(args, runs: dict, rate: float, load: float) -> None:
+    def cell(values: list[float], unit: str, digits: int) -> str:
+        spread = f"{min(values):.{digits}f}-{max(values):.{digits}f}"
+        return f"{statistics.median(values):.{digits}f} {unit} ({spread})"
+
+    def ratio(what: str) -> str:
+        return f"{statistics.median(runs['on'][what]) / statistics.median(runs['off'][what]):.3f}"
+
+    db = database()
+    out = OUT if db == "SQLite" else OUT.with_name("60-telemetry-postgres.md")
+    command = f"python -m bench.telemetry --jobs {args.jobs} --latency {args.latency} --pairs {args.pairs}"
+    if db != "SQLite":
+        command = f"DATABASE_URL=postgres://... {command}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(f"""## GPU telemetry ({db})
+
+`{command}` (docs/telemetry.md). Sampling "on" is every 0.5 s (20 times the default 10 s), "off"
+once an hour; {args.pairs} pairs, interleaved (off/on, then on/off, ...): medians, (range). Load
+average when it started: {load:.1f} on {os.cpu_count()} cores, a machine shared with other work
+(it moves these figures).
+
+| figure | sampling off | sampling on | on / off (medians) |
+|---|---|---|---|
+| drain: {args.jobs} one-GPU jobs of 1 s on 4 nodes x 8 GPUs, first submit to last end | {cell(runs["off"]["drain"], "s", 1)} | {cell(runs["on"]["drain"], "s", 1)} | {ratio("drain")} |
+| submit-to-running p50, idle cluster ({args.latency} jobs) | {cell(runs["off"]["p50"], "s", 3)} | {cell(runs["on"]["p50"], "s", 3)} | {ratio("p50")} |
+| samples one web core stores a second (8 GPUs x 5 samples a heartbeat) | | {rate:,.0f} /s | |
+""")  # fmt: skip
+    print(out.read_text())
 
 
 if __name__ == "__main__":

@@ -184,7 +184,8 @@ class Agent:
             self.telemetry.stop()
         interval = float(self.platform.get("gpu_sample_seconds", DEFAULT_INTERVAL))
         self.telemetry = Sampler(self.runner, gpus=gpus, nvml=self.nvml, interval=interval,
-                                 errors_file=self.config.data_dir / "fake-gpu-errors" if self.args.fake else None)  # fmt: skip
+                                 errors_file=self.config.data_dir / "fake-gpu-errors" if self.args.fake else None,
+                                 activity=self.sessions.quiet_for)  # fmt: skip
         self.telemetry.start()
 
     def heartbeat_loop(self) -> None:

@@ -85,6 +85,12 @@ class Sessions:
     def touch(self, key: tuple[int, int]) -> None:
         self.activity[key] = time.monotonic()
 
+    def quiet_for(self, key: tuple[int, int]) -> float | None:
+        """Seconds since a session of member `key` (attempt, rank) carried a byte; None if none
+        has. The GPU sampler asks (workers/telemetry.py): typing keeps GPUs out of the idle policy."""
+        last = self.activity.get(key)
+        return None if last is None else time.monotonic() - last
+
     def idle_loop(self) -> None:
         """End interactive jobs idle past their timeout: nothing typed, nothing printed."""
         while not self.agent.stopping.wait(1.0):

@@ -10,6 +10,10 @@ With `--fake`: a GPU's utilisation is its job's CPU use on this node (a busy pro
 100, a sleeping one 0) and its memory the job's resident memory, read from the member's cgroup
 where it has one, else from /proc for its session's processes. A file `fake-gpu-errors` in the
 agent's data dir (lines `INDEX xid N` or `INDEX ecc N`) fakes an error on a fake GPU.
+
+A sample carries `"active": true` when the member's interactive sessions (workers/sessions.py:
+a shell, an exec or a forwarded port, on any rank) carried a byte either way during the seconds
+it covers: the web's idle policy counts that GPU in use (typing keeps an interactive job alive).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import os
 import pathlib
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -35,6 +40,7 @@ MAX_PENDING = 5000  # samples kept while the web does not answer (the oldest go 
 TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 MIB = 1 << 20
+RESCAN_SECONDS = 5.0  # how often a fake GPU's reading looks for its job's new processes
 
 
 @dataclass
@@ -48,8 +54,11 @@ class _Usage:
 
 class Sampler:
     def __init__(self, runner: Runner, *, gpus: list[GpuInfo], nvml: Nvml | None,
-                 interval: float = DEFAULT_INTERVAL, errors_file: pathlib.Path | None = None):  # fmt: skip
+                 interval: float = DEFAULT_INTERVAL, errors_file: pathlib.Path | None = None,
+                 activity: Callable[[tuple[int, int]], float | None] | None = None):  # fmt: skip
         self.runner, self.nvml, self.interval = runner, nvml, interval
+        # (attempt, rank) -> seconds since its sessions' last byte, None if none (Sessions.quiet_for)
+        self.activity = activity
         self.errors_file = errors_file
         self.inventory = {g.index: g for g in gpus}
         self.unhealthy: dict[int, str] = {}  # index -> "xid 79" / "ecc 2": sticky
@@ -58,6 +67,7 @@ class Sampler:
         self._pending: collections.deque[dict] = collections.deque(maxlen=MAX_PENDING)
         self._lock = threading.Lock()
         self._usage: dict[tuple[int, int], _Usage | None] = {}  # by run key: the last reading
+        self._sessions = SessionTable()  # the unfenced members' processes (fake GPUs)
         self._last: dict[tuple[int, int, int], float] = {}  # (attempt, rank, gpu) -> last sample t
         self._extra: dict[int, dict] = {}  # power and temperature by index, from the last NVML read
         # NVML's event set for critical XIDs, made at the first read (False: NVML has none here)
@@ -134,6 +144,8 @@ class Sampler:
                 sample.update(extra)
                 if health:
                     sample["health"] = health
+                if self._active(key[:2], seconds):
+                    sample["active"] = True
                 samples.append(sample)
             self._pending.extend(samples)
         live = {(r.assignment.attempt_id, r.assignment.rank) for r in holders.values()}
@@ -142,6 +154,11 @@ class Sampler:
         for old in [k for k in self._last if k[:2] not in live]:
             del self._last[old]
         return samples
+
+    def _active(self, member: tuple[int, int], seconds: float) -> bool:
+        """Whether the member's sessions carried a byte in the `seconds` just before now."""
+        quiet = self.activity(member) if self.activity is not None else None
+        return quiet is not None and quiet <= seconds
 
     def _holders(self) -> dict[int, Run]:
         with self.runner.lock:
@@ -169,9 +186,13 @@ class Sampler:
     def _read_fake(self, holders: dict[int, Run], now: float) -> dict[int, GpuInfo]:
         readings = {}
         util_by_run: dict[tuple[int, int], tuple[int | None, int]] = {}
-        for run in {id(r): r for r in holders.values()}.values():
+        runs = list({id(r): r for r in holders.values()}.values())
+        # The members' processes by session, for those whose cgroup gives no reading (none, or
+        # a hybrid host's v2 group without the controllers): one pass over /proc for all.
+        sessions = self._sessions.usage({pid for r in runs if (pid := _session_of(r))}, now)
+        for run in runs:
             key = (run.assignment.attempt_id, run.assignment.rank)
-            usage = member_usage(run, now)
+            usage = member_usage(run, now, sessions)
             before = self._usage.get(key)
             self._usage[key] = usage
             if usage is None:
@@ -268,9 +289,10 @@ def nvml_errors(nv, handle) -> str:
     return ""
 
 
-def member_usage(run: Run, now: float) -> _Usage | None:
+def member_usage(run: Run, now: float, sessions: dict[int, _Usage] | None = None) -> _Usage | None:
     """The member's CPU seconds and resident memory now: its cgroup's where it has one, else
-    those of the processes of its session (the runner starts each member in its own)."""
+    those of the processes of its session (the runner starts each member in its own), from
+    `sessions` (SessionTable.usage) where given."""
     group = getattr(run.cgroup, "v2", None)
     if group is not None:
         try:
@@ -280,7 +302,14 @@ def member_usage(run: Run, now: float) -> _Usage | None:
     process = run.process
     if process is None or not getattr(process, "pid", None):
         return None
-    return _session_usage(process.pid, now)
+    if sessions is None:
+        sessions = SessionTable().usage({process.pid}, now)
+    return sessions.get(process.pid)
+
+
+def _session_of(run: Run) -> int | None:
+    """The member's session (the runner starts each member in its own)."""
+    return getattr(run.process, "pid", None) or None
 
 
 def _cgroup_usage(group: pathlib.Path, now: float) -> _Usage:
@@ -298,21 +327,43 @@ def _memory_stat(group: pathlib.Path) -> dict[str, int]:
     return {k: int(v) for k, v in (line.split() for line in lines if line)}
 
 
-def _session_usage(session: int, now: float) -> _Usage | None:
-    cpu, rss, found = 0, 0, False
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = pathlib.Path(entry.path, "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        # fields[0] is the state (stat's 3rd field): session is the 6th, utime/stime 14th/15th,
-        # rss the 24th.
-        if int(fields[3]) != session:
-            continue
-        found = True
-        cpu += int(fields[11]) + int(fields[12])
-        rss += int(fields[21]) * PAGE
-    return _Usage(cpu / TICKS, rss, now) if found else None
+class SessionTable:
+    """The processes of each session asked about, read from /proc: a whole pass over /proc (to
+    find new processes) when a session is new or RESCAN_SECONDS have passed, else only the
+    processes found last time. A pass is hundreds of reads on a loaded node; on a 2-core machine
+    a pass a member every 0.5 s took more CPU than the jobs it measured."""
+
+    def __init__(self) -> None:
+        self.pids: dict[int, set[int]] = {}  # session -> its processes at the last reading
+        self.scanned = -RESCAN_SECONDS
+
+    def usage(self, sessions: set[int], now: float) -> dict[int, _Usage]:
+        if not sessions:
+            return {}
+        full = any(s not in self.pids for s in sessions)
+        full = full or time.monotonic() - self.scanned >= RESCAN_SECONDS
+        if full:
+            self.scanned = time.monotonic()
+            candidates = (int(name) for name in os.listdir("/proc") if name.isdigit())
+        else:
+            candidates = (pid for s in sessions for pid in self.pids[s])
+        cpu: dict[int, int] = {}
+        rss: dict[int, int] = {}
+        found: dict[int, set[int]] = {s: set() for s in sessions}
+        for pid in candidates:
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            fields = stat[stat.rfind(b")") + 2 :].split()
+            # fields[0] is the state (stat's 3rd field): session is the 6th, utime/stime
+            # 14th/15th, rss the 24th.
+            session = int(fields[3])
+            if session not in found:
+                continue
+            found[session].add(pid)
+            cpu[session] = cpu.get(session, 0) + int(fields[11]) + int(fields[12])
+            rss[session] = rss.get(session, 0) + int(fields[21]) * PAGE
+        self.pids = found
+        return {s: _Usage(cpu[s] / TICKS, rss[s], now) for s in cpu}

@@ -15,7 +15,7 @@ from django.utils import timezone
 from apps.admission.quotas import period_bounds
 from apps.jobs.models import ATTEMPT_ACTIVE, JOB_PLACED, GpuAllocation, Job, JobEvent
 from apps.platform.names import GPU_IDLE_KIND
-from apps.telemetry.models import GpuSeries
+from apps.telemetry.models import GpuPoint
 from apps.telemetry.read import job_metrics, utilization_usage
 
 WIDTH, HEIGHT = 600, 180
@@ -121,14 +121,11 @@ def efficiency_by_day(tenant, *, days: int = 14, now: dt.datetime | None = None)
     )
     for allocated_at, released_at in held.values_list("allocated_at", "released_at")[:50_000]:
         _day_spans(allocated, max(allocated_at, start), min(released_at or now, now))
-    since = start.timestamp()
-    for points in GpuSeries.objects.filter(job__tenant=tenant, last_t__gte=since).values_list(
-        "points", flat=True
-    ):
-        for t, util, _, seconds in points:
-            day = dt.datetime.fromtimestamp(t, tz=dt.UTC).date()
-            if day in used:
-                used[day] += util / 100 * seconds / 3600
+    points = GpuPoint.objects.filter(series__job__tenant=tenant, t__gte=start.timestamp())
+    for t, util, seconds in points.values_list("t", "util", "seconds").iterator():
+        day = dt.datetime.fromtimestamp(t, tz=dt.UTC).date()
+        if day in used:
+            used[day] += util / 100 * seconds / 3600
     top = max(max(allocated.values()), max(used.values()))
     top = nice_ceiling(top) if top >= 1 else (_fine_ceiling(top) if top > 0 else 1)
     plot_w, plot_h = BAR_W - BAR_LEFT - 8, BAR_H - BAR_BOTTOM - BAR_TOP

@@ -4,6 +4,12 @@ tier's action time it is requeued from its checkpoint (the attempt ends `preempt
 cancelled, its reason naming the idle minutes and the limit. A job requeued for idleness
 `max_preemptions` times is cancelled instead. The tier's minimum runtime does not delay it.
 
+A GPU is idle while it reads below GPUPLATFORM_GPU_IDLE_UTIL and its member's interactive
+sessions (a shell, an exec, a forwarded port; on any rank of a gang) carry nothing: a sample
+taken while a session carried a byte either way (the agent marks it `active`, ingest.py) ends
+the idle stretch as a busy one would, so a person typing in a shell on an idle GPU is neither
+warned nor cancelled.
+
 Minutes are GPUPLATFORM_GPU_IDLE_MINUTE_SECONDS long (60; tests shorten them)."""
 
 from __future__ import annotations

@@ -21,13 +21,13 @@ from apps.jobs.models import AttemptMember
 from apps.jobs.services import record_event
 from apps.nodes.models import Gpu
 from apps.telemetry import idle
-from apps.telemetry.models import GpuSeries, JobGpuSummary
-from apps.telemetry.series import add
+from apps.telemetry.models import GpuPoint, GpuSeries, JobGpuSummary
+from apps.telemetry.series import MAX_POINTS, compact
 
 log = logging.getLogger(__name__)
 MAX_SAMPLES = 5000  # per heartbeat; the agent keeps at most this many while the web is away
 HEALTH_KIND = "gpu.health"
-SAVED = ("points", "bucket_seconds", "last_t", "last_util", "last_memory_mib", "idle_since",
+SAVED = ("point_count", "bucket_seconds", "last_t", "last_util", "last_memory_mib", "idle_since",
          "util_max", "memory_max_mib", "health", "updated_at")  # fmt: skip
 
 
@@ -41,6 +41,7 @@ class Sample:
     memory_mib: int
     seconds: float
     health: str = ""
+    active: bool = False  # its member's sessions carried a byte meanwhile (typing, output)
 
 
 def parse(raw, now: float) -> list[Sample]:
@@ -54,6 +55,7 @@ def parse(raw, now: float) -> list[Sample]:
                 t=float(item["t"]), index=int(item["index"]), attempt_id=int(item["attempt_id"]),
                 rank=int(item["rank"]), util=float(item["util"]), memory_mib=int(item["memory_mib"]),
                 seconds=float(item.get("seconds", 0)), health=str(item.get("health", ""))[:32],
+                active=item.get("active") is True,
             )  # fmt: skip
         except (TypeError, KeyError, ValueError, AttributeError):
             continue
@@ -100,20 +102,29 @@ def _ingest(node_name: str, samples: list[Sample]) -> int:
             return 0
         series = _series(node_name, members, wanted)
         by_job: dict = defaultdict(list)
-        kept = 0
+        appended: list[tuple[GpuSeries, list[Sample]]] = []
         for key, rows in wanted.items():
             row = series[key]
             fresh, new_error = _apply(row, rows)
-            if not fresh:
-                continue  # all of them stored already (a heartbeat sent again)
-            kept += len(fresh)
-            by_job[row.job_id].append((row, fresh, new_error))
+            if fresh:  # else all of them stored already (a heartbeat sent again)
+                appended.append((row, fresh))
+                by_job[row.job_id].append((row, fresh, new_error))
+        # The new samples appended, one INSERT for the heartbeat: its write grows with its
+        # samples, not with its series (apps/telemetry/series.py).
+        GpuPoint.objects.bulk_create(
+            GpuPoint(series=row, t=round(s.t, 3), util=round(s.util, 2), memory_mib=s.memory_mib,
+                     seconds=round(s.seconds, 3))
+            for row, fresh in appended for s in fresh
+        )  # fmt: skip
+        for row, _ in appended:
+            if row.point_count > MAX_POINTS:
+                _compact(row)
             # One plain UPDATE a row (bulk_update builds a CASE per field and row).
             GpuSeries.objects.filter(pk=row.pk).update(**{f: getattr(row, f) for f in SAVED})
         for _, updates in sorted(by_job.items(), key=lambda item: str(item[0])):  # jobs in order
             member = members[(updates[0][0].attempt_id, updates[0][0].rank)]
             _summarise(member, updates)
-    return kept
+    return sum(len(fresh) for _, fresh in appended)
 
 
 def _series(node_name: str, members: dict, wanted: dict) -> dict[tuple[int, int, int], GpuSeries]:
@@ -149,24 +160,36 @@ def _apply(row: GpuSeries, samples: list[Sample]) -> tuple[list[Sample], bool]:
     threshold = settings.GPU_IDLE_UTIL
     fresh, new_error = [], False
     row.updated_at = timezone.now()  # update() sets no auto_now
-    points = list(row.points)
     for s in samples:
         if s.t <= row.last_t:
             continue  # already stored (a heartbeat sent again)
         fresh.append(s)
-        point = [round(s.t, 3), round(s.util, 2), s.memory_mib, round(s.seconds, 3)]
-        points, row.bucket_seconds = add(points, row.bucket_seconds, point)
         row.last_t, row.last_util, row.last_memory_mib = s.t, s.util, s.memory_mib
         row.util_max = max(row.util_max, s.util)
         row.memory_max_mib = max(row.memory_max_mib, s.memory_mib)
-        if s.util < threshold:
+        if s.util < threshold and not s.active:  # typing in a session: in use (idle.py)
             row.idle_since = row.idle_since if row.idle_since is not None else s.t - s.seconds
         else:
             row.idle_since = None
         if s.health and not row.health:
             row.health, new_error = s.health, True
-    row.points = points
+    row.point_count += len(fresh)
     return fresh, new_error
+
+
+def _compact(row: GpuSeries) -> None:
+    """The series past MAX_POINTS merged into coarser buckets (apps/telemetry/series.py): its
+    points rewritten, once per MAX_POINTS - KEEP_POINTS samples."""
+    points = [
+        list(p) for p in row.points.order_by("t").values_list("t", "util", "memory_mib", "seconds")
+    ]
+    merged, row.bucket_seconds = compact(points, row.bucket_seconds)
+    row.points.all().delete()
+    GpuPoint.objects.bulk_create(
+        GpuPoint(series=row, t=t, util=util, memory_mib=memory, seconds=seconds)
+        for t, util, memory, seconds in merged
+    )
+    row.point_count = len(merged)
 
 
 def _summarise(member: AttemptMember, updates: list[tuple[GpuSeries, list[Sample], bool]]) -> None:

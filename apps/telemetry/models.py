@@ -5,10 +5,10 @@ from django.db import models
 
 
 class GpuSeries(models.Model):
-    """One GPU of one attempt member over time. `points` are `[t, util, memory_mib, seconds]`:
-    the bucket's start (Unix time), mean utilisation (0..100), highest memory used (MiB) and the
-    seconds it covers. At most MAX_POINTS (apps/telemetry/series.py): past that the buckets
-    double in width, so an old job's series is coarser, never longer."""
+    """One GPU of one attempt member over time: its points (GpuPoint), the last reading and the
+    idle state. A heartbeat appends its samples as points (its write grows with its samples, not
+    with the series); past MAX_POINTS (apps/telemetry/series.py) the series is merged into
+    `bucket_seconds`-wide buckets, so its older points are coarser and it never passes MAX_POINTS."""
 
     job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="gpu_series")
     attempt = models.ForeignKey("jobs.JobAttempt", on_delete=models.CASCADE, related_name="+")
@@ -16,8 +16,8 @@ class GpuSeries(models.Model):
     node = models.CharField(max_length=64)  # the node's name (kept if the node goes)
     gpu_index = models.PositiveSmallIntegerField()
     gpu_uuid = models.CharField(max_length=80, blank=True)
-    bucket_seconds = models.FloatField(default=0.0)  # 0: a point per sample
-    points = models.JSONField(default=list)
+    bucket_seconds = models.FloatField(default=0.0)  # its merged points' width; 0: none merged
+    point_count = models.PositiveIntegerField(default=0)  # its GpuPoint rows
     last_t = models.FloatField(default=0.0)
     last_util = models.FloatField(null=True, blank=True)
     last_memory_mib = models.PositiveIntegerField(null=True, blank=True)
@@ -37,6 +37,24 @@ class GpuSeries(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id} {self.node}:{self.gpu_index}"
+
+
+class GpuPoint(models.Model):
+    """A point of a GPU series: a sample, or (once the series was merged) a bucket of them: its
+    start (Unix time), mean utilisation (0..100), highest memory used (MiB) and the seconds it
+    covers."""
+
+    series = models.ForeignKey(GpuSeries, on_delete=models.CASCADE, related_name="points")
+    t = models.FloatField()
+    util = models.FloatField()
+    memory_mib = models.PositiveIntegerField()
+    seconds = models.FloatField()
+
+    class Meta:
+        indexes = [models.Index(fields=["series", "t"], name="gpu_point_series_t")]
+
+    def __str__(self) -> str:
+        return f"{self.series_id} {self.t}"
 
 
 class JobGpuSummary(models.Model):

@@ -6,13 +6,13 @@ import datetime as dt
 from collections import defaultdict
 from collections.abc import Iterator
 
-from django.db.models import Q
+from django.db.models import F, Q, Sum
 from django.utils import timezone
 
 from apps.jobs.models import ATTEMPT_ACTIVE, GpuAllocation, Job, JobEvent, JobState
 from apps.platform.names import GPU_IDLE_KIND
 from apps.telemetry.ingest import HEALTH_KIND
-from apps.telemetry.models import GpuSeries, JobGpuSummary
+from apps.telemetry.models import GpuPoint, GpuSeries, JobGpuSummary
 from apps.telemetry.series import KEEP_POINTS, MAX_POINTS, rebucket
 
 MIB = 1 << 20
@@ -62,12 +62,19 @@ def job_metrics(job: Job) -> dict:
     )
     gpus: dict[tuple[str, int], dict] = {}
     points: dict[tuple[str, int], list[tuple[list, int, int]]] = defaultdict(list)
+    of_series = {}
     for row in rows:
         key = (row.node, row.gpu_index)
         gpus.setdefault(key, {"node": row.node, "index": row.gpu_index, "uuid": row.gpu_uuid})
         if row.health:
             gpus[key]["health"] = row.health
-        points[key].extend((p, row.attempt.number, row.rank) for p in row.points)
+        of_series[row.pk] = (key, row.attempt.number, row.rank)
+    found_points = GpuPoint.objects.filter(series__job=job).order_by("t")
+    for series, *point in found_points.values_list(
+        "series_id", "t", "util", "memory_mib", "seconds"
+    ):
+        key, number, rank = of_series[series]
+        points[key].append((point, number, rank))
     samples = []
     for (node, index), found in points.items():
         found.sort(key=lambda item: item[0][0])
@@ -103,11 +110,11 @@ def new_samples(event) -> dict:
     found: dict = defaultdict(list)
     marks = event.after
     rows = GpuSeries.objects.filter(job_id__in=list(marks), last_t__gt=min(marks.values()))
-    for job_id, node, index, points in rows.values_list("job_id", "node", "gpu_index", "points"):
-        mark = marks.get(job_id, marks.get(str(job_id), 0.0))
-        for t, util, memory, _ in reversed(points):
-            if t <= mark:
-                break
+    newer = GpuPoint.objects.filter(series__in=rows, t__gt=min(marks.values())).values_list(
+        "series__job_id", "series__node", "series__gpu_index", "t", "util", "memory_mib"
+    )
+    for job_id, node, index, t, util, memory in newer:
+        if t > marks.get(job_id, marks.get(str(job_id), 0.0)):
             found[job_id].append({"at": t, "t": _iso(t), "node": node, "index": index,
                                   "util": util, "memory_mib": memory})  # fmt: skip
     for samples in found.values():
@@ -144,12 +151,13 @@ def _allocated(tenant_id: int, start: dt.datetime, now: dt.datetime) -> dict[int
 
 def _utilized(tenant_id: int, start: dt.datetime) -> dict[int, float]:
     """GPU-hours weighted by utilisation per user, from the samples since `start`."""
-    since = start.timestamp()
-    hours: dict[int, float] = defaultdict(float)
-    rows = GpuSeries.objects.filter(job__tenant_id=tenant_id, last_t__gte=since)
-    for user, points in rows.values_list("job__user_id", "points"):
-        hours[user] += sum(p[1] / 100 * p[3] for p in points if p[0] >= since) / 3600
-    return hours
+    rows = (
+        GpuPoint.objects.filter(series__job__tenant_id=tenant_id, t__gte=start.timestamp())
+        .values("series__job__user_id")
+        .annotate(used=Sum(F("util") * F("seconds")))
+        .values_list("series__job__user_id", "used")
+    )
+    return {user: (used or 0.0) / 100 / 3600 for user, used in rows}
 
 
 def utilization_usage(tenant, start: dt.datetime, now: dt.datetime | None = None) -> dict:

@@ -1,9 +1,12 @@
 """A bounded series of GPU samples (pure Python): points `[t, util, memory_mib, seconds]`.
 
-A sample becomes a point; a sample inside the last point's bucket merges into it (utilisation
-weighted by the seconds each covers, the highest memory). Past MAX_POINTS the bucket width
-doubles (at least to fit the series' span in KEEP_POINTS) and every point is merged again, so
-a series never holds more than MAX_POINTS, and an older job's is coarser."""
+Samples are appended as points, one each (a heartbeat writes only its new samples). When a
+series passes MAX_POINTS it is compacted: merged into buckets as wide as its span over
+KEEP_POINTS (never narrower than its last merge), so it holds about KEEP_POINTS again and the
+next MAX_POINTS - KEEP_POINTS samples append as they come. A series therefore never holds more
+than MAX_POINTS, its older points are coarser than its newest, and a longer job's buckets are
+wider. One compaction per MAX_POINTS - KEEP_POINTS samples rewrites the series: a few row
+writes a sample over time."""
 
 from __future__ import annotations
 
@@ -18,18 +21,19 @@ def merge(a: list, b: list) -> list:
     return [a[0], round(util, 2), max(a[2], b[2]), round(seconds, 3)]
 
 
-def add(points: list[list], bucket: float, point: list) -> tuple[list[list], float]:
-    """`points` with `point` added (in time order), and the bucket width now."""
-    if points and point[0] < points[-1][0]:
-        return points, bucket  # older than what the series holds: a resent sample
-    if points and bucket > 0 and point[0] - points[-1][0] < bucket:
-        points[-1] = merge(points[-1], point)
-    else:
-        points.append(point)
+def compact(points: list[list], bucket: float) -> tuple[list[list], float]:
+    """`points` (in time order) merged to fit KEEP_POINTS buckets, and the bucket width."""
+    span = points[-1][0] - points[0][0]
+    bucket = max(bucket, span / KEEP_POINTS, 1e-3)
+    return rebucket(points, bucket), bucket
+
+
+def add(points: list[list], bucket: float, new: list[list]) -> tuple[list[list], float]:
+    """`points` with the `new` ones (in time order, newer than the last) appended, compacted
+    when they pass MAX_POINTS; and the bucket width now. What the database does (ingest)."""
+    points = points + new
     if len(points) > MAX_POINTS:
-        span = points[-1][0] - points[0][0]
-        bucket = max(bucket * 2, span / KEEP_POINTS, 1e-3)
-        points = rebucket(points, bucket)
+        points, bucket = compact(points, bucket)
     return points, bucket
 
 

@@ -18,10 +18,10 @@ def purge(now=None) -> int:
     ago (their summaries stay with the job); the number removed."""
     now = now or timezone.now()
     cutoff = now - timedelta(days=settings.TELEMETRY_RETENTION_DAYS)
-    deleted, _ = GpuSeries.objects.filter(
+    _, deleted = GpuSeries.objects.filter(
         job__state__in=JOB_TERMINAL, job__finished_at__lt=cutoff
     ).delete()
-    return deleted
+    return deleted.get(GpuSeries._meta.label, 0)  # its points go with it
 
 
 @shared_task(name=Task.PURGE_TELEMETRY, ignore_result=True)

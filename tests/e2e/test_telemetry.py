@@ -9,11 +9,14 @@ idle below 20% (a fake GPU's demo-train step, its checkpoint and progress report
 percent of a loaded CPU now and then; a sleeping process reads 0)."""
 
 import json
+import re
 import time
 
 import pytest
 
 from tests.e2e.platform import Platform
+from tests.e2e.terminal import CLIENT, Terminal
+from tests.e2e.test_interactive import attached, client_env
 
 pytestmark = pytest.mark.e2e
 SKU = "H100-80GB"
@@ -179,3 +182,63 @@ def test_a_gpu_with_an_xid_takes_no_new_work_and_its_job_hears_of_it(platform):
     time.sleep(5)
     assert platform.job(wants_both)["state"] == "queued"
     platform.post("bob", f"/api/v1/jobs/{wants_both}/cancel/")
+
+
+def typing(term, seconds: float, *, every: float = 0.3, until=None) -> None:
+    """A person at the terminal: a line typed every `every` seconds (echoed), for `seconds` or
+    until `until()` holds."""
+    deadline = time.monotonic() + seconds
+    k = 0
+    while time.monotonic() < deadline and not (until and until()) and term.status is None:
+        k += 1
+        term.type(f"echo typed {k}\r")
+        term.read_some(every)
+
+
+def test_typing_keeps_an_interactive_job_alive_on_any_rank_and_silence_does_not(platform):
+    unfenced = [n for n, node in platform.nodes().items() if node["isolation"] == "none"]
+    if unfenced:
+        pytest.skip(f"sessions need agents that fence jobs (isolation none: {unfenced})")
+    # bob's tier (his tenant may run commands): warn after 1 "minute" (2 s) of idle GPUs,
+    # cancel after 3 (6 s); the typing lasts 12 s.
+    platform.manage("set_tier", "enterprise", "--gpu-idle-warn-minutes", "1",
+                    "--gpu-idle-minutes", "3", "--gpu-idle-action", "cancel")  # fmt: skip
+    try:
+        typed_then_silent(platform)
+    finally:
+        platform.manage("set_tier", "enterprise", "--gpu-idle-warn-minutes", "off",
+                        "--gpu-idle-minutes", "off", "--gpu-idle-action", "none")  # fmt: skip
+
+
+def typed_then_silent(platform) -> None:
+    job = platform.submit("bob", interactive=True, gpus=1, nodes=2, gpu_sku=SKU)["id"]
+    platform.wait_for_state(job, "running", timeout=120)
+    env = client_env(platform, "bob")
+    shell = Terminal([*CLIENT, "shell", job], env)
+    rank1 = Terminal([*CLIENT, "exec", job, "--rank", "1", "--", "sh"], env)
+
+    def rank1_prompts() -> bool:
+        rank1.read_some(0.05)
+        return re.search(rb"[$#] ", rank1.output) is not None
+
+    try:
+        assert attached(shell) == job
+        began = time.monotonic()
+        typing(shell, 6)  # in the shell, on rank 0 (GPUs idle: no CPU)
+        typing(shell, 60, until=rank1_prompts)  # ... until rank 1's exec is there too
+        rank1.type("echo RANK=$RANK\r")
+        rank1.expect("RANK=1", timeout=30)
+        typing(rank1, 6)  # then only in an exec on rank 1 (rank 0's shell open but silent)
+        assert time.monotonic() - began > 12  # twice the limit
+        assert platform.job(job)["state"] == "running"
+        logs = platform.get("bob", f"/api/v1/jobs/{job}/logs/").text
+        assert "[gpuplatform " not in logs  # never warned
+        # Both sessions stay open, nothing typed: warned, then cancelled at the limit.
+        done = platform.wait_for_state(job, "cancelled", timeout=90)
+    finally:
+        shell.kill()
+        rank1.kill()
+    assert "GPUs idle for" in done["reason"] and "limit is 3 minutes" in done["reason"]
+    logs = platform.get("bob", f"/api/v1/jobs/{job}/logs/").text
+    (notice,) = [line for line in logs.splitlines() if line.startswith("[gpuplatform ")]
+    assert "every GPU idle for" in notice

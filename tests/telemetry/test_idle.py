@@ -41,11 +41,11 @@ def set_tier(*args: str) -> dict:
     return json.loads(out.getvalue())
 
 
-def feed(attempt, utils: list[float], *, start: float, node: str = "h1") -> float:
+def feed(attempt, utils: list[float], *, start: float, node: str = "h1", **extra) -> float:
     """One sample a second per GPU of the attempt's member on `node`; the time after the last."""
     member = attempt.members.get(node__name=node)
     for k, util in enumerate(utils):
-        heartbeat(node, [sample(attempt, i, start + k, util, rank=member.rank)
+        heartbeat(node, [sample(attempt, i, start + k, util, rank=member.rank, **extra)
                          for i in member.gpu_indices])  # fmt: skip
     return start + len(utils)
 
@@ -167,3 +167,37 @@ def test_a_gang_is_idle_only_when_every_member_on_every_node_is(cast):
     feed(attempt, [0] * 15, start=start, node="h2")
     (event,) = idle_events(job)
     assert event.data["action"] == "none" and event.data["limit_minutes"] == 1
+
+
+def test_typing_in_a_session_on_any_rank_keeps_an_idle_job_alive(cast):
+    set_tier("enterprise", "--gpu-idle-warn-minutes", "1", "--gpu-idle-minutes", "2",
+             "--gpu-idle-action", "cancel")  # fmt: skip
+    make_node("h1", gpus=2)
+    make_node("h2", gpus=2)
+    job, attempt = running(cast, gpus=2, nodes=2)
+    start = time.time() - 120
+    t = feed(attempt, [0] * 25, start=start, node="h1")  # rank 0: idle past the limit (20 s)
+    # Rank 1: idle GPUs, but someone types in an exec there (the agent marks its samples).
+    feed(attempt, [0] * 25, start=start, node="h2", active=True)
+    job.refresh_from_db()
+    assert job.state == "running" and idle_events(job) == []
+    # The typing stops: idle from there, warned at 10 s and cancelled at 20 s.
+    feed(attempt, [0] * 12, start=t, node="h1")
+    feed(attempt, [0] * 12, start=t, node="h2")
+    (warned,) = idle_events(job)
+    assert warned.data["idle_minutes"] == 1.0  # counted from the last keystroke, not the start
+    job.refresh_from_db()
+    assert job.state == "running"
+    feed(attempt, [0] * 10, start=t + 12, node="h1")
+    feed(attempt, [0] * 10, start=t + 12, node="h2")
+    job.refresh_from_db()
+    assert job.state == "cancelled" and "limit is 2 minutes" in job.reason
+
+
+def test_only_a_true_active_counts(cast):
+    set_tier("enterprise", "--gpu-idle-minutes", "1", "--gpu-idle-action", "cancel")
+    make_node("h1", gpus=2)
+    job, attempt = running(cast, gpus=1)
+    feed(attempt, [0] * 12, start=time.time() - 60, active="yes")  # not a boolean: ignored
+    job.refresh_from_db()
+    assert job.state == "cancelled"

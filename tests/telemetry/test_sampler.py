@@ -3,7 +3,9 @@ job's CPU use and its memory the job's resident memory, attributed to the member
 samples wait for the heartbeat (and go again after a failed one); an injected XID marks a GPU
 unhealthy for good."""
 
+import os
 import pathlib
+import signal
 import subprocess
 import sys
 import threading
@@ -199,3 +201,70 @@ def test_the_heartbeat_carries_the_samples_and_a_failed_one_carries_them_again(t
     agent.heartbeat_once()
     assert sent[1]["samples"] == [] and sent[1]["gpus"] == []  # nothing new: nothing sent
     agent.runner.kill_all()
+
+
+def test_a_sample_is_marked_active_when_the_members_sessions_carried_a_byte_meanwhile(runner):
+    runner.run(21, [0], SLEEPY)
+    quiet: dict[tuple[int, int], float] = {}
+    sampler = Sampler(runner, gpus=fake_gpus("n1", 2), nvml=None, interval=1.0,
+                      activity=quiet.get)  # fmt: skip
+    time.sleep(0.5)
+    sampler.sample()  # the baseline
+    time.sleep(1.0)
+    (untouched,) = sampler.sample()
+    assert "active" not in untouched  # no session: nothing typed
+    quiet[(21, 0)] = 0.2  # a keystroke 0.2 s ago
+    time.sleep(1.0)
+    (typed,) = sampler.sample()
+    assert typed["active"] is True and typed["util"] < 5  # an idle GPU, but in use
+    quiet[(21, 0)] = 30.0  # the last one long before this sample's second
+    time.sleep(1.0)
+    assert "active" not in sampler.sample()[0]
+
+
+def test_a_member_whose_cgroup_gives_no_reading_is_read_from_its_session(runner, tmp_path):
+    from types import SimpleNamespace
+
+    runner.run(31, [0], BUSY)
+    # A hybrid host's v2 group: there, but without the cpu and memory controllers' files.
+    runner.runs[(31, 0)].cgroup = SimpleNamespace(v2=tmp_path)
+    sampler = Sampler(runner, gpus=fake_gpus("n1", 1), nvml=None, interval=1.0)
+    time.sleep(1.0)
+    sampler.sample()
+    time.sleep(1.0)
+    (busy,) = sampler.sample()
+    assert busy["util"] > 10 and busy["memory_mib"] >= 64
+
+
+def test_the_session_table_finds_new_processes_at_its_next_pass(monkeypatch):
+    from workers import telemetry
+
+    spawns = ("import subprocess, sys, time\ntime.sleep(1)\n"
+              "subprocess.Popen([sys.executable, '-c', 'x = bytearray(64 << 20)\\n"
+              "import time\\ntime.sleep(60)'])\ntime.sleep(60)")  # fmt: skip
+    leader = subprocess.Popen([sys.executable, "-c", spawns], start_new_session=True)
+    try:
+        table = telemetry.SessionTable()
+        time.sleep(0.3)
+        assert table.usage({leader.pid}, 0.0)[leader.pid].rss_bytes < 64 << 20
+        time.sleep(2.0)  # its child (same session) holds 64 MiB now
+        # Between passes only the processes found last time are read.
+        assert table.usage({leader.pid}, 1.0)[leader.pid].rss_bytes < 64 << 20
+        monkeypatch.setattr(telemetry, "RESCAN_SECONDS", 0.0)  # the next call passes over /proc
+        assert table.usage({leader.pid}, 2.0)[leader.pid].rss_bytes >= 64 << 20
+        assert len(table.pids[leader.pid]) == 2
+    finally:
+        os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait()
+
+
+def test_the_agents_sessions_say_how_long_each_member_has_been_quiet():
+    from types import SimpleNamespace
+
+    from workers.sessions import Sessions
+
+    sessions = Sessions(SimpleNamespace())
+    assert sessions.quiet_for((7, 1)) is None  # no session yet
+    sessions.touch((7, 1))  # a byte on rank 1's exec
+    time.sleep(0.2)
+    assert 0.2 <= sessions.quiet_for((7, 1)) < 5 and sessions.quiet_for((7, 0)) is None

@@ -11,8 +11,8 @@ from django.test import override_settings
 from apps.jobs import services
 from apps.nodes.credentials import issue_credential
 from apps.nodes.models import Gpu
-from apps.telemetry.models import GpuSeries, JobGpuSummary
-from apps.telemetry.series import MAX_POINTS, add
+from apps.telemetry.models import GpuPoint, GpuSeries, JobGpuSummary
+from apps.telemetry.series import KEEP_POINTS, MAX_POINTS, add
 from tests.factories import client_for, make_node
 from tests.unit.test_agent_api import bearer
 from tests.unit.test_dispatcher import dispatch_once, submit
@@ -47,13 +47,65 @@ def sample(attempt, index, t, util, memory=1000, rank=0, seconds=1.0, **extra):
 
 def test_a_series_never_passes_1000_points_and_gets_coarser_as_it_ages():
     points, bucket = [], 0.0
-    for i in range(10_000):
-        points, bucket = add(points, bucket, [1000.0 + i, 50.0, i, 1.0])
+    for i in range(0, 10_000, 5):  # a heartbeat of 5 samples
+        points, bucket = add(points, bucket, [[1000.0 + i + k, 50.0, i + k, 1.0] for k in range(5)])
         assert len(points) <= MAX_POINTS
-    assert bucket >= 10  # 10,000 s in at most 1,000 buckets
+    assert bucket >= 10_000 / 2 / KEEP_POINTS  # half the span in at most KEEP_POINTS buckets
     assert points[0][0] == 1000.0 and points[-1][2] == 9999  # memory: each bucket's highest
+    assert points[0][3] >= 10 and points[-1][3] == 1.0  # the oldest coarse, the newest a sample
     assert sum(p[3] for p in points) == pytest.approx(10_000)  # no second lost in the merges
     assert all(p[1] == pytest.approx(50.0) for p in points)
+
+
+def stored(series) -> list[list]:
+    return [list(p) for p in series.points.order_by("t").values_list("t", "util", "memory_mib",
+                                                                        "seconds")]  # fmt: skip
+
+
+def test_heartbeats_append_their_samples_and_keep_each_series_within_1000_points(cast):
+    make_node("h1", gpus=2)
+    job, attempt = running(cast, gpus=1)
+    (index,) = attempt.members.get().gpu_indices
+    start = time.time() - 3000
+    for beat in range(300):  # 2,400 samples, 8 a heartbeat
+        heartbeat("h1", [sample(attempt, index, start + beat * 8 + k, 50)
+                         for k in range(8)])  # fmt: skip
+        series = GpuSeries.objects.get()
+        assert series.point_count == series.points.count() <= MAX_POINTS
+    points = stored(series)
+    assert points[0][0] == pytest.approx(start) and points[-1][0] == pytest.approx(start + 2399)
+    assert points[0][3] > 1 and points[-1][3] == 1.0  # older points coarser, the newest a sample
+    assert series.bucket_seconds >= 2000 / KEEP_POINTS
+    assert sum(p[3] for p in points) == pytest.approx(2400)  # no second lost in the merges
+    assert all(p[1] == pytest.approx(50.0) for p in points)
+    summary = JobGpuSummary.objects.get(job=job)
+    assert summary.gpu_seconds == pytest.approx(2400) and summary.util_mean == pytest.approx(50)
+
+
+def test_a_heartbeats_write_grows_with_its_samples_not_with_the_series(cast):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    make_node("h1", gpus=2)
+    job, attempt = running(cast, gpus=1)
+    (index,) = attempt.members.get().gpu_indices
+    start = time.time() - 3000
+
+    def written(beat: int) -> int:
+        """Characters of SQL that write, for one heartbeat of 4 samples."""
+        batch = [sample(attempt, index, start + beat * 4 + k, 50) for k in range(4)]
+        with CaptureQueriesContext(connection) as queries:
+            heartbeat("h1", batch)
+        writes = [q["sql"] for q in queries.captured_queries
+                  if q["sql"].lstrip().upper().startswith(("INSERT", "UPDATE", "DELETE"))]  # fmt: skip
+        assert not any("DELETE" in w.upper() and "gpupoint" in w.lower() for w in writes)
+        return sum(len(w) for w in writes)
+
+    first = written(0)
+    for beat in range(1, 200):  # the series at 800 points
+        heartbeat("h1", [sample(attempt, index, start + beat * 4 + k, 50) for k in range(4)])
+    assert GpuSeries.objects.get().point_count == 800
+    assert written(200) < first * 1.2  # (the JSON list it replaced wrote 12 times more)
 
 
 def test_samples_count_only_for_the_nodes_own_members_and_their_gpus(cast):
@@ -73,7 +125,7 @@ def test_samples_count_only_for_the_nodes_own_members_and_their_gpus(cast):
     assert heartbeat(other, [sample(attempt, held[0], now - 1, 0)]).status_code == 200
     rows = {s.gpu_index: s for s in GpuSeries.objects.all()}
     assert set(rows) == set(held)  # nothing on the free GPU, nothing from the other node
-    assert rows[held[0]].points == [[round(now - 2, 3), 90.0, 1000, 1.0]]
+    assert stored(rows[held[0]]) == [[round(now - 2, 3), 90.0, 1000, 1.0]]
     assert rows[held[0]].gpu_uuid == Gpu.objects.get(node__name=node, index=held[0]).uuid
     heartbeat(node, good)  # sent again (a heartbeat that timed out): not counted twice
     summary = JobGpuSummary.objects.get(job=job)
@@ -192,8 +244,10 @@ def test_a_gpu_used_by_several_attempts_still_gives_at_most_1000_samples(cast):
     start = time.time() - 5000
     for number, row_attempt in enumerate((attempt, second)):
         points = [[start + 2000 * number + i, 40.0, 100, 1.0] for i in range(800)]
-        GpuSeries.objects.create(job=job, attempt=row_attempt, node="h1", gpu_index=0,
-                                 points=points, last_t=points[-1][0])  # fmt: skip
+        series = GpuSeries.objects.create(job=job, attempt=row_attempt, node="h1", gpu_index=0,
+                                          point_count=len(points), last_t=points[-1][0])  # fmt: skip
+        GpuPoint.objects.bulk_create(GpuPoint(series=series, t=t, util=u, memory_mib=m, seconds=s)
+                                     for t, u, m, s in points)  # fmt: skip
     body = job_metrics(job)
     assert len(body["gpus"]) == 1 and 200 <= len(body["samples"]) <= MAX_POINTS
     assert [s["t"] for s in body["samples"]] == sorted(s["t"] for s in body["samples"])
