@@ -130,18 +130,14 @@ def _timed_pass() -> None:
     record_dispatch_pass(seconds, fragmentation=fragmentation)  # for /metrics
 
 
-class _Quiet:
-    set = False  # this process set QUIET_KEY after its last pass
-
-
 def _quiet_after(result: dispatcher.DispatchResult) -> None:
-    """Start QUIET_MS of waiting for submits after a futile pass; end it after any other."""
+    """Start QUIET_MS of waiting for submits after a futile pass; end it after any other (one
+    Redis command a pass, whichever dispatcher process set it)."""
     try:
         if result.futile:
             client().set(QUIET_KEY, 1, px=QUIET_MS)
-        elif _Quiet.set:
+        else:
             client().delete(QUIET_KEY)
-        _Quiet.set = result.futile
     except redis.RedisError:
         pass  # no wait then: every request asks at once
 
