@@ -8,8 +8,10 @@ import pytest
 import redis
 
 from apps.scheduling import tasks
-from apps.scheduling.dispatcher import DispatchResult
+from apps.scheduling.dispatcher import DispatchResult, dispatch_once
 from apps.scheduling.redis import shared_client
+from tests.factories import make_cast, make_node
+from tests.unit.test_dispatcher import submit
 
 
 @pytest.fixture
@@ -86,3 +88,13 @@ def test_a_submit_to_a_cluster_with_a_free_gpu_never_waits(sent):
     assert not shared_client().exists(tasks.QUIET_KEY)
     tasks.request_dispatch(after_submit=True)
     assert len(sent) == 1 and "countdown" not in sent[0]
+
+
+def test_a_pass_that_fills_the_cluster_is_not_futile_and_the_next_one_is(db):
+    cast = make_cast()
+    make_node("h1", gpus=1)
+    submit(cast), submit(cast)
+    first = dispatch_once()  # places one on the free GPU
+    assert first.placed and first.free_gpus == 1 and not first.futile
+    second = dispatch_once()  # the other waits; no GPU free
+    assert not second.placed and second.free_gpus == 0 and second.futile
