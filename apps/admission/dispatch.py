@@ -41,7 +41,7 @@ def _send() -> None:
     # Already after the commits that asked: delivered now (the scheduler's handler sends the
     # request), not through on_commit, which would open a database connection in the sender
     # thread only to find no transaction there.
-    events.deliver(events.DispatchWanted())
+    events.deliver(events.DispatchWanted(after_submit=True))
 
 
 def _run_sender() -> None:

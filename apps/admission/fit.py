@@ -13,11 +13,14 @@ When no node of any kind is known (a fresh install, agents not registered yet), 
 refused: the platform cannot tell "never" from "not yet". A job only draining or cordoned nodes
 could fit is accepted; its reason says so (`only_unready`, used by the dispatcher's words).
 
-The nodes' shapes are read with one statement at most every FIT_SECONDS per process, and the
-autoscaled pools only on the way to a refusal (a submit's SQL is
-bounded: tests/admission/test_submit_queries.py); a refusal is always decided on a fresh read, so
-a node registered a moment ago counts at once (one gone may still count for FIT_SECONDS). The autoscale pools come from the scheduling app, above this one: it registers
-their reader at startup (`pools_from`).
+The shapes are kept per process: the nodes' (one statement) for FIT_SECONDS, and while no node is
+known, the autoscaled pools' too, both together for EMPTY_SECONDS (a fresh install's first node
+should count soon). So a submit usually reads nothing here (its SQL is bounded:
+tests/admission/test_submit_queries.py). A refusal is always decided on a fresh read of both, so a
+node registered a moment ago is never refused against; a node gone may still count for
+FIT_SECONDS, and a submit in the first EMPTY_SECONDS after the first node registers may be
+accepted where none fits (it waits, with the dispatcher's reason). The autoscale pools come from
+the scheduling app, above this one: it registers their reader at startup (`pools_from`).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from rest_framework.exceptions import ValidationError
 from apps.nodes.models import Gpu, GpuHealth, GpuSku, Node, NodeState
 
 FIT_SECONDS = 10.0
+EMPTY_SECONDS = 2.0  # how long "no node known" (and the pools read instead) is kept
 AUTOSCALED = "autoscalable"
 
 
@@ -61,22 +65,34 @@ def pools_from(reader: Callable[[], list[Shape]]) -> None:
 class _Cache:
     shapes: list[Shape] | None = None
     loaded_at = 0.0
+    pools: list[Shape] | None = None  # read only while no node is known
     lock = threading.Lock()
 
 
 def shapes(fresh: bool = False) -> list[Shape]:
+    """The nodes' shapes, kept for FIT_SECONDS (EMPTY_SECONDS while there are none)."""
     with _Cache.lock:
-        stale = _Cache.shapes is None or time.monotonic() - _Cache.loaded_at > FIT_SECONDS
         found = _Cache.shapes
-        if found is None or fresh or stale:
+        kept_for = FIT_SECONDS if found else EMPTY_SECONDS
+        if found is None or fresh or time.monotonic() - _Cache.loaded_at > kept_for:
             found = _Cache.shapes = _load()
             _Cache.loaded_at = time.monotonic()
+            _Cache.pools = None
         return found
+
+
+def _kept_pools() -> list[Shape]:
+    """The autoscaled pools' shapes, kept as long as the (empty) nodes' shapes they stand for."""
+    with _Cache.lock:
+        if _Cache.pools is None:
+            _Cache.pools = with_pools([])
+        return _Cache.pools
 
 
 def forget() -> None:
     """Read the shapes afresh on the next check (tests; a node registered)."""
-    _Cache.shapes = None
+    with _Cache.lock:
+        _Cache.shapes = _Cache.pools = None
 
 
 def _load() -> list[Shape]:
@@ -120,9 +136,9 @@ def check(data: Mapping) -> None:
     sku = data.get("gpu_sku")
     sku_name = getattr(sku, "name", sku) if sku else None
     selector = data.get("node_selector") or {}
-    known = shapes()
+    known = shapes() or _kept_pools()
     problem = why_never(known, gpus=gpus, sku=sku_name, selector=selector)
-    if problem is not None or not known:
+    if problem is not None:
         # Only a fresh read refuses: the kept shapes may miss a node registered since.
         known = with_pools(shapes(fresh=True))
         problem = why_never(known, gpus=gpus, sku=sku_name, selector=selector)

@@ -78,7 +78,11 @@ class ArrayEnded:
 @dataclass(frozen=True)
 class DispatchWanted:
     """Something changed that may let a queued job start (a submit, a finish, a node back).
-    Emitted by jobs, nodes and admission; the scheduler requests a dispatcher pass."""
+    Emitted by jobs, nodes and admission; the scheduler requests a dispatcher pass.
+    `after_submit`: only new jobs came (no capacity freed), which a full cluster may answer a
+    little later."""
+
+    after_submit: bool = False
 
 
 @dataclass(frozen=True)

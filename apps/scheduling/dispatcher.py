@@ -59,6 +59,15 @@ QUEUE_HEADS = policy.PolicyConfig().backfill_depth
 REASON_BATCH = 500  # reasons written per UPDATE
 SQLITE_WRITE_CHUNK = 8  # decisions applied per transaction on SQLite (one writer at a time)
 RESERVATION_KEY = "gpuplatform:dispatch:reservation"
+# While passes place jobs (a drain), each pass's inputs change, and the start plan would be made
+# at its own limit (plan.MIN_SECONDS), a sixth of a draining dispatcher's CPU: after a pass that
+# placed, it is made at most this often. The placed jobs' estimates are not needed any more,
+# and the rest keep their last ones a little longer.
+PLAN_WHILE_PLACING_S = 5.0
+
+
+class _LastPass:
+    placed = False  # the previous pass placed a job
 
 
 @dataclass
@@ -67,6 +76,13 @@ class DispatchResult:
     preempted: list[str] = field(default_factory=list)
     waiting: int = 0
     seconds: float = 0.0
+    free_gpus: int = 0  # at the pass's start (healthy, on ready nodes, not held)
+
+    @property
+    def futile(self) -> bool:
+        """Nothing placed or preempted, and no GPU free: until a job ends or a node comes, a
+        pass for a new submit can only find the same (apps/scheduling/tasks.py waits a little)."""
+        return not self.placed and not self.preempted and self.free_gpus == 0
 
 
 def placement_strategy(jobs) -> core.Strategy | str:
@@ -362,6 +378,7 @@ def dispatch_once() -> DispatchResult:
     # The kept cluster first: its free GPUs give the pass's window (no counts of its own). The
     # placement strategy's kind is all it needs; the queue's workload is set for the snapshot.
     state = cluster_state(core.FGDPlus(), rows)
+    result.free_gpus = state.free_gpus()
     decisions: list[policy.Decision] = []
     try:
         config = policy_config(rows, window=pass_window(state))
@@ -379,8 +396,9 @@ def dispatch_once() -> DispatchResult:
         queued, arriving = [queued_job(job) for job in jobs.values()], arriving_nodes()
         usage = kept.KEPT.usage(state, now, config.half_life_s)
         facts = kept.job_facts(state)
-        _plan(lambda: plan.PLANNER.make(now, jobs, snapshot, queued, tiers, usage, config, held,
-                                        arriving, facts, kept.KEPT.runs()))  # fmt: skip
+        if _plan_wanted():
+            _plan(lambda: plan.PLANNER.make(now, jobs, snapshot, queued, tiers, usage, config,
+                                            held, arriving, facts, kept.KEPT.runs()))  # fmt: skip
         decisions = policy.decide(
             epoch(now), snapshot.cluster, queued, snapshot.running, tiers, usage, config=config,
             held_reservation=held, arriving=arriving,
@@ -390,11 +408,19 @@ def dispatch_once() -> DispatchResult:
         kept.KEPT.failed(state)
         raise
     kept.KEPT.done(state, decisions)
+    _LastPass.placed = bool(result.placed)
     result.seconds = time.monotonic() - started
     if result.placed or result.preempted:
         log.info("dispatch: placed %d, preempted %d, %d waiting, %.3fs", len(result.placed), len(result.preempted),
                  result.waiting, result.seconds)  # fmt: skip
     return result
+
+
+def _plan_wanted() -> bool:
+    """Whether this pass asks for the start plan: always, unless the previous pass placed jobs
+    and a plan was made less than PLAN_WHILE_PLACING_S ago."""
+    since = time.monotonic() - plan.PLANNER.made_at
+    return not _LastPass.placed or since >= PLAN_WHILE_PLACING_S
 
 
 def _plan(step) -> None:

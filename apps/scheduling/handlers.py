@@ -7,7 +7,7 @@ from apps.scheduling import publish, tasks
 
 
 def request_dispatch(event: events.DispatchWanted) -> None:
-    tasks.request_dispatch()
+    tasks.request_dispatch(after_submit=event.after_submit)
 
 
 def publish_start(event: events.AttemptPlaced) -> None:

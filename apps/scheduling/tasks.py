@@ -1,7 +1,9 @@
 """Thin Celery tasks of the dispatcher: each takes nothing or ids, and calls one service."""
 
+import contextlib
 import logging
 import time
+from typing import cast
 
 import redis
 from celery import shared_task
@@ -26,7 +28,17 @@ REQUESTED_KEY = "gpuplatform:dispatch:requested"
 REQUESTED_TTL_S = 5
 
 
-def request_dispatch() -> None:
+# After a futile pass (nothing placed or preempted, no GPU free: DispatchResult.futile), requests
+# that only bring new jobs wait up to this long for their pass, all in one: a burst of submits to
+# a full cluster ran up to 40 passes a second over the growing queue, none of which could start
+# anything. A job end or a node change asks at once and ends the wait (QUIET_KEY deleted by the
+# pass it runs when that pass is not futile); a submit to a cluster with a free GPU never waits.
+QUIET_MS = 250
+QUIET_KEY = "gpuplatform:dispatch:quiet"  # set by a futile pass, for QUIET_MS
+DEFERRED_KEY = "gpuplatform:dispatch:deferred"  # a delayed request's message is on its way
+
+
+def request_dispatch(after_submit: bool = False) -> None:
     """Ask for a dispatcher pass; called on commit of every submit, finish and node change.
 
     At most one request waits at a time: a request sets REQUESTED_KEY (SET NX) and sends the
@@ -34,7 +46,11 @@ def request_dispatch() -> None:
     pass reads the queue. So a request that finds the key set is answered by the pass of the
     request already waiting, which starts after it (every caller asks after its commit). Under
     a burst of submissions, publishing a message each (~2 ms of a web process's CPU) was a tenth
-    of a submit's cost, for passes that the dispatcher would have run once anyway."""
+    of a submit's cost, for passes that the dispatcher would have run once anyway.
+
+    `after_submit` (new jobs only): while QUIET_KEY lasts, the pass is sent for when it ends."""
+    if after_submit and _deferred():
+        return
     try:
         if not shared_client().set(REQUESTED_KEY, 1, nx=True, ex=REQUESTED_TTL_S):
             return
@@ -50,12 +66,33 @@ def request_dispatch() -> None:
             pass
 
 
+def _deferred() -> bool:
+    """While a futile pass's QUIET_KEY lasts, send one request for when it ends (the later ones
+    are answered by that pass) and say so; False when there is no wait (or no Redis)."""
+    try:
+        left_ms = int(cast(int, shared_client().pttl(QUIET_KEY)))
+        if left_ms <= 0:
+            return False
+        if not shared_client().set(DEFERRED_KEY, 1, nx=True, px=left_ms + REQUESTED_TTL_S * 1000):
+            return True
+    except redis.RedisError:
+        return False
+    try:
+        dispatch.apply_async(queue=Queue.CONTROL, countdown=left_ms / 1000, expires=30, retry=False)
+    except Exception:
+        log.warning("could not request a dispatch; the beat tick will run one", exc_info=True)
+        with contextlib.suppress(redis.RedisError):
+            shared_client().delete(DEFERRED_KEY)
+    return True
+
+
 @shared_task(name=Task.DISPATCH, ignore_result=True)
 def dispatch() -> None:
     """One dispatcher pass at a time; requests arriving meanwhile make the holder go again."""
     lock = LeaderLock("dispatch", ttl_ms=LEADER_TTL_MS)
     try:
-        client().delete(REQUESTED_KEY)  # before the pass reads the queue: later commits ask again
+        # Before the pass reads the queue: later commits ask again.
+        client().delete(REQUESTED_KEY, DEFERRED_KEY)
         if not lock.acquire():
             client().set(DIRTY_KEY, 1, ex=60)
             return
@@ -82,14 +119,27 @@ _measured = {"at": float("-inf")}
 
 def _timed_pass() -> None:
     started = time.monotonic()
-    dispatcher.dispatch_once()
+    result = dispatcher.dispatch_once()
     seconds = time.monotonic() - started
+    _quiet_after(result)
     fragmentation = None
     if started - _measured["at"] >= FRAGMENTATION_EVERY_S:
         fragmentation = kept.KEPT.fragmentation()
         if fragmentation is not None:
             _measured["at"] = started
     record_dispatch_pass(seconds, fragmentation=fragmentation)  # for /metrics
+
+
+def _quiet_after(result: dispatcher.DispatchResult) -> None:
+    """Start QUIET_MS of waiting for submits after a futile pass; end it after any other (one
+    Redis command a pass, whichever dispatcher process set it)."""
+    try:
+        if result.futile:
+            client().set(QUIET_KEY, 1, px=QUIET_MS)
+        else:
+            client().delete(QUIET_KEY)
+    except redis.RedisError:
+        pass  # no wait then: every request asks at once
 
 
 @shared_task(name=Task.RECONCILE, ignore_result=True)

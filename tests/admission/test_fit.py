@@ -3,6 +3,7 @@
 nodes, and a job only an autoscaled pool or a draining node fits are accepted."""
 
 import pytest
+from rest_framework.exceptions import ValidationError
 
 from apps.admission import fit
 from apps.nodes.models import GpuSku, Node, NodeState
@@ -62,3 +63,27 @@ def test_nothing_is_refused_before_any_node_is_known():
     assert fit.only_unready(shapes, gpus=8, sku="H100", selector={}) == "draining"
     assert fit.only_unready(shapes + [fit.Shape("H100", 8, "ready")], gpus=8, sku=None,
                             selector={}) is None  # fmt: skip
+
+
+def test_kept_shapes_answer_a_submit_without_a_statement(db, django_assert_num_queries):
+    fit.forget()
+    fit.check({"gpus": 1})  # nothing known: the nodes and the pools are read once, and kept
+    with django_assert_num_queries(0):
+        fit.check({"gpus": 1})
+    make_node("k1", "A100-40GB", 4)
+    fit.forget()
+    fit.check({"gpus": 4})
+    with django_assert_num_queries(0):
+        fit.check({"gpus": 2, "gpu_sku": "A100-40GB"})
+    fit.forget()
+
+
+def test_a_node_registered_after_the_shapes_were_kept_is_never_refused_against(db):
+    fit.forget()
+    make_node("k1", "A100-40GB", 4)
+    fit.check({"gpus": 4})  # kept: one 4-GPU node
+    make_node("k2", "H100-80GB", 8)  # registered since, in another process say (no forget)
+    fit.check({"gpus": 8, "gpu_sku": "H100-80GB"})  # the kept shapes say never: read afresh
+    with pytest.raises(ValidationError):
+        fit.check({"gpus": 9})
+    fit.forget()

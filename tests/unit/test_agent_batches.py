@@ -492,7 +492,9 @@ def test_a_batch_of_ends_asks_for_one_dispatch_pass(
 
     attempts = placed(cast, 3, {"h1": 3})
     asked = []
-    monkeypatch.setattr(scheduling_tasks, "request_dispatch", lambda: asked.append(1))
+    monkeypatch.setattr(
+        scheduling_tasks, "request_dispatch", lambda after_submit=False: asked.append(1)
+    )
     with django_capture_on_commit_callbacks(execute=True):
         results = post("h1", [item(a, "started", pid=1 + i) for i, a in enumerate(attempts)]
                        + [item(a, "finished", exit_code=0) for a in attempts])  # fmt: skip

@@ -1,22 +1,34 @@
 """At most one dispatch request waits at a time (apps/scheduling/tasks.py request_dispatch):
 later requests are answered by the waiting one's pass, which deletes the mark before it reads
-the queue; a request that could not be sent does not hold back the next."""
+the queue; a request that could not be sent does not hold back the next. After a futile pass (a
+full cluster, nothing placed), requests that only bring new jobs wait QUIET_MS for one pass;
+a job's end or a node change does not wait, nor does a submit when a GPU is free."""
 
 import pytest
 import redis
 
 from apps.scheduling import tasks
+from apps.scheduling.dispatcher import DispatchResult, dispatch_once
 from apps.scheduling.redis import shared_client
+from tests.factories import make_cast, make_node
+from tests.unit.test_dispatcher import submit
 
 
 @pytest.fixture
 def sent(monkeypatch):
-    shared_client().delete(tasks.REQUESTED_KEY)
-    messages = []
+    keys = (tasks.REQUESTED_KEY, tasks.DEFERRED_KEY, tasks.QUIET_KEY)
+    shared_client().delete(*keys)
+    messages = Sent()
     monkeypatch.setattr(tasks.dispatch, "apply_async", lambda **options: messages.append(options))
-    monkeypatch.setattr(tasks.dispatcher, "dispatch_once", lambda: None)
+    passes = [DispatchResult(free_gpus=1)]  # the result of each pass from here on
+    monkeypatch.setattr(tasks.dispatcher, "dispatch_once", lambda: passes[-1])
+    messages.passes = passes
     yield messages
-    shared_client().delete(tasks.REQUESTED_KEY)
+    shared_client().delete(*keys)
+
+
+class Sent(list):
+    passes: list
 
 
 def test_requests_while_one_waits_send_nothing_more(sent):
@@ -52,3 +64,37 @@ def test_without_redis_the_request_is_sent_anyway(sent, monkeypatch):
     tasks.request_dispatch()
     tasks.request_dispatch()
     assert len(sent) == 2
+
+
+def test_after_a_futile_pass_submits_wait_for_one_pass_and_an_end_does_not_wait(sent):
+    sent.passes.append(DispatchResult(free_gpus=0))  # full cluster, nothing placed
+    tasks.dispatch()
+    assert 0 < shared_client().pttl(tasks.QUIET_KEY) <= tasks.QUIET_MS
+    for _ in range(5):
+        tasks.request_dispatch(after_submit=True)
+    assert len(sent) == 1 and 0 < sent[0]["countdown"] <= tasks.QUIET_MS / 1000
+    tasks.request_dispatch()  # a job ended: a pass at once
+    assert len(sent) == 2 and "countdown" not in sent[1]
+    sent.passes.append(DispatchResult(placed=["j"]))  # that pass placed: the wait is over
+    tasks.dispatch()
+    assert not shared_client().exists(tasks.QUIET_KEY, tasks.DEFERRED_KEY)
+    tasks.request_dispatch(after_submit=True)
+    assert len(sent) == 3 and "countdown" not in sent[2]
+
+
+def test_a_submit_to_a_cluster_with_a_free_gpu_never_waits(sent):
+    sent.passes.append(DispatchResult(free_gpus=1))  # placed nothing (say, too big), a GPU free
+    tasks.dispatch()
+    assert not shared_client().exists(tasks.QUIET_KEY)
+    tasks.request_dispatch(after_submit=True)
+    assert len(sent) == 1 and "countdown" not in sent[0]
+
+
+def test_a_pass_that_fills_the_cluster_is_not_futile_and_the_next_one_is(db):
+    cast = make_cast()
+    make_node("h1", gpus=1)
+    submit(cast), submit(cast)
+    first = dispatch_once()  # places one on the free GPU
+    assert first.placed and first.free_gpus == 1 and not first.futile
+    second = dispatch_once()  # the other waits; no GPU free
+    assert not second.placed and second.free_gpus == 0 and second.futile

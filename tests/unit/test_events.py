@@ -164,7 +164,9 @@ def test_a_dispatch_wanted_reaches_the_scheduler_after_commit(
     from apps.scheduling import tasks
 
     requests = []
-    monkeypatch.setattr(tasks, "request_dispatch", lambda: requests.append("pass"))
+    monkeypatch.setattr(
+        tasks, "request_dispatch", lambda after_submit=False: requests.append("pass")
+    )
     with django_capture_on_commit_callbacks(execute=True):
         with transaction.atomic():
             trigger_dispatch()
@@ -177,7 +179,9 @@ def test_admissions_coalesced_request_is_delivered_at_once(monkeypatch):
     from apps.scheduling import tasks
 
     requests = []
-    monkeypatch.setattr(tasks, "request_dispatch", lambda: requests.append("pass"))
+    monkeypatch.setattr(
+        tasks, "request_dispatch", lambda after_submit=False: requests.append("pass")
+    )
     dispatch._send()  # runs after the commits (or in the sender thread): no transaction to wait for
     assert requests == ["pass"]
 
@@ -197,7 +201,7 @@ def test_a_placement_and_a_cancel_reach_the_node_queue_after_commit(
         "_send",
         lambda task, queue, **kwargs: sent.append((task, queue, kwargs.get("why"))),
     )
-    monkeypatch.setattr(tasks, "request_dispatch", lambda: None)
+    monkeypatch.setattr(tasks, "request_dispatch", lambda after_submit=False: None)
     cast = make_cast()
     make_node("h1", gpus=1)
     job = submit(cast, gpus=1)
