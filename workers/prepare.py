@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import pathlib
+import threading
 import time
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -56,25 +57,31 @@ class Preparer:
         self._bundles: BundleCache | None = None
         self._envs: envs.EnvCache | None = None
         self._images: images.ImageCache | None = None
+        # The caches are made at first use, from the members' prepare threads at once: one lock,
+        # so there is one of each (two image caches would each keep their own cap and count).
+        self._made = threading.Lock()
         self.caps = unpack.Caps.from_env()
 
     @property
     def bundles(self) -> BundleCache:
-        if self._bundles is None:
-            self._bundles = BundleCache(self.data_dir / "bundles")
-        return self._bundles
+        with self._made:
+            if self._bundles is None:
+                self._bundles = BundleCache(self.data_dir / "bundles")
+            return self._bundles
 
     @property
     def envs(self) -> envs.EnvCache:
-        if self._envs is None:
-            self._envs = envs.EnvCache(self.data_dir / "envs")
-        return self._envs
+        with self._made:
+            if self._envs is None:
+                self._envs = envs.EnvCache(self.data_dir / "envs")
+            return self._envs
 
     @property
     def images(self) -> images.ImageCache:
-        if self._images is None:
-            self._images = images.ImageCache(self.data_dir / "images")
-        return self._images
+        with self._made:
+            if self._images is None:
+                self._images = images.ImageCache(self.data_dir / "images")
+            return self._images
 
     @staticmethod
     def needed(a: Assignment) -> bool:

@@ -101,3 +101,26 @@ def test_a_registrys_answer_is_read_without_the_images_own_names(
     with pytest.raises(images.PullFailed) as raised:
         cache._tried(["skopeo"], parse(reference), None)
     assert f"{reference}: {said}" in raised.value.reason
+
+
+def test_members_preparing_at_once_share_one_image_cache(tmp_path, monkeypatch):
+    """The caches are made at first use from several prepare threads: one of each, or a cap set
+    on one would not hold for the other (the eviction test failed 3 runs in 8 that way)."""
+    import threading
+
+    from workers.prepare import Preparer
+
+    made = images.ImageCache
+
+    def slow(*args, **kwargs):
+        time.sleep(0.05)  # the window in which a second thread would make its own
+        return made(*args, **kwargs)
+
+    monkeypatch.setattr(images, "ImageCache", slow)
+    preparer, seen = Preparer(tmp_path), []
+    threads = [threading.Thread(target=lambda: seen.append(preparer.images)) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len({id(cache) for cache in seen}) == 1
