@@ -24,7 +24,7 @@ import threading
 import time
 
 from bench.foundation import running_platform, wait_until_ended
-from bench.slurm_peer import CLIENTS, GPUS, NODES, cpu_seconds
+from bench.slurm_peer import CLIENTS, GPUS, NODES, cpu_seconds, nodes_lost
 
 
 def spies(platform, phase: str, out: pathlib.Path | None) -> list[subprocess.Popen]:
@@ -79,12 +79,7 @@ def main() -> int:
     nodes = {f"peer-{i}": ("H100-80GB", GPUS, "") for i in range(NODES)}
     with tempfile.TemporaryDirectory(prefix="gpuplatform-cpu-") as tmp:
         with running_platform(pathlib.Path(tmp), nodes, "cpu") as platform:
-            for node in nodes:
-                platform.kill(f"agent-{node}", group=True)
-            platform.wait_until(
-                lambda: all(n["state"] == "lost" for n in platform.nodes().values()),
-                timeout=120, what="the nodes lost",
-            )  # fmt: skip
+            nodes_lost(platform, nodes)
             sessions = [platform.api("bob") for _ in range(CLIENTS)]
             url = platform.url + "/api/v1/jobs/"
             local = threading.local()

@@ -71,16 +71,22 @@ def cpu_seconds(pid: int) -> float:
 # --- ours -------------------------------------------------------------------------------------
 
 
+def nodes_lost(platform, nodes) -> None:
+    """Stop the nodes' agents and wait until the platform counts them lost: registered, taking
+    no work (Slurm's partition DOWN with its nodes up)."""
+    for node in nodes:
+        platform.kill(f"agent-{node}", group=True)
+    platform.wait_until(
+        lambda: all(n["state"] == "lost" for n in platform.nodes().values()),
+        timeout=120, what="the nodes lost",
+    )  # fmt: skip
+
+
 def ours(count: int, samples: int, data_dir: pathlib.Path) -> dict:
     nodes = {f"peer-{i}": ("H100-80GB", GPUS, "") for i in range(NODES)}
     with running_platform(data_dir, nodes, "peer") as platform:
         web = platform.processes["web"].pid
-        for node in nodes:  # Slurm's partition DOWN: the nodes known, none taking work
-            platform.kill(f"agent-{node}", group=True)
-        platform.wait_until(
-            lambda: all(n["state"] == "lost" for n in platform.nodes().values()),
-            timeout=120, what="the nodes lost",
-        )  # fmt: skip
+        nodes_lost(platform, nodes)  # Slurm's partition DOWN: the nodes known, none taking work
         sessions = [platform.api("bob") for _ in range(CLIENTS)]
         url = platform.url + "/api/v1/jobs/"
         body = {"command": ["true"], "gpus": 1}
