@@ -7,9 +7,12 @@
 
   // A log box (<pre data-follow id=...>) shows its end and keeps showing it as lines come in,
   // until the reader scrolls up; scrolling back to the end follows again. htmx replaces the box
-  // on every poll, so where the reader was is noted before the swap and applied after it.
+  // on every poll, so where the reader was is noted before the swap and applied right after it,
+  // in the same task (htmx:afterSwap). Not at htmx:load: that fires when the swap settles, 20 ms
+  // later, and a scroll made in between would be undone by the position noted before it.
   var NEAR_END = 24; // pixels: at the end, give or take a line
   var logs = {};
+  var placed = new WeakSet(); // boxes already given their position
 
   function note(el) {
     logs[el.id] = {
@@ -24,6 +27,10 @@
 
   function follow(root) {
     root.querySelectorAll("pre[data-follow]").forEach(function (el) {
+      if (placed.has(el)) {
+        return;
+      }
+      placed.add(el);
       var was = logs[el.id];
       el.scrollTop = !was || was.follow ? el.scrollHeight : was.top;
     });
@@ -47,6 +54,9 @@
   });
   document.addEventListener("htmx:beforeSwap", function (event) {
     remember(event.detail.target);
+  });
+  document.addEventListener("htmx:afterSwap", function (event) {
+    follow(event.target);
   });
   // And at every scroll (scroll events do not bubble: caught on the way down), so a scroll that
   // lands on a box just swapped in, before htmx has handed it over, still counts.
