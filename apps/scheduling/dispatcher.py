@@ -551,10 +551,7 @@ def _reservation_reason(decision: policy.Reserve) -> str:
     held = f"first in line: {nodes} held for it from {_utc(decision.at)} at the latest"
     if not decision.shortage:  # decided without `explain`: the policy said only "reserved"
         return f"{held}; {decision.reason}"
-    return (
-        f"{held}; first in line, reserved {len(decision.nodes)} node(s) "
-        f"(when running jobs end by their limits); now {decision.shortage}"
-    )
+    return f"{held} (when running jobs end by their limits); now {decision.shortage}"
 
 
 def _utc(epoch: float) -> str:
