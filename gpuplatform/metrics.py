@@ -143,8 +143,16 @@ def fleet_metrics() -> Iterator[Metric]:
     nodes = GaugeMetricFamily("gpuplatform_nodes", "Nodes by state", labels=["state"])
     by_state = dict(Node.objects.values_list("state").annotate(n=Count("pk")))
     for state in NodeState.values:
-        nodes.add_metric([state], by_state.get(state, 0))
+        if state != NodeState.TERMINATED:
+            nodes.add_metric([state], by_state.get(state, 0))
     yield nodes
+    # Nodes the autoscaler gave back only ever add up (their rows are kept): a counter, not a
+    # gauge state that would grow for as long as the platform runs.
+    yield CounterMetricFamily(
+        "gpuplatform_nodes_terminated",
+        "Nodes given back by the autoscaler's provider",
+        value=by_state.get(NodeState.TERMINATED, 0),
+    )
     age = GaugeMetricFamily(
         "gpuplatform_node_heartbeat_age_seconds",
         "Seconds since each node's last heartbeat",
