@@ -83,14 +83,10 @@ def run(runner, argv: list[str], image: str = "") -> tuple[float, str]:
 
 
 def stop(runner) -> None:
+    from tests.runners import stop_runner
     from workers.isolation import remove_node_groups
 
-    runner.kill_all("bench over")
-    for _ in range(200):
-        runner.tick()
-        if not runner.runs and not runner.reaping:
-            break
-        time.sleep(0.02)
+    stop_runner(runner, "bench over")
     remove_node_groups(runner.isolation.cgroups)
 
 

@@ -19,6 +19,7 @@ from tests.gpu.test_real_gpu import nvml_inventory
 from tests.isolation.conftest import fenced_runner, log_of
 from tests.isolation.test_images import ImageJob, Reporter
 from tests.oci_images import Registry, build_image, need_tools
+from tests.runners import stop_runner
 from workers import image_driver
 from workers.isolation import remove_node_groups
 
@@ -67,11 +68,6 @@ def test_nvidia_smi_runs_in_a_busybox_image_on_its_own_gpu(tmp_path, monkeypatch
         assert f"libs={dirs}:{image_driver.LIB_DIR}\n" in log  # the image's, then the driver's
     finally:
         if runner is not None:
-            runner.kill_all("test over")
-            for _ in range(100):
-                runner.tick()
-                if not runner.runs and not runner.reaping:
-                    break
-                time.sleep(0.05)
+            stop_runner(runner)
             remove_node_groups(runner.isolation.cgroups)
         registry.stop()

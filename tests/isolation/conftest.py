@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from tests.runners import stop_runner
 from tests.unit.test_runner import Recorder, Work
 from workers.isolation import PRIVATE_DIRS, detect, remove_node_groups
 from workers.runner import Runner
@@ -72,12 +73,7 @@ def _no_node_cgroups_left():
 def runner(tmp_path):
     runner = fenced_runner(tmp_path / "agent", fake_gpus=4)
     yield runner
-    runner.kill_all("test over")
-    for _ in range(100):
-        runner.tick()
-        if not runner.runs and not runner.reaping:
-            break
-        time.sleep(0.05)
+    stop_runner(runner)
     # Its node's own groups go after this (_no_node_cgroups_left, torn down last).
 
 

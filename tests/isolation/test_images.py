@@ -20,6 +20,7 @@ import pytest
 
 from tests.isolation.conftest import Job, Keyed, fenced_runner, log_of
 from tests.oci_images import Registry, build_image, need_tools
+from tests.runners import stop_runner
 from workers import image_driver, images
 
 PASSWORD = "pull-pass-7c1e-VALUE"  # noqa: S105 (a test's value)
@@ -104,12 +105,7 @@ def run_image(tmp_path, monkeypatch, served):
 
     yield start
     for runner in made:
-        runner.kill_all("test over")
-        for _ in range(100):
-            runner.tick()
-            if not runner.runs and not runner.reaping:
-                break
-            time.sleep(0.05)
+        stop_runner(runner)
 
 
 def ended(runner, key, timeout: float = 60) -> tuple:
