@@ -413,7 +413,7 @@ def _drain(item) -> None:
         return
     _local.queue = queue = deque([item])
     try:
-        _settle(queue)
+        _decide_queued(queue)
     finally:
         _local.queue = None
 
@@ -430,12 +430,12 @@ def decided_together() -> Iterator[None]:
     _local.queue = queue = deque()
     try:
         yield
-        _settle(queue)
+        _decide_queued(queue)
     finally:
         _local.queue = None
 
 
-def _settle(queue: deque) -> None:
+def _decide_queued(queue: deque) -> None:
     while queue:
         kind, what = queue.popleft()
         if kind != "job":
