@@ -1,7 +1,8 @@
 """The agent API (`/internal/agent/v1/`): the only way a node agent speaks to the control plane.
 
 Authentication: `Authorization: Bearer <node credential>` (apps/nodes/credentials.py); a missing,
-unknown, revoked or expired credential is 401, checked against the database on every request.
+unknown, revoked or expired credential is 401 (a revoke reaches every web process within 2 s:
+apps/nodes/credentials.py keeps each process's credentials as the token cache keeps tokens).
 Authorisation, as Kubernetes' NodeRestriction: a credential acts as one node; it may register and
 heartbeat only that node (registering another node's name is 403), and read or report on only the
 attempt members placed on it, each request fenced by the attempt's token (`X-Attempt-Token`); any
@@ -74,7 +75,7 @@ class NodeIdentity:
 
 
 class NodeCredentialAuthentication(BaseAuthentication):
-    """`Authorization: Bearer gpn_...`. No cache: a revoked credential fails on its next request."""
+    """`Authorization: Bearer gpn_...`, checked against this process's credential cache."""
 
     def authenticate(self, request):
         parts = get_authorization_header(request).split()
