@@ -63,16 +63,18 @@ INSTALLED_APPS = [
     "apps.telemetry",
 ]
 
+# The browser's own (sessions, sign-in, OTP, messages, htmx) are the packages' classes
+# that step aside for the agent API (gpuplatform/browser_middleware.py); the rest runs for all.
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",
+    "gpuplatform.browser_middleware.Sessions",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django_otp.middleware.OTPMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
-    "django_htmx.middleware.HtmxMiddleware",
+    "gpuplatform.browser_middleware.Authentication",
+    "gpuplatform.browser_middleware.Otp",
+    "gpuplatform.browser_middleware.Messages",
+    "gpuplatform.browser_middleware.Htmx",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "gpuplatform.csp.ContentSecurityPolicyMiddleware",
     "axes.middleware.AxesMiddleware",  # last: it turns a locked-out sign-in into the 429 page
