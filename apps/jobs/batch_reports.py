@@ -83,7 +83,9 @@ def members_started_together(started: list[tuple[ReportedMember, int]]) -> bool:
     """member_started(reported, pid=pid) for each pair (each passed starts_together). True when
     all were applied; False when none was (a row had moved: apply them one by one)."""
     now = timezone.now()
-    lease = now + timedelta(seconds=settings.HEARTBEAT_SECONDS * settings.NODE_LOST_AFTER_HEARTBEATS)
+    lease = now + timedelta(
+        seconds=settings.HEARTBEAT_SECONDS * settings.NODE_LOST_AFTER_HEARTBEATS
+    )
     members = [reported.member for reported, _ in started]
     attempts = [member.attempt for member in members]
     # A job started before (requeued) keeps its first start time, as member_started keeps it.
@@ -94,7 +96,9 @@ def members_started_together(started: list[tuple[ReportedMember, int]]) -> bool:
     def write() -> None:
         pids = Case(*(When(pk=reported.member.pk, then=Value(pid)) for reported, pid in started),
                     output_field=IntegerField())  # fmt: skip
-        rows = AttemptMember.objects.filter(pk__in=[m.pk for m in members], state=AttemptState.STARTING)
+        rows = AttemptMember.objects.filter(
+            pk__in=[m.pk for m in members], state=AttemptState.STARTING
+        )
         update_all(rows, len(members), state=AttemptState.RUNNING, pid=pids, started_at=now)
         move_attempts(attempts, to=AttemptState.RUNNING, started_at=now, lease_expires_at=lease)
         if first:

@@ -20,7 +20,10 @@ def report_all(ids: list[str]) -> None:
     for job_id in ids:
         attempt = Job.objects.get(pk=job_id).attempts.get()
         head = {"attempt_id": attempt.pk, "rank": 0, "token": str(attempt.token)}
-        reports += [{**head, "kind": "started", "pid": 1}, {**head, "kind": "finished", "exit_code": 0}]
+        reports += [
+            {**head, "kind": "started", "pid": 1},
+            {**head, "kind": "finished", "exit_code": 0},
+        ]
     client = bearer(issue_credential(node_name="h1")[1])
     response = client.post("/internal/agent/v1/reports/", {"reports": reports}, format="json")
     assert [r["accepted"] for r in response.json()["results"]] == [True] * len(reports)

@@ -9,7 +9,6 @@ import time
 
 import pytest
 from django.db import connection
-
 from django.db.models import F
 
 from apps.jobs.models import AttemptMember, GpuAllocation, Job, JobEvent
@@ -527,14 +526,25 @@ def test_a_batch_of_plain_starts_and_clean_ends_costs_the_same_statements_for_8_
     starts, ends = 2 + 4, 2 + 5 + 1
     for group in (attempts[:1], attempts[1:]):
         reports = [item(a, "started", pid=7) for a in group]
-        assert statements_of(client, reports, django_assert_max_num_queries, batch + starts) == [True] * len(group)
+        assert statements_of(client, reports, django_assert_max_num_queries, batch + starts) == [
+            True
+        ] * len(group)
         reports = [item(a, "finished", exit_code=0) for a in group]
-        assert statements_of(client, reports, django_assert_max_num_queries, batch + ends) == [True] * len(group)
+        assert statements_of(client, reports, django_assert_max_num_queries, batch + ends) == [
+            True
+        ] * len(group)
     assert set(Job.objects.values_list("state", flat=True)) == {"succeeded"}
     assert not GpuAllocation.objects.filter(released_at=None).exists()
-    moves = list(JobEvent.objects.filter(kind="state", actor="agent:h1").values_list("job_id", "from_state", "to_state"))
+    moves = list(
+        JobEvent.objects.filter(kind="state", actor="agent:h1").values_list(
+            "job_id", "from_state", "to_state"
+        )
+    )
     for a in attempts:  # every move has its audit event, once
-        assert [m[1:] for m in moves if m[0] == a.job_id] == [("starting", "running"), ("running", "succeeded")]
+        assert [m[1:] for m in moves if m[0] == a.job_id] == [
+            ("starting", "running"),
+            ("running", "succeeded"),
+        ]
 
 
 def test_a_start_and_an_end_of_one_member_in_one_batch_apply_in_order(cast):
@@ -567,6 +577,10 @@ def test_a_row_that_moved_since_it_was_read_sends_the_batch_one_by_one(cast, mon
     assert "applied one by one" in caplog.text
     assert results == [{"status": 200, "accepted": True}] * 3  # b's member started, as one by one
     states = {j.pk: j.state for j in Job.objects.all()}
-    assert (states[a.job_id], states[b.job_id], states[c.job_id]) == ("running", "starting", "running")
+    assert (states[a.job_id], states[b.job_id], states[c.job_id]) == (
+        "running",
+        "starting",
+        "running",
+    )
     assert JobEvent.objects.filter(job_id=b.job_id, to_state="running").count() == 0
     assert JobEvent.objects.filter(job_id__in=[a.job_id, c.job_id], to_state="running").count() == 2
