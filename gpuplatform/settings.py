@@ -63,16 +63,18 @@ INSTALLED_APPS = [
     "apps.telemetry",
 ]
 
+# The browser's own (sessions, sign-in, OTP, messages, htmx) are the packages' classes
+# that step aside for the agent API (gpuplatform/browser_middleware.py); the rest runs for all.
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",
+    "gpuplatform.browser_middleware.Sessions",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django_otp.middleware.OTPMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
-    "django_htmx.middleware.HtmxMiddleware",
+    "gpuplatform.browser_middleware.Authentication",
+    "gpuplatform.browser_middleware.Otp",
+    "gpuplatform.browser_middleware.Messages",
+    "gpuplatform.browser_middleware.Htmx",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "gpuplatform.csp.ContentSecurityPolicyMiddleware",
     "axes.middleware.AxesMiddleware",  # last: it turns a locked-out sign-in into the 429 page
@@ -411,9 +413,10 @@ STAFF_CAN_ATTACH = env_bool("GPUPLATFORM_STAFF_CAN_ATTACH", False)
 # tokens carried over from DRF's clear-text table keep working after the upgrade.
 TOKEN_EXPIRY_DAYS = env_int("GPUPLATFORM_TOKEN_DAYS", 90, minimum=0)
 MIGRATED_TOKEN_DAYS = env_int("GPUPLATFORM_MIGRATED_TOKEN_DAYS", 30, minimum=1)
-# Seconds a web process keeps an authenticated token without reading it again (0: no cache;
-# apps/tenants/token_cache.py). Revocations reach every process through Redis at once; this is
-# the most a revoked token lives on in a process while that channel is down.
+# Seconds a web process keeps an authenticated token, or a node credential, without reading it
+# again (0: no cache; apps/tenants/token_cache.py, apps/nodes/credentials.py). Revocations reach
+# every process through Redis at once; this is the most a revoked token or credential lives on
+# in a process while that channel is down.
 TOKEN_CACHE_SECONDS = env_float("GPUPLATFORM_TOKEN_CACHE_SECONDS", 30.0, minimum=0, maximum=60)
 FLOWER_PORT = env_int("FLOWER_PORT", 5555, minimum=1, maximum=65535)
 PORT = env_int("PORT", 8000, minimum=1, maximum=65535)

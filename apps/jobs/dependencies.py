@@ -45,6 +45,8 @@ from __future__ import annotations
 import threading
 import uuid
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from django.db import connection
@@ -411,14 +413,53 @@ def _drain(item) -> None:
         return
     _local.queue = queue = deque([item])
     try:
-        while queue:
-            kind, what = queue.popleft()
-            if kind == "job":
-                parent_ended(what)
-            else:
-                array_ended(what)
+        _decide_queued(queue)
     finally:
         _local.queue = None
+
+
+@contextmanager
+def decided_together() -> Iterator[None]:
+    """Within the block (in the caller's transaction), the ends of parents are queued and decided
+    when it ends, those of consecutive jobs with one read for all of them: a batch of agent
+    reports ending many jobs, almost none of them anyone's parent (apps/jobs/batch_reports.py).
+    If the block raises, nothing is decided (its transaction or savepoint is rolled back)."""
+    if getattr(_local, "queue", None) is not None:  # inside a drain already: it decides them
+        yield
+        return
+    _local.queue = queue = deque()
+    try:
+        yield
+        _decide_queued(queue)
+    finally:
+        _local.queue = None
+
+
+def _decide_queued(queue: deque) -> None:
+    while queue:
+        kind, what = queue.popleft()
+        if kind != "job":
+            array_ended(what)
+            continue
+        parents = [what]
+        while queue and queue[0][0] == "job":
+            parents.append(queue.popleft()[1])
+        parents_ended(parents)
+
+
+def parents_ended(parents: list[Job]) -> None:
+    """parent_ended for each of `parents`, in order; for more than one, one read of the
+    (parent, state) index first, and only the parents it finds waited for (or tasks of an
+    array, whose array's dependents may be decided) are looked at one by one."""
+    if len(parents) > 1:
+        waited = set(
+            JobDependency.objects.filter(
+                parent_job_id__in=[p.pk for p in parents], state=PENDING
+            ).values_list("parent_job_id", flat=True)
+        )
+        parents = [p for p in parents if p.pk in waited or p.array_id is not None]
+    for parent in parents:
+        parent_ended(parent)
 
 
 def parent_ended(parent: Job) -> int:

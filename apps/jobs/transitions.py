@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from django.db.models import F
+from django.db.models import F, Q
 
 from apps.jobs.models import JOB_TERMINAL, Job, JobAttempt, JobEvent
 from apps.jobs.states import attempt_sources, check_attempt_move, check_job_move, job_sources
@@ -86,6 +86,77 @@ def transition_attempt(
         for name, value in fields.items():
             setattr(attempt, name, value)
     return bool(updated)
+
+
+# --- the same move for several rows at once (a batch of agent reports) ---------------------------
+
+
+class BatchRefused(Exception):
+    """A guarded update of several rows changed fewer than it named: one of them moved since it
+    was read. The caller rolls its savepoint back and applies the batch's items one by one."""
+
+
+def _as_read(rows: Iterable) -> Q:
+    """Each row at the version it was read at: the guard of transition_job, row by row."""
+    guard = Q()
+    for row in rows:
+        guard |= Q(pk=row.pk, version=row.version)
+    return guard
+
+
+def update_all(queryset, count: int, **fields) -> None:
+    """`queryset.update(**fields)`, which must change exactly `count` rows (else BatchRefused)."""
+    if queryset.update(**fields) != count:
+        raise BatchRefused
+
+
+def move_attempts(attempts: list[JobAttempt], *, to: str, expect: Iterable[str] | None = None,
+                  **fields) -> None:  # fmt: skip
+    """transition_attempt for each of `attempts` in one guarded update, every one or none
+    (BatchRefused; the rows then wait for the caller's rollback). The objects are left as read:
+    `moved` brings them up to date once the caller's whole batch has been written."""
+    expect = attempt_sources(to) if expect is None else tuple(expect)
+    check_attempt_move(expect, to)
+    rows = JobAttempt.objects.filter(_as_read(attempts), state__in=expect)
+    update_all(rows, len(attempts), state=to, version=F("version") + 1, **fields)
+
+
+def move_jobs(jobs: list[Job], *, to: str, expect: Iterable[str] | None = None, reason: str = "",
+              **fields) -> None:  # fmt: skip
+    """transition_job's guarded update for each of `jobs` in one statement, as move_attempts;
+    `moved_jobs` then records their events and emits their ends."""
+    expect = job_sources(to) if expect is None else tuple(expect)
+    check_job_move(expect, to)
+    if reason:
+        fields.setdefault("reason", reason[:300])
+    rows = Job.objects.filter(_as_read(jobs), state__in=expect)
+    update_all(rows, len(jobs), state=to, version=F("version") + 1, **fields)
+
+
+def moved(row, *, to: str, **fields) -> None:
+    """The object of a row that move_attempts or move_jobs moved, as the row is now."""
+    row.state, row.version = to, row.version + 1
+    for name, value in fields.items():
+        setattr(row, name, value)
+
+
+def moved_jobs(moves: list[tuple[Job, JobAttempt]], *, to: str, actor: str, reason: str = "",
+               **fields) -> None:  # fmt: skip
+    """After move_jobs (and the rest of the batch) succeeded: the objects as the rows are, the
+    audit events in one statement, the log lines, and JobEnded for each job that ended."""
+    if reason:
+        fields.setdefault("reason", reason[:300])
+    events_ = []
+    for job, attempt in moves:
+        from_state = job.state
+        moved(job, to=to, **fields)
+        events_.append(new_event(job, actor=actor, reason=reason, from_state=from_state, to_state=to,
+                                 attempt=attempt))  # fmt: skip
+        log_move(job, from_state=from_state, actor=actor, reason=reason, attempt=attempt)
+    JobEvent.objects.bulk_create(events_)
+    if to in JOB_TERMINAL:
+        for job, _ in moves:
+            events.emit(events.JobEnded(job=job))
 
 
 def trigger_dispatch() -> None:

@@ -1,5 +1,6 @@
 from django.contrib import admin, messages
 
+from apps.nodes.credentials import credentials_changed
 from apps.nodes.models import Gpu, GpuSku, Node, NodeCredential, NodeState
 from apps.nodes.services import node_set_state
 from apps.tenants.audit import AuditedAdmin, action_reason
@@ -91,6 +92,20 @@ class NodeCredentialAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request) -> bool:
         return False
+
+    # A change here (revoked, a new expiry) or a delete reaches every web process's credential
+    # cache (apps/nodes/credentials.py).
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        credentials_changed(key_ids=[obj.key_id])
+
+    def delete_model(self, request, obj):
+        credentials_changed(key_ids=[obj.key_id])
+        super().delete_model(request, obj)
+
+    def delete_queryset(self, request, queryset):
+        credentials_changed(key_ids=list(queryset.values_list("key_id", flat=True)))
+        super().delete_queryset(request, queryset)
 
 
 @admin.register(Gpu)

@@ -1,7 +1,8 @@
 """The agent API (`/internal/agent/v1/`): the only way a node agent speaks to the control plane.
 
 Authentication: `Authorization: Bearer <node credential>` (apps/nodes/credentials.py); a missing,
-unknown, revoked or expired credential is 401, checked against the database on every request.
+unknown, revoked or expired credential is 401 (a revoke reaches every web process within 2 s:
+apps/nodes/credentials.py keeps each process's credentials as the token cache keeps tokens).
 Authorisation, as Kubernetes' NodeRestriction: a credential acts as one node; it may register and
 heartbeat only that node (registering another node's name is 403), and read or report on only the
 attempt members placed on it, each request fenced by the attempt's token (`X-Attempt-Token`); any
@@ -37,7 +38,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.bundles.models import Bundle
-from apps.jobs import checkpoints, dependencies
+from apps.jobs import batch_reports, checkpoints, dependencies
 from apps.jobs import services as jobs
 from apps.jobs.models import ATTEMPT_ACTIVE, AttemptMember, JobAttempt
 from apps.jobs.selectors import assignment_for, members_on, open_members_on
@@ -74,7 +75,7 @@ class NodeIdentity:
 
 
 class NodeCredentialAuthentication(BaseAuthentication):
-    """`Authorization: Bearer gpn_...`. No cache: a revoked credential fails on its next request."""
+    """`Authorization: Bearer gpn_...`, checked against this process's credential cache."""
 
     def authenticate(self, request):
         parts = get_authorization_header(request).split()
@@ -481,13 +482,12 @@ class ReportsView(AgentView):
             )
         heads: list[dict | None] = []
         results: list[dict | None] = [None] * len(items)
+        check = ReportItem()  # one for the batch: DRF copies a serializer's fields per instance
         for i, item in enumerate(items):
-            head = ReportItem(data=item if isinstance(item, dict) else {})
-            if head.is_valid():
-                heads.append(head.validated_data)
-            else:
-                heads.append(None)
-                results[i] = {"status": 400, "errors": head.errors}
+            head, errors = _checked(check, item if isinstance(item, dict) else {})
+            heads.append(head)
+            if errors is not None:
+                results[i] = {"status": 400, "errors": errors}
         # The batch's transaction, run again whole where PostgreSQL broke a deadlock in it
         # (apps/platform/retry.py): every item read again, nothing of the aborted try kept.
         answered = run_retried(lambda: self._apply_all(items, heads, list(results)),
@@ -514,24 +514,35 @@ class ReportsView(AgentView):
                     results[i] = {"status": 404}
                     continue
                 order.append((reported.member.attempt.job_id, i))
+            bodies: dict[int, dict] = {}
+            context: dict = {}  # the job the body being checked is about (a checkpoint is its own)
+            checks: dict[str, serializers.Serializer] = {}  # one per kind, as `check` above
             for _, i in sorted(order):
                 head = cast(dict, heads[i])
-                results[i] = self._apply(
-                    members[(head["attempt_id"], head["rank"])], head, items[i]
-                )
+                kind = head["kind"]
+                if kind not in checks:
+                    checks[kind] = REPORTS[kind][0](context=context)
+                context["job_id"] = members[_key(head)].member.attempt.job_id
+                body, errors = _checked(checks[kind], items[i])
+                if errors is None:
+                    bodies[i] = cast(dict, body)
+                else:
+                    results[i] = {"status": 400, "errors": errors}
+            _apply_together(heads, bodies, members, results)
+            for i, data in bodies.items():  # in the order above
+                if results[i] is None:
+                    head = cast(dict, heads[i])
+                    results[i] = self._apply(members[_key(head)], head, data)
         return results
 
-    def _apply(self, reported: jobs.ReportedMember, head: dict, item: dict) -> dict:
+    def _apply(self, reported: jobs.ReportedMember, head: dict, data: dict) -> dict:
         member = reported.member
-        body = _report_body(head["kind"], member, item)
-        if not body.is_valid():
-            return {"status": 400, "errors": body.errors}
         _, apply = REPORTS[head["kind"]]
         # Each service is atomic: inside the batch's transaction, a savepoint, so one item's
         # failure rolls back that item only (its objects may then be ahead of the rows: the
         # guarded updates refuse whatever a later item of this batch bases on them).
         try:
-            accepted = apply(reported, body.validated_data)
+            accepted = apply(reported, data)
         except DatabaseError as error:
             if retryable(error):  # the whole batch's transaction was chosen: it runs again
                 raise
@@ -543,6 +554,54 @@ class ReportsView(AgentView):
                           member.rank)  # fmt: skip
             return {"status": 500}
         return {"status": 200, "accepted": accepted}
+
+
+def _checked(serializer: serializers.Serializer, data) -> tuple[dict | None, dict | None]:
+    """(validated data, None) or (None, errors): what `serializer(data=data).is_valid()` gives,
+    from one serializer instance used for each item of a batch."""
+    try:
+        return serializer.run_validation(data), None
+    except ValidationError as error:
+        return None, cast(dict, error.detail)
+
+
+def _key(head: dict) -> tuple[int, int]:
+    return head["attempt_id"], head["rank"]
+
+
+def _apply_together(heads: list, bodies: dict[int, dict], members: dict, results: list) -> None:
+    """The batch's plain starts, then its clean ends, each group in a few statements
+    (apps/jobs/batch_reports.py); what it applies is answered in `results`, the rest is left for
+    the services one by one. A member's reports keep their order: a member's start goes with the
+    group only as its first report here, its end only as its first or right after a start that
+    went with the group."""
+    sequences: dict[tuple[int, int], list[int]] = {}
+    for i in bodies:
+        sequences.setdefault(_key(heads[i]), []).append(i)
+    done: set[int] = set()
+    starts = []
+    for key, sequence in sequences.items():
+        first = sequence[0]
+        if heads[first]["kind"] == "started" and not bodies[first].get("master_port"):
+            if batch_reports.starts_together(members[key]):
+                starts.append((first, members[key], bodies[first]["pid"]))
+    if starts and batch_reports.members_started_together([(r, pid) for _, r, pid in starts]):
+        done.update(i for i, _, _ in starts)
+    ends = []
+    for key, sequence in sequences.items():
+        pending = [i for i in sequence if i not in done]  # the first: all before it are done
+        if not pending:
+            continue
+        i, data = pending[0], bodies[pending[0]]
+        if heads[i]["kind"] == "finished" and batch_reports.ends_together(
+            members[key], exit_code=data["exit_code"], reason=data["reason"],
+            checkpoint=data["checkpoint"],
+        ):  # fmt: skip
+            ends.append((i, members[key]))
+    if ends and batch_reports.members_finished_together([r for _, r in ends]):
+        done.update(i for i, _ in ends)
+    for i in done:
+        results[i] = {"status": 200, "accepted": True}
 
 
 # --- files: log, artifacts, checkpoints -------------------------------------------------------------

@@ -2,7 +2,10 @@
 
 A credential is `gpn_<key id>.<secret>`. Only the secret's SHA-256 is stored (the secret is 256
 random bits, so a plain hash cannot be brute-forced the way a password's could); the key id finds
-the row. Every request reads the row again, so a revoke or an expiry takes effect at once.
+the row. Each web process keeps the rows it read (`CredentialCache`), as it keeps API tokens:
+a revoke drops them in every process through the token cache's Redis channel (within 2 s;
+apps/tenants/token_cache.py), and an entry lives at most TOKEN_CACHE_SECONDS should that channel
+be down. An expiry is checked on every request against the kept row.
 """
 
 from __future__ import annotations
@@ -11,13 +14,19 @@ import hashlib
 import hmac
 import logging
 import secrets
-from datetime import timedelta
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
+from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 from django.utils.crypto import salted_hmac
 
 from apps.nodes.models import NodeCredential
 from apps.platform.agent_protocol import CREDENTIAL_PREFIX
+from apps.tenants import token_cache
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +57,11 @@ def message_key(*, node_name: str, agent_instance: str) -> bytes:
 
 def revoke_credentials(*, node_name: str) -> int:
     """End every live credential of the node now; returns how many."""
-    return NodeCredential.objects.filter(node_name=node_name, revoked_at=None).update(
+    count = NodeCredential.objects.filter(node_name=node_name, revoked_at=None).update(
         revoked_at=timezone.now()
     )
+    credentials_changed(node_names=[node_name])
+    return count
 
 
 def revoke_node(*, node_name: str) -> int:
@@ -76,14 +87,96 @@ def credential_node(text: str) -> str | None:
     key_id, sep, secret = text[len(CREDENTIAL_PREFIX) :].partition(".")
     if not sep or not key_id or not secret:
         return None
-    # Every request of every agent reads it: plain values, no ORDER BY (key ids are unique).
-    rows = NodeCredential.objects.filter(key_id=key_id).order_by()
-    found = rows.values_list("node_name", "secret_sha256", "expires_at", "revoked_at")[:1]
+    row = CACHE.get(key_id) or _read(key_id)
+    if row is None or not hmac.compare_digest(row.secret_sha256, _digest(secret)):
+        return None
+    if row.expires_at is not None and row.expires_at <= timezone.now():
+        return None
+    return row.node_name
+
+
+def _read(key_id: str) -> Credential | None:
+    """The live row of `key_id` from the database, kept in this process's cache."""
+    epoch = CACHE.epoch
+    # Plain values, no ORDER BY (key ids are unique).
+    rows = NodeCredential.objects.filter(key_id=key_id, revoked_at=None).order_by()
+    found = rows.values_list("node_name", "secret_sha256", "expires_at")[:1]
     if not found:
         return None
-    node_name, secret_sha256, expires_at, revoked_at = found[0]
-    if not hmac.compare_digest(secret_sha256, _digest(secret)):
-        return None
-    if revoked_at is not None or (expires_at is not None and expires_at <= timezone.now()):
-        return None
-    return node_name
+    row = Credential(*found[0], stored_at=time.monotonic())
+    CACHE.put(key_id, row, epoch=epoch)
+    return row
+
+
+# --- this process's cache of credentials ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Credential:
+    """A live credential's row as the agent API checks it."""
+
+    node_name: str
+    secret_sha256: str
+    expires_at: datetime | None
+    stored_at: float  # time.monotonic()
+
+
+class CredentialCache:
+    """Live credentials by key id, each kept TOKEN_CACHE_SECONDS at most; a follower of the token
+    cache's revocation channel (`credential:<key id>` and `node:<name>` messages). A fill is
+    stored only if no message was heard while it read (`epoch`), as the token cache's."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.entries: dict[str, Credential] = {}
+        self.epoch = 0
+
+    def get(self, key_id: str) -> Credential | None:
+        if not settings.TOKEN_CACHE_SECONDS:
+            return None
+        token_cache.CACHE.listen()  # this process's listener, started once
+        row = self.entries.get(key_id)
+        if row is None or time.monotonic() - row.stored_at >= settings.TOKEN_CACHE_SECONDS:
+            return None
+        return row
+
+    def put(self, key_id: str, row: Credential, *, epoch: int) -> None:
+        if not settings.TOKEN_CACHE_SECONDS:
+            return
+        with self.lock:
+            if epoch != self.epoch:
+                return
+            if len(self.entries) >= token_cache.MAX_ENTRIES:
+                self.entries.clear()  # far more nodes than any cluster has: start again
+            self.entries[key_id] = row
+
+    def drop(self, messages: list[str]) -> None:
+        keys = {m.removeprefix("credential:") for m in messages if m.startswith("credential:")}
+        nodes = {m.removeprefix("node:") for m in messages if m.startswith("node:")}
+        if not keys and not nodes:
+            return
+        with self.lock:
+            self.epoch += 1
+            for key_id, row in list(self.entries.items()):
+                if key_id in keys or row.node_name in nodes:
+                    del self.entries[key_id]
+
+    def forget(self) -> None:
+        with self.lock:
+            self.epoch += 1
+            self.entries.clear()
+
+
+CACHE = CredentialCache()
+token_cache.follow(CACHE)
+
+
+def credentials_changed(*, key_ids=(), node_names=()) -> None:
+    """Drop these credentials (by key id) and every credential of these nodes, here now and in
+    every web process once the transaction commits: every path that revokes, changes or deletes
+    a credential calls it."""
+    messages = [f"credential:{k}" for k in key_ids] + [f"node:{n}" for n in node_names]
+    if not messages:
+        return
+    CACHE.drop(messages)
+    transaction.on_commit(lambda: token_cache.publish(messages))

@@ -8,6 +8,10 @@ the contract is 2 s, docs/operations.md "API tokens"). While that listener is no
 lost connection) an entry still lives at most TOKEN_CACHE_SECONDS (60 at most); on subscribing
 again the whole cache is dropped, since messages may have gone by unheard.
 
+Other per-process caches of credentials follow the same channel with messages of their own
+(`follow`: apps/nodes/credentials.py keeps node credentials so): one listener thread a process,
+one contract.
+
 A fill races a revocation: a request reads a token just before the revocation commits and would
 store it just after the message went by. `epoch` counts the messages heard: a fill is stored
 only if none came while it read.
@@ -20,6 +24,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 import redis
 from django.conf import settings
@@ -124,7 +129,8 @@ class TokenCache:
             self.entries.clear()
 
     def listen(self) -> None:
-        """Start this process's listener (again after a fork: threads do not cross one)."""
+        """Start this process's listener (again after a fork: threads do not cross one).
+        A follower's cache calls it too, before each read of its own."""
         listener = self.listener
         if listener is not None and listener.pid == os.getpid():
             return
@@ -170,13 +176,32 @@ class RevocationListener(threading.Thread):
                 if message is None:
                     continue
                 if message["type"] == "subscribe":
-                    self.cache.forget()  # what was published while away went unheard
+                    for cache in (self.cache, *FOLLOWERS):
+                        cache.forget()  # what was published while away went unheard
                     self.subscribed.set()
                 elif message["type"] == "message":
-                    self.cache.drop(message["data"].decode().split())
+                    messages = message["data"].decode().split()
+                    for cache in (self.cache, *FOLLOWERS):
+                        cache.drop(messages)
+
+
+class Follower(Protocol):
+    """A cache that drops entries on this channel's messages (those with a prefix of its own)
+    and forgets everything when the listener subscribes again."""
+
+    def drop(self, messages: list[str]) -> None: ...
+
+    def forget(self) -> None: ...
 
 
 CACHE = TokenCache()
+FOLLOWERS: list[Follower] = []
+
+
+def follow(cache: Follower) -> None:
+    """Have this process's listener drive `cache` too (once; at import of its module)."""
+    if cache not in FOLLOWERS:
+        FOLLOWERS.append(cache)
 
 
 def revoked(*, digests=(), user_ids=()) -> None:

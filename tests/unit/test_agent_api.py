@@ -77,17 +77,29 @@ def test_a_wrong_missing_or_user_credential_is_401(db):
     )  # a user's API token is not a node credential
 
 
-def test_an_expired_credential_is_401(db):
-    row, credential = issue_credential(node_name="n1", expires_days=1)
+def test_an_expired_credential_is_401(db, monkeypatch):
+    from apps.nodes import credentials
+
+    _, credential = issue_credential(node_name="n1", expires_days=1)
     client = bearer(credential)
-    assert register(client, "n1").status_code == 200
-    NodeCredential.objects.filter(pk=row.pk).update(
-        expires_at=timezone.now() - timedelta(seconds=1)
-    )
+    assert register(client, "n1").status_code == 200  # kept in this process's cache now
+    later = timezone.now() + timedelta(days=1, seconds=1)
+    monkeypatch.setattr(credentials.timezone, "now", lambda: later)
     assert register(client, "n1").status_code == 401
 
 
-def test_a_credential_is_checked_with_one_plain_read_on_every_request(db):
+def test_an_expiry_set_in_the_admin_is_401_at_once(db):
+    from django.contrib import admin
+
+    row, credential = issue_credential(node_name="n1")
+    client = bearer(credential)
+    assert register(client, "n1").status_code == 200
+    row.expires_at = timezone.now() - timedelta(seconds=1)
+    admin.site.get_model_admin(NodeCredential).save_model(None, row, None, True)
+    assert register(client, "n1").status_code == 401
+
+
+def test_a_credential_is_read_once_with_a_plain_read_and_then_kept(db):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -96,7 +108,9 @@ def test_a_credential_is_checked_with_one_plain_read_on_every_request(db):
     _, credential = issue_credential(node_name="n1")
     with CaptureQueriesContext(connection) as reads:
         assert credential_node(credential) == "n1"
-        assert credential_node(credential[:-1] + "x") is None  # wrong secret
+        assert credential_node(credential) == "n1"  # kept: no read
+        assert credential_node(credential[:-1] + "x") is None  # wrong secret, against the kept row
+        assert credential_node("gpn_unknown.secret") is None  # an unknown one is read each time
         assert credential_node("gpn_unknown.secret") is None
     assert len(reads.captured_queries) == 3
     assert not any("ORDER BY" in query["sql"] for query in reads.captured_queries)
@@ -113,7 +127,7 @@ def test_a_revoked_credential_is_401_at_once_for_every_credential_of_the_node(db
     call_command("create_node_credential", "n1", "--revoke", stdout=out)
     assert "revoked 2 credential(s)" in out.getvalue()
     with pytest.raises(CredentialRefused):
-        api.heartbeat(agent_instance="i1", gpus=[])  # the very next request, no cache
+        api.heartbeat(agent_instance="i1", gpus=[])  # the very next request: dropped here at once
     assert register(bearer(second), "n1").status_code == 401
     assert register(bearer(other), "n2").status_code == 200
 

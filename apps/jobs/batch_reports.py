@@ -1,0 +1,202 @@
+"""Several members' plain starts and clean ends applied together: what a drain's batches of agent
+reports are almost entirely made of, in a few statements for the whole batch instead of a few for
+every report (apps/nodes/agent_api.py, ReportsView).
+
+The moves are the report services' own (apps/jobs/services.py member_started, member_finished),
+for single-member attempts whose rows are where those services would move them without a choice:
+one guarded update of the members, of the attempts and of the jobs (each row at the version it
+was read at), one insert of the jobs' audit events. Every row moves or none does: an update that
+changes fewer rows than it names rolls the batch's savepoint back and the caller applies each
+report alone, through the services, as before. The objects change only once all was written.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import DatabaseError, transaction
+from django.db.models import Case, IntegerField, Value, When
+from django.utils import timezone
+
+from apps.jobs import dependencies
+from apps.jobs.models import (
+    ATTEMPT_ACTIVE,
+    JOB_PLACED,
+    AttemptMember,
+    AttemptState,
+    GpuAllocation,
+    Job,
+    JobState,
+)
+from apps.jobs.services import ReportedMember
+from apps.jobs.states import attempt_sources, job_sources
+from apps.jobs.transitions import (
+    BatchRefused,
+    move_attempts,
+    move_jobs,
+    moved,
+    moved_jobs,
+    trigger_dispatch,
+    update_all,
+)
+from apps.platform.retry import retryable
+
+log = logging.getLogger(__name__)
+
+
+def starts_together(reported: ReportedMember) -> bool:
+    """Whether member_started would start this member, its attempt and its job without a choice:
+    the attempt's only member, all three `starting`-like as read."""
+    member, attempt = reported.member, reported.member.attempt
+    return (
+        len(reported.gang) == 1
+        and member.state == AttemptState.STARTING
+        and attempt.state in attempt_sources(AttemptState.RUNNING)
+        and attempt.job.state in job_sources(JobState.RUNNING)
+    )
+
+
+def ends_together(reported: ReportedMember, *, exit_code: int | None, reason: str,
+                  checkpoint: str) -> bool:  # fmt: skip
+    """Whether member_finished would end this member, its attempt and its job as succeeded
+    without a choice: the attempt's only member, exit code 0 and no reason, nothing asked to
+    stop, no checkpoint to store."""
+    member, attempt = reported.member, reported.member.attempt
+    return (
+        len(reported.gang) == 1
+        and member.ended_at is None
+        and exit_code == 0
+        and not reason
+        and not checkpoint
+        and not attempt.stop_requested
+        and attempt.state in ATTEMPT_ACTIVE
+        and attempt.state in attempt_sources(AttemptState.SUCCEEDED)
+        and attempt.job.state in JOB_PLACED
+    )
+
+
+def members_started_together(started: list[tuple[ReportedMember, int]]) -> bool:
+    """member_started(reported, pid=pid) for each pair (each passed starts_together). True when
+    all were applied; False when none was (a row had moved: apply them one by one)."""
+    now = timezone.now()
+    lease = now + timedelta(
+        seconds=settings.HEARTBEAT_SECONDS * settings.NODE_LOST_AFTER_HEARTBEATS
+    )
+    members = [reported.member for reported, _ in started]
+    attempts = [member.attempt for member in members]
+    # A job started before (requeued) keeps its first start time, as member_started keeps it.
+    first = [attempt.job for attempt in attempts if attempt.job.started_at is None]
+    again = [attempt.job for attempt in attempts if attempt.job.started_at is not None]
+    reason = "all members started"
+
+    def write() -> None:
+        pids = Case(*(When(pk=reported.member.pk, then=Value(pid)) for reported, pid in started),
+                    output_field=IntegerField())  # fmt: skip
+        rows = AttemptMember.objects.filter(
+            pk__in=[m.pk for m in members], state=AttemptState.STARTING
+        )
+        update_all(rows, len(members), state=AttemptState.RUNNING, pid=pids, started_at=now)
+        move_attempts(attempts, to=AttemptState.RUNNING, started_at=now, lease_expires_at=lease)
+        if first:
+            move_jobs(first, to=JobState.RUNNING, reason=reason, started_at=now)
+        if again:
+            move_jobs(again, to=JobState.RUNNING, reason=reason)
+
+    def settle() -> None:
+        for reported, pid in started:
+            member = reported.member
+            member.state, member.pid, member.started_at = AttemptState.RUNNING, pid, now
+            moved(member.attempt, to=AttemptState.RUNNING, started_at=now, lease_expires_at=lease)
+        for actor, moves in _by_actor(members, lambda job: job.started_at is None).items():
+            actor_name, fresh = actor
+            fields = {"started_at": now} if fresh else {}
+            moved_jobs(moves, to=JobState.RUNNING, actor=actor_name, reason=reason, **fields)
+
+    return _together(members, write, settle)
+
+
+def members_finished_together(finished: list[ReportedMember]) -> bool:
+    """member_finished(reported, exit_code=0) for each (each passed ends_together): the members,
+    attempts and jobs succeeded, the members' GPUs released, one dispatch pass asked for. True
+    when all were applied; False when none was."""
+    now = timezone.now()
+    members = [reported.member for reported in finished]
+    attempts = [member.attempt for member in members]
+    reason = "exit code 0"
+    ended = {"exit_code": 0, "progress": 1.0, "finished_at": now}
+
+    def write() -> None:
+        rows = AttemptMember.objects.filter(pk__in=[m.pk for m in members], ended_at=None)
+        update_all(rows, len(members), state=AttemptState.SUCCEEDED, exit_code=0, ended_at=now)
+        by_node: dict[int, list[int]] = defaultdict(list)
+        for member in members:
+            by_node[member.node_id].append(member.attempt_id)
+        for node_id, attempt_ids in by_node.items():
+            GpuAllocation.objects.filter(
+                attempt_id__in=attempt_ids, gpu__node_id=node_id, released_at=None
+            ).update(released_at=now)
+        move_attempts(attempts, to=AttemptState.SUCCEEDED, ended_at=now, reason="", exit_code=0)
+        move_jobs([a.job for a in attempts], to=JobState.SUCCEEDED, expect=JOB_PLACED, reason=reason,
+                  **ended)  # fmt: skip
+
+    def settle() -> None:
+        for member in members:
+            member.state, member.exit_code, member.ended_at = AttemptState.SUCCEEDED, 0, now
+            moved(member.attempt, to=AttemptState.SUCCEEDED, ended_at=now, reason="", exit_code=0)
+        with dependencies.decided_together():  # one read finds the dependents of them all
+            for (actor, _), moves in _by_actor(members, lambda job: True).items():
+                moved_jobs(moves, to=JobState.SUCCEEDED, actor=actor, reason=reason, **ended)
+        trigger_dispatch()
+
+    return _together(members, write, settle)
+
+
+def _by_actor(members: Iterable[AttemptMember], key: Callable[[Job], bool]) -> dict:
+    """(job, attempt) pairs grouped by their event's actor (the member's node) and `key(job)`."""
+    groups: dict = defaultdict(list)
+    for member in members:
+        attempt = member.attempt
+        groups[(f"agent:{member.node.name}", key(attempt.job))].append((attempt.job, attempt))
+    return groups
+
+
+def _together(members: list[AttemptMember], write: Callable[[], None],
+              settle: Callable[[], None]) -> bool:  # fmt: skip
+    """Run `write` then `settle` in a savepoint. A refusal (a row moved) or an error rolls it
+    back and puts the objects back as they were read (False); a deadlock PostgreSQL broke goes up
+    to the batch's retry, as a report's would."""
+    objects = [o for m in members for o in (m, m.attempt, m.attempt.job)]
+    saved = [(o, _columns(o)) for o in objects]
+    try:
+        with transaction.atomic():
+            write()
+            settle()
+    except BatchRefused:
+        _restore(saved)
+        log.info("a batch of %d reports meets rows that moved; applied one by one", len(members))
+        return False
+    except DatabaseError as error:
+        _restore(saved)
+        if retryable(error):
+            raise
+        log.exception("a batch of %d reports failed; applied one by one", len(members))
+        return False
+    except Exception:
+        _restore(saved)
+        log.exception("a batch of %d reports failed; applied one by one", len(members))
+        return False
+    return True
+
+
+def _columns(instance) -> dict:
+    return {f.attname: getattr(instance, f.attname) for f in instance._meta.concrete_fields}
+
+
+def _restore(saved: list[tuple[object, dict]]) -> None:
+    for instance, columns in saved:
+        for name, value in columns.items():
+            setattr(instance, name, value)

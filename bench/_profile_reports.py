@@ -1,0 +1,130 @@
+"""Profile the web's share of a drain in one process: the agents' batched reports
+(`POST /internal/agent/v1/reports/`, a "started" and a "finished" report per job) through
+Django's test client (the whole middleware stack, DRF, the report services, the database and
+Redis), under cProfile.
+
+    python -m bench._profile_reports [--rounds 40] [--top 40] [--sort tottime]
+
+4 nodes x 4 GPUs; each round submits 16 one-GPU jobs, places them (a dispatcher pass, not
+measured) and each node then posts its members' starts in one call and their ends in another,
+as an agent's reporter does when its jobs start and end together. A fresh SQLite file (or a
+fresh PostgreSQL database beside DATABASE_URL's) and an embedded Redis; the e2e cast
+(tests/e2e/seed.py). Prints the CPU per job (its two reports) and cProfile's top rows. Not part
+of `make bench` (a tool for finding the cost, not a figure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pathlib
+import pstats
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+NODES, GPUS = 4, 4
+API = "/internal/agent/v1"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--sort", default="tottime")
+    args = parser.parse_args()
+    os.environ.setdefault("SECRET_KEY", "bench-only")
+    with tempfile.TemporaryDirectory(prefix="gpuplatform-profile-") as tmp:
+        from gpuplatform import embedded_redis
+        from tests.e2e.platform import fresh_database_url
+
+        redis_server = embedded_redis.start(pathlib.Path(tmp) / "redis", persist=False)
+        os.environ["REDIS_URL"] = redis_server.url
+        os.environ["DATABASE_URL"] = fresh_database_url(pathlib.Path(tmp), "profile")
+        os.environ["GPUPLATFORM_DATA_DIR"] = tmp
+        try:
+            env = dict(os.environ, PYTHONPATH=str(ROOT))
+            subprocess.run(
+                [sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True
+            )
+            seed = subprocess.run([sys.executable, "-m", "tests.e2e.seed"], cwd=ROOT, env=env,
+                                  check=True, capture_output=True, text=True)  # fmt: skip
+            import json
+
+            token = json.loads(seed.stdout.strip().splitlines()[-1])["bob"]
+            os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuplatform.settings")
+            import django
+
+            django.setup()
+            run(token, args)
+        finally:
+            redis_server.stop()
+    return 0
+
+
+def run(token: str, args) -> None:
+    from django.core.management import call_command
+    from django.test import Client
+
+    from apps.jobs.models import AttemptMember
+    from apps.nodes.credentials import issue_credential
+    from apps.scheduling.dispatcher import dispatch_once
+    from tests.factories import make_node
+
+    call_command("set_quota", "acme", "--max-queued-jobs", "100000",
+                 "--submit-rate", "1000000", "--submit-burst", "100000")  # fmt: skip
+    submitter = Client(HTTP_AUTHORIZATION=f"Token {token}")
+    agents = {}
+    for i in range(NODES):
+        name = f"peer-{i}"
+        make_node(name, gpus=GPUS)
+        agents[name] = Client(HTTP_AUTHORIZATION=f"Bearer {issue_credential(node_name=name)[1]}")
+
+    def place() -> dict[str, list]:
+        for _ in range(NODES * GPUS):
+            answer = submitter.post("/api/v1/jobs/", {"command": ["true"], "gpus": 1},
+                                    content_type="application/json")  # fmt: skip
+            assert answer.status_code == 201, answer.content
+        dispatch_once()
+        members = AttemptMember.objects.filter(ended_at=None).select_related("attempt", "node")
+        placed: dict[str, list] = {name: [] for name in agents}
+        for m in members:
+            placed[m.node.name].append({"attempt_id": m.attempt_id, "rank": m.rank,
+                                        "token": str(m.attempt.token)})  # fmt: skip
+        assert sum(map(len, placed.values())) == NODES * GPUS, placed
+        return placed
+
+    def report(placed: dict[str, list]) -> None:
+        for name, members in placed.items():
+            for kind, body in (("started", {"pid": 7}), ("finished", {"exit_code": 0})):
+                reports = [{**m, "kind": kind, **body} for m in members]
+                answer = agents[name].post(f"{API}/reports/", {"reports": reports},
+                                           content_type="application/json")  # fmt: skip
+                results = answer.json()["results"]
+                assert all(r.get("accepted") for r in results), results
+
+    def measure(rounds: int, profile: cProfile.Profile | None) -> float:
+        cpu = 0.0
+        for _ in range(rounds):
+            placed = place()
+            began = time.process_time()
+            if profile:
+                profile.enable()
+            report(placed)
+            if profile:
+                profile.disable()
+            cpu += time.process_time() - began
+        return cpu / (rounds * NODES * GPUS) * 1000
+
+    measure(3, None)  # warm: imports, the process's caches
+    print(f"unprofiled: {measure(args.rounds, None):.2f} ms CPU a job (its two reports)")
+    profile = cProfile.Profile()
+    print(f"profiled: {measure(args.rounds, profile):.2f} ms CPU a job")
+    pstats.Stats(profile).sort_stats(args.sort).print_stats(args.top)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

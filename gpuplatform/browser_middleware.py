@@ -1,0 +1,49 @@
+"""The middleware that serves people's browsers only (their session, its sign-in and second
+factor, flash messages, htmx), made to step aside for the agent API
+(`/internal/agent/`): a node agent authenticates every request with its credential and needs
+none of it, and the drain of a queue is mostly agents' requests.
+
+Each class here is the package's own, subclassed, so the admin's checks (which want a session,
+authentication and messages middleware) still find theirs. What guards every response (security
+headers, CSRF, clickjacking, CSP) stays in settings.MIDDLEWARE as it was, for agents too, and so
+does axes' (its check wants its own class by name; it only looks at the response).
+"""
+
+from __future__ import annotations
+
+from django.contrib.auth.middleware import AuthenticationMiddleware
+from django.contrib.messages.middleware import MessageMiddleware
+from django.contrib.sessions.middleware import SessionMiddleware
+from django_htmx.middleware import HtmxMiddleware
+from django_otp.middleware import OTPMiddleware
+
+AGENT_API = "/internal/agent/"
+
+
+class NotForAgents:
+    """Pass an agent API request straight on; run the middleware for anything else."""
+
+    def __call__(self, request):
+        if request.path_info.startswith(AGENT_API):
+            return self.get_response(request)
+        return super().__call__(request)
+
+
+class Sessions(NotForAgents, SessionMiddleware):
+    pass
+
+
+class Authentication(NotForAgents, AuthenticationMiddleware):
+    pass
+
+
+class Otp(NotForAgents, OTPMiddleware):
+    pass
+
+
+class Messages(NotForAgents, MessageMiddleware):
+    pass
+
+
+class Htmx(NotForAgents, HtmxMiddleware):
+    pass
