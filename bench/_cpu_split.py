@@ -8,13 +8,15 @@ again and the queue drained. Prints the CPU seconds (psutil: the process and its
 live and reaped) each process used, divided by the submits and by the jobs drained, and the
 bench client's own. `--spy DIR`: py-spy (if installed) records the web, the dispatcher and one
 agent for 8 s of each phase, GIL-holding samples only, into DIR/<phase>.<process> (raw
-folded stacks). Not part of `make bench` (a tool for finding the cost, not a figure).
+folded stacks). `--unfenced`: the agents run jobs with GPUPLATFORM_ISOLATION=none (what the
+fence costs). Not part of `make bench` (a tool for finding the cost, not a figure).
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import os
 import pathlib
 import shutil
 import subprocess
@@ -75,7 +77,13 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--count", type=int, default=1000)
     parser.add_argument("--spy", type=pathlib.Path)
+    parser.add_argument(
+        "--unfenced", action="store_true", help="agents with GPUPLATFORM_ISOLATION=none"
+    )
     args = parser.parse_args()
+    if args.unfenced:
+        os.environ["GPUPLATFORM_ISOLATION"] = "none"  # the platform's processes inherit it
+        print("unfenced: the agents run jobs with GPUPLATFORM_ISOLATION=none")
     nodes = {f"peer-{i}": ("H100-80GB", GPUS, "") for i in range(NODES)}
     with tempfile.TemporaryDirectory(prefix="gpuplatform-cpu-") as tmp:
         with running_platform(pathlib.Path(tmp), nodes, "cpu") as platform:

@@ -22,6 +22,10 @@ bench's own polls: two count queries a second).
     SCHED_PARAMS=batch_sched_delay=0 bash ../shared/peers/slurm/setup.sh   # the lab, tuned
     python -m bench.slurm_peer [--pairs 5] [--count 1000] [--latency 10]
 
+`--unfenced`: our agents run their jobs with GPUPLATFORM_ISOLATION=none (no uid, cgroup or mount
+namespace; Slurm's lab runs its jobs with no cgroups either): what the fence costs, labelled so
+in the section. The fenced run is the headline.
+
 SQLite (the embedded default) unless DATABASE_URL names PostgreSQL. Writes
 docs/bench/70-slurm-peer-sqlite.md or -postgresql.md (or its --out) with every pair and the medians.
 """
@@ -205,7 +209,15 @@ FIGURES = (
 )
 
 
-def section(pairs: list[dict], *, backend: str, command: str, sched: str, when: datetime) -> str:
+def section(
+    pairs: list[dict],
+    *,
+    backend: str,
+    command: str,
+    sched: str,
+    when: datetime,
+    unfenced: bool = False,
+) -> str:
     """The run's section: every pair, the medians, and the ratios (of the medians, and the
     median of the pairs' own ratios: each pair ran side by side, so its ratio is the figure)."""
     rows = []
@@ -224,6 +236,8 @@ def section(pairs: list[dict], *, backend: str, command: str, sched: str, when: 
         each = ", ".join(f"{p['ours'][key]:.1f}" for p in pairs)
         rows.append(f"| {name} | {a:.1f} | | | | {each} |")
     table = "\n".join(rows)
+    if unfenced:
+        backend += "; our jobs unfenced, GPUPLATFORM_ISOLATION=none"
     return f"""## Beside Slurm, interleaved pairs ({backend})
 
 Command: `{command}` ({backend}; Slurm 22.05, SchedulerParameters `{sched}`), on
@@ -268,9 +282,13 @@ def main() -> int:
     parser.add_argument(
         "--when", help="with --again: the run's UTC time (ISO), default the LOG's mtime"
     )
+    parser.add_argument("--unfenced", action="store_true", help="our agents with "
+                        "GPUPLATFORM_ISOLATION=none: what the fence costs (not the headline)")  # fmt: skip
     args = parser.parse_args()
     if args.again:
         return again(args)
+    if args.unfenced:
+        os.environ["GPUPLATFORM_ISOLATION"] = "none"  # the platform's processes inherit it
     if shutil.which("sbatch") is None or not (LAB / "etc" / "slurm.conf").exists():
         print(
             "bench.slurm_peer: no Slurm lab: run `SCHED_PARAMS=batch_sched_delay=0 bash "
@@ -294,7 +312,9 @@ def main() -> int:
         pairs.append(pair)
         print("PAIR " + json.dumps(pair), flush=True)
     command = f"python -m bench.slurm_peer --pairs {args.pairs} --count {args.count} --latency {args.latency}"
-    text = section(pairs, backend=backend, command=command, sched=sched, when=datetime.now(UTC))
+    command += " --unfenced" if args.unfenced else ""
+    text = section(pairs, backend=backend, command=command, sched=sched, when=datetime.now(UTC),
+                   unfenced=args.unfenced)  # fmt: skip
     print(text)
     out = args.out or SECTIONS / f"70-slurm-peer-{backend.lower()}.md"
     pathlib.Path(out).write_text(text)

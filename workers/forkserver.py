@@ -11,6 +11,14 @@ runs the fence's steps and execs the job, and the server answers with the job's 
 exec happened (or with why it did not). The jobs are its children: it reaps them and sends each
 one's exit status, which the agent's `Launched` gives as `poll()`'s answer.
 
+The spare: on an idle node the first cgroup move after a quiet spell waits for an RCU grace
+period (the kernel's threadgroup lock leaves its fast mode; 8-13 ms here, docs/bench/71), and
+the fork costs a little more. So the agent may ask for a spare (`spare(cgroup_procs)`): a child
+forked ahead of time that joins the given (empty, not yet limited) cgroups and waits. A launch
+whose spec names the same cgroups hands the job to it, which then only takes the log, enters
+its namespace, drops to the job's uid and execs; any other launch (no spare, a spare that died,
+other cgroups) forks afresh as before, so the spare is never needed for a correct start.
+
 It dies with the agent (a parent-death signal, and the socket's end), and then its jobs with it
 (each asks for SIGKILL when its parent dies, workers/jail.py `become`); the agent's cgroup
 reaper (workers/reaper.py) kills whatever forked away from that. It ignores SIGTERM, SIGINT and
@@ -101,6 +109,11 @@ class ForkServer:
             return answer
         raise LaunchFailed(answer)
 
+    def spare(self, cgroup_procs: list[str]) -> None:
+        """Have a child forked and moved into these cgroups now, for the next launch whose spec
+        names them (no answer: a spare that could not join just ends, and that launch forks)."""
+        self.sock.send(json.dumps({"spare": cgroup_procs}).encode())
+
     def _read(self) -> None:
         while True:
             try:
@@ -162,22 +175,29 @@ def _load_jail():
     return module
 
 
-def _child(jail, request: dict, output_fd: int, status_fd: int) -> None:
-    """In the forked child: never returns (execs the job, or exits 127 saying why not)."""
-    try:
-        signal.set_wakeup_fd(-1)
-        for signum in (signal.SIGCHLD, *IGNORED):
-            signal.signal(signum, signal.SIG_DFL)
-        os.setsid()
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(output_fd, 1)
-        os.dup2(output_fd, 2)
-        os.closerange(3, status_fd)  # the socket, the wakeup pipe, the log's own fd
-        os.closerange(status_fd + 1, os.sysconf("SC_OPEN_MAX") if status_fd < 1024 else 65536)
-        jail.enter(request["spec"], status_fd)  # writes why to status_fd when a step fails
-    except BaseException:
-        os._exit(127)
+def _reset_signals() -> None:
+    signal.set_wakeup_fd(-1)
+    for signum in (signal.SIGCHLD, *IGNORED):
+        signal.signal(signum, signal.SIG_DFL)
+
+
+def _close_all_but(*keep: int) -> None:
+    """Close every fd from 3 up but `keep`: the server's socket, its wakeup pipe, the spare's."""
+    low = 3
+    for fd in sorted(keep):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, os.sysconf("SC_OPEN_MAX") if low < 1024 else 65536)
+
+
+def _take_output(output_fd: int) -> None:
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(output_fd, 1)
+    os.dup2(output_fd, 2)
+
+
+def _exec(request: dict, status_fd: int) -> None:
     try:
         os.execvpe(request["argv"][0], request["argv"], request["env"])
     except BaseException as error:
@@ -185,19 +205,117 @@ def _child(jail, request: dict, output_fd: int, status_fd: int) -> None:
     os._exit(127)
 
 
-def _start(jail, request: dict, output_fd: int) -> dict:
-    status_read, status_write = os.pipe()  # close-on-exec: empty at the exec, else why not
+def _child(jail, request: dict, output_fd: int, status_fd: int) -> None:
+    """In the forked child: never returns (execs the job, or exits 127 saying why not)."""
+    try:
+        _reset_signals()
+        os.setsid()
+        _take_output(output_fd)
+        _close_all_but(status_fd)  # the socket, the wakeup pipe, the log's own fd
+        jail.enter(request["spec"], status_fd)  # writes why to status_fd when a step fails
+    except BaseException:
+        os._exit(127)
+    _exec(request, status_fd)
+
+
+def _spare_child(jail, cgroup_procs: list[str], channel: socket.socket, status_fd: int) -> None:
+    """The spare, forked ahead: joins the cgroups, then waits on `channel` for its job (the
+    request and the log's fd); never returns. Ends without a word when the server goes."""
+    try:
+        _reset_signals()
+        jail.libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # root until `become`
+        os.setsid()
+        _close_all_but(channel.fileno(), status_fd)
+        try:
+            jail.join_cgroups(cgroup_procs)
+        except OSError as error:  # said at the hand-over, as a fork's failed join would be
+            os.write(status_fd, f"{error}"[:500].encode(errors="replace"))
+            raise
+        data, fds, _, _ = socket.recv_fds(channel, MAX_MESSAGE, 1)
+        if not data or not fds:
+            os._exit(0)  # dropped: another spare, or the server is gone
+        channel.close()
+        request = json.loads(data)
+        _take_output(fds[0])
+        os.close(fds[0])
+        jail.enter(request["spec"], status_fd, joined=True)
+    except BaseException:
+        os._exit(127)
+    _exec(request, status_fd)
+
+
+class Spare:
+    """The server's end of its spare: its pid, the cgroups it joined, its channel and status."""
+
+    def __init__(self, pid: int, cgroup_procs: list[str], channel: socket.socket, status_read: int):
+        self.pid, self.cgroup_procs = pid, cgroup_procs
+        self.channel, self.status_read = channel, status_read
+
+    def drop(self) -> None:
+        """Closing its channel ends it (it has not joined the job's fence yet)."""
+        self.channel.close()
+        os.close(self.status_read)
+
+
+def _fork_spare(jail, cgroup_procs: list[str]) -> Spare | None:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    status_read, status_write = os.pipe()  # close-on-exec, as for any launch
     try:
         pid = os.fork()
-        if pid == 0:
-            os.close(status_read)
-            _child(jail, request, output_fd, status_write)
-        os.close(status_write)
-        chunks = []
+    except OSError:
+        for end in (ours, theirs):
+            end.close()
+        for fd in (status_read, status_write):
+            os.close(fd)
+        return None
+    if pid == 0:
+        ours.close()
+        os.close(status_read)
+        _spare_child(jail, cgroup_procs, theirs, status_write)
+    theirs.close()
+    os.close(status_write)
+    return Spare(pid, cgroup_procs, ours, status_read)
+
+
+def _status(status_read: int) -> list[bytes]:
+    """What the child wrote before its exec closed the pipe: nothing when the exec happened."""
+    chunks = []
+    try:
         while chunk := os.read(status_read, 4096):
             chunks.append(chunk)
     finally:
         os.close(status_read)
+    return chunks
+
+
+def _hand_to_spare(spare: Spare, data: bytes, output_fd: int) -> dict | None:
+    """The job given to the spare; None when the spare is gone (the caller then forks)."""
+    try:
+        socket.send_fds(spare.channel, [data], [output_fd])
+    except OSError:
+        spare.drop()
+        return None
+    spare.channel.close()
+    chunks = _status(spare.status_read)
+    if not chunks:
+        return {"pid": spare.pid}
+    os.waitpid(spare.pid, 0)
+    return {"error": b"".join(chunks).decode(errors="replace")}
+
+
+def _start(jail, request: dict, output_fd: int) -> dict:
+    status_read, status_write = os.pipe()  # close-on-exec: empty at the exec, else why not
+    try:
+        pid = os.fork()
+    except BaseException:
+        os.close(status_read)
+        os.close(status_write)
+        raise
+    if pid == 0:
+        os.close(status_read)
+        _child(jail, request, output_fd, status_write)
+    os.close(status_write)
+    chunks = _status(status_read)
     if not chunks:
         return {"pid": pid}
     os.waitpid(pid, 0)
@@ -216,6 +334,7 @@ def serve(agent_pid: int, fd: int) -> None:
     signal.signal(signal.SIGCHLD, lambda *_: None)
     for signum in IGNORED:
         signal.signal(signum, signal.SIG_IGN)
+    spare: Spare | None = None
     while True:
         readable, _, _ = select.select([sock, wake_read], [], [])
         if wake_read in readable:
@@ -227,11 +346,24 @@ def serve(agent_pid: int, fd: int) -> None:
                 return  # the agent closed its end, or is gone
             for extra in fds[1:]:
                 os.close(extra)
+            request = json.loads(data)
+            if "spare" in request:
+                for extra in fds:
+                    os.close(extra)
+                if spare is not None:
+                    spare.drop()
+                spare = _fork_spare(jail, request["spare"])
+                continue
             if not fds:
                 sock.send(json.dumps({"error": "no output pipe sent"}).encode())
                 continue
+            answer = None
             try:
-                answer = _start(jail, json.loads(data), fds[0])
+                if spare is not None and spare.cgroup_procs == request["spec"]["cgroup_procs"]:
+                    answer = _hand_to_spare(spare, data, fds[0])
+                    spare = None
+                if answer is None:
+                    answer = _start(jail, request, fds[0])
             except Exception as error:  # a fork that failed: the job did not start
                 answer = {"error": f"{error}"}
             finally:

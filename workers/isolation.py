@@ -64,6 +64,7 @@ class Settings:
     # "auto": fence jobs where the agent can; "none": the operator turns fencing off on purpose;
     # "strict": fence every job with all its limits (memory, pids, cpu) or refuse to start.
     mode: str
+    spare_launcher: bool = True  # GPUPLATFORM_SPARE_LAUNCHER (runner.py `_ready_spare`)
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -84,6 +85,9 @@ class Settings:
                 os.environ.get("GPUPLATFORM_JOB_UID_LEASE_DIR") or "/run/gpuplatform/uids"
             ),
             mode=mode,
+            # 1: a process waits, forked and in fresh cgroups, for the next fenced member (its
+            # start skips the fork and the cgroup move: workers/forkserver.py); 0: off.
+            spare_launcher=bool(env_int("GPUPLATFORM_SPARE_LAUNCHER", 1)),
         )
 
 
@@ -216,20 +220,30 @@ class Cgroups:
         return "cgroup v2" if self.pure_v2 else "hybrid (cgroup v2 membership and kill, v1 limits)"
 
     def create(
-        self, name: str, limits: Limits, *, deny_devices: list[tuple[int, int]]
+        self, name: str, limits: Limits | None, *, deny_devices: list[tuple[int, int]]
     ) -> JobCgroup:
+        """A member's groups, limited; with `limits` None, not yet (the fork server's spare
+        waits in them until `limit` gives them a job's)."""
         group = JobCgroup(v2=None)
         try:
             self._groups(group, name)
         except FileNotFoundError:  # another agent of this node name on this host removed them
             self._bases_again()
             self._groups(group, name)
-        try:
-            self._limit(group, limits, deny_devices)
-        except OSError:
-            group.remove()
-            raise
+        if limits is not None:
+            try:
+                self._limit(group, limits, deny_devices)
+            except OSError:
+                group.remove()
+                raise
         return group
+
+    def limit(
+        self, group: JobCgroup, limits: Limits, *, deny_devices: list[tuple[int, int]]
+    ) -> None:
+        """Give groups made without limits (a spare's) a job's: before its exec, so the job never
+        runs unlimited; OSError when they are gone (removed under us)."""
+        self._limit(group, limits, deny_devices)
 
     def _groups(self, group: JobCgroup, name: str) -> None:
         if self.v2_base is not None:

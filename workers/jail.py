@@ -143,12 +143,14 @@ def become(uid: int, gid: int) -> None:
     )  # no setuid way back
 
 
-def enter(spec: dict, status_fd: int) -> None:
-    """The fence, in the forked child, before the job's exec: cgroups, namespace, uid, the
-    parent-still-there check (`agent_pid`: the fork server's pid), the work dir. A failure is
-    written to `status_fd` and raised (the child then ends without exec)."""
+def enter(spec: dict, status_fd: int, *, joined: bool = False) -> None:
+    """The fence, in the forked child, before the job's exec: cgroups (unless `joined`: the
+    fork server's spare is in them already), namespace, uid, the parent-still-there check
+    (`agent_pid`: the fork server's pid), the work dir. A failure is written to `status_fd` and
+    raised (the child then ends without exec)."""
     try:
-        join_cgroups(spec["cgroup_procs"])
+        if not joined:
+            join_cgroups(spec["cgroup_procs"])
         if spec.get("image"):  # an OCI image's root as its / (docs/images.md)
             image_root.enter_image(spec)
         else:

@@ -29,6 +29,7 @@ import stat
 import subprocess
 import threading
 import time
+import uuid
 
 from apps.platform.agent_protocol import Assignment
 from apps.platform.names import EndReason, StopReason
@@ -43,6 +44,7 @@ PR_SET_PDEATHSIG = 1
 FENCED = StopReason.FENCED  # the agent missed its heartbeats: its jobs die at once
 UNASSIGNED = StopReason.UNASSIGNED  # the database no longer has it on this node
 OUTPUT_CHECK_SECONDS = 2.0  # how often the output dir is measured against its cap
+SPARE_NAME = ".spare-"  # <instance>.spare-<id>: the fork server's spare's cgroups, no job yet
 ENDED_REMEMBERED = 4096  # members that ran here, kept so that a stale order never runs them again
 __all__ = ["FENCED", "UNASSIGNED", "Reporter", "Run", "Runner"]  # Run, Reporter: workers/run.py
 
@@ -87,6 +89,8 @@ class Runner:
         # Forks the fenced jobs (workers/forkserver.py): started by the launcher thread, whose
         # end (the agent's) its parent-death signal follows.
         self._forks: ForkServer | None = None
+        # The fork server's spare and its cgroups, for the next fenced member (_ready_spare).
+        self._spare: tuple[ForkServer, fence.JobCgroup] | None = None
         # Set when a run may have ended (its log pipe closed) or its start was answered: the
         # agent's tick loop then ticks at once rather than at its next beat, so a short job's
         # end is reported without waiting out the beat.
@@ -479,8 +483,8 @@ class Runner:
         own, others = self._gpu_files(a.gpu_indices)
         deny = [device for device in map(fence.char_device, others.values()) if device]
         limits = fence.Limits.of(a, self.limits)
-        run.cgroup = self.isolation.cgroups.create(self._group_name(a), limits, deny_devices=deny)
         forks = self._fork_server()
+        run.cgroup = self._job_cgroup(forks, a, limits, deny)
         spec = {
             # The job's parent is the fork server: the fence checks that one is still there.
             "cwd": str(run.workdir), "uid": run.uid, "gid": run.uid,
@@ -497,6 +501,56 @@ class Runner:
             run.process = forks.launch(argv, env, spec, log_write)
         except LaunchFailed as error:  # a fence step or the exec failed: the server said why
             run.launch_error = f"could not start: {error}"[:300]
+        self._ready_spare(forks)
+
+    def _job_cgroup(self, forks: ForkServer, a: Assignment, limits: fence.Limits,
+                    deny: list[tuple[int, int]]) -> fence.JobCgroup:  # fmt: skip
+        """The spare's groups, given the member's limits (the fork server hands the job to the
+        process already in them), else fresh ones named for the member."""
+        assert self.isolation.cgroups is not None
+        with self.lock:
+            spare, self._spare = self._spare, None
+        if spare is not None and spare[0] is forks:
+            try:
+                self.isolation.cgroups.limit(spare[1], limits, deny_devices=deny)
+                return spare[1]
+            except OSError as error:  # removed under us (a leftover sweep): not the job's fault
+                log.warning("the spare's cgroups are unusable (%s); starting without it", error)
+        if spare is not None:
+            self._discard(spare[1])
+        return self.isolation.cgroups.create(self._group_name(a), limits, deny_devices=deny)
+
+    def _ready_spare(self, forks: ForkServer) -> None:
+        """A process forked and moved into fresh cgroups now, for the next member: its start
+        then skips the fork and the cgroup move, which on an idle node waits for an RCU grace
+        period (workers/forkserver.py). Turned off by GPUPLATFORM_SPARE_LAUNCHER=0."""
+        if not self.limits.spare_launcher or not forks.alive():
+            return
+        assert self.isolation.cgroups is not None
+        try:
+            group = self.isolation.cgroups.create(f"{self.instance}{SPARE_NAME}{uuid.uuid4().hex[:8]}",
+                                                  None, deny_devices=[])  # fmt: skip
+            forks.spare(group.procs_files)
+        except OSError as error:
+            log.warning("could not ready a spare launcher: %s", error)
+            return
+        with self.lock:
+            self._spare = (forks, group)
+
+    def _discard(self, group: fence.JobCgroup) -> None:
+        group.kill()
+        if group.paths:
+            fence.wait_empty(group.paths[0], timeout=2.0)
+        group.remove()
+
+    def _group_names_in_use(self) -> set[str]:
+        """The cgroups of the members here and of the spare: never leftovers."""
+        with self.lock:
+            groups = [run.cgroup for run in self.runs.values() if run.cgroup is not None]
+            if self._spare is not None:
+                groups.append(self._spare[1])
+            names = {self._group_name(run.assignment) for run in self.runs.values()}
+        return names | {group.paths[0].name for group in groups if group.paths}
 
     def _fork_server(self) -> ForkServer:
         """The fork server, started on first use (again if it died: its jobs died with it)."""
@@ -529,6 +583,9 @@ class Runner:
         """The agent is exiting: nothing it started may outlive it."""
         with self.lock:
             runs = list(self.runs.values()) + list(self.reaping)
+            spare, self._spare = self._spare, None
+        if spare is not None:
+            self._discard(spare[1])
         for run in runs:
             if run.cgroup is not None:
                 run.cgroup.kill()
@@ -584,14 +641,14 @@ class Runner:
     def _kill_orphan_cgroups(self) -> int:
         if self.isolation.cgroups is None:
             return 0
+        keep = self._group_names_in_use()
         with self.lock:
-            keep = {self._group_name(run.assignment) for run in self.runs.values()}
             live_uids = {
                 run.uid for run in list(self.runs.values()) + self.reaping if run.uid is not None
             }
         killed = 0
         for group in self.isolation.cgroups.leftovers(keep, prefix=f"{self.instance}."):
-            if group.pids():
+            if group.pids() and SPARE_NAME not in group.paths[0].name:  # a spare is no job
                 killed += 1
             group.kill()
             fence.wait_empty(group.v2 or next(iter(group.v1.values())))
