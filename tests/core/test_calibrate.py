@@ -4,7 +4,7 @@ can expect (core/forecast.py `expected_arrivals`)."""
 
 import random
 
-from apps.scheduling.core.calibrate import MIN_SAMPLES, Calibrator, bucket
+from apps.scheduling.core.calibrate import MIN_SAMPLES, Calibrator, bucket, survival_quantiles
 from apps.scheduling.core.forecast import expected_arrivals, forecast
 from apps.scheduling.core.policy import QueuedJob, default_tiers
 from tests.core.test_forecast import NOW, scene
@@ -60,6 +60,34 @@ def test_buckets_by_tier_and_planned_wait_fall_back_to_the_same_wait_of_every_ti
     calibrator.planned("gone", "pro", 0.0, 60.0)
     calibrator.forget("gone")
     assert calibrator.open_jobs() == []
+
+
+def test_jobs_still_waiting_count_as_waits_of_at_least_their_time_so_far():
+    # 40 jobs planned to wait 10 minutes: the 10 that started waited 15, the 30 others still
+    # wait 2 hours on. Judged by the starts alone the bucket's wait is 1.5x the plan; counted
+    # as censored (Kaplan-Meier), the still-waiting jobs push the estimate past their 12x.
+    calibrator = Calibrator()
+    for i in range(40):
+        calibrator.planned(f"j{i}", "free", 0.0, 600.0)
+    for i in range(10):
+        calibrator.started(f"j{i}", 900.0)
+    got = calibrator.estimate("free", 7200.0, 7800.0)
+    assert got is not None and got.start >= 7200.0 + 12 * 600.0
+    assert got.earliest == 7200.0 + 1.5 * 600.0  # the 0.1 quantile: the starts seen
+    # Once they start, their true waits are the history.
+    for i in range(10, 40):
+        calibrator.started(f"j{i}", 7200.0)
+    later = calibrator.estimate("free", 9000.0, 9600.0)
+    assert later is not None and later.start == 9000.0 + 12 * 600.0
+
+
+def test_survival_quantiles_match_kaplan_meier():
+    # Starts at 1, 2, 3, 4; one waiting since ratio 2.5 leaves 2 at risk at 3: F(3) = 1 - 3/5 *
+    # 1/2 = 0.7, F(4) = 1. Without the waiting one: the plain empirical quantiles.
+    seen = [(1.0, True), (2.0, True), (2.5, False), (3.0, True), (4.0, True)]
+    assert survival_quantiles(seen, (0.2, 0.4, 0.7, 0.75)) == [1.0, 2.0, 3.0, 4.0]
+    assert survival_quantiles([(r, True) for r in (1.0, 2.0, 3.0, 4.0)], (0.5,)) == [2.0]
+    assert survival_quantiles([(1.0, True), (5.0, False)], (0.1, 0.9)) == [1.0, 5.0]
 
 
 def test_expected_arrivals_repeat_the_recent_window_and_take_their_place_in_the_plan():

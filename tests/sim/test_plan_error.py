@@ -91,3 +91,44 @@ def test_a_synthetic_user_column_is_seeded_and_skewed(tmp_path):
     jobs, _ = load_workload(parser().parse_args(
         ["--format", "itp", "--trace", str(tmp_path / "a.csv"), "--tenants", "trace"]))  # fmt: skip
     assert {job.tenant for job in jobs} == set(column)
+
+
+def _fifo_of_mixed_lengths(oracle: bool) -> dict:
+    # One tenant whose runs last 5 or 25 minutes in turn: its history's quantiles are wrong
+    # for every job, but under FIFO nothing arriving later overtakes a waiting job.
+    jobs = []
+    for i in range(120):
+        job = SimJob(f"j{i}", 150.0 * i, (300.0, 1500.0)[i % 2], 8, tenant="pro-0", tier="pro")
+        job.gpus, job.nodes = 8, 1
+        jobs.append(job)
+    tiers, config = policy_preset("fifo", grace_s=30.0)
+    sim = Simulation(jobs, SimSettings(nodes=4, gpus_per_node=8, grace_s=30.0), tiers, config)
+    hook = PlanErrorHook(every=1, calibrate=False, oracle=oracle)
+    hook.install(sim)
+    sim.run()
+    return hook.summary()["groups"]["all"]
+
+
+def test_the_oracle_plan_knows_true_lengths_so_only_arrivals_are_left():
+    history, oracle = _fifo_of_mixed_lengths(False), _fifo_of_mixed_lengths(True)
+    assert history["waited"] > 50 and oracle["waited"] == history["waited"]
+    assert history["raw_median_relative_error"] > 0.05
+    assert oracle["raw_median_relative_error"] < 0.01
+
+
+def test_the_plan_dump_holds_what_was_known_at_each_arrival_and_each_start(tmp_path):
+    trace = tmp_path / "t.csv"
+    rows = ["job_id,submission_time,duration,num_gpu"]
+    rows += [f"j{i},{i * 60},{1800 + 10 * i},8" for i in range(40)]
+    trace.write_text("\n".join(rows) + "\n")
+    dump = tmp_path / "dump.jsonl"
+    argv = ["--format", "itp", "--trace", str(trace), "--nodes", "2", "--plan-error",
+            "--no-files", "--out", str(tmp_path / "out"), "--plan-dump", str(dump)]  # fmt: skip
+    assert main(argv) == 0
+    lines = [json.loads(line) for line in dump.read_text().splitlines()]
+    arrivals = [r for r in lines if r["kind"] == "arrival"]
+    outcomes = {r["job"]: r for r in lines if r["kind"] == "job"}
+    assert len(outcomes) == 40 and arrivals
+    queued = arrivals[-1]
+    assert queued["planned"] > 0 and queued["queued"] >= 1 and queued["ahead_gpuh"] > 0
+    assert outcomes[queued["job"]]["start"] >= queued["t"] + queued["planned"] * 0.5

@@ -20,12 +20,9 @@ The dispatcher's plan (apps/scheduling/plan.py) and the simulator's score of it
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections import deque
 from dataclasses import dataclass, field
-
-from apps.scheduling.core.forecast import quantile
 
 FLOOR_S = 60.0  # a planned wait under a minute counts as a minute (the ratio stays finite)
 STEP = 4.0  # buckets: planned wait < 4 min, < 16 min, < 64 min, < 4.3 h, < 17 h, more
@@ -49,18 +46,39 @@ class Calibrated:
 
 
 @dataclass(slots=True)
-class _Ratios:
-    """The latest ratios of one bucket, kept in arrival order and sorted."""
+class _Noted:
+    """One planned job in a bucket's history: when it was planned, its planned wait (at least
+    FLOOR_S), and when it started (None while it waits)."""
 
-    recent: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY))
-    ordered: list[float] = field(default_factory=list)
+    since: float
+    scale: float
+    started: float | None = None
+    dropped: bool = False  # it left the queue unstarted: neither a start nor a wait
 
-    def add(self, ratio: float) -> None:
-        if len(self.recent) == self.recent.maxlen:
-            old = self.recent[0]
-            del self.ordered[bisect.bisect_left(self.ordered, old)]
-        self.recent.append(ratio)
-        bisect.insort(self.ordered, ratio)
+
+def survival_quantiles(seen: list[tuple[float, bool]], qs: tuple[float, ...]) -> list[float]:
+    """Kaplan-Meier quantiles of ratios: `seen` holds (ratio, started); a job still waiting is
+    censored at its ratio so far (its ratio will be at least that). A quantile the curve does not
+    reach (too many still waiting) is the largest ratio seen."""
+    seen = sorted(seen, key=lambda r: (r[0], not r[1]))  # starts before waits at a tie
+    at_risk, alive, out, i = len(seen), 1.0, [], 0
+    wanted = sorted(range(len(qs)), key=lambda k: qs[k])
+    found: dict[int, float] = {}
+    while i < len(seen) and len(found) < len(qs):
+        ratio, starts, waits = seen[i][0], 0, 0
+        while i < len(seen) and seen[i][0] == ratio:
+            starts += seen[i][1]
+            waits += not seen[i][1]
+            i += 1
+        if starts:
+            alive *= 1 - starts / at_risk
+            for k in wanted:
+                if k not in found and 1 - alive >= qs[k] - 1e-12:
+                    found[k] = ratio
+        at_risk -= starts + waits
+    for k in range(len(qs)):
+        out.append(found.get(k, seen[-1][0] if seen else 0.0))
+    return out
 
 
 @dataclass
@@ -69,50 +87,77 @@ class Calibrator:
     job's calibrated start. One per dispatcher process; one per simulation."""
 
     min_samples: int = MIN_SAMPLES
-    _ratios: dict[tuple[str | int, ...], _Ratios] = field(default_factory=dict)
-    _open: dict[str, tuple[str, float, float]] = field(default_factory=dict)
+    _history: dict[tuple[str | int, ...], deque[_Noted]] = field(default_factory=dict)
+    _open: dict[str, tuple[str, float, float, _Noted]] = field(default_factory=dict)
+    _cached: dict[tuple[str | int, ...], list[float]] = field(default_factory=dict)
+    _cached_at: float | None = None
 
     def planned(self, job: str, tier: str, now: float, planned_start: float) -> None:
         """Note a job's plan (the first one counts: the wait it predicted from its arrival)."""
-        if job not in self._open:
-            self._open[job] = (tier, now, max(0.0, planned_start - now))
+        if job in self._open:
+            return
+        planned = max(0.0, planned_start - now)
+        noted = _Noted(now, max(planned, FLOOR_S))
+        self._open[job] = (tier, now, planned, noted)
+        for key in ((tier, bucket(planned)), (bucket(planned),)):
+            self._history.setdefault(key, deque(maxlen=HISTORY)).append(noted)
+        self._cached_at = None
 
     def started(self, job: str, at: float) -> None:
         """A planned job started at `at`: its ratio joins the history."""
         noted = self._open.pop(job, None)
-        if noted is None:
-            return
-        tier, since, planned = noted
-        ratio = max(0.0, at - since) / max(planned, FLOOR_S)
-        for key in ((tier, bucket(planned)), (bucket(planned),)):
-            self._ratios.setdefault(key, _Ratios()).add(ratio)
+        if noted is not None:
+            noted[3].started = max(at, noted[1])
+            self._cached_at = None
 
     def forget(self, job: str) -> None:
         """A planned job left the queue without starting (cancelled)."""
-        self._open.pop(job, None)
+        noted = self._open.pop(job, None)
+        if noted is not None:
+            noted[3].dropped = True
+            self._cached_at = None
 
     def open_jobs(self) -> list[str]:
         """The jobs planned and not yet started nor forgotten."""
         return list(self._open)
 
-    def ratios(self, tier: str, planned_wait_s: float) -> list[float]:
-        """The sorted ratios an estimate for this tier and planned wait uses ([] if too few)."""
+    def quantiles(self, tier: str, planned_wait_s: float, now: float) -> list[float]:
+        """The LOW, MIDDLE and HIGH quantiles of actual / planned wait an estimate for this tier
+        and planned wait uses at `now` ([] while fewer than min_samples of its jobs started)."""
+        if self._cached_at != now:
+            self._cached, self._cached_at = {}, now
         for key in ((tier, bucket(planned_wait_s)), (bucket(planned_wait_s),)):
-            found = self._ratios.get(key)
-            if found is not None and len(found.ordered) >= self.min_samples:
-                return found.ordered
+            if key not in self._cached:
+                self._cached[key] = self._survival(key, now)
+            if self._cached[key]:
+                return self._cached[key]
         return []
+
+    def _survival(self, key: tuple[str | int, ...], now: float) -> list[float]:
+        seen = [
+            ((noted.started if noted.started is not None else max(now, noted.since))
+             - noted.since) / noted.scale
+            for noted in self._history.get(key, ())
+            if not noted.dropped
+        ]  # fmt: skip
+        started = [n.started is not None for n in self._history.get(key, ()) if not n.dropped]
+        if sum(started) < self.min_samples:
+            return []
+        return survival_quantiles(list(zip(seen, started, strict=True)), (LOW, MIDDLE, HIGH))
 
     def estimate(self, tier: str, now: float, planned_start: float) -> Calibrated | None:
         """The calibrated start and window of a job planned to start at `planned_start`, or
         None while the history is too short."""
         planned = max(0.0, planned_start - now)
-        ratios = self.ratios(tier, planned)
-        if not ratios:
+        found = self.quantiles(tier, planned, now)
+        if not found:
             return None
         scale = max(planned, FLOOR_S)
-        at = [now + scale * quantile(ratios, q) for q in (LOW, MIDDLE, HIGH)]
-        return Calibrated(start=at[1], earliest=at[0], latest=at[2])
+        low, middle, high = (now + scale * r for r in found)
+        return Calibrated(start=middle, earliest=low, latest=high)
 
 
-__all__ = ["BUCKETS", "Calibrated", "Calibrator", "FLOOR_S", "HIGH", "LOW", "MIDDLE", "bucket"]
+__all__ = [
+    "BUCKETS", "Calibrated", "Calibrator", "FLOOR_S", "HIGH", "LOW", "MIDDLE", "bucket",
+    "survival_quantiles",
+]  # fmt: skip

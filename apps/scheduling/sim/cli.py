@@ -150,6 +150,19 @@ def parser() -> argparse.ArgumentParser:
         help="also re-plan every waiting job every SECONDS of simulated time and score those",
     )  # fmt: skip
     p.add_argument(
+        "--plan-oracle",
+        action="store_true",
+        help="the scored plan knows the true length of every job present (a bound: only the "
+        "arrivals it cannot see are left)",
+    )
+    p.add_argument(
+        "--plan-dump",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="write what was known at each scored arrival, and each job's start, as JSON lines",
+    )
+    p.add_argument(
         "--plan-events", type=int, default=80, metavar="N",
         help="policy passes per scored forecast (the dispatcher's plan: 80)",
     )  # fmt: skip
@@ -237,7 +250,9 @@ def run_one(args: argparse.Namespace, policy: str, out: Path, mode: str = "off")
         planned = PlanErrorHook(args.plan_error, max_events=args.plan_events,
                                 calibrate=args.plan_calibration == "on",
                                 arrival_window_s=args.plan_arrivals,
-                                rescore_s=args.plan_rescore)  # fmt: skip
+                                rescore_s=args.plan_rescore,
+                                oracle=args.plan_oracle,
+                                dump=[] if args.plan_dump else None)  # fmt: skip
         planned.install(sim)
     began, cpu = time.perf_counter(), time.process_time()
     sim.run()
@@ -263,6 +278,8 @@ def run_one(args: argparse.Namespace, policy: str, out: Path, mode: str = "off")
         summary["estimate_error"] = estimate.summary()
     if planned is not None:
         summary["plan_error"] = planned.summary()
+        if args.plan_dump:
+            _write_plan_dump(args.plan_dump, planned, jobs)
     if args.no_files:
         out.mkdir(parents=True, exist_ok=True)
         (out / "summary.json").write_text(
@@ -417,3 +434,17 @@ def main(argv: list[str] | None = None) -> int:
     if len(runs) > 1:
         (args.out / "table.md").write_text(text)
     return 0
+
+
+def _write_plan_dump(path: Path, planned: PlanErrorHook, jobs: list) -> None:
+    """Each scored arrival's known state, then each job's outcome, as JSON lines."""
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as out:
+        for row in planned.dump or []:
+            out.write(json.dumps({"kind": "arrival", **row}) + "\n")
+        for job in jobs:
+            out.write(json.dumps({"kind": "job", "job": job.job_id, "tier": job.tier,
+                                  "submit": job.submit, "start": job.start, "end": job.end,
+                                  "gpus": job.gpus * max(job.nodes, 1)}) + "\n")  # fmt: skip

@@ -82,6 +82,8 @@ class PlanErrorHook:
     _next_rescore: float = 0.0
     _recent: deque = field(default_factory=deque)
     calibrator: Calibrator = field(default_factory=Calibrator)
+    oracle: bool = False  # `--plan-oracle`: the plan knows every present job's true length
+    dump: list[dict[str, Any]] | None = None  # `--plan-dump`: what was known at each arrival
 
     def install(self, sim: Any) -> None:
         self._sim = sim
@@ -145,12 +147,17 @@ class PlanErrorHook:
                                      MAX_EXPECTED) if self.arrival_window_s > 0 else []  # fmt: skip
         began = time.process_time()
 
+        plans: list[Plan] = []
+
         def start_at(q: float) -> float | None:
             plan = self._forecast(sim, t, q, until=job.job_id, expected=expected)
+            plans.append(plan)
             return plan.starts.get(job.job_id)
 
         early_q, middle_q, late_q = QUANTILES
         middle = start_at(middle_q)
+        if self.dump is not None:
+            self.dump.append(self._known(sim, job, t, middle, plans[0]))
         shown = None
         if middle is not None:
             self.calibrator.planned(job.job_id, job.tier, t, middle)
@@ -168,6 +175,34 @@ class PlanErrorHook:
         if record.calibrated and record.start is not None:
             self._first[job.job_id] = record.start
         self.cpu_s += time.process_time() - began
+
+    def _known(self, sim: Any, job: Any, t: float, middle: float | None, plan: Plan) -> dict:
+        """What the dispatcher knows at a job's arrival (`--plan-dump`, to study estimators)."""
+        scheduler = sim.scheduler
+        levels = {name: tier.level for name, tier in scheduler.tiers.items()}
+        mine = levels.get(job.tier, 0)
+        ahead = higher = 0.0
+        for job_id in plan.order:
+            if job_id == job.job_id:
+                break
+            other = scheduler.queued.get(job_id)
+            if other is None:
+                continue
+            gpuh = other.gpus * other.nodes * self.runtime(0.5, other.tenant) / 3600
+            ahead += gpuh
+            higher += gpuh if levels.get(other.tier, 0) > mine else 0.0
+        queued = list(scheduler.queued.values())
+        return {
+            "job": job.job_id, "tier": job.tier, "tenant": job.tenant, "t": t,
+            "gpus": job.gpus * max(job.nodes, 1), "nodes": job.nodes,
+            "planned": None if middle is None else middle - t,
+            "runtime": self.runtime(0.5, job.tenant),
+            "ahead_gpuh": ahead, "ahead_higher_gpuh": higher,
+            "queued": len(queued), "queued_gpus": sum(q.gpus * q.nodes for q in queued),
+            "queued_higher_gpus": sum(q.gpus * q.nodes for q in queued
+                                      if levels.get(q.tier, 0) > mine),
+            "running_gpus": sum(r.gpus * r.nodes for r in scheduler.running.values()),
+        }  # fmt: skip
 
     def _forecast(
         self,
@@ -192,11 +227,28 @@ class PlanErrorHook:
         if max_jobs is not None:
             levels = {name: tier.level for name, tier in scheduler.tiers.items()}
             queued = sorted(queued, key=lambda j: (-levels.get(j.tier, 0), j.submit))[:max_jobs]
+        if self.oracle:  # the true lengths: what is left is the arrivals the plan cannot see
+
+            def end_of(r: Any) -> float:
+                job = sim.by_id[r.job_id]
+                return max(t, job.seg_progress_from + job.duration - job.done)
+
+            def runtime_of(j: QueuedJob) -> float:
+                job = sim.by_id[j.job_id]
+                overhead = sim.settings.restart_overhead_s if job.preemptions else 0.0
+                return overhead + job.duration - job.done
+        else:
+
+            def end_of(r: Any) -> float:
+                return t + self.remaining(q, tenant_of[r.job_id], t - r.started_at)
+
+            def runtime_of(j: QueuedJob) -> float:
+                return self.runtime(q, j.tenant)
+
         return forecast(
             t, sim.cluster, queued, list(scheduler.running.values()),
             scheduler.tiers, usage, config=scheduler.config, held_reservation=scheduler._held,
-            end_of=lambda r: t + self.remaining(q, tenant_of[r.job_id], t - r.started_at),
-            runtime_of=lambda j: self.runtime(q, j.tenant),
+            end_of=end_of, runtime_of=runtime_of,
             max_events=self.max_events, strategy=sim.settings.strategy, until=until,
             expected=expected or [],
         )  # fmt: skip
