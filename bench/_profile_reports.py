@@ -3,11 +3,11 @@
 Django's test client (the whole middleware stack, DRF, the report services, the database and
 Redis), under cProfile.
 
-    python -m bench._profile_reports [--rounds 40] [--top 40] [--sort tottime]
+    python -m bench._profile_reports [--rounds 40] [--per-call 4] [--top 40] [--sort tottime]
 
 4 nodes x 4 GPUs; each round submits 16 one-GPU jobs, places them (a dispatcher pass, not
-measured) and each node then posts its members' starts in one call and their ends in another,
-as an agent's reporter does when its jobs start and end together. A fresh SQLite file (or a
+measured) and each node then posts its members' starts, `--per-call` members to a call, and then
+their ends the same way (4: a node's all at once; 1: each report alone). A fresh SQLite file (or a
 fresh PostgreSQL database beside DATABASE_URL's) and an embedded Redis; the e2e cast
 (tests/e2e/seed.py). Prints the CPU per job (its two reports) and cProfile's top rows. Not part
 of `make bench` (a tool for finding the cost, not a figure).
@@ -33,6 +33,7 @@ API = "/internal/agent/v1"
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--per-call", type=int, default=GPUS)
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--sort", default="tottime")
     args = parser.parse_args()
@@ -98,13 +99,15 @@ def run(token: str, args) -> None:
         return placed
 
     def report(placed: dict[str, list]) -> None:
+        step = args.per_call
         for name, members in placed.items():
             for kind, body in (("started", {"pid": 7}), ("finished", {"exit_code": 0})):
-                reports = [{**m, "kind": kind, **body} for m in members]
-                answer = agents[name].post(f"{API}/reports/", {"reports": reports},
-                                           content_type="application/json")  # fmt: skip
-                results = answer.json()["results"]
-                assert all(r.get("accepted") for r in results), results
+                for start in range(0, len(members), step):
+                    reports = [{**m, "kind": kind, **body} for m in members[start : start + step]]
+                    answer = agents[name].post(f"{API}/reports/", {"reports": reports},
+                                               content_type="application/json")  # fmt: skip
+                    results = answer.json()["results"]
+                    assert all(r.get("accepted") for r in results), results
 
     def measure(rounds: int, profile: cProfile.Profile | None) -> float:
         cpu = 0.0

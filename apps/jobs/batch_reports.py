@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 
 from django.conf import settings
@@ -196,7 +196,7 @@ def _columns(instance) -> dict:
     return {f.attname: getattr(instance, f.attname) for f in instance._meta.concrete_fields}
 
 
-def _restore(saved: list[tuple[object, dict]]) -> None:
+def _restore(saved: Sequence[tuple[object, dict]]) -> None:
     for instance, columns in saved:
         for name, value in columns.items():
             setattr(instance, name, value)

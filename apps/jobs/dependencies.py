@@ -427,7 +427,7 @@ def decided_together() -> Iterator[None]:
     if getattr(_local, "queue", None) is not None:  # inside a drain already: it decides them
         yield
         return
-    _local.queue = queue = deque()
+    _local.queue = queue = deque[tuple[str, object]]()
     try:
         yield
         _decide_queued(queue)

@@ -569,6 +569,10 @@ def _key(head: dict) -> tuple[int, int]:
     return head["attempt_id"], head["rank"]
 
 
+# A group of one goes the services' way: the same statements, without the group's bookkeeping.
+TOGETHER = 2
+
+
 def _apply_together(heads: list, bodies: dict[int, dict], members: dict, results: list) -> None:
     """The batch's plain starts, then its clean ends, each group in a few statements
     (apps/jobs/batch_reports.py); what it applies is answered in `results`, the rest is left for
@@ -585,7 +589,9 @@ def _apply_together(heads: list, bodies: dict[int, dict], members: dict, results
         if heads[first]["kind"] == "started" and not bodies[first].get("master_port"):
             if batch_reports.starts_together(members[key]):
                 starts.append((first, members[key], bodies[first]["pid"]))
-    if starts and batch_reports.members_started_together([(r, pid) for _, r, pid in starts]):
+    if len(starts) >= TOGETHER and batch_reports.members_started_together(
+        [(r, pid) for _, r, pid in starts]
+    ):
         done.update(i for i, _, _ in starts)
     ends = []
     for key, sequence in sequences.items():
@@ -598,7 +604,7 @@ def _apply_together(heads: list, bodies: dict[int, dict], members: dict, results
             checkpoint=data["checkpoint"],
         ):  # fmt: skip
             ends.append((i, members[key]))
-    if ends and batch_reports.members_finished_together([r for _, r in ends]):
+    if len(ends) >= TOGETHER and batch_reports.members_finished_together([r for _, r in ends]):
         done.update(i for i, _ in ends)
     for i in done:
         results[i] = {"status": 200, "accepted": True}
