@@ -275,6 +275,7 @@ class Runner:
             self._report_progress(run)
             self._sync_log(run)
         self._reap()
+        self._spare_when_idle()
 
     def _reason(self, run: Run, code: int) -> str:
         if run.stop_reason == StopReason.TIMEOUT:
@@ -501,7 +502,6 @@ class Runner:
             run.process = forks.launch(argv, env, spec, log_write)
         except LaunchFailed as error:  # a fence step or the exec failed: the server said why
             run.launch_error = f"could not start: {error}"[:300]
-        self._ready_spare(forks)
 
     def _job_cgroup(self, forks: ForkServer, a: Assignment, limits: fence.Limits,
                     deny: list[tuple[int, int]]) -> fence.JobCgroup:  # fmt: skip
@@ -520,11 +520,23 @@ class Runner:
             self._discard(spare[1])
         return self.isolation.cgroups.create(self._group_name(a), limits, deny_devices=deny)
 
+    def _spare_when_idle(self) -> None:
+        """On an idle node (nothing runs or is being reaped here), a spare waits for the next
+        fenced member: its start then skips the fork and the cgroup move, which after a quiet
+        spell waits for an RCU grace period (workers/forkserver.py). None while members run: a
+        waiting process shares the fork server's pages copy-on-write, which in a drain cost the
+        agents ~10% more CPU a job (docs/bench/71-slurm-peer-notes.md), and there moves come
+        close together and cost little. Off with GPUPLATFORM_SPARE_LAUNCHER=0."""
+        forks = self._forks
+        if forks is None or self._spare is not None or not self.limits.spare_launcher:
+            return  # the fork server starts with the first fenced member (the launcher's)
+        with self.lock:
+            if self.runs or self.reaping:
+                return
+        self._ready_spare(forks)
+
     def _ready_spare(self, forks: ForkServer) -> None:
-        """A process forked and moved into fresh cgroups now, for the next member: its start
-        then skips the fork and the cgroup move, which on an idle node waits for an RCU grace
-        period (workers/forkserver.py). Turned off by GPUPLATFORM_SPARE_LAUNCHER=0."""
-        if not self.limits.spare_launcher or not forks.alive():
+        if not forks.alive():
             return
         assert self.isolation.cgroups is not None
         try:

@@ -1,6 +1,6 @@
-"""The fork server's spare (workers/forkserver.py, runner.py `_ready_spare`): after a fenced
-start, a process already forked and moved into fresh cgroups waits for the next member, whose
-start then skips the fork and the cgroup move. The member gets its own limits on those groups
+"""The fork server's spare (workers/forkserver.py, runner.py `_spare_when_idle`): on an idle
+node, a process already forked and moved into fresh cgroups waits for the next member, whose
+start then skips the fork and the cgroup move; while members run, none waits. The member gets its own limits on those groups
 before its exec; a spare that is gone is never needed; a re-register's sweep for leftovers spares
 the members that run in a spare's groups; an exiting agent leaves no spare behind."""
 
@@ -13,12 +13,26 @@ from tests.processes import alive
 
 def spare_of(runner):
     """The waiting spare's cgroups and the pids in them (once its move is done)."""
-    assert runner._spare is not None, "no spare readied after a fenced start"
-    group = runner._spare[1]
     deadline = time.monotonic() + 10
+    while runner._spare is None and time.monotonic() < deadline:
+        runner.tick()  # as the agent's tick loop does
+        time.sleep(0.01)
+    assert runner._spare is not None, "no spare readied on an idle node"
+    group = runner._spare[1]
     while not group.pids() and time.monotonic() < deadline:
         time.sleep(0.01)
     return group, group.pids()
+
+
+def test_no_spare_waits_while_a_member_runs(runner):
+    key = launch(runner, "import time; time.sleep(300)")
+    for _ in range(10):
+        runner.tick()
+        time.sleep(0.01)
+    assert runner._spare is None
+    runner.stop(*key, why="test over")
+    finish(runner, key)
+    spare_of(runner)  # idle again: one waits
 
 
 def test_the_next_member_starts_in_the_process_already_waiting_in_its_cgroups(runner):
@@ -51,11 +65,12 @@ def test_a_member_starts_without_the_spare_when_it_is_gone(runner):
 
 def test_a_sweep_for_leftovers_keeps_a_member_running_in_a_spares_cgroups(runner):
     assert finish(runner, launch(runner, "pass"))[1] == 0
+    spare_of(runner)
     key = launch(runner, "import time; time.sleep(300)", attempt_id=2)
     run = runner.runs[key]
     assert ".spare-" in run.cgroup.paths[0].name
     assert runner.kill_orphans() == 0  # what a register after a platform restart does
-    assert alive(run.process.pid) and runner._spare is not None
+    assert alive(run.process.pid)
 
 
 def test_an_exiting_agent_leaves_no_spare_behind(runner):
