@@ -11,12 +11,14 @@ Method (docs/scheduling.md, "Start estimates"):
   `max_runtime_seconds`; a running job's end is taken from the runs longer than it has already
   run (none left: about as long again as it ran, the Lindy rule, within its limit; no history
   at all: its limit). Three runs of the forecast, at the predictor's QUANTILES, give
-  the window (earliest, latest) and the estimate (the median run). Without history a job is
-  predicted to run to its limit (the window opens at a quarter of it).
+  the window (earliest, latest) and the estimate (the middle run, whose jobs run the mean of
+  their history: forecast.py `typical`). Without history a job is predicted to run to its
+  limit (the window opens at a quarter of it).
 - Calibrated by the plan's own past errors (apps/scheduling/core/calibrate.py): once enough
-  planned jobs started, a job's first estimate and window are its plan's wait scaled by the
-  ratios (actual wait / planned wait) of earlier jobs of its tier and planned wait; that first
-  estimate stands while later plans are not later than it.
+  planned jobs started, a job's first window is its plan's wait scaled by the quantiles of
+  the ratios (actual wait / planned wait) of earlier jobs of its tier and planned wait (those
+  still waiting counted as censored), its estimate the plan's start moved into that window;
+  that first estimate stands while later plans are not later than it.
 - Made in a dispatcher pass when what it depends on changed (the queue's heads, the running
   jobs, the nodes being added) or PLAN_SECONDS passed, at most once per MIN_SECONDS per
   process, over at most PLAN_JOBS queued jobs (the first in queue order) and `max_events`
@@ -50,7 +52,7 @@ from apps.scheduling.core.forecast import (
     Plan,
     beyond_history,
     forecast,
-    quantile,
+    typical,
 )
 from apps.scheduling.kept import ClusterSnapshot
 
@@ -125,7 +127,7 @@ class Predictor:
         samples = self.samples(user, template)
         if not samples:
             return limit if q >= 0.5 else limit * 0.25
-        return min(limit, quantile(samples, q))
+        return min(limit, typical(samples, q))
 
     def remaining(
         self, q: float, user: int, template: int | None, limit: float, elapsed: float
@@ -138,7 +140,7 @@ class Predictor:
             return left if q >= 0.5 else left * 0.25
         if not longer:  # it outlived its history: about as long again, within its limit
             return min(left, beyond_history(q, elapsed))
-        return max(0.0, min(limit, quantile(longer, q)) - elapsed)
+        return max(0.0, min(limit, typical(longer, q)) - elapsed)
 
 
 @dataclass

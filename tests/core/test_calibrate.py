@@ -39,8 +39,11 @@ def test_the_window_covers_the_share_of_starts_its_quantiles_promise():
         calibrator.planned(f"j{i}", "free", 0.0, planned)
         calibrator.started(f"j{i}", actual)
     assert 0.75 <= inside / n <= 0.85
+    # The estimate is the plan's own start where the window holds it, else the window's edge.
     middle = calibrator.estimate("free", 0.0, 1800.0)
-    assert middle is not None and 0.7 * 1.8 * 1800 < middle.start < 1.2 * 1.8 * 1800
+    assert middle is not None and middle.earliest < 1800.0 == middle.start < middle.latest
+    early = calibrator.estimate("free", 0.0, 300.0)
+    assert early is not None and early.start == early.earliest > 300.0
 
 
 def test_buckets_by_tier_and_planned_wait_fall_back_to_the_same_wait_of_every_tier():
@@ -64,21 +67,21 @@ def test_buckets_by_tier_and_planned_wait_fall_back_to_the_same_wait_of_every_ti
 
 def test_jobs_still_waiting_count_as_waits_of_at_least_their_time_so_far():
     # 40 jobs planned to wait 10 minutes: the 10 that started waited 15, the 30 others still
-    # wait 2 hours on. Judged by the starts alone the bucket's wait is 1.5x the plan; counted
-    # as censored (Kaplan-Meier), the still-waiting jobs push the estimate past their 12x.
+    # wait 2 hours on. Judged by the starts alone every wait is 1.5x the plan; counted as
+    # censored (Kaplan-Meier), the still-waiting jobs stretch the window past their 12x.
     calibrator = Calibrator()
     for i in range(40):
         calibrator.planned(f"j{i}", "free", 0.0, 600.0)
     for i in range(10):
         calibrator.started(f"j{i}", 900.0)
     got = calibrator.estimate("free", 7200.0, 7800.0)
-    assert got is not None and got.start >= 7200.0 + 12 * 600.0
-    assert got.earliest == 7200.0 + 1.5 * 600.0  # the 0.1 quantile: the starts seen
+    assert got is not None and got.latest >= 7200.0 + 12 * 600.0
+    assert got.earliest == got.start == 7200.0 + 1.5 * 600.0  # the 0.1 quantile: the starts seen
     # Once they start, their true waits are the history.
     for i in range(10, 40):
         calibrator.started(f"j{i}", 7200.0)
     later = calibrator.estimate("free", 9000.0, 9600.0)
-    assert later is not None and later.start == 9000.0 + 12 * 600.0
+    assert later is not None and later.latest == 9000.0 + 12 * 600.0
 
 
 def test_survival_quantiles_match_kaplan_meier():

@@ -169,3 +169,14 @@ def test_a_calibrated_plan_scales_its_wait_by_the_past_errors_and_then_stands(pe
         bob.get(f"/api/v1/jobs/{queued['id']}/").json()["estimated_start_at"]
         == job["estimated_start_at"]
     )
+
+
+def test_the_middle_run_takes_the_mean_of_a_heavy_tailed_history():
+    # Four short runs and one long: the queue ahead drains at their mean (168 s), not at the
+    # median (60 s); the early and late runs keep their quantiles.
+    predictor = plan.Predictor.of_runs({(1, 7): [60.0, 60.0, 60.0, 60.0, 600.0]})
+    assert predictor.runtime(0.5, 1, 7, 3600.0) == 168.0
+    assert predictor.runtime(0.1, 1, 7, 3600.0) == 60.0
+    assert predictor.runtime(0.5, 1, 7, 100.0) == 100.0  # within its limit
+    # Running 30 s: every run was longer, so the mean of them is what is left, less 30 s.
+    assert predictor.remaining(0.5, 1, 7, 3600.0, 30.0) == 138.0

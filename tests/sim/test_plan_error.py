@@ -68,12 +68,13 @@ def _scored(calibrate: bool) -> dict:
 
 
 def test_calibration_by_the_plans_own_errors_puts_more_starts_in_the_window():
-    # Later arrivals of higher tiers overtake waiting jobs: the plan alone is early and its
-    # runtime-quantile window misses starts; calibrated, it holds more and the error is less.
+    # Later arrivals of higher tiers overtake waiting jobs: the plan's runtime-quantile window
+    # misses starts; calibrated, it holds more. The estimate stays the plan's (at the mean run
+    # length), moved into the window where it falls outside: about as close.
     raw, calibrated = _scored(False), _scored(True)
     assert raw["calibrated"] == 0 and calibrated["calibrated"] > calibrated["waited"] // 2
     assert calibrated["in_window"] > raw["in_window"] + 0.05, (raw, calibrated)
-    assert calibrated["median_relative_error"] < raw["median_relative_error"]
+    assert calibrated["median_relative_error"] < raw["median_relative_error"] + 0.05
 
 
 def test_a_synthetic_user_column_is_seeded_and_skewed(tmp_path):
@@ -94,11 +95,13 @@ def test_a_synthetic_user_column_is_seeded_and_skewed(tmp_path):
 
 
 def _fifo_of_mixed_lengths(oracle: bool) -> dict:
-    # One tenant whose runs last 5 or 25 minutes in turn: its history's quantiles are wrong
-    # for every job, but under FIFO nothing arriving later overtakes a waiting job.
+    # One tenant whose runs last 3 minutes, and every fifth an hour: its history's mean and
+    # quantiles are wrong for every job, but under FIFO nothing arriving later overtakes a
+    # waiting job.
     jobs = []
     for i in range(120):
-        job = SimJob(f"j{i}", 150.0 * i, (300.0, 1500.0)[i % 2], 8, tenant="pro-0", tier="pro")
+        length = 3600.0 if i % 5 == 4 else 180.0
+        job = SimJob(f"j{i}", 200.0 * i, length, 8, tenant="pro-0", tier="pro")
         job.gpus, job.nodes = 8, 1
         jobs.append(job)
     tiers, config = policy_preset("fifo", grace_s=30.0)
@@ -112,7 +115,7 @@ def _fifo_of_mixed_lengths(oracle: bool) -> dict:
 def test_the_oracle_plan_knows_true_lengths_so_only_arrivals_are_left():
     history, oracle = _fifo_of_mixed_lengths(False), _fifo_of_mixed_lengths(True)
     assert history["waited"] > 50 and oracle["waited"] == history["waited"]
-    assert history["raw_median_relative_error"] > 0.05
+    assert history["raw_median_relative_error"] > 0.2
     assert oracle["raw_median_relative_error"] < 0.01
 
 

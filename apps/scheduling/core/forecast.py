@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import statistics
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
@@ -206,6 +207,15 @@ def beyond_history(q: float, elapsed: float) -> float:
     return max(60.0, factor * elapsed)
 
 
+def typical(samples: list[float], q: float) -> float:
+    """The run length the plan gives at quantile q: the q-quantile, but the mean for the middle
+    run. The queue ahead of a job drains at the mean of its run lengths, which in a heavy-tailed
+    history is far above the median (docs/scheduling-fairness-log.md, "Start estimates")."""
+    if q == QUANTILES[1]:
+        return statistics.fmean(samples)
+    return quantile(samples, q)
+
+
 def quantile(samples: list[float], q: float) -> float:
     """The q-quantile (0..1) of sorted `samples` by linear interpolation."""
     if not samples:
@@ -227,4 +237,5 @@ __all__ = [
     "expected_arrivals",
     "forecast",
     "quantile",
+    "typical",
 ]

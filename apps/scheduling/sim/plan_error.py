@@ -38,7 +38,7 @@ from apps.scheduling.core.forecast import (
     beyond_history,
     expected_arrivals,
     forecast,
-    quantile,
+    typical,
 )
 from apps.scheduling.core.policy import QueuedJob, TenantUsage
 
@@ -123,7 +123,7 @@ class PlanErrorHook:
 
     def runtime(self, q: float, tenant: str) -> float:
         samples = self.samples(tenant)
-        return quantile(samples, q) if samples else NO_HISTORY_S
+        return typical(samples, q) if samples else NO_HISTORY_S
 
     def remaining(self, q: float, tenant: str, elapsed: float) -> float:
         samples = self.samples(tenant)
@@ -132,7 +132,7 @@ class PlanErrorHook:
             return beyond_history(q, max(elapsed, NO_HISTORY_S))
         if not longer:
             return beyond_history(q, elapsed)
-        return quantile(longer, q) - elapsed
+        return typical(longer, q) - elapsed
 
     def arrived(self, sim: Any, job: Any, t: float) -> None:
         self.arrivals += 1
