@@ -6,7 +6,7 @@ bench.slurm_peer's shapes on one platform: 4 nodes x 4 fake GPUs registered, the
 agents stopped); `count` one-GPU `true` jobs submitted by 8 client threads; the agents started
 again and the queue drained. Prints the CPU seconds (psutil: the process and its descendants,
 live and reaped) each process used, divided by the submits and by the jobs drained, and the
-bench client's own. `--spy DIR`: py-spy (if installed) records the web, the dispatcher and one
+bench client's own, and the dispatcher's passes in each phase. `--spy DIR`: py-spy (if installed) records the web, the dispatcher and one
 agent for 8 s of each phase, GIL-holding samples only, into DIR/<phase>.<process> (raw
 folded stacks). `--unfenced`: the agents run jobs with GPUPLATFORM_ISOLATION=none (what the
 fence costs). Not part of `make bench` (a tool for finding the cost, not a figure).
@@ -68,6 +68,16 @@ def per_process(platform) -> dict[str, float]:
     }
 
 
+def passes(platform) -> int:
+    """The dispatcher's passes so far (apps/scheduling/figures.py keeps the count in Redis)."""
+    import redis
+
+    from apps.scheduling.figures import DISPATCH_KEY
+
+    count = redis.Redis.from_url(platform.env["REDIS_URL"]).hget(DISPATCH_KEY, "passes_total")
+    return int(count or 0)
+
+
 def spent(platform, before: dict[str, float], count: int) -> dict[str, float]:
     after = per_process(platform)
     return {k: round((after[k] - before[k]) / count * 1000, 2) for k in after if k in before}
@@ -99,24 +109,27 @@ def main() -> int:
                 assert answer.status_code == 201, answer.text
 
             before, mine, began = per_process(platform), time.process_time(), time.monotonic()
+            ran = passes(platform)
             watching = spies(platform, "submit", args.spy)
             with concurrent.futures.ThreadPoolExecutor(CLIENTS) as pool:
                 list(pool.map(submit, range(args.count)))
             rate = args.count / (time.monotonic() - began)
             split = spent(platform, before, args.count)
             client = (time.process_time() - mine) / args.count * 1000
-            print(f"submit: {rate:.0f}/s; CPU ms a submit: {split}, the client {client:.2f}")
+            print(f"submit: {rate:.0f}/s; CPU ms a submit: {split}, the client {client:.2f}; "
+                  f"{passes(platform) - ran} dispatcher passes")  # fmt: skip
             for spy in watching:
                 spy.wait()
 
             for node in nodes:
                 platform.restart_agent(node)
-            before, began = per_process(platform), time.monotonic()
+            before, began, ran = per_process(platform), time.monotonic(), passes(platform)
             watching = spies(platform, "drain", args.spy)
             wait_until_ended(platform, args.count, interval=1.0)
             rate = args.count / (time.monotonic() - began)
             print(f"drain: {rate:.1f} jobs/s (from the agents' start); CPU ms a job: "
-                  f"{spent(platform, before, args.count)}")  # fmt: skip
+                  f"{spent(platform, before, args.count)}; {passes(platform) - ran} dispatcher "
+                  "passes")  # fmt: skip
             for spy in watching:
                 spy.wait()
     return 0

@@ -332,7 +332,8 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 CELERY_TASK_DEFAULT_QUEUE = "control"
 CELERY_TASK_ROUTES = {"webhooks.*": {"queue": "webhooks"}}  # their own worker (Procfile `webhooks`)
 CELERY_TIMEZONE = "UTC"
-CELERY_BEAT_SCHEDULER = "gpuplatform.beat:Scheduler"  # no busy wait before each tick (its docstring)
+# Celery's own persistent scheduler without its busy wait before each tick (its docstring).
+CELERY_BEAT_SCHEDULER = "gpuplatform.beat:Scheduler"
 
 # Webhooks (apps/webhooks/guard.py): networks an operator lets receivers sit on (self-hosted
 # receivers on a private network); everything not public is refused otherwise.

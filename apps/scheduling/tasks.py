@@ -42,9 +42,9 @@ def request_dispatch(after_submit: bool = False) -> None:
     """Ask for a dispatcher pass; called on commit of every submit, finish and node change.
 
     At most one request waits at a time: a request sets REQUESTED_KEY (SET NX) and sends the
-    Celery message only if it was not set, and the dispatch task deletes the key before its
-    pass reads the queue. So a request that finds the key set is answered by the pass of the
-    request already waiting, which starts after it (every caller asks after its commit). Under
+    Celery message only if it was not set, and the dispatcher deletes the key before its next
+    pass reads the queue (`dispatch`). So a request that finds the key set is answered by a
+    pass that starts after it (every caller asks after its commit). Under
     a burst of submissions, publishing a message each (~2 ms of a web process's CPU) was a tenth
     of a submit's cost, for passes that the dispatcher would have run once anyway.
 
@@ -86,28 +86,49 @@ def _deferred() -> bool:
     return True
 
 
+# Passes one task runs while requests keep coming; then it hands on to a new message.
+PASSES_PER_TASK = 20
+
+
 @shared_task(name=Task.DISPATCH, ignore_result=True)
 def dispatch() -> None:
-    """One dispatcher pass at a time; requests arriving meanwhile make the holder go again."""
+    """One dispatcher pass at a time; requests arriving meanwhile make the holder go again.
+
+    Each task marks DIRTY_KEY, then tries the lock. One that finds it held leaves its mark and
+    REQUESTED_KEY set: the holder deletes both before its next pass reads the queue, so the
+    requests made meanwhile send no message of their own (in a drain each pass had about three
+    more messages, each a task's receipt, events and lock attempt on the dispatcher, for the one
+    pass the holder ran anyway). The holder looks at the mark once more after letting go of the
+    lock: one made before a failed try is then always seen by a holder, where a mark made
+    between the holder's last look and its release waited for the beat tick."""
     lock = LeaderLock("dispatch", ttl_ms=LEADER_TTL_MS)
     try:
-        # Before the pass reads the queue: later commits ask again.
-        client().delete(REQUESTED_KEY, DEFERRED_KEY)
+        client().set(DIRTY_KEY, 1, ex=60)
         if not lock.acquire():
-            client().set(DIRTY_KEY, 1, ex=60)
             return
     except redis.RedisError:
         log.warning("redis unavailable: dispatching without the leader lock (the database guards)")
         _timed_pass()
         return
-    try:
-        for _ in range(20):
-            client().delete(DIRTY_KEY)
-            _timed_pass()
-            if not client().get(DIRTY_KEY) or not lock.extend():
-                break
-    finally:
-        lock.release()
+    passes = 0
+    while True:
+        try:
+            while passes < PASSES_PER_TASK:
+                # Before the pass reads the queue: later commits ask again.
+                client().delete(DIRTY_KEY, REQUESTED_KEY, DEFERRED_KEY)
+                _timed_pass()
+                passes += 1
+                if not client().get(DIRTY_KEY) or not lock.extend():
+                    break
+        finally:
+            lock.release()
+        if not client().get(DIRTY_KEY):
+            return
+        if passes >= PASSES_PER_TASK:
+            dispatch.apply_async(queue=Queue.CONTROL, expires=30, retry=False)
+            return
+        if not lock.acquire():  # another holder took it after the mark: its pass answers it
+            return
 
 
 # How often the dispatcher measures the kept cluster's fragmentation for /metrics (after a pass,

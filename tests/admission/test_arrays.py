@@ -398,3 +398,17 @@ def test_on_postgresql_an_array_is_its_row_alone_until_the_dispatchers_pass_make
     assert [t["created_at"] for t in again] == [t["created_at"] for t in listed]
     first = rows[listed[0]["id"]]
     assert first.created_at == JobArray.objects.get(pk=array["id"]).created_at
+
+
+def test_a_pass_with_no_array_open_reads_one_probe_for_them(as_user, django_assert_num_queries):
+    from django.test.utils import CaptureQueriesContext
+
+    from apps.admission.arrays import materialise
+
+    with django_assert_num_queries(1):
+        assert materialise() == 0
+    array = submit(as_user("bob"), array="0-2").json()
+    with CaptureQueriesContext(connection) as read:
+        materialise()  # the probe finds it open: its tasks are counted and made as before
+    assert len(read.captured_queries) > 1
+    assert Job.objects.filter(array_id=array["id"]).count() == 3

@@ -9,7 +9,7 @@ import redis
 
 from apps.scheduling import tasks
 from apps.scheduling.dispatcher import DispatchResult, dispatch_once
-from apps.scheduling.redis import shared_client
+from apps.scheduling.redis import LeaderLock, shared_client
 from tests.factories import make_cast, make_node
 from tests.unit.test_dispatcher import submit
 
@@ -98,3 +98,46 @@ def test_a_pass_that_fills_the_cluster_is_not_futile_and_the_next_one_is(db):
     assert first.placed and first.free_gpus == 1 and not first.futile
     second = dispatch_once()  # the other waits; no GPU free
     assert not second.placed and second.free_gpus == 0 and second.futile
+
+
+def test_a_task_that_finds_the_lock_held_leaves_the_request_waiting_for_the_holders_pass(sent):
+    holder = LeaderLock("dispatch", ttl_ms=tasks.LEADER_TTL_MS)
+    assert holder.acquire()  # a pass runs
+    try:
+        tasks.request_dispatch()
+        tasks.dispatch()  # that request's task: the lock is held, it marks the holder dirty
+        assert shared_client().exists(tasks.DIRTY_KEY, tasks.REQUESTED_KEY) == 2
+        for _ in range(3):
+            tasks.request_dispatch()  # answered by the holder's next pass: no message each
+        assert len(sent) == 1
+    finally:
+        holder.release()
+        shared_client().delete(tasks.DIRTY_KEY)
+
+
+def test_the_holder_goes_again_for_a_mark_made_just_before_it_lets_go(sent, monkeypatch):
+    ran = []
+    monkeypatch.setattr(tasks, "_timed_pass", lambda: ran.append(1))
+    release = LeaderLock.release
+
+    def marked_then_released(lock):
+        if len(ran) == 1:  # a request's task found the lock held after the holder's last look
+            shared_client().set(tasks.DIRTY_KEY, 1)
+        release(lock)
+
+    monkeypatch.setattr(LeaderLock, "release", marked_then_released)
+    tasks.dispatch()
+    assert len(ran) == 2 and not shared_client().exists(tasks.DIRTY_KEY)
+
+
+def test_a_task_hands_on_to_a_new_message_after_its_passes(sent, monkeypatch):
+    ran = []
+
+    def pass_with_requests():
+        ran.append(1)
+        shared_client().set(tasks.DIRTY_KEY, 1)  # requests never stop coming
+
+    monkeypatch.setattr(tasks, "_timed_pass", pass_with_requests)
+    tasks.dispatch()
+    assert len(ran) == tasks.PASSES_PER_TASK and len(sent) == 1
+    shared_client().delete(tasks.DIRTY_KEY)
