@@ -64,7 +64,7 @@ class Settings:
     # "auto": fence jobs where the agent can; "none": the operator turns fencing off on purpose;
     # "strict": fence every job with all its limits (memory, pids, cpu) or refuse to start.
     mode: str
-    spare_launcher: bool = True  # GPUPLATFORM_SPARE_LAUNCHER (runner.py `_ready_spare`)
+    spare_launcher: bool = False  # GPUPLATFORM_SPARE_LAUNCHER (runner.py `_ready_spare`)
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -86,8 +86,10 @@ class Settings:
             ),
             mode=mode,
             # 1: a process waits, forked and in fresh cgroups, for the next fenced member (its
-            # start skips the fork and the cgroup move: workers/forkserver.py); 0: off.
-            spare_launcher=bool(env_int("GPUPLATFORM_SPARE_LAUNCHER", 1)),
+            # start skips the fork and the cgroup move: workers/forkserver.py); 0: off, the
+            # default (a member started in a spare goes unseen by the GPU sampler, and no gain
+            # showed on a whole platform: docs/operations.md).
+            spare_launcher=bool(env_int("GPUPLATFORM_SPARE_LAUNCHER", 0)),
         )
 
 

@@ -6,9 +6,17 @@ the members that run in a spare's groups; an exiting agent leaves no spare behin
 
 import time
 
+import pytest
+
 from tests.isolation.conftest import finish, launch, report, result_of
 from tests.isolation.test_limits import cgroup_limits
 from tests.processes import alive
+
+
+@pytest.fixture(autouse=True)
+def _spare_on(monkeypatch):
+    """Off by default (docs/operations.md); these tests turn it on, before `runner` is made."""
+    monkeypatch.setenv("GPUPLATFORM_SPARE_LAUNCHER", "1")
 
 
 def spare_of(runner):
