@@ -17,15 +17,11 @@ from __future__ import annotations
 import argparse
 import cProfile
 import logging
-import os
-import pathlib
 import pstats
-import subprocess
 import sys
-import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+from bench._in_process import django_in_process
 
 
 def main() -> int:
@@ -35,30 +31,9 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--sort", default="tottime")
     args = parser.parse_args()
-    os.environ.setdefault("SECRET_KEY", "bench-only")
-    with tempfile.TemporaryDirectory(prefix="gpuplatform-profile-") as tmp:
-        from gpuplatform import embedded_redis
-        from tests.e2e.platform import fresh_database_url
-
-        redis_server = embedded_redis.start(pathlib.Path(tmp) / "redis", persist=False)
-        os.environ["REDIS_URL"] = redis_server.url
-        os.environ["DATABASE_URL"] = fresh_database_url(pathlib.Path(tmp), "profile")
-        os.environ["GPUPLATFORM_DATA_DIR"] = tmp
-        try:
-            env = dict(os.environ, PYTHONPATH=str(ROOT))
-            subprocess.run(
-                [sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True
-            )
-            subprocess.run([sys.executable, "-m", "tests.e2e.seed"], cwd=ROOT, env=env,
-                           check=True, capture_output=True)  # fmt: skip
-            os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuplatform.settings")
-            import django
-
-            django.setup()
-            logging.disable(logging.INFO)  # a line per placed and ended job
-            drain(args)
-        finally:
-            redis_server.stop()
+    with django_in_process():
+        logging.disable(logging.INFO)  # a line per placed and ended job
+        drain(args)
     return 0
 
 

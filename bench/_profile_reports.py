@@ -17,15 +17,12 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import os
-import pathlib
 import pstats
-import subprocess
 import sys
-import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+from bench._in_process import django_in_process
+
 NODES, GPUS = 4, 4
 API = "/internal/agent/v1"
 
@@ -37,32 +34,8 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--sort", default="tottime")
     args = parser.parse_args()
-    os.environ.setdefault("SECRET_KEY", "bench-only")
-    with tempfile.TemporaryDirectory(prefix="gpuplatform-profile-") as tmp:
-        from gpuplatform import embedded_redis
-        from tests.e2e.platform import fresh_database_url
-
-        redis_server = embedded_redis.start(pathlib.Path(tmp) / "redis", persist=False)
-        os.environ["REDIS_URL"] = redis_server.url
-        os.environ["DATABASE_URL"] = fresh_database_url(pathlib.Path(tmp), "profile")
-        os.environ["GPUPLATFORM_DATA_DIR"] = tmp
-        try:
-            env = dict(os.environ, PYTHONPATH=str(ROOT))
-            subprocess.run(
-                [sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True
-            )
-            seed = subprocess.run([sys.executable, "-m", "tests.e2e.seed"], cwd=ROOT, env=env,
-                                  check=True, capture_output=True, text=True)  # fmt: skip
-            import json
-
-            token = json.loads(seed.stdout.strip().splitlines()[-1])["bob"]
-            os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuplatform.settings")
-            import django
-
-            django.setup()
-            run(token, args)
-        finally:
-            redis_server.stop()
+    with django_in_process() as token:
+        run(token, args)
     return 0
 
 

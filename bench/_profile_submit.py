@@ -12,15 +12,11 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import os
-import pathlib
 import pstats
-import subprocess
 import sys
-import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+from bench._in_process import django_in_process
 
 
 def main() -> int:
@@ -29,62 +25,38 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--sort", default="tottime")
     args = parser.parse_args()
-    os.environ.setdefault("SECRET_KEY", "bench-only")
-    with tempfile.TemporaryDirectory(prefix="gpuplatform-profile-") as tmp:
-        from gpuplatform import embedded_redis
-        from tests.e2e.platform import fresh_database_url
+    with django_in_process() as token:
+        from django.core.management import call_command
+        from django.test import Client
 
-        redis_server = embedded_redis.start(pathlib.Path(tmp) / "redis", persist=False)
-        os.environ["REDIS_URL"] = redis_server.url
-        os.environ["DATABASE_URL"] = fresh_database_url(pathlib.Path(tmp), "profile")
-        os.environ["GPUPLATFORM_DATA_DIR"] = tmp
-        try:
-            env = dict(os.environ, PYTHONPATH=str(ROOT))
-            subprocess.run(
-                [sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True
-            )
-            seed = subprocess.run([sys.executable, "-m", "tests.e2e.seed"], cwd=ROOT, env=env,
-                                  check=True, capture_output=True, text=True)  # fmt: skip
-            import json
+        call_command("set_quota", "acme", "--max-queued-jobs", "100000",
+                     "--submit-rate", "1000000", "--submit-burst", "100000")  # fmt: skip
+        client = Client(HTTP_AUTHORIZATION=f"Token {token}")
+        body = {"command": ["true"], "gpus": 1}
 
-            token = json.loads(seed.stdout.strip().splitlines()[-1])["bob"]
-            os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuplatform.settings")
-            import django
+        def post() -> None:
+            answer = client.post("/api/v1/jobs/", body, content_type="application/json")
+            assert answer.status_code == 201, answer.content
 
-            django.setup()
-            from django.core.management import call_command
-            from django.test import Client
-
-            call_command("set_quota", "acme", "--max-queued-jobs", "100000",
-                         "--submit-rate", "1000000", "--submit-burst", "100000")  # fmt: skip
-            client = Client(HTTP_AUTHORIZATION=f"Token {token}")
-            body = {"command": ["true"], "gpus": 1}
-
-            def post() -> None:
-                answer = client.post("/api/v1/jobs/", body, content_type="application/json")
-                assert answer.status_code == 201, answer.content
-
-            for _ in range(20):  # warm: imports, the process's caches
-                post()
-            began, cpu = time.perf_counter(), time.process_time()
-            profile = cProfile.Profile()
-            profile.enable()
-            for _ in range(args.count):
-                post()
-            profile.disable()
-            cpu = time.process_time() - cpu
-            wall = time.perf_counter() - began
-            print(f"{args.count} submits: {cpu / args.count * 1000:.2f} ms CPU each (profiled), "
-                  f"{wall / args.count * 1000:.2f} ms wall")  # fmt: skip
-            began, cpu = time.perf_counter(), time.process_time()
-            for _ in range(args.count):
-                post()
-            cpu = time.process_time() - cpu
-            print(f"unprofiled: {cpu / args.count * 1000:.2f} ms CPU each, "
-                  f"{(time.perf_counter() - began) / args.count * 1000:.2f} ms wall")  # fmt: skip
-            pstats.Stats(profile).sort_stats(args.sort).print_stats(args.top)
-        finally:
-            redis_server.stop()
+        for _ in range(20):  # warm: imports, the process's caches
+            post()
+        began, cpu = time.perf_counter(), time.process_time()
+        profile = cProfile.Profile()
+        profile.enable()
+        for _ in range(args.count):
+            post()
+        profile.disable()
+        cpu = time.process_time() - cpu
+        wall = time.perf_counter() - began
+        print(f"{args.count} submits: {cpu / args.count * 1000:.2f} ms CPU each (profiled), "
+              f"{wall / args.count * 1000:.2f} ms wall")  # fmt: skip
+        began, cpu = time.perf_counter(), time.process_time()
+        for _ in range(args.count):
+            post()
+        cpu = time.process_time() - cpu
+        print(f"unprofiled: {cpu / args.count * 1000:.2f} ms CPU each, "
+              f"{(time.perf_counter() - began) / args.count * 1000:.2f} ms wall")  # fmt: skip
+        pstats.Stats(profile).sort_stats(args.sort).print_stats(args.top)
     return 0
 
 
