@@ -6,14 +6,15 @@ none of it, and the drain of a queue is mostly agents' requests.
 Each class here is the package's own, subclassed, so the admin's checks (which want a session,
 authentication and messages middleware) still find theirs. What guards every response (security
 headers, CSRF, clickjacking, CSP) stays in settings.MIDDLEWARE as it was, for agents too, and so
-does axes' (its check wants its own class by name; it only looks at the response).
+does axes' (its check wants its own class by name; it only looks at the response), and so does
+Django's SessionMiddleware: `check --deploy`'s session-cookie warnings (security.W010-W012) look
+for it by name, and a subclass hid them. Its cost for an agent is a lazy session never read.
 """
 
 from __future__ import annotations
 
 from django.contrib.auth.middleware import AuthenticationMiddleware
 from django.contrib.messages.middleware import MessageMiddleware
-from django.contrib.sessions.middleware import SessionMiddleware
 from django_htmx.middleware import HtmxMiddleware
 from django_otp.middleware import OTPMiddleware
 
@@ -27,10 +28,6 @@ class NotForAgents:
         if request.path_info.startswith(AGENT_API):
             return self.get_response(request)
         return super().__call__(request)
-
-
-class Sessions(NotForAgents, SessionMiddleware):
-    pass
 
 
 class Authentication(NotForAgents, AuthenticationMiddleware):

@@ -63,12 +63,12 @@ INSTALLED_APPS = [
     "apps.telemetry",
 ]
 
-# The browser's own (sessions, sign-in, OTP, messages, htmx) are the packages' classes
+# The browser's own (sign-in, OTP, messages, htmx) are the packages' classes
 # that step aside for the agent API (gpuplatform/browser_middleware.py); the rest runs for all.
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
-    "gpuplatform.browser_middleware.Sessions",
+    "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "gpuplatform.browser_middleware.Authentication",

@@ -3,6 +3,7 @@
 from django.urls import path
 
 from apps.nodes import agent_api as views
+from apps.nodes import agent_reports as reports
 from apps.nodes.agent_images import ImageView
 
 member = "members/<int:attempt_id>/<int:rank>/"
@@ -10,12 +11,12 @@ urlpatterns = [
     path("register/", views.RegisterView.as_view(), name="agent-register"),
     path("heartbeat/", views.HeartbeatView.as_view(), name="agent-heartbeat"),
     path("assignments/", views.AssignmentsView.as_view(), name="agent-assignments"),
-    path("reports/", views.ReportsView.as_view(), name="agent-reports"),
+    path("reports/", reports.ReportsView.as_view(), name="agent-reports"),
     path(member, views.MemberView.as_view(), name="agent-member"),
-    path(member + "started/", views.StartedView.as_view(), name="agent-started"),
-    path(member + "progress/", views.ProgressView.as_view(), name="agent-progress"),
-    path(member + "finished/", views.FinishedView.as_view(), name="agent-finished"),
-    path(member + "lost/", views.LostView.as_view(), name="agent-lost"),
+    path(member + "started/", reports.StartedView.as_view(), name="agent-started"),
+    path(member + "progress/", reports.ProgressView.as_view(), name="agent-progress"),
+    path(member + "finished/", reports.FinishedView.as_view(), name="agent-finished"),
+    path(member + "lost/", reports.LostView.as_view(), name="agent-lost"),
     path(member + "log/", views.LogView.as_view(), name="agent-log"),
     path(member + "secrets/", views.SecretsView.as_view(), name="agent-secrets"),
     path(member + "checkpoint/", views.CheckpointView.as_view(), name="agent-checkpoint"),

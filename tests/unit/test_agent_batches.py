@@ -561,7 +561,7 @@ def test_a_row_that_moved_since_it_was_read_sends_the_batch_one_by_one(cast, mon
     moved): the batch's guarded update changes fewer rows than it names, nothing of it is kept,
     and each report is applied alone, where that job's guarded move refuses and the others pass."""
     from apps.jobs import services
-    from apps.nodes import agent_api
+    from apps.nodes import agent_reports
 
     a, b, c = placed(cast, 3, {"h1": 3})
     read = services.lock_reported_members
@@ -571,7 +571,7 @@ def test_a_row_that_moved_since_it_was_read_sends_the_batch_one_by_one(cast, mon
         Job.objects.filter(pk=b.job_id).update(version=F("version") + 1)  # another writer's
         return found
 
-    monkeypatch.setattr(agent_api.jobs, "lock_reported_members", read_then_moved)
+    monkeypatch.setattr(agent_reports.jobs, "lock_reported_members", read_then_moved)
     with caplog.at_level("INFO", logger="apps.jobs.batch_reports"):
         results = post("h1", [item(x, "started", pid=1) for x in (a, b, c)])
     assert "applied one by one" in caplog.text
