@@ -278,7 +278,7 @@ class Platform:
         self.wait_until(
             reached,
             timeout=timeout,
-            what=f"job {job_id} in {states} (last: {last.get('state')} {last.get('reason')})",
+            what=lambda: f"job {job_id} in {states} (last: {last.get('state')}, {last.get('reason')!r})",
         )
         return last
 
@@ -294,7 +294,9 @@ class Platform:
             return False
         return all(name in nodes and nodes[name]["state"] == "ready" for name in self.agents)
 
-    def wait_until(self, condition, *, timeout: float, what: str, interval: float = 0.2) -> None:
+    def wait_until(self, condition, *, timeout: float, what, interval: float = 0.2) -> None:
+        """Poll `condition` until it holds; `what` (a string, or a function giving one at the
+        timeout) names what was awaited in the error."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if condition():
@@ -310,4 +312,5 @@ class Platform:
                     )
             time.sleep(interval)
         tails = "\n".join(f"--- {name}\n{self.logs(name, 1500)}" for name in self.processes)
+        what = what() if callable(what) else what
         raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{tails}")

@@ -79,3 +79,41 @@ def test_a_rank_that_stored_nothing_starts_afresh(cast, settings, tmp_path):  # 
         for rank, (api, a) in _members(second).items()
     }
     assert got[0].endswith("checkpoint.json") and got[1] == ""
+
+
+def test_a_rank_slow_to_start_resumes_from_its_own_even_after_rank_0_saved_anew(
+    cast, settings, tmp_path
+):  # noqa: F811,E501
+    """Rank 0 of the next attempt can start, and store and report a checkpoint, before rank 1 on
+    a busy node asks for its own: rank 1 still gets what it saved in the attempt before (CI saw
+    it start at step 0 instead)."""
+    settings.MEDIA_ROOT = tmp_path
+    make_node("h1", gpus=1)
+    make_node("h2", gpus=1)
+    job = submit(cast, gpus=1, nodes=2)
+    dispatch_once()
+    first = job.attempts.get()
+    members = _members(first)
+    for rank in members:
+        services.attempt_member_started(
+            attempt_id=first.pk, rank=rank, token=str(first.token), pid=1
+        )
+    stored = {rank: api.put_checkpoint(a, "model.bin", io.BytesIO(f"step 21 of {rank}".encode()))
+              for rank, (api, a) in members.items()}  # fmt: skip
+    services.job_preempt(job=job, actor="test", reason="test")
+    for rank, (api, a) in members.items():
+        assert api.report(a, "finished", exit_code=0, reason="", checkpoint=stored[rank])
+
+    dispatch_once()
+    second = job.attempts.get(number=2)
+    again = _members(second)
+    api0, a0 = again[0]
+    services.attempt_member_started(attempt_id=second.pk, rank=0, token=str(second.token), pid=2)
+    assert open(api0.get_checkpoint(a0, tmp_path / "r0"), "rb").read() == b"step 21 of 0"
+    newer = api0.put_checkpoint(a0, "model.bin", io.BytesIO(b"step 22 of 0"))
+    assert api0.report(a0, "progress", progress=0.5, checkpoint=newer)
+    second.refresh_from_db()
+    assert second.checkpoint == newer
+
+    api1, a1 = again[1]
+    assert open(api1.get_checkpoint(a1, tmp_path / "r1"), "rb").read() == b"step 21 of 1"
