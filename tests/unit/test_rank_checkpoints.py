@@ -81,9 +81,7 @@ def test_a_rank_that_stored_nothing_starts_afresh(cast, settings, tmp_path):  # 
     assert got[0].endswith("checkpoint.json") and got[1] == ""
 
 
-def test_a_rank_slow_to_start_resumes_from_its_own_even_after_rank_0_saved_anew(
-    cast, settings, tmp_path
-):  # noqa: F811,E501
+def test_a_late_rank_resumes_from_its_own_after_rank_0_saved_anew(cast, settings, tmp_path):  # noqa: F811
     """Rank 0 of the next attempt can start, and store and report a checkpoint, before rank 1 on
     a busy node asks for its own: rank 1 still gets what it saved in the attempt before (CI saw
     it start at step 0 instead)."""
