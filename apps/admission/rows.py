@@ -302,7 +302,8 @@ def _one(sql: str, params: list, *, prepared: bool = False):
 
 
 def _prepared_cursor():
-    """For the lookups every request makes (the token's, the submitter's): on PostgreSQL a
+    """For the lookups every request makes (the token's, the submitter's) and the queue window
+    every submit's answer reads (`queue_window`): on PostgreSQL a
     cursor that binds parameters on the server (psycopg's `Cursor`, as Django's OPTIONS
     `server_side_binding` would give every statement), so psycopg prepares a statement it has
     run `prepare_threshold` (5) times on this connection, and the server stops planning it.
@@ -450,8 +451,8 @@ def queued_and_ahead(job: Job) -> tuple[int, int]:
     return total, ahead
 
 
-def _all(sql: str, params: list) -> list[tuple]:
-    with _cursor() as cursor:
+def _all(sql: str, params: list, *, prepared: bool = False) -> list[tuple]:
+    with _prepared_cursor() if prepared else _cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchall()
 
@@ -483,9 +484,11 @@ def queue_window(moment, seen: set | frozenset = frozenset()) -> tuple[list[tupl
     estimates.queued_row's arguments, except those whose ids are in `seen`; how many jobs are
     queued in all; and the ids of every job the window found, as the database gives them back
     (`seen` for the next window). A busy queue's window holds many jobs the previous one
-    already returned, and converting their ids and times was most of its cost."""
+    already returned, and converting their ids and times was most of its cost. Every submit's
+    answer runs it: prepared on PostgreSQL (`_prepared_cursor`), which took a third off the
+    server's CPU for a submit (1.3 to 1.0 ms, docs/bench/71-slurm-peer-notes.md, fourth pass)."""
     s = statements()
-    found = _all(s["queue_window"], ["queued", _moment(moment)])
+    found = _all(s["queue_window"], ["queued", _moment(moment)], prepared=True)
     total = next(row[2] for row in found if row[0] is None)
     found = [row for row in found if row[0] is not None]
     return (

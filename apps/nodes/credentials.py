@@ -14,12 +14,10 @@ import hashlib
 import hmac
 import logging
 import secrets
-import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 from django.utils.crypto import salted_hmac
@@ -121,50 +119,19 @@ class Credential:
     stored_at: float  # time.monotonic()
 
 
-class CredentialCache:
+class CredentialCache(token_cache.RevocableCache[Credential]):
     """Live credentials by key id, each kept TOKEN_CACHE_SECONDS at most; a follower of the token
-    cache's revocation channel (`credential:<key id>` and `node:<name>` messages). A fill is
-    stored only if no message was heard while it read (`epoch`), as the token cache's."""
+    cache's revocation channel: `credential:<key id>` drops one, `node:<name>` every credential
+    of that node."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.entries: dict[str, Credential] = {}
-        self.epoch = 0
+        super().__init__(kind="credential", owner_kind="node", owner=lambda row: row.node_name)
 
     def get(self, key_id: str) -> Credential | None:
-        if not settings.TOKEN_CACHE_SECONDS:
-            return None
-        token_cache.CACHE.listen()  # this process's listener, started once
-        row = self.entries.get(key_id)
-        if row is None or time.monotonic() - row.stored_at >= settings.TOKEN_CACHE_SECONDS:
-            return None
-        return row
+        return self.stored(key_id)
 
     def put(self, key_id: str, row: Credential, *, epoch: int) -> None:
-        if not settings.TOKEN_CACHE_SECONDS:
-            return
-        with self.lock:
-            if epoch != self.epoch:
-                return
-            if len(self.entries) >= token_cache.MAX_ENTRIES:
-                self.entries.clear()  # far more nodes than any cluster has: start again
-            self.entries[key_id] = row
-
-    def drop(self, messages: list[str]) -> None:
-        keys = {m.removeprefix("credential:") for m in messages if m.startswith("credential:")}
-        nodes = {m.removeprefix("node:") for m in messages if m.startswith("node:")}
-        if not keys and not nodes:
-            return
-        with self.lock:
-            self.epoch += 1
-            for key_id, row in list(self.entries.items()):
-                if key_id in keys or row.node_name in nodes:
-                    del self.entries[key_id]
-
-    def forget(self) -> None:
-        with self.lock:
-            self.epoch += 1
-            self.entries.clear()
+        self.put_value(key_id, row, epoch=epoch)
 
 
 CACHE = CredentialCache()

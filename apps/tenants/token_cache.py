@@ -14,7 +14,8 @@ one contract.
 
 A fill races a revocation: a request reads a token just before the revocation commits and would
 store it just after the message went by. `epoch` counts the messages heard: a fill is stored
-only if none came while it read.
+only if none came while it read. Both caches are a `RevocableCache` (entries, the epoch, the
+TTL), each with its own messages' kinds.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 import redis
 from django.conf import settings
@@ -67,44 +69,94 @@ def columns(instance) -> dict:
     return {f.attname: getattr(instance, f.attname) for f in instance._meta.concrete_fields}
 
 
-class TokenCache:
-    def __init__(self) -> None:
+class Stored(Protocol):
+    @property
+    def stored_at(self) -> float: ...  # time.monotonic() when read from the database
+
+
+V = TypeVar("V", bound=Stored)
+
+
+class RevocableCache(Generic[V]):
+    """Values by key, each kept TOKEN_CACHE_SECONDS at most, dropped at once by the revocation
+    channel's messages: `<kind>:<key>` drops that key, `<owner kind>:<owner>` every value
+    `owner(value)` names. `epoch` counts the drops heard: a fill is stored only if none came
+    while it read (`put`). The token cache below is one; apps/nodes/credentials.py keeps node
+    credentials in another, a follower of the same listener."""
+
+    def __init__(self, *, kind: str, owner_kind: str, owner: Callable[[V], str]) -> None:
         self.lock = threading.Lock()
-        self.entries: dict[str, Entry] = {}
+        self.entries: dict[str, V] = {}
         self.epoch = 0
-        self.listener: RevocationListener | None = None
+        self.kind, self.owner_kind, self.owner = f"{kind}:", f"{owner_kind}:", owner
 
-    def get(self, digest: str) -> tuple | None:
-        """(token, user), new instances, if stored less than TOKEN_CACHE_SECONDS ago."""
-        if not settings.TOKEN_CACHE_SECONDS:
+    def stored(self, key: str) -> V | None:
+        """The value if stored less than TOKEN_CACHE_SECONDS ago (this process's listener
+        started first: it is what keeps the value honest)."""
+        ttl = settings.TOKEN_CACHE_SECONDS
+        if not ttl:
             return None
-        self.listen()
-        entry = self.entries.get(digest)
-        if entry is None or time.monotonic() - entry.stored_at >= settings.TOKEN_CACHE_SECONDS:
+        CACHE.listen()
+        value = self.entries.get(key)
+        if value is None or time.monotonic() - value.stored_at >= ttl:
             return None
-        return entry.instances()
+        return value
 
-    def put(self, digest: str, token, user, *, epoch: int) -> None:
+    def put_value(self, key: str, value: V, *, epoch: int) -> None:
         """Store what was read from the database while `epoch` was current, unless a revocation
         was heard since."""
         if not settings.TOKEN_CACHE_SECONDS:
             return
-        entry = Entry.of(token, user)
         with self.lock:
             if epoch != self.epoch:
                 return
             if len(self.entries) >= MAX_ENTRIES:
-                self.sweep(entry.stored_at)
-            self.entries[digest] = entry
+                self.sweep(value.stored_at)
+            self.entries[key] = value
 
     def sweep(self, now: float) -> None:
         """Make room: the expired entries go, and all of them if that is not enough."""
         ttl = settings.TOKEN_CACHE_SECONDS
-        for digest, entry in list(self.entries.items()):
-            if now - entry.stored_at >= ttl:
-                del self.entries[digest]
+        for key, value in list(self.entries.items()):
+            if now - value.stored_at >= ttl:
+                del self.entries[key]
         if len(self.entries) >= MAX_ENTRIES:
             self.entries.clear()
+
+    def drop(self, messages: list[str]) -> None:
+        """The values these messages name go (messages of another cache's kinds: none)."""
+        keys = {m.removeprefix(self.kind) for m in messages if m.startswith(self.kind)}
+        owners = {
+            m.removeprefix(self.owner_kind) for m in messages if m.startswith(self.owner_kind)
+        }
+        if not keys and not owners:
+            return
+        with self.lock:
+            self.epoch += 1
+            for key, value in list(self.entries.items()):
+                if key in keys or self.owner(value) in owners:
+                    del self.entries[key]
+
+    def forget(self) -> None:
+        with self.lock:
+            self.epoch += 1
+            self.entries.clear()
+
+
+class TokenCache(RevocableCache[Entry]):
+    """Tokens by key digest: `token:<digest>` drops one, `user:<id>` every token of that user."""
+
+    def __init__(self) -> None:
+        super().__init__(kind="token", owner_kind="user", owner=lambda e: str(e.token["user_id"]))
+        self.listener: RevocationListener | None = None
+
+    def get(self, digest: str) -> tuple | None:
+        """(token, user), new instances, if stored less than TOKEN_CACHE_SECONDS ago."""
+        entry = self.stored(digest)
+        return None if entry is None else entry.instances()
+
+    def put(self, digest: str, token, user, *, epoch: int) -> None:
+        self.put_value(digest, Entry.of(token, user), epoch=epoch)
 
     def used(self, digest: str, token) -> None:
         """Keep the token's `last_used_at` as `tokens.touch` left it: one write a minute, not
@@ -112,21 +164,6 @@ class TokenCache:
         entry = self.entries.get(digest)
         if entry is not None:
             entry.token["last_used_at"] = token.last_used_at
-
-    def drop(self, messages: list[str]) -> None:
-        """`token:<digest>` drops that token, `user:<id>` every token of that user."""
-        digests = {m.removeprefix("token:") for m in messages if m.startswith("token:")}
-        users = {m.removeprefix("user:") for m in messages if m.startswith("user:")}
-        with self.lock:
-            self.epoch += 1
-            for digest, entry in list(self.entries.items()):
-                if digest in digests or str(entry.token["user_id"]) in users:
-                    del self.entries[digest]
-
-    def forget(self) -> None:
-        with self.lock:
-            self.epoch += 1
-            self.entries.clear()
 
     def listen(self) -> None:
         """Start this process's listener (again after a fork: threads do not cross one).

@@ -121,6 +121,18 @@ def test_a_read_that_raced_a_revocation_is_not_kept(cast):
     assert token_cache.CACHE.get(digest) is None
 
 
+def test_another_caches_message_neither_drops_a_token_nor_refuses_its_fill(cast):
+    """The channel carries the node credentials' messages too (apps/nodes/credentials.py): they
+    are not this cache's revocations, so a token read meanwhile is still kept."""
+    _, key = cast["bob"]
+    digest = digest_of(key)
+    epoch = token_cache.CACHE.epoch
+    token_cache.CACHE.drop(["node:n1", "credential:abc"])
+    token = ApiToken.objects.select_related("user").get(digest=digest)
+    token_cache.CACHE.put(digest, token, token.user, epoch=epoch)
+    assert token_cache.CACHE.get(digest) is not None
+
+
 def test_entries_live_at_most_the_setting(cast, settings, monkeypatch):
     _, key = cast["bob"]
     settings.TOKEN_CACHE_SECONDS = 5
