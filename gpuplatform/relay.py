@@ -32,6 +32,7 @@ import redis.asyncio as aioredis
 from django.conf import settings
 from django.db import close_old_connections
 
+from apps.platform import session_activity
 from apps.scheduling import sessions
 
 log = logging.getLogger(__name__)
@@ -86,9 +87,12 @@ def alive_key(session: str, side: str) -> str:
 class Leg:
     """One websocket of a session and its two pumps."""
 
-    def __init__(self, session: str, side: str, receive, send, *, token_id: str = ""):
+    def __init__(self, session: str, side: str, receive, send, *, token_id: str = "",
+                 attempt_id: int | None = None):  # fmt: skip
         self.session, self.side, self.receive, self.send = session, side, receive, send
         self.token_id = token_id
+        self.attempt_id = attempt_id  # the agent's leg marks its attempt's activity
+        self.marked = 0.0
         up, down = lists(session)
         self.inbox, self.outbox = (down, up) if side == "client" else (up, down)
         self.peer = "agent" if side == "client" else "client"
@@ -140,6 +144,17 @@ class Leg:
             if queued <= LOW_WATER:
                 break
 
+    async def mark_active(self) -> None:
+        """A byte passed, typed or printed: the attempt's activity, which every rank's idle
+        timeout reads (apps/platform/session_activity.py), at most once a MARK_EVERY."""
+        now = time.time()
+        if self.attempt_id is None or now - self.marked < session_activity.MARK_EVERY:
+            return
+        self.marked = now
+        await redis_client().set(
+            session_activity.key(self.attempt_id), repr(now), ex=session_activity.KEEP_SECONDS
+        )
+
     async def pump_in(self) -> None:
         """This leg's socket -> the other leg's list."""
         while True:
@@ -154,6 +169,7 @@ class Leg:
             if len(data) > MAX_FRAME:
                 self.end(1009, "frame too large")
                 return
+            await self.mark_active()
             await self.push(DATA + data)
 
     async def pump_out(self) -> None:
@@ -172,6 +188,7 @@ class Leg:
                     self.end(ENDED, item[1:].decode(errors="replace"))
                     return
                 self.peer_seen = True
+                await self.mark_active()
                 await self.send({"type": "websocket.send", "bytes": item[1:]})
 
     async def check_peer(self, attach_by: float) -> None:
@@ -263,7 +280,7 @@ async def agent_leg(session: str, scope, receive, send) -> None:
         return
     await send({"type": "websocket.accept"})
     await send({"type": "websocket.send", "text": record["spec"]})
-    leg = Leg(session, "agent", receive, send)
+    leg = Leg(session, "agent", receive, send, attempt_id=spec_attempt(record["spec"]))
     try:
         code, why = await leg.run()
     finally:
@@ -273,6 +290,13 @@ async def agent_leg(session: str, scope, receive, send) -> None:
             pass
     await close(send, code, why)
     await end_if_never_claimed(session, record)
+
+
+def spec_attempt(spec: str) -> int | None:
+    try:
+        return int(json.loads(spec)["attempt_id"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 async def end_if_never_claimed(session: str, record: dict) -> None:

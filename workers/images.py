@@ -22,7 +22,10 @@ manifest digest and shared by every job that runs that digest. Pure Python, no D
   images (the mtime of their `ready`, touched at each use) that no member holds (their use lock
   taken exclusively without waiting) go, unpacked root and tag, then `umoci gc` drops the blobs
   no image left names, until the cache fits. An image in use is never evicted, even where the
-  cache stays over its cap: the agent's log says so.
+  cache stays over its cap: the agent's log says so. An eviction never waits for another
+  image's download: tags and blobs go when the layout is free (`_drop_pending`).
+- After a crash: what a killed agent left half done (an unpack's scratch, a tag never unpacked,
+  partial downloads, auth files) is removed when the cache is next made (`sweep`).
 - Too big: the manifest's sizes (layers and config, compressed) summed before any layer is
   fetched; over GPUPLATFORM_IMAGE_MAX_GIB (default: the cache's cap) the job fails at once.
 - Progress: the job's log gets the image's size and layers at the start, a line per layer as
@@ -212,6 +215,13 @@ def _entry_bytes(bundle: pathlib.Path) -> int:
         return _tree_bytes(bundle)
 
 
+def _marker_bytes(marker: pathlib.Path) -> int:
+    try:
+        return int(marker.read_text() or 0)
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
 def _last_used(bundle: pathlib.Path) -> float:
     try:
         return (bundle / "ready").stat().st_mtime
@@ -236,6 +246,7 @@ class ImageCache:
         for path in (root, root / "roots", root / "locks", root / "auth", root / "jobs"):
             path.mkdir(mode=0o700, parents=True, exist_ok=True)
         # All 0700, root's: a job reaches its image only through the mounts its fence makes.
+        self.sweep()  # what an agent killed half-way through a pull or an unpack left
 
     # --- the steps --------------------------------------------------------------------------
 
@@ -290,11 +301,15 @@ class ImageCache:
             _say(head, f"image {hexa[:12]} pulling {ref.pinned(digest)} ({total / MB:.1f} MB "
                        f"in {len(layers) - 1} layer(s))")  # fmt: skip
             with self._locked("layout.lock"), self._auth_file(ref, auth) as authfile:
+                self._drop_marker(hexa).unlink(missing_ok=True)  # evicted before: its tag stays
                 argv = [SKOPEO, "copy", "--retry-times", "0",
                         *self._tls(ref, "--src-tls-verify"), *authfile,
                         f"docker://{ref.pinned(digest)}", f"oci:{self.layout}:{hexa}"]  # fmt: skip
                 progress = Progress(head, hexa[:12], layers, self.layout)
-                self._tried(argv, ref, auth, watch=progress)
+                try:
+                    self._tried(argv, ref, auth, watch=progress)
+                finally:
+                    self._drop_pending()  # what evictions left while this download held the lock
             pulled = time.monotonic()
             scratch = bundle.with_name(f".{hexa}.{secrets.token_hex(4)}")
             scratch.mkdir(mode=0o700)
@@ -315,12 +330,19 @@ class ImageCache:
     # --- the cap ----------------------------------------------------------------------------
 
     def size(self) -> int:
-        """The cache's bytes: the unpacked roots, and the layout's blobs (shared by images)."""
-        return sum(_entry_bytes(path) for path in self._entries()) + _layout_bytes(self.layout)
+        """The cache's bytes: the unpacked roots, and the layout's blobs (shared by images), less
+        the blobs of evicted images whose tags wait for the layout (`_drop_pending`)."""
+        pending = sum(_marker_bytes(path) for path in (self.root / "locks").glob("*.drop"))
+        roots = sum(_entry_bytes(path) for path in self._entries())
+        return max(0, roots + _layout_bytes(self.layout) - pending)
 
     def evict(self) -> list[str]:
         """Drop the least recently used images no member holds until the cache fits its cap;
-        the digests (hex) it dropped. One in use stays, whatever the cap: the log says so."""
+        the digests (hex) it dropped. One in use stays, whatever the cap: the log says so.
+
+        It never waits for another image's download: the roots go at once, and their tags and
+        blobs (`umoci rm`, `umoci gc`, which need the layout that a download holds) go now if the
+        layout is free, else when that download ends (`_drop_pending`)."""
         evicted: list[str] = []
         with self._locked("evict.lock"):
             total = self.size()
@@ -335,6 +357,10 @@ class ImageCache:
                     total = self.size()
                 else:
                     in_use.append(path.name)
+        if evicted:
+            with self._locked("layout.lock", wait=False) as free:
+                if free:
+                    self._drop_pending()
         for hexa in evicted:
             log.info("image cache: evicted %s (over %.1f GiB)", hexa[:12], self.cap / GIB)
         if total > self.cap:
@@ -359,13 +385,116 @@ class ImageCache:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return False  # a member runs in it, or waits for its pull
+            # Its tag goes later, with the layout: the marker says so and what that frees.
+            self._drop_marker(hexa).write_text(str(self._own_blob_bytes(hexa)))
             gone = self.root / "roots" / f".evicted-{hexa}-{secrets.token_hex(4)}"
             (self.root / "roots" / hexa).rename(gone)  # no longer `ready`: a later use pulls it
             shutil.rmtree(gone, ignore_errors=True)
-            with self._locked("layout.lock"):  # its tag, then the blobs no tag names
-                _run([UMOCI, "rm", "--image", f"{self.layout}:{hexa}"], timeout=600)
-                _run([UMOCI, "gc", "--layout", str(self.layout)], timeout=600)
             return True
+        finally:
+            os.close(fd)
+
+    def _drop_marker(self, hexa: str) -> pathlib.Path:
+        return self.root / "locks" / f"{hexa}.drop"
+
+    def _drop_pending(self) -> None:
+        """The tags of evicted images, then the blobs no tag names. Only with the layout's lock
+        held (a download writes the layout; `umoci gc` must not see its blobs half there). A tag
+        pulled again since its eviction lost its marker then and stays."""
+        markers = sorted((self.root / "locks").glob("*.drop"))
+        for marker in markers:
+            hexa = marker.name.removesuffix(".drop")
+            if not (self.root / "roots" / hexa / "ready").exists():
+                _run([UMOCI, "rm", "--image", f"{self.layout}:{hexa}"], timeout=600)
+        if markers:
+            _run([UMOCI, "gc", "--layout", str(self.layout)], timeout=600)
+        for marker in markers:
+            marker.unlink(missing_ok=True)
+
+    def _own_blob_bytes(self, hexa: str) -> int:
+        """The bytes of the blobs only the image tagged `hexa` names in the layout (what its
+        drop frees); 0 where the layout cannot say now (a download rewriting its index)."""
+        try:
+            tags = self._tags()
+            own = self._blobs_of(tags.pop(hexa))
+            for manifest in tags.values():
+                own -= self._blobs_of(manifest)
+        except (OSError, ValueError, KeyError, TypeError):
+            return 0
+        total = 0
+        for digest in own:
+            with contextlib.suppress(OSError):
+                total += (self.layout / "blobs" / "sha256" / digest.split(":", 1)[1]).stat().st_size
+        return total
+
+    def _tags(self) -> dict[str, str]:
+        """The layout's tags (an image's hex) and the manifest digest each names."""
+        index = json.loads((self.layout / "index.json").read_text())
+        return {
+            (m.get("annotations") or {}).get("org.opencontainers.image.ref.name", ""): m["digest"]
+            for m in index.get("manifests") or []
+        }
+
+    def _blobs_of(self, manifest_digest: str) -> set[str]:
+        manifest = json.loads(self._blob(manifest_digest))
+        return {manifest_digest, manifest["config"]["digest"],
+                *(layer["digest"] for layer in manifest.get("layers") or [])}  # fmt: skip
+
+    # --- after a crash ----------------------------------------------------------------------
+
+    def sweep(self) -> None:
+        """Remove what an agent killed half-way through a pull, an unpack or an eviction left,
+        none of which is ever taken for an image (only `roots/<hex>` with its `ready` is): an
+        unpack's scratch (`roots/.<hex>.<random>`), an eviction's half-removed root, a root with
+        no `ready`, a tag pulled but never unpacked (its blobs with it), skopeo's partial
+        downloads in the layout, an auth file. Each only where its lock says nobody works on it
+        now: whatever is busy is left to the next start."""
+        roots = self.root / "roots"
+        for path in roots.iterdir():
+            half = re.fullmatch(r"\.?([0-9a-f]{64})(\.[0-9a-f]+)?", path.name)
+            if path.name.startswith(".evicted-"):
+                shutil.rmtree(path, ignore_errors=True)
+            elif half and (path.name.startswith(".") or not (path / "ready").exists()):
+                with self._locked(f"{half.group(1)}.lock", wait=False) as free:
+                    if free:  # nobody pulls or unpacks it now
+                        log.info("image cache: removing %s, left half done", path.name[:16])
+                        shutil.rmtree(path, ignore_errors=True)
+        for path in (self.root / "auth").iterdir():
+            self._remove_unlocked(path)
+        self._sweep_layout()
+
+    def _sweep_layout(self) -> None:
+        if not (self.layout / "index.json").exists():
+            return
+        with self._locked("layout.lock", wait=False) as free:
+            if not free:
+                return  # a download runs: its partial blobs are its own
+            for path in self.layout.iterdir():
+                if path.is_file() and path.name not in ("index.json", "oci-layout"):
+                    path.unlink(missing_ok=True)  # skopeo's partial downloads
+            try:
+                unpacked = [tag for tag in self._tags() if re.fullmatch(r"[0-9a-f]{64}", tag)]
+            except (OSError, ValueError, KeyError, TypeError):
+                return
+            for hexa in unpacked:
+                if not (self.root / "roots" / hexa / "ready").exists():
+                    with self._locked(f"{hexa}.lock", wait=False) as idle:
+                        if idle:  # pulled, never unpacked: its tag goes, its blobs with gc
+                            self._drop_marker(hexa).write_text("0")
+            self._drop_pending()
+
+    @staticmethod
+    def _remove_unlocked(path: pathlib.Path) -> None:
+        """An auth file whose call is over (each call holds its file's lock while it runs)."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            path.unlink(missing_ok=True)
+        except BlockingIOError:
+            pass
         finally:
             os.close(fd)
 
@@ -441,18 +570,24 @@ class ImageCache:
         encoded = base64.b64encode(auth.encode()).decode()
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
-            with os.fdopen(fd, "w") as out:
-                json.dump({"auths": {ref.host: {"auth": encoded}}}, out)
+            fcntl.flock(fd, fcntl.LOCK_EX)  # in use: a sweep passes it by
+            os.write(fd, json.dumps({"auths": {ref.host: {"auth": encoded}}}).encode())
             yield ["--authfile", str(path)]
         finally:
             path.unlink(missing_ok=True)
+            os.close(fd)
 
     @contextlib.contextmanager
-    def _locked(self, name: str) -> Iterator[None]:
+    def _locked(self, name: str, *, wait: bool = True) -> Iterator[bool]:
+        """The lock file `name` held; with wait=False, False (and not held) where it is busy."""
         fd = os.open(self.root / "locks" / name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            yield True
         finally:
             os.close(fd)  # closing drops the lock
 

@@ -87,8 +87,7 @@ class Settings:
             mode=mode,
             # 1: a process waits, forked and in fresh cgroups, for the next fenced member (its
             # start skips the fork and the cgroup move: workers/forkserver.py); 0: off, the
-            # default (a member started in a spare goes unseen by the GPU sampler, and no gain
-            # showed on a whole platform: docs/operations.md).
+            # default (no gain showed on a whole platform: docs/operations.md).
             spare_launcher=bool(env_int("GPUPLATFORM_SPARE_LAUNCHER", 0)),
         )
 

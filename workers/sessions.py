@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
+from apps.platform import agent_protocol as wire
 from workers import jail
 
 if TYPE_CHECKING:
@@ -50,6 +51,7 @@ CHUNK = 256 * 1024  # data a frame at most (gpuplatform/relay.py MAX_FRAME)
 CLONE_NEWNS = 0x00020000
 START_WAIT_SECONDS = 60.0  # a session for a member that is still starting waits this long for it
 HANGUP_GRACE = 2.0  # SIGHUP, then SIGKILL after this when a session's client is gone
+RECHECK_SECONDS = 10.0  # a gang's rank 0 that could not ask the platform asks again after this
 EXIT_FILE = "interactive-exit"  # beside the job's progress file: apps/platform/agent_protocol.py
 
 
@@ -65,6 +67,7 @@ class Sessions:
         self.activity: dict[tuple[int, int], float] = {}  # (attempt, rank) -> last byte, monotonic
         self.open: set[Session] = set()
         self.lock = threading.Lock()
+        self.recheck_at: dict[tuple[int, int], float] = {}  # a gang's: ask the platform again
 
     def open_session(self, session: str) -> None:
         threading.Thread(target=self._run, args=(session,), name=f"session-{session[:8]}",
@@ -105,15 +108,47 @@ class Sessions:
             limit = getattr(run.assignment, "idle_timeout_seconds", 0)
             if not getattr(run.assignment, "interactive", False) or not limit or not run.started:
                 continue
-            if run.assignment.rank:  # a gang's other ranks end with rank 0, where shells attach
+            if run.assignment.rank:  # rank 0 decides for the gang, and its end ends every rank
                 continue
             last = max(run.started, self.activity.get(key, 0.0))
-            if now - last > limit and not run.stop_reason:
-                minutes = f"{limit / 60:g}"
-                log.info("interactive attempt %s rank %s idle for %s min; ending it", *key, minutes)
-                self.agent.runner.stop(
-                    *key, why=f"idle timeout: nothing typed or printed for {minutes} min"
-                )
+            if now - last <= limit or run.stop_reason:
+                continue
+            if run.assignment.world_size > 1 and self.busy_elsewhere(run, now, limit):
+                continue
+            minutes = f"{limit / 60:g}"
+            log.info("interactive attempt %s rank %s idle for %s min; ending it", *key, minutes)
+            self.agent.runner.stop(
+                *key, why=f"idle timeout: nothing typed or printed for {minutes} min"
+            )
+
+    def busy_elsewhere(self, run: Run, now: float, limit: float) -> bool:
+        """A gang's sessions may be on any rank's node, and this agent sees only its own: before
+        rank 0 ends the job, it asks the platform how long the attempt's sessions have been quiet
+        on every rank (the relay records each byte's time). Not knowing is not idle: it asks again
+        after RECHECK_SECONDS."""
+        if now < self.recheck_at.get(run.key, 0.0):
+            return True
+        try:
+            quiet = self.platform_quiet_for(run)
+        except Exception as error:
+            log.warning("attempt %s: could not ask how long its sessions were quiet (%s)",
+                        run.key[0], error)  # fmt: skip
+            self.recheck_at[run.key] = now + RECHECK_SECONDS
+            return True
+        if quiet is None or quiet > limit:
+            return False
+        self.activity[run.key] = max(self.activity.get(run.key, 0.0), now - quiet)
+        return True
+
+    def platform_quiet_for(self, run: Run) -> float | None:
+        api, work = self.agent.api, run.assignment
+        path = f"/members/{work.attempt_id}/{work.rank}/activity/"
+        response = api.session.request("GET", api.base + path, timeout=api.timeout,
+                                       headers={wire.ATTEMPT_TOKEN_HEADER: work.token})  # fmt: skip
+        if response.status_code != 200:
+            raise OSError(f"GET {path}: {response.status_code}")
+        quiet = response.json()["quiet_seconds"]
+        return None if quiet is None else float(quiet)
 
     def close_all(self) -> None:
         with self.lock:

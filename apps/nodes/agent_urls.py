@@ -5,6 +5,7 @@ from django.urls import path
 from apps.nodes import agent_api as views
 from apps.nodes import agent_reports as reports
 from apps.nodes.agent_images import ImageView
+from apps.nodes.agent_sessions import SessionActivityView
 
 member = "members/<int:attempt_id>/<int:rank>/"
 urlpatterns = [
@@ -24,6 +25,7 @@ urlpatterns = [
     path(member + "artifacts/<path:name>", views.ArtifactView.as_view(), name="agent-artifact"),
     path(member + "image/", ImageView.as_view(), name="agent-image"),
     path(member + "inputs/", views.InputsView.as_view(), name="agent-inputs"),
+    path(member + "activity/", SessionActivityView.as_view(), name="agent-session-activity"),
     path(
         member + "inputs/<uuid:job_id>/<path:name>", views.InputView.as_view(), name="agent-input"
     ),

@@ -18,6 +18,7 @@ import requests
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # The checkout first, then whatever the run was given (packages carried to a machine whose own
 # Python lacks them, as on the GPU machine of tests/gpu/).
+AGENT_SETTINGS = ("GPUPLATFORM_SPARE_LAUNCHER",)  # `GPUPLATFORM_SPARE_LAUNCHER=1 pytest ...`
 PYTHONPATH = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
 FAST = {
     # 1 s x 3 before a node is lost: 0.5 s lost live nodes on a loaded 2-core machine.
@@ -189,6 +190,8 @@ class Platform:
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": PYTHONPATH, "LOG_LEVEL": FAST["LOG_LEVEL"],
             "GPUPLATFORM_URL": self.url, "GPUPLATFORM_NODE_CREDENTIAL": credential,
             "GPUPLATFORM_DATA_DIR": str(self.agent_dir(node)),
+            # Agent settings a run of the tests may turn on for every agent (off by default).
+            **{name: os.environ[name] for name in AGENT_SETTINGS if name in os.environ},
         }  # fmt: skip
 
     def agent_dir(self, node: str) -> pathlib.Path:

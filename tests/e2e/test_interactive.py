@@ -270,6 +270,21 @@ def test_the_idle_timeout_ends_an_interactive_job_and_frees_its_gpus(platform):
     assert too_long.status_code == 400 and "idle_timeout_minutes" in too_long.json()
 
 
+def test_a_user_at_another_ranks_node_keeps_an_interactive_gang_alive(platform):
+    """Rank 0's agent ends an idle gang, but the activity it counts is every rank's: an exec
+    printing on rank 1's node for twice the idle timeout runs to its end."""
+    job = platform.submit("alice", interactive=True, nodes=2, gpus=1, idle_timeout_minutes=0.25)
+    platform.wait_for_state(job["id"], "running", timeout=120)
+    started = time.monotonic()
+    done = gp(platform, "alice", "exec", job["id"], "--rank", "1", "--", "sh", "-c",
+              "for i in $(seq 30); do echo tick $i; sleep 1; done", timeout=90)  # fmt: skip
+    assert done.returncode == 0 and "tick 30" in done.stdout, (done.stdout, done.stderr)
+    assert time.monotonic() - started > 2 * 15
+    assert platform.get("alice", f"/api/v1/jobs/{job['id']}/").json()["state"] == "running"
+    ended = platform.wait_for_state(job["id"], ("succeeded", "failed", "cancelled"), timeout=90)
+    assert "idle" in ended["reason"], ended
+
+
 # --- faults and revocation ------------------------------------------------------------------------------
 
 

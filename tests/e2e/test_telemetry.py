@@ -44,9 +44,19 @@ def metrics(platform, job_id: str, user: str = "bob") -> dict:
     return answer.json()
 
 
+def placed_gpus(platform, job_id: str) -> set[tuple[str, int]]:
+    """The GPUs the job's latest attempt holds, on every node of a gang."""
+    attempt = max(platform.job(job_id)["attempts"], key=lambda a: a["number"])
+    return {(p["node"], index) for p in attempt["placements"] for index in p["gpu_indices"]}
+
+
 def sampled(platform, job_id: str, count: int, user: str = "bob") -> dict:
-    """The job's metrics once each of its GPUs has at least `count` samples."""
+    """The job's metrics once each GPU it holds has at least `count` samples: every GPU of its
+    placement, not only those sampled so far, since a gang's ranks start apart (the one on a
+    node whose fork server starts cold, or without a spare launcher, a second or more after
+    the other: its GPUs have no series yet when the first node's have 3 samples)."""
     body: dict = {}
+    gpus = placed_gpus(platform, job_id)
 
     def enough() -> bool:
         nonlocal body
@@ -54,8 +64,7 @@ def sampled(platform, job_id: str, count: int, user: str = "bob") -> dict:
         per_gpu: dict = {}
         for s in body["samples"]:
             per_gpu[(s["node"], s["index"])] = per_gpu.get((s["node"], s["index"]), 0) + 1
-        return bool(body["gpus"]) and all(per_gpu.get((g["node"], g["index"]), 0) >= count
-                                          for g in body["gpus"])  # fmt: skip
+        return bool(gpus) and all(per_gpu.get(gpu, 0) >= count for gpu in gpus)
 
     platform.wait_until(enough, timeout=60, what=f"{count} samples per GPU of job {job_id}")
     return body

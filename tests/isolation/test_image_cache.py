@@ -14,6 +14,7 @@ import logging
 import os
 import pathlib
 import re
+import threading
 import time
 import urllib.request
 
@@ -157,3 +158,92 @@ def test_a_second_job_starts_from_the_cache_without_a_second_download(run_image,
     assert ended(runner, second) == (0, "")
     assert f"image {short(digests['bare'])} cached" in log_of(runner, second)
     assert layer_gets(registry, "team/bare", digests["bare"]) == pulled  # no blob fetched again
+
+
+def hexa(digest: str) -> str:
+    return digest.split(":", 1)[1]
+
+
+def tags(layout: pathlib.Path) -> list[str]:
+    index = json.loads((layout / "index.json").read_text())
+    return [m["annotations"]["org.opencontainers.image.ref.name"] for m in index["manifests"]]
+
+
+def test_an_eviction_does_not_wait_for_another_images_download(cache, served):  # noqa: F811
+    registry, _, digests, _ = served
+    for name, repo in (("one", "team/box"), ("two", "team/other")):
+        image, held = cache.acquire(parse(f"{registry.host}/{repo}"), digests[name], None,
+                                    io.BytesIO())  # fmt: skip
+        cache.release(held)
+    now = time.time()
+    os.utime(cache.root / "roots" / hexa(digests["one"]) / "ready", (now - 100, now - 100))
+    blobs = len(list((cache.layout / "blobs" / "sha256").iterdir()))
+    cache.cap = cache.size() - 1  # "one" (the least recently used) must go
+    evicted: list = []
+    with cache._locked("layout.lock"):  # another image's download holds the layout
+        worker = threading.Thread(target=lambda: evicted.extend(cache.evict()), daemon=True)
+        worker.start()
+        worker.join(timeout=15)
+        assert not worker.is_alive(), "the eviction waited for the download"
+        assert evicted == [hexa(digests["one"])]
+        assert not (cache.root / "roots" / hexa(digests["one"])).exists()
+        assert cache.size() <= cache.cap  # its blobs, still there, are counted as gone
+        assert len(list((cache.layout / "blobs" / "sha256").iterdir())) == blobs  # not yet
+    worker.join(timeout=30)
+    cache.cap = 2**40
+    head = io.BytesIO()  # the next download drops the evicted image's tag and blobs
+    cache.release(
+        cache.acquire(parse(f"{registry.host}/team/bare"), digests["bare"], None, head)[1]
+    )
+    assert hexa(digests["one"]) not in tags(cache.layout) and hexa(digests["two"]) in tags(
+        cache.layout
+    )
+    assert not list((cache.root / "locks").glob("*.drop"))
+    head = io.BytesIO()  # and the evicted image is pulled again when a job wants it
+    image, held = cache.acquire(parse(f"{registry.host}/team/box"), digests["one"], None, head)
+    cache.release(held)
+    assert f"image {short(digests['one'])} pulling" in head.getvalue().decode()
+    assert (image.rootfs / "MARKER").read_text() == "marker-one"
+
+
+def test_what_a_crash_left_half_done_is_removed_at_start_and_never_taken_for_an_image(
+    cache,
+    served,  # noqa: F811
+    monkeypatch,
+):
+    registry, _, digests, _ = served
+    cache.release(cache.acquire(parse(f"{registry.host}/team/box"), digests["one"], None,
+                                io.BytesIO())[1])  # fmt: skip
+    blobs = sorted(p.name for p in (cache.layout / "blobs" / "sha256").iterdir())
+    pull = images._run
+
+    def killed_while_unpacking(argv, **kwargs):
+        if argv[:3] == [images.UMOCI, "raw", "unpack"]:
+            pathlib.Path(argv[-1], "etc").mkdir(parents=True)  # half of a root
+            raise KeyboardInterrupt  # stands for the agent's SIGKILL: nothing after runs
+        return pull(argv, **kwargs)
+
+    monkeypatch.setattr(images, "_run", killed_while_unpacking)
+    with pytest.raises(KeyboardInterrupt):
+        cache.acquire(parse(f"{registry.host}/team/other"), digests["two"], None, io.BytesIO())
+    monkeypatch.setattr(images, "_run", pull)
+    roots = cache.root / "roots"
+    two = hexa(digests["two"])
+    (roots / f".evicted-{hexa(digests['bare'])}-0a0b0c0d" / "rootfs").mkdir(parents=True)
+    (roots / hexa(digests["bare"]) / "rootfs").mkdir(parents=True)  # a root with no `ready`
+    (cache.layout / "oci-put-blob123456").write_bytes(b"partial")  # skopeo's partial download
+    (cache.root / "auth" / "0123456789abcdef.json").write_text('{"auths": {}}')
+    assert [p.name for p in roots.iterdir() if p.name.startswith(f".{two}.")]  # left half done
+    assert two in tags(cache.layout)
+
+    after = images.ImageCache(cache.root, insecure=[registry.host], cap_bytes=2**40)  # restart
+    assert sorted(p.name for p in roots.iterdir()) == [hexa(digests["one"])]
+    assert not list((after.root / "auth").iterdir())
+    assert not (after.layout / "oci-put-blob123456").exists()
+    assert list(tags(after.layout)) == [hexa(digests["one"])]
+    assert sorted(p.name for p in (after.layout / "blobs" / "sha256").iterdir()) == blobs
+    head = io.BytesIO()
+    image, held = after.acquire(parse(f"{registry.host}/team/other"), digests["two"], None, head)
+    after.release(held)
+    assert f"image {short(digests['two'])} pulling" in head.getvalue().decode()
+    assert (image.rootfs / "MARKER").read_text() == "marker-two"

@@ -2,6 +2,7 @@
 sender back, a lost peer or a failed pump ends the session, and frames pass in order."""
 
 import asyncio
+import time
 import uuid
 
 import pytest
@@ -90,3 +91,55 @@ def test_a_peer_whose_heartbeat_lapsed_ends_the_session(monkeypatch):
 
     code, why = run(scenario())
     assert code == relay.PEER_GONE and "lost" in why
+
+
+def activity_after(*, typed=(), printed=()) -> float | None:
+    """What the attempt's activity says once the legs passed these frames, client -> agent and
+    agent -> client."""
+    from apps.platform import session_activity
+
+    attempt = uuid.uuid4().int % 10**9
+
+    async def scenario():
+        session = fresh()
+        client, agent = Socket(list(typed)), Socket(list(printed))
+        legs = [relay.Leg(session, "client", client.receive, client.send),
+                relay.Leg(session, "agent", agent.receive, agent.send, attempt_id=attempt)]  # fmt: skip
+        tasks = [asyncio.create_task(leg.run()) for leg in legs]
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if len(agent.sent) == len(typed) and len(client.sent) == len(printed):
+                break
+        await asyncio.sleep(0.1)
+        for leg in legs:
+            leg.end(relay.ENDED, "done")
+        await asyncio.gather(*tasks)
+        value = await relay.redis_client().get(session_activity.key(attempt))
+        return None if value is None else float(value)
+
+    return run(scenario())
+
+
+def test_a_byte_either_way_marks_the_attempts_activity_for_every_ranks_idle_timeout():
+    before = time.time()
+    assert activity_after() is None
+    typed = activity_after(typed=[b"\x00ls\r"])
+    printed = activity_after(printed=[b"\x00output"])
+    assert typed is not None and printed is not None and before <= typed <= printed <= time.time()
+
+
+def test_a_busy_leg_marks_its_attempt_at_most_once_a_second():
+    from apps.platform import session_activity
+
+    async def scenario():
+        leg = relay.Leg(fresh(), "agent", Socket().receive, Socket().send, attempt_id=7_000_001)
+        conn, key = relay.redis_client(), session_activity.key(7_000_001)
+        await conn.delete(key)
+        await leg.mark_active()
+        first = await conn.get(key)
+        await conn.delete(key)
+        await leg.mark_active()  # within the second: not written
+        return first, await conn.get(key)
+
+    first, second = run(scenario())
+    assert first is not None and second is None

@@ -116,3 +116,51 @@ def test_an_interactive_job_idle_past_its_timeout_is_stopped_on_rank_0_only(tmp_
     tracker.touch(busy.key)
     tracker.check_idle()
     assert agent.runner.stopped == [(1, 0, "idle timeout: nothing typed or printed for 1 min")]
+
+
+def gang_rank_0(tmp_path, attempt_id: int) -> Run:
+    run = run_in(tmp_path / f"g{attempt_id}", attempt_id=attempt_id, world_size=2)
+    run.started = time.monotonic() - 120
+    return run
+
+
+def test_a_gangs_rank_0_asks_how_long_every_ranks_sessions_were_quiet_before_it_ends_the_job(
+    tmp_path,
+):
+    typed_on_rank_1 = gang_rank_0(tmp_path, 1)  # a user at rank 1's node, 5 s ago
+    quiet_everywhere = gang_rank_0(tmp_path, 2)
+    never_used = gang_rank_0(tmp_path, 3)
+    agent = FakeAgent({run.key: run for run in (typed_on_rank_1, quiet_everywhere, never_used)})
+    tracker = sessions.Sessions(agent)  # type: ignore[arg-type]
+    quiet = {1: 5.0, 2: 90.0, 3: None}
+    tracker.platform_quiet_for = lambda run: quiet[run.assignment.attempt_id]  # type: ignore[method-assign]
+    tracker.check_idle()
+    assert [stop[0] for stop in agent.runner.stopped] == [2, 3]
+    # Rank 1's activity counts as this job's: it is idle again only a timeout after it.
+    agent.runner.stopped.clear()
+    agent.runs = {typed_on_rank_1.key: typed_on_rank_1}
+    quiet[1] = None  # were it asked again, it would end the job
+    tracker.check_idle(now=time.monotonic() + 50)
+    assert agent.runner.stopped == []
+    tracker.check_idle(now=time.monotonic() + 60)
+    assert [stop[0] for stop in agent.runner.stopped] == [1]
+
+
+def test_a_gang_whose_rank_0_cannot_ask_the_platform_is_not_ended_and_asks_again_later(tmp_path):
+    run = gang_rank_0(tmp_path, 1)
+    agent = FakeAgent({run.key: run})
+    tracker = sessions.Sessions(agent)  # type: ignore[arg-type]
+    asked = []
+
+    def unreachable(run):
+        asked.append(run.key)
+        raise OSError("connection refused")
+
+    tracker.platform_quiet_for = unreachable  # type: ignore[method-assign]
+    now = time.monotonic()
+    tracker.check_idle(now=now)
+    tracker.check_idle(now=now + 1)
+    assert agent.runner.stopped == [] and len(asked) == 1
+    tracker.platform_quiet_for = lambda run: 200.0  # type: ignore[method-assign]
+    tracker.check_idle(now=now + sessions.RECHECK_SECONDS + 1)
+    assert [stop[0] for stop in agent.runner.stopped] == [1]
