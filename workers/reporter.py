@@ -211,6 +211,10 @@ class ReportBatcher:
 
 
 class HttpReporter(Reporter):
+    # A member's reports reach the platform in the order made (ReportBatcher: one call at a time,
+    # its items applied in order), so the runner may report an end before its start is answered.
+    reports_in_order = True
+
     def __init__(self, api: AgentApi):
         self.api = api
         self.batcher = ReportBatcher(api)

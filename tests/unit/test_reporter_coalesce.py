@@ -177,3 +177,40 @@ def test_held_reports_still_go_one_by_one_to_a_control_plane_without_the_batch_e
     submit(batcher, answers, 2, "finished")
     answers.wait(3)
     assert api.single == [(1, "started"), (2, "started"), (2, "finished")] and batcher.single
+
+
+# --- the runner: a quick job's end follows its start, unanswered, into the same call ------------
+
+
+def test_a_quick_jobs_end_goes_in_the_same_call_as_its_held_start(tmp_path):
+    """With a reporter that keeps a member's reports in order, the runner reports an end whose
+    start is still queued: a `true` job's start and end travel in one call, start first."""
+    from tests.unit.test_runner import Recorder, py
+    from workers.runner import Runner
+
+    api, answers = Api(), Answers()
+
+    class InOrder(Recorder):
+        reports_in_order = True
+
+        def __init__(self):
+            super().__init__()
+            self.batcher = ReportBatcher(api, coalesce=1.0, quiet=60.0)
+
+        def started_later(self, run, done):
+            self.batcher.submit(run.assignment, "started", {"pid": run.process.pid}, done)
+
+        def finished_later(self, run, exit_code, reason, checkpoint, done):
+            self.batcher.submit(run.assignment, "finished", {"exit_code": exit_code}, done)
+
+    reporter = InOrder()
+    submit(reporter.batcher, answers, 99)  # reports are flowing: the next start is held
+    answers.wait(1)
+    runner = Runner(node="n1", data_dir=tmp_path, reporter=reporter, kill_grace=1.0)
+    runner.launch(Work(argv=py("pass"), attempt_id=1))
+    deadline = time.monotonic() + 10
+    while runner.runs and time.monotonic() < deadline:
+        runner.tick()
+        time.sleep(0.02)
+    assert runner.runs == {}
+    assert api.batches() == [[(99, "started")], [(1, "started"), (1, "finished")]]
