@@ -9,7 +9,10 @@ live and reaped) each process used, divided by the submits and by the jobs drain
 bench client's own, and the dispatcher's passes in each phase. `--spy DIR`: py-spy (if installed) records the web, the dispatcher and one
 agent for 8 s of each phase, GIL-holding samples only, into DIR/<phase>.<process> (raw
 folded stacks). `--unfenced`: the agents run jobs with GPUPLATFORM_ISOLATION=none (what the
-fence costs). Not part of `make bench` (a tool for finding the cost, not a figure).
+fence costs). `--requests`: the web logs the agent API's access lines
+(GPUPLATFORM_AGENT_ACCESS_LOG=1, which costs the web a little) and the drain's agent requests a
+drained job are printed by endpoint. Not part of `make bench` (a tool for finding the cost, not a
+figure).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import argparse
 import concurrent.futures
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -83,6 +87,19 @@ def spent(platform, before: dict[str, float], count: int) -> dict[str, float]:
     return {k: round((after[k] - before[k]) / count * 1000, 2) for k in after if k in before}
 
 
+def agent_requests(log: pathlib.Path, offset: int, count: int) -> str:
+    """The agent API's access lines in the web's log after `offset`, a drained job, by endpoint
+    (ids replaced by N)."""
+    from collections import Counter
+
+    with open(log, "rb") as lines:
+        lines.seek(offset)
+        found = re.findall(rb'"(GET|POST|PUT|PATCH) /internal/agent/v1/([^ ?"]*)', lines.read())
+    kinds = Counter(f"{m.decode()} {re.sub(r'[0-9]+', 'N', p.decode())}" for m, p in found)
+    each = ", ".join(f"{k} {n / count:.3f}" for k, n in kinds.most_common())
+    return f"agent requests a drained job: {sum(kinds.values()) / count:.3f} ({each})"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--count", type=int, default=1000)
@@ -90,7 +107,11 @@ def main() -> int:
     parser.add_argument(
         "--unfenced", action="store_true", help="agents with GPUPLATFORM_ISOLATION=none"
     )
+    parser.add_argument("--requests", action="store_true",
+                        help="count the agents' requests during the drain (web access log)")  # fmt: skip
     args = parser.parse_args()
+    if args.requests:
+        os.environ["GPUPLATFORM_AGENT_ACCESS_LOG"] = "1"
     if args.unfenced:
         os.environ["GPUPLATFORM_ISOLATION"] = "none"  # the platform's processes inherit it
         print("unfenced: the agents run jobs with GPUPLATFORM_ISOLATION=none")
@@ -121,6 +142,8 @@ def main() -> int:
             for spy in watching:
                 spy.wait()
 
+            web_log = platform.data_dir / "web.log"
+            log_at = web_log.stat().st_size if web_log.exists() else 0
             for node in nodes:
                 platform.restart_agent(node)
             before, began, ran = per_process(platform), time.monotonic(), passes(platform)
@@ -130,6 +153,8 @@ def main() -> int:
             print(f"drain: {rate:.1f} jobs/s (from the agents' start); CPU ms a job: "
                   f"{spent(platform, before, args.count)}; {passes(platform) - ran} dispatcher "
                   "passes")  # fmt: skip
+            if args.requests:
+                print(agent_requests(web_log, log_at, args.count))
             for spy in watching:
                 spy.wait()
     return 0

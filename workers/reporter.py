@@ -17,6 +17,7 @@ from apps.platform.agent_protocol import MAX_REPORTS_PER_CALL, Assignment
 from apps.platform.names import LOST_BY_AGENT_STOP
 from workers import inputs
 from workers.agent_client import AgentApi, ApiError, TooLarge
+from workers.isolation import env_int
 from workers.runner import Reporter, Run
 from workers.safefiles import open_job_file
 
@@ -28,30 +29,48 @@ RETRY_DELAYS = (0.2, 1.0, 5.0)  # seconds before each new try of a report call t
 Done = Callable[[bool | None, Exception | None], None]  # (accepted, or the error that stopped it)
 
 
+# Milliseconds an agent holds a start or an end report, while reports are flowing, for others to
+# go in the same call (workers/reporter.py ReportBatcher); 0: each goes as soon as no call is in
+# flight. A held start shows the job `running` that much later.
+COALESCE_MS = env_int("GPUPLATFORM_REPORT_COALESCE_MS", 10)
+QUIET_SECONDS = 0.2  # no report made for this long: the next one goes at once, not held
+
+
 @dataclass
 class _Pending:
     assignment: Assignment
     kind: str
     body: dict
     done: Done
+    at: float = 0.0  # time.monotonic() when made
 
 
 class ReportBatcher:
     """Sends the runner's started / progress / finished / lost reports, several members' in one
-    call (`POST /reports/`), as a group commit does: one call is in flight at a time; a report
-    made while none is goes at once (no added latency when idle: a caller that waits for its
-    answer sends it from its own thread, one that does not wake the sender thread), and the
-    reports that queue up meanwhile go together in the next call. Against a control plane
-    without the batch endpoint (404 or 405 for it) each report goes to its member's own
-    endpoint, as before."""
+    call (`POST /reports/`), as a group commit does: one call is in flight at a time, and the
+    reports that queue up meanwhile go together in the next call. A report that does not wait
+    for its answer (`submit`: the launcher's starts, the tick's ends) made while reports are
+    flowing (another was made less than QUIET_SECONDS before) is held up to `coalesce` seconds
+    (GPUPLATFORM_REPORT_COALESCE_MS) for others to go with it: a drain's starts and ends come a
+    few milliseconds apart, and a call's cost is mostly per request. A report made on a quiet
+    node, one that is waited for (`call`, which takes whatever is queued along), and reports
+    that already waited for a call in flight go at once; none waits longer than `coalesce`
+    beyond the call in flight, up to `max_items` go in one call, always in the order made.
+    Against a control plane without the batch endpoint (404 or 405 for it) each report goes to
+    its member's own endpoint, as before."""
 
     def __init__(self, api: AgentApi, *, max_items: int = MAX_REPORTS_PER_CALL,
-                 retry_delays: tuple[float, ...] = RETRY_DELAYS):  # fmt: skip
+                 retry_delays: tuple[float, ...] = RETRY_DELAYS, coalesce: float | None = None,
+                 quiet: float = QUIET_SECONDS):  # fmt: skip
         self.api, self.max_items, self.retry_delays = api, max_items, retry_delays
+        self.coalesce = COALESCE_MS / 1000 if coalesce is None else coalesce
+        self.quiet = quiet
         self.single = False  # the control plane has no batch endpoint
         self.calls = 0  # requests sent (for tests and logs)
         self._pending: list[_Pending] = []
         self._busy = False  # a call is in flight
+        self._hold_until = 0.0  # the queued reports wait for company until then (monotonic)
+        self._last_made = float("-inf")  # when the last report was made
         self._ready = threading.Condition()
         self._thread: threading.Thread | None = None
 
@@ -59,11 +78,17 @@ class ReportBatcher:
         """Queue a report; `done(accepted, error)` is called once it is answered (from the
         thread that sent it): accepted False when refused (stale token, ended, not placed here)."""
         with self._ready:
-            self._pending.append(_Pending(assignment, kind, body, done))
+            now = time.monotonic()
+            if not self._pending and not self._busy:
+                # The first of a new batch: held only while reports are flowing.
+                flowing = now - self._last_made < self.quiet
+                self._hold_until = now + self.coalesce if flowing else now
+            self._last_made = now
+            self._pending.append(_Pending(assignment, kind, body, done, now))
             self._wake()
 
     def call(self, assignment: Assignment, kind: str, **body) -> bool:
-        """A report, waited for (sent with whatever else is queued): raises what stopped it."""
+        """A report, waited for (sent at once, with whatever is queued): raises what stopped it."""
         answered = threading.Event()
         outcome: list = [None, None]
 
@@ -72,14 +97,15 @@ class ReportBatcher:
             answered.set()
 
         with self._ready:
-            self._pending.append(_Pending(assignment, kind, body, done))
+            self._last_made = time.monotonic()
+            self._pending.append(_Pending(assignment, kind, body, done, self._last_made))
             if self._busy:
+                self._hold_until = 0.0  # the next call goes as soon as this one is answered
                 self._wake()
                 batch = None
             else:  # in order: whatever was queued before it goes first
                 self._busy = True
-                batch = self._pending[: self.max_items]
-                del self._pending[: self.max_items]
+                batch = self._take()
         if batch is not None:
             try:
                 self._send(batch)
@@ -92,6 +118,12 @@ class ReportBatcher:
             raise outcome[1]
         return bool(outcome[0])
 
+    def _take(self) -> list[_Pending]:  # holding self._ready
+        batch = self._pending[: self.max_items]
+        del self._pending[: self.max_items]
+        self._hold_until = 0.0  # what is left (or queues during the call) goes when it is answered
+        return batch
+
     def _wake(self) -> None:  # holding self._ready
         if self._pending and not self._busy:
             if self._thread is None:
@@ -102,11 +134,16 @@ class ReportBatcher:
     def _loop(self) -> None:
         while True:
             with self._ready:
-                while not self._pending or self._busy:
-                    self._ready.wait()
+                while True:
+                    if self._pending and not self._busy:
+                        left = self._hold_until - time.monotonic()
+                        if left <= 0 or len(self._pending) >= self.max_items:
+                            break
+                        self._ready.wait(left)
+                    else:
+                        self._ready.wait()
                 self._busy = True
-                batch = self._pending[: self.max_items]
-                del self._pending[: self.max_items]
+                batch = self._take()
             try:
                 self._send(batch)
             finally:
@@ -174,6 +211,10 @@ class ReportBatcher:
 
 
 class HttpReporter(Reporter):
+    # A member's reports reach the platform in the order made (ReportBatcher: one call at a time,
+    # its items applied in order), so the runner may report an end before its start is answered.
+    reports_in_order = True
+
     def __init__(self, api: AgentApi):
         self.api = api
         self.batcher = ReportBatcher(api)

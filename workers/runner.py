@@ -255,8 +255,10 @@ class Runner:
                 self._kill_tree(run)
                 self._finish(run, exit_code=127, reason=run.launch_error)
                 continue
-            if run.process is None or not run.start_reported or not run.started:
+            if run.process is None or not run.started:
                 continue  # not spawned yet (a member reported started as it was prepared)
+            if not run.start_reported and not run.extra.get("start_queued"):
+                continue  # its end goes only after its start
             code = run.process.poll()
             if code is not None:
                 self._kill_tree(run)  # leftovers of the tree die with the job
@@ -417,8 +419,12 @@ class Runner:
         later = getattr(self.reporter, "started_later", None)
         if later is not None:
             # Answered from the reporter's thread (batched with other members' reports): the
-            # launcher spawns the next member meanwhile. The end waits for this answer.
+            # launcher spawns the next member meanwhile. The end waits for this answer, unless
+            # the reporter sends a member's reports in the order made (then a quick job's end
+            # may go in the same call as its start).
             later(run, lambda accepted, error: self._start_reported(run, accepted, error))
+            if getattr(self.reporter, "reports_in_order", False):
+                run.extra["start_queued"] = True
             return
         try:
             accepted = self.reporter.started(run)

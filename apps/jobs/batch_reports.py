@@ -3,7 +3,7 @@ reports are almost entirely made of, in a few statements for the whole batch ins
 every report (apps/nodes/agent_api.py, ReportsView).
 
 The moves are the report services' own (apps/jobs/services.py member_started, member_finished),
-for single-member attempts whose rows are where those services would move them without a choice:
+for the reports those services' own rules (`starts_plainly`, `ends_plainly`) call plain:
 one guarded update of the members, of the attempts and of the jobs (each row at the version it
 was read at), one insert of the jobs' audit events. Every row moves or none does: an update that
 changes fewer rows than it names rolls the batch's savepoint back and the caller applies each
@@ -24,7 +24,6 @@ from django.utils import timezone
 
 from apps.jobs import dependencies
 from apps.jobs.models import (
-    ATTEMPT_ACTIVE,
     JOB_PLACED,
     AttemptMember,
     AttemptState,
@@ -33,7 +32,6 @@ from apps.jobs.models import (
     JobState,
 )
 from apps.jobs.services import ReportedMember
-from apps.jobs.states import attempt_sources, job_sources
 from apps.jobs.transitions import (
     BatchRefused,
     move_attempts,
@@ -48,39 +46,8 @@ from apps.platform.retry import retryable
 log = logging.getLogger(__name__)
 
 
-def starts_together(reported: ReportedMember) -> bool:
-    """Whether member_started would start this member, its attempt and its job without a choice:
-    the attempt's only member, all three `starting`-like as read."""
-    member, attempt = reported.member, reported.member.attempt
-    return (
-        len(reported.gang) == 1
-        and member.state == AttemptState.STARTING
-        and attempt.state in attempt_sources(AttemptState.RUNNING)
-        and attempt.job.state in job_sources(JobState.RUNNING)
-    )
-
-
-def ends_together(reported: ReportedMember, *, exit_code: int | None, reason: str,
-                  checkpoint: str) -> bool:  # fmt: skip
-    """Whether member_finished would end this member, its attempt and its job as succeeded
-    without a choice: the attempt's only member, exit code 0 and no reason, nothing asked to
-    stop, no checkpoint to store."""
-    member, attempt = reported.member, reported.member.attempt
-    return (
-        len(reported.gang) == 1
-        and member.ended_at is None
-        and exit_code == 0
-        and not reason
-        and not checkpoint
-        and not attempt.stop_requested
-        and attempt.state in ATTEMPT_ACTIVE
-        and attempt.state in attempt_sources(AttemptState.SUCCEEDED)
-        and attempt.job.state in JOB_PLACED
-    )
-
-
 def members_started_together(started: list[tuple[ReportedMember, int]]) -> bool:
-    """member_started(reported, pid=pid) for each pair (each passed starts_together). True when
+    """member_started(reported, pid=pid) for each pair (each passed services.starts_plainly). True when
     all were applied; False when none was (a row had moved: apply them one by one)."""
     now = timezone.now()
     lease = now + timedelta(
@@ -120,7 +87,7 @@ def members_started_together(started: list[tuple[ReportedMember, int]]) -> bool:
 
 
 def members_finished_together(finished: list[ReportedMember]) -> bool:
-    """member_finished(reported, exit_code=0) for each (each passed ends_together): the members,
+    """member_finished(reported, exit_code=0) for each (each passed services.ends_plainly): the members,
     attempts and jobs succeeded, the members' GPUs released, one dispatch pass asked for. True
     when all were applied; False when none was."""
     now = timezone.now()

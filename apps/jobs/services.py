@@ -48,6 +48,7 @@ from apps.jobs.placement import (  # noqa: F401  (re-exported: callers import th
     job_place,
     jobs_place,
 )
+from apps.jobs.states import attempt_sources, job_sources
 from apps.jobs.transitions import (  # noqa: F401  (re-exported, as above)
     log_move,
     new_event,
@@ -319,6 +320,46 @@ def _same_token(attempt: JobAttempt, token: str) -> bool:
         return False
 
 
+# --- the plain start and the clean end: the rules the batch path (apps/jobs/batch_reports.py) --
+# applies several reports at a time by, kept here beside the services whose outcome they predict
+# (tests/unit/test_report_rules.py holds the two to the same outcome).
+
+
+def starts_plainly(reported: ReportedMember) -> bool:
+    """Whether member_started would start this member, its attempt and its job without a choice:
+    the attempt's only member, all three where a start moves them, as read."""
+    member, attempt = reported.member, reported.member.attempt
+    return (
+        len(reported.gang) == 1
+        and member.state == AttemptState.STARTING
+        and attempt.state in attempt_sources(AttemptState.RUNNING)
+        and attempt.job.state in job_sources(JobState.RUNNING)
+    )
+
+
+def clean_exit(exit_code: int | None, reason: str) -> bool:
+    """An end that succeeds its member: exit code 0 and no reason (a stop's, a limit's)."""
+    return exit_code == 0 and not reason
+
+
+def ends_plainly(reported: ReportedMember, *, exit_code: int | None, reason: str,
+                 checkpoint: str) -> bool:  # fmt: skip
+    """Whether member_finished would end this member, its attempt and its job as succeeded
+    without a choice: the attempt's only member, a clean exit, nothing asked to stop, no
+    checkpoint to store."""
+    member, attempt = reported.member, reported.member.attempt
+    return (
+        len(reported.gang) == 1
+        and member.ended_at is None
+        and clean_exit(exit_code, reason)
+        and not checkpoint
+        and not attempt.stop_requested
+        and attempt.state in ATTEMPT_ACTIVE
+        and attempt.state in attempt_sources(AttemptState.SUCCEEDED)
+        and attempt.job.state in JOB_PLACED
+    )
+
+
 @retried
 @transaction.atomic
 def attempt_member_started(*, attempt_id: int, rank: int, token: str, pid: int) -> bool:
@@ -412,7 +453,7 @@ def member_finished(reported: ReportedMember, *, exit_code: int | None, reason: 
     if member.ended_at is not None:
         return False
     now = timezone.now()
-    ok = exit_code == 0 and not reason
+    ok = clean_exit(exit_code, reason)
     member_state = AttemptState.SUCCEEDED if ok else AttemptState.FAILED
     attempt = member.attempt
     if attempt.stop_requested == StopReason.CANCEL:

@@ -276,7 +276,7 @@ def _apply_together(heads: list, bodies: dict[int, dict], members: dict, results
     for key, sequence in sequences.items():
         first = sequence[0]
         if heads[first]["kind"] == "started" and not bodies[first].get("master_port"):
-            if batch_reports.starts_together(members[key]):
+            if jobs.starts_plainly(members[key]):
                 starts.append((first, members[key], bodies[first]["pid"]))
     if len(starts) >= TOGETHER and batch_reports.members_started_together(
         [(r, pid) for _, r, pid in starts]
@@ -288,7 +288,7 @@ def _apply_together(heads: list, bodies: dict[int, dict], members: dict, results
         if not pending:
             continue
         i, data = pending[0], bodies[pending[0]]
-        if heads[i]["kind"] == "finished" and batch_reports.ends_together(
+        if heads[i]["kind"] == "finished" and jobs.ends_plainly(
             members[key], exit_code=data["exit_code"], reason=data["reason"],
             checkpoint=data["checkpoint"],
         ):  # fmt: skip

@@ -38,6 +38,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+AGENT_SETTINGS = ("GPUPLATFORM_REPORT_COALESCE_MS",)
+
+
 def fresh_database_url(data_dir: pathlib.Path, name: str) -> str:
     """Its own database: a SQLite file, or a new PostgreSQL database beside DATABASE_URL's."""
     url = os.environ.get("DATABASE_URL", "")
@@ -186,7 +189,9 @@ class Platform:
         """All an agent is given, as on another machine: the web's URL, its own credential (issued
         as an operator would), its own data dir. No database, no secret key, no Redis URL."""
         credential = self.manage("create_node_credential", node).strip().splitlines()[-1]
-        return {
+        # The agent settings a bench compares (bench._cpu_split), when set here.
+        tuned = {name: os.environ[name] for name in AGENT_SETTINGS if name in os.environ}
+        return {**tuned,
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": PYTHONPATH, "LOG_LEVEL": FAST["LOG_LEVEL"],
             "GPUPLATFORM_URL": self.url, "GPUPLATFORM_NODE_CREDENTIAL": credential,
             "GPUPLATFORM_DATA_DIR": str(self.agent_dir(node)),
