@@ -16,9 +16,11 @@ import urllib.parse
 import requests
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+# Agent settings a test run or a bench hands on to every agent when set in its own environment
+# (`GPUPLATFORM_SPARE_LAUNCHER=1 pytest ...`; bench._cpu_split compares the coalescing window).
+AGENT_SETTINGS = ("GPUPLATFORM_SPARE_LAUNCHER", "GPUPLATFORM_REPORT_COALESCE_MS")
 # The checkout first, then whatever the run was given (packages carried to a machine whose own
 # Python lacks them, as on the GPU machine of tests/gpu/).
-AGENT_SETTINGS = ("GPUPLATFORM_SPARE_LAUNCHER",)  # `GPUPLATFORM_SPARE_LAUNCHER=1 pytest ...`
 PYTHONPATH = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
 FAST = {
     # 1 s x 3 before a node is lost: 0.5 s lost live nodes on a loaded 2-core machine.
@@ -36,9 +38,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-AGENT_SETTINGS = ("GPUPLATFORM_REPORT_COALESCE_MS",)
 
 
 def fresh_database_url(data_dir: pathlib.Path, name: str) -> str:
@@ -189,9 +188,7 @@ class Platform:
         """All an agent is given, as on another machine: the web's URL, its own credential (issued
         as an operator would), its own data dir. No database, no secret key, no Redis URL."""
         credential = self.manage("create_node_credential", node).strip().splitlines()[-1]
-        # The agent settings a bench compares (bench._cpu_split), when set here.
-        tuned = {name: os.environ[name] for name in AGENT_SETTINGS if name in os.environ}
-        return {**tuned,
+        return {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": PYTHONPATH, "LOG_LEVEL": FAST["LOG_LEVEL"],
             "GPUPLATFORM_URL": self.url, "GPUPLATFORM_NODE_CREDENTIAL": credential,
             "GPUPLATFORM_DATA_DIR": str(self.agent_dir(node)),
