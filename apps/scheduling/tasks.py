@@ -6,11 +6,11 @@ import time
 from typing import cast
 
 import redis
-from celery import shared_task
+from celery import shared_task, signals
 
 from apps.platform.names import Queue, Task
 
-from . import dispatcher, kept, reconcile
+from . import dispatcher, kept, reconcile, wake
 from .figures import record_dispatch_pass
 from .redis import LeaderLock, client, shared_client
 
@@ -38,11 +38,25 @@ QUIET_KEY = "gpuplatform:dispatch:quiet"  # set by a futile pass, for QUIET_MS
 DEFERRED_KEY = "gpuplatform:dispatch:deferred"  # a delayed request's message is on its way
 
 
+# One round trip: the request's mark (SET NX, as before), then a wake pushed for a dispatcher
+# that listens (apps/scheduling/wake.py), the list kept to one: 0 another request waits, 1 no
+# dispatcher listens (send the Celery message), 2 woken.
+_REQUEST = """
+if not redis.call('set', KEYS[1], 1, 'NX', 'EX', ARGV[1]) then return 0 end
+if redis.call('exists', KEYS[2]) == 0 then return 1 end
+redis.call('lpush', KEYS[3], 1)
+redis.call('ltrim', KEYS[3], 0, 0)
+return 2
+"""
+_SEND = 1
+
+
 def request_dispatch(after_submit: bool = False) -> None:
     """Ask for a dispatcher pass; called on commit of every submit, finish and node change.
 
-    At most one request waits at a time: a request sets REQUESTED_KEY (SET NX) and sends the
-    Celery message only if it was not set, and the dispatcher deletes the key before its next
+    At most one request waits at a time: a request sets REQUESTED_KEY (SET NX) and wakes a
+    listening dispatcher (apps/scheduling/wake.py) or, while none listens, sends the Celery
+    message, only if it was not set, and the dispatcher deletes the key before its next
     pass reads the queue (`dispatch`). So a request that finds the key set is answered by a
     pass that starts after it (every caller asks after its commit). Under
     a burst of submissions, publishing a message each (~2 ms of a web process's CPU) was a tenth
@@ -52,7 +66,9 @@ def request_dispatch(after_submit: bool = False) -> None:
     if after_submit and _deferred():
         return
     try:
-        if not shared_client().set(REQUESTED_KEY, 1, nx=True, ex=REQUESTED_TTL_S):
+        marked = int(cast(int, shared_client().eval(_REQUEST, 3, REQUESTED_KEY, wake.LISTENING_KEY,
+                                                     wake.WAKE_KEY, str(REQUESTED_TTL_S))))  # fmt: skip
+        if marked != _SEND:  # another request waits, or a dispatcher listening was woken
             return
     except redis.RedisError:
         pass  # send anyway: the broker may still be there
@@ -84,6 +100,16 @@ def _deferred() -> bool:
         with contextlib.suppress(redis.RedisError):
             shared_client().delete(DEFERRED_KEY)
     return True
+
+
+@signals.worker_ready.connect
+def _listen(sender=None, **kwargs) -> None:
+    wake.start(sender, dispatch)  # a dispatcher's direct wake (wake.py); not in other workers
+
+
+@signals.worker_shutting_down.connect
+def _stop_listening(**kwargs) -> None:
+    wake.stop()
 
 
 # Passes one task runs while requests keep coming; then it hands on to a new message.

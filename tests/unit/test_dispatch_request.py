@@ -7,7 +7,7 @@ a job's end or a node change does not wait, nor does a submit when a GPU is free
 import pytest
 import redis
 
-from apps.scheduling import tasks
+from apps.scheduling import tasks, wake
 from apps.scheduling.dispatcher import DispatchResult, dispatch_once
 from apps.scheduling.redis import LeaderLock, shared_client
 from tests.factories import make_cast, make_node
@@ -16,7 +16,13 @@ from tests.unit.test_dispatcher import submit
 
 @pytest.fixture
 def sent(monkeypatch):
-    keys = (tasks.REQUESTED_KEY, tasks.DEFERRED_KEY, tasks.QUIET_KEY)
+    keys = (
+        tasks.REQUESTED_KEY,
+        tasks.DEFERRED_KEY,
+        tasks.QUIET_KEY,
+        wake.LISTENING_KEY,
+        wake.WAKE_KEY,
+    )
     shared_client().delete(*keys)
     messages = Sent()
     monkeypatch.setattr(tasks.dispatch, "apply_async", lambda **options: messages.append(options))
@@ -59,6 +65,8 @@ def test_without_redis_the_request_is_sent_anyway(sent, monkeypatch):
     class Down:
         def set(self, *args, **kwargs):
             raise redis.ConnectionError("down")
+
+        eval = set
 
     monkeypatch.setattr(tasks, "shared_client", lambda: Down())
     tasks.request_dispatch()
