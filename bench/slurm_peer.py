@@ -241,8 +241,8 @@ def section(
     return f"""## Beside Slurm, interleaved pairs ({backend})
 
 Command: `{command}` ({backend}; Slurm 22.05, SchedulerParameters `{sched}`), on
-{when:%Y-%m-%d %H:%M} UTC, on the 2-core machine shared with 4 other engineers' work; loads at
-each pair's start: {", ".join(str(p["load"]) for p in pairs)}. Each pair runs ours, then Slurm's.
+{when:%Y-%m-%d %H:%M} UTC, on the 2-core development machine (other work may share it: the
+1-minute load average at each pair's start says how much): {", ".join(str(p["load"]) for p in pairs)}. Each pair runs ours, then Slurm's.
 
 | figure | ours, median | Slurm, median | ratio of medians | median of pair ratios | each pair, ours/Slurm |
 |---|---|---|---|---|---|
