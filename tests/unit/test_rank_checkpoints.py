@@ -21,11 +21,12 @@ def _members(attempt):
     return found
 
 
-def test_each_rank_resumes_from_its_own_bytes_whichever_rank_ended_last(cast, settings, tmp_path):  # noqa: F811
-    settings.MEDIA_ROOT = tmp_path
+def _a_gang_running(the_cast):
+    """A two-node gang placed on h1 and h2, both members started: the job, its first attempt,
+    and each member's agent client and assignment by rank."""
     make_node("h1", gpus=1)
     make_node("h2", gpus=1)
-    job = submit(cast, gpus=1, nodes=2)
+    job = submit(the_cast, gpus=1, nodes=2)
     dispatch_once()
     first = job.attempts.get()
     members = _members(first)
@@ -33,6 +34,12 @@ def test_each_rank_resumes_from_its_own_bytes_whichever_rank_ended_last(cast, se
         services.attempt_member_started(
             attempt_id=first.pk, rank=rank, token=str(first.token), pid=1
         )
+    return job, first, members
+
+
+def test_each_rank_resumes_from_its_own_bytes_whichever_rank_ended_last(cast, settings, tmp_path):  # noqa: F811
+    settings.MEDIA_ROOT = tmp_path
+    job, first, members = _a_gang_running(cast)
     blobs = {0: b"\x80\x02rank0-weights\x00\xff", 1: b"PK\x03\x04rank1-shard\x00"}
     stored = {rank: api.put_checkpoint(a, "model.pt", io.BytesIO(blobs[rank]))
               for rank, (api, a) in members.items()}  # fmt: skip
@@ -56,16 +63,7 @@ def test_each_rank_resumes_from_its_own_bytes_whichever_rank_ended_last(cast, se
 
 def test_a_rank_that_stored_nothing_starts_afresh(cast, settings, tmp_path):  # noqa: F811
     settings.MEDIA_ROOT = tmp_path
-    make_node("h1", gpus=1)
-    make_node("h2", gpus=1)
-    job = submit(cast, gpus=1, nodes=2)
-    dispatch_once()
-    first = job.attempts.get()
-    members = _members(first)
-    for rank in members:
-        services.attempt_member_started(
-            attempt_id=first.pk, rank=rank, token=str(first.token), pid=1
-        )
+    job, first, members = _a_gang_running(cast)
     api0, a0 = members[0]
     stored = api0.put_checkpoint(a0, "checkpoint.json", io.BytesIO(b'{"step": 3}'))
     assert api0.report(a0, "progress", progress=0.4, checkpoint=stored)
@@ -86,16 +84,7 @@ def test_a_late_rank_resumes_from_its_own_after_rank_0_saved_anew(cast, settings
     a busy node asks for its own: rank 1 still gets what it saved in the attempt before (CI saw
     it start at step 0 instead)."""
     settings.MEDIA_ROOT = tmp_path
-    make_node("h1", gpus=1)
-    make_node("h2", gpus=1)
-    job = submit(cast, gpus=1, nodes=2)
-    dispatch_once()
-    first = job.attempts.get()
-    members = _members(first)
-    for rank in members:
-        services.attempt_member_started(
-            attempt_id=first.pk, rank=rank, token=str(first.token), pid=1
-        )
+    job, first, members = _a_gang_running(cast)
     stored = {rank: api.put_checkpoint(a, "model.bin", io.BytesIO(f"step 21 of {rank}".encode()))
               for rank, (api, a) in members.items()}  # fmt: skip
     services.job_preempt(job=job, actor="test", reason="test")
