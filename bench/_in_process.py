@@ -1,4 +1,4 @@
-"""The set-up the in-process profilers share (bench._profile_submit, _profile_reports,
+"""The set-up the in-process profilers share (bench._profile_submit, _profile_reports, _profile_start,
 _profile_drain): a fresh SQLite file (or a fresh PostgreSQL database beside DATABASE_URL's), an
 embedded Redis, the migrations and the e2e cast (tests/e2e/seed.py), then Django set up here."""
 
@@ -43,3 +43,20 @@ def django_in_process() -> Iterator[str]:
             yield token
         finally:
             redis_server.stop()
+
+
+def peer_cluster():
+    """bench.slurm_peer's shape through the services, after `django_in_process`: 4 nodes x 4 GPUs
+    (`peer-0`..`peer-3`), and bob's membership with a one-GPU `true` JobSpec to submit with
+    (`enqueue.job_submit(tenant=member.tenant, user=member.user, spec=spec)`)."""
+    from apps.jobs import services
+    from apps.tenants.models import Membership
+    from tests.factories import make_node
+
+    for i in range(4):
+        make_node(f"peer-{i}", gpus=4)
+    member = Membership.objects.select_related("user", "tenant").get(user__username="bob")
+    spec = services.JobSpec(name="", tier=member.tenant.tier, template=None, params={},
+                            command=["true"], gpus=1, nodes=1, gpu_sku=None, node_selector={},
+                            max_runtime_seconds=3600, checkpointable=False, cacheable=False)  # fmt: skip
+    return member, spec

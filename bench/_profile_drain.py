@@ -21,7 +21,7 @@ import pstats
 import sys
 import time
 
-from bench._in_process import django_in_process
+from bench._in_process import django_in_process, peer_cluster
 
 
 def main() -> int:
@@ -44,17 +44,10 @@ def drain(args) -> None:
     from apps.jobs import services
     from apps.jobs.models import JobAttempt, JobState
     from apps.scheduling.dispatcher import dispatch_once
-    from apps.tenants.models import Membership
-    from tests.factories import make_node
 
     call_command("set_quota", "acme", "--max-queued-jobs", "100000",
                  "--submit-rate", "1000000", "--submit-burst", "100000")  # fmt: skip
-    for i in range(4):
-        make_node(f"peer-{i}", gpus=4)
-    member = Membership.objects.select_related("user", "tenant").get(user__username="bob")
-    spec = services.JobSpec(name="", tier=member.tenant.tier, template=None, params={},
-                            command=["true"], gpus=1, nodes=1, gpu_sku=None, node_selector={},
-                            max_runtime_seconds=3600, checkpointable=False, cacheable=False)  # fmt: skip
+    member, spec = peer_cluster()
     for _ in range(args.count):
         enqueue.job_submit(tenant=member.tenant, user=member.user, spec=spec)
     dispatch_once()  # warm: imports, the kept cluster, the first plan

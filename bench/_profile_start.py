@@ -20,7 +20,7 @@ import statistics
 import sys
 import time
 
-from bench._in_process import django_in_process
+from bench._in_process import django_in_process, peer_cluster
 
 
 def main() -> int:
@@ -40,15 +40,8 @@ def rounds(args) -> None:
     from apps.jobs import services
     from apps.jobs.models import JobAttempt
     from apps.scheduling.dispatcher import dispatch_once
-    from apps.tenants.models import Membership
-    from tests.factories import make_node
 
-    for i in range(4):
-        make_node(f"peer-{i}", gpus=4)
-    member = Membership.objects.select_related("user", "tenant").get(user__username="bob")
-    spec = services.JobSpec(name="", tier=member.tenant.tier, template=None, params={},
-                            command=["true"], gpus=1, nodes=1, gpu_sku=None, node_selector={},
-                            max_runtime_seconds=3600, checkpointable=False, cacheable=False)  # fmt: skip
+    member, spec = peer_cluster()
     dispatch_once()  # warm: imports, the kept cluster, the first plan
     profile = cProfile.Profile()
     cpus, walls = [], []
