@@ -211,6 +211,13 @@ class AgentApi:
         )
         return str(response.json().get("image_digest") or "")
 
+    def session_quiet_for(self, a: wire.Assignment) -> float | None:
+        """Seconds since any session of the member's attempt, on any rank, carried a byte (the
+        relay records it), or None when none has: an interactive gang's idle timeout."""
+        response = self._call("GET", self._member(a) + "activity/", token=a.token)
+        quiet = response.json()["quiet_seconds"]
+        return None if quiet is None else float(quiet)
+
     def list_inputs(self, a: wire.Assignment) -> list[dict]:
         """The artifacts of the member's job's parents: [{"job", "name", "size", "sha256"}]."""
         return self._call("GET", self._member(a) + "inputs/", token=a.token).json()["inputs"]

@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
-from apps.platform import agent_protocol as wire
 from workers import jail
 
 if TYPE_CHECKING:
@@ -141,14 +140,7 @@ class Sessions:
         return True
 
     def platform_quiet_for(self, run: Run) -> float | None:
-        api, work = self.agent.api, run.assignment
-        path = f"/members/{work.attempt_id}/{work.rank}/activity/"
-        response = api.session.request("GET", api.base + path, timeout=api.timeout,
-                                       headers={wire.ATTEMPT_TOKEN_HEADER: work.token})  # fmt: skip
-        if response.status_code != 200:
-            raise OSError(f"GET {path}: {response.status_code}")
-        quiet = response.json()["quiet_seconds"]
-        return None if quiet is None else float(quiet)
+        return self.agent.api.session_quiet_for(run.assignment)
 
     def close_all(self) -> None:
         with self.lock:

@@ -14,6 +14,7 @@ from tests.factories import make_cast, make_node
 from tests.unit.test_agent_api import bearer, fenced, member_url
 from tests.unit.test_dispatcher import placed_and_started
 from workers import sessions
+from workers.agent_client import ApiError
 from workers.runner import Run
 
 
@@ -56,6 +57,6 @@ def test_only_the_placed_nodes_member_with_its_token_is_told(placed):
 def test_an_ended_member_is_not_told_and_its_agent_does_not_end_the_job(placed):
     attempt, tracker, run = placed
     attempt.members.update(ended_at=attempt.started_at or attempt.created_at)
-    with pytest.raises(OSError, match="404"):
+    with pytest.raises(ApiError, match="404"):
         tracker.platform_quiet_for(run)
     assert tracker.busy_elsewhere(run, time.monotonic(), 60)
