@@ -8,7 +8,14 @@ The GIL's switch interval is cut from Python's 5 ms: the event loop's one thread
 writes every connection of the worker, and while the pool's threads run views it waited up to
 5 ms for the GIL at each step of each request (read, hand to the pool, send), so the worker
 served far fewer requests than gunicorn's gthread worker did on the same cores (a submit burst
-while agents report: about 14 submits/s at 5 ms, 50-70 at 0.5 ms; bench/foundation.py)."""
+while agents report: about 14 submits/s at 5 ms, 50-70 at 0.5 ms; bench/foundation.py). Measured
+again beside 2 and 5 ms (docs/bench/71-slurm-peer-notes.md, h36web pass): 2 ms no better, 5 ms
+still worse; it stays.
+
+The event loop and the HTTP parser are named, not left to uvicorn's "auto": auto falls back to
+asyncio's loop and the pure-Python h11 parser when uvloop or httptools is missing, and the server's
+own CPU a request then grows by a third (asyncio) to three quarters (h11), with nothing said. A
+web without them now refuses to start instead (both are in requirements.txt)."""
 
 import logging
 import os
@@ -41,8 +48,8 @@ def quiet_agent_access(logger: logging.Logger) -> None:
 
 class Worker(UvicornWorker):
     CONFIG_KWARGS = {
-        "loop": "auto",
-        "http": "auto",
+        "loop": "uvloop",
+        "http": "httptools",
         "proxy_headers": False,
         "server_header": False,  # gunicorn's workers named themselves; nothing needs it
         # On SIGTERM open event streams are cut after 5 s (their clients reconnect to another
