@@ -203,13 +203,14 @@ class State:
         """Bring the state up to date with the database; False when only a full read can (a node,
         a GPU or a setting changed, or too much at once). `tiers` as for `load`."""
         assert self.stamp is not None
-        if settings_stamp(tiers) != self.stamp.settings or gpu_stamp() != self.stamp.gpus:
+        settings_read, gpus, allocations_read = pass_stamps(tiers)
+        if settings_read != self.stamp.settings or gpus != self.stamp.gpus:
             return False
         if node_rows() != self.stamp.nodes:
             return False
         dirty = {h for h, held in self.holdings.items() if held.pod.name in self.dirty}
         self.dirty.clear()
-        if dirty or held_allocation_stamp() != self.stamp.allocations:
+        if dirty or allocations_read != self.stamp.allocations:
             allocations = allocation_rows()
             if not self._apply_changes(allocations, dirty):
                 return False
@@ -441,6 +442,40 @@ def held_allocation_stamp() -> tuple:
         "WHERE g.released_at IS NULL".format(*tables)
     )
     return count, ids or 0, attempt_versions or 0, job_versions or 0
+
+
+def pass_stamps(tiers: list[Tier] | None = None) -> tuple[tuple, tuple, tuple]:
+    """`settings_stamp`, `gpu_stamp` and `held_allocation_stamp` in one statement (a UNION ALL of
+    tagged rows): what every pass that keeps its state checks. Four statements were four round
+    trips, each of which on PostgreSQL waits for the server's process to be scheduled (on the
+    2-core bench machine, under load, more than the read itself: docs/bench/71-slurm-peer-notes.md,
+    "h36start pass"). The same values as the three functions give, as the same tuples."""
+    from apps.tenants.models import Tenant
+
+    if tiers is None:
+        tiers = list(Tier.objects.all())
+    gpu = Gpu._meta.db_table
+    tables = GpuAllocation._meta.db_table, JobAttempt._meta.db_table, Job._meta.db_table
+    rows = _fetch(
+        f"SELECT 0, COUNT(id), SUM(id), 0, 0 FROM {gpu} "
+        f"UNION ALL SELECT 1, id, 0, 0, 0 FROM {gpu} WHERE health <> %s "
+        f"UNION ALL SELECT 2, id, 0, 0, 0 FROM {Tenant._meta.db_table} WHERE allow_commands "
+        "UNION ALL SELECT 3, COUNT(g.id), SUM(g.id), SUM(a.version), SUM(j.version) FROM {} g "
+        "JOIN {} a ON a.id = g.attempt_id JOIN {} j ON j.id = a.job_id "
+        "WHERE g.released_at IS NULL".format(*tables),
+        (GpuHealth.HEALTHY.value,),
+    )
+    # A UNION's column takes the widest type of its rows (PostgreSQL: a SUM of bigints is a
+    # numeric): every value back to an int, as the separate reads give it.
+    values = {kind: [tuple(None if v is None else int(v) for v in row[1:])
+                     for row in rows if row[0] == kind] for kind in range(4)}  # fmt: skip
+    ((count, ids, _, _),) = values[0]
+    gpus = count, ids, tuple(sorted(row[0] for row in values[1]))
+    graces = tuple(sorted((tier.pk, tier.preemption_grace_seconds) for tier in tiers))
+    allowed = tuple(sorted(row[0] for row in values[2]))
+    settings_read = graces, allowed, settings.TRUST_UNISOLATED_NODES, settings.KILL_GRACE_SECONDS
+    ((held, held_ids, attempt_versions, job_versions),) = values[3]
+    return settings_read, gpus, (held, held_ids or 0, attempt_versions or 0, job_versions or 0)
 
 
 def settings_stamp(tiers: list[Tier] | None = None) -> tuple:

@@ -2,6 +2,7 @@
 node, and the pass after each job's end during a drain. Statement ceilings, not timings: each
 statement is most of its cost in the ORM's building of it (docs/scheduling.md, "A small pass")."""
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -58,6 +59,16 @@ def test_a_pass_placing_one_job_on_an_idle_node_costs_30_statements_at_most(cast
 def test_a_pass_reads_the_tiers_once(cast):
     reads = [q for q in placing_one(cast).captured_queries if 'FROM "tenants_tier"' in q["sql"]]
     assert len(reads) == 1  # the policy's tiers, the grace, the heads' tiers, the kept stamp
+
+
+def test_a_pass_that_keeps_its_state_checks_its_stamps_in_one_statement(cast):
+    # The GPUs' count and unhealthy ones, the tenants that allow commands and the held
+    # allocations were four statements (four round trips: on PostgreSQL each waits for the
+    # server's process, docs/bench/71-slurm-peer-notes.md, "h36start pass").
+    queries = [q["sql"] for q in placing_one(cast).captured_queries]
+    stamps = [sql for sql in queries if re.search(r"nodes_gpu\b|WHERE allow_commands", sql)]
+    assert len(stamps) == 1
+    assert "jobs_gpuallocation" in stamps[0] and "allow_commands" in stamps[0]
 
 
 def test_a_pass_that_only_starts_opens_no_transaction_around_jobs_place(cast):
