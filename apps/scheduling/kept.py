@@ -156,6 +156,9 @@ class State:
         # The queue's heads the last pass holding this state got (dispatcher.ordered_queue), by
         # job id: a head whose row has not changed is not read and built again.
         self.heads: dict = {}
+        # The running attempts' stamp as this pass's refresh read it (`pass_stamps`), for the
+        # usage's refresh (`Kept.usage`): taken once; None after a full read.
+        self.live_read: tuple | None = None
 
     # --- a full read ------------------------------------------------------------------------
 
@@ -203,7 +206,7 @@ class State:
         """Bring the state up to date with the database; False when only a full read can (a node,
         a GPU or a setting changed, or too much at once). `tiers` as for `load`."""
         assert self.stamp is not None
-        settings_read, gpus, allocations_read = pass_stamps(tiers)
+        settings_read, gpus, allocations_read, self.live_read = pass_stamps(tiers)
         if settings_read != self.stamp.settings or gpus != self.stamp.gpus:
             return False
         if node_rows() != self.stamp.nodes:
@@ -444,38 +447,46 @@ def held_allocation_stamp() -> tuple:
     return count, ids or 0, attempt_versions or 0, job_versions or 0
 
 
-def pass_stamps(tiers: list[Tier] | None = None) -> tuple[tuple, tuple, tuple]:
-    """`settings_stamp`, `gpu_stamp` and `held_allocation_stamp` in one statement (a UNION ALL of
-    tagged rows): what every pass that keeps its state checks. Four statements were four round
-    trips, each of which on PostgreSQL waits for the server's process to be scheduled (on the
-    2-core bench machine, under load, more than the read itself: docs/bench/71-slurm-peer-notes.md,
-    "h36start pass"). The same values as the three functions give, as the same tuples."""
+def pass_stamps(tiers: list[Tier] | None = None) -> tuple[tuple, tuple, tuple, tuple]:
+    """`settings_stamp`, `gpu_stamp`, `held_allocation_stamp` and `live_attempt_stamp` in one
+    statement (a UNION ALL of tagged rows): what every pass that keeps its state checks. Five
+    statements were five round trips, each of which on PostgreSQL waits for the server's process
+    to be scheduled (on the 2-core bench machine, under load, more than the read itself:
+    docs/bench/71-slurm-peer-notes.md, "h36start pass"). The same values as the four functions
+    give, as the same tuples."""
     from apps.tenants.models import Tenant
 
     if tiers is None:
         tiers = list(Tier.objects.all())
     gpu = Gpu._meta.db_table
     tables = GpuAllocation._meta.db_table, JobAttempt._meta.db_table, Job._meta.db_table
+    # The running attempts' row first: PostgreSQL types a UNION's columns pairwise from the left,
+    # and two NULLs first would make the last column text.
     rows = _fetch(
-        f"SELECT 0, COUNT(id), SUM(id), 0, 0 FROM {gpu} "
-        f"UNION ALL SELECT 1, id, 0, 0, 0 FROM {gpu} WHERE health <> %s "
-        f"UNION ALL SELECT 2, id, 0, 0, 0 FROM {Tenant._meta.db_table} WHERE allow_commands "
-        "UNION ALL SELECT 3, COUNT(g.id), SUM(g.id), SUM(a.version), SUM(j.version) FROM {} g "
-        "JOIN {} a ON a.id = g.attempt_id JOIN {} j ON j.id = a.job_id "
-        "WHERE g.released_at IS NULL".format(*tables),
+        "SELECT 4, COUNT(id), SUM(id), 0, 0, MAX(started_at) FROM {1} "
+        "WHERE started_at IS NOT NULL AND ended_at IS NULL "
+        "UNION ALL SELECT 0, COUNT(id), SUM(id), 0, 0, NULL FROM {3} "
+        "UNION ALL SELECT 1, id, 0, 0, 0, NULL FROM {3} WHERE health <> %s "
+        "UNION ALL SELECT 2, id, 0, 0, 0, NULL FROM {4} WHERE allow_commands "
+        "UNION ALL SELECT 3, COUNT(g.id), SUM(g.id), SUM(a.version), SUM(j.version), NULL "
+        "FROM {0} g JOIN {1} a ON a.id = g.attempt_id JOIN {2} j ON j.id = a.job_id "
+        "WHERE g.released_at IS NULL".format(*tables, gpu, Tenant._meta.db_table),
         (GpuHealth.HEALTHY.value,),
     )
     # A UNION's column takes the widest type of its rows (PostgreSQL: a SUM of bigints is a
-    # numeric): every value back to an int, as the separate reads give it.
-    values = {kind: [tuple(None if v is None else int(v) for v in row[1:])
-                     for row in rows if row[0] == kind] for kind in range(4)}  # fmt: skip
-    ((count, ids, _, _),) = values[0]
+    # numeric): every number back to an int, as the separate reads give it. The latest start
+    # is raw, as `live_attempt_stamp` reads it (a stamp is only compared with its kind).
+    values = {kind: [(*(None if v is None else int(v) for v in row[1:5]), row[5])
+                     for row in rows if row[0] == kind] for kind in range(5)}  # fmt: skip
+    ((count, ids, _, _, _),) = values[0]
     gpus = count, ids, tuple(sorted(row[0] for row in values[1]))
     graces = tuple(sorted((tier.pk, tier.preemption_grace_seconds) for tier in tiers))
     allowed = tuple(sorted(row[0] for row in values[2]))
     settings_read = graces, allowed, settings.TRUST_UNISOLATED_NODES, settings.KILL_GRACE_SECONDS
-    ((held, held_ids, attempt_versions, job_versions),) = values[3]
-    return settings_read, gpus, (held, held_ids or 0, attempt_versions or 0, job_versions or 0)
+    ((held, held_ids, attempt_versions, job_versions, _),) = values[3]
+    ((live, live_ids, _, _, latest),) = values[4]
+    return (settings_read, gpus, (held, held_ids or 0, attempt_versions or 0, job_versions or 0),
+            (live, live_ids or 0, latest))  # fmt: skip
 
 
 def settings_stamp(tiers: list[Tier] | None = None) -> tuple:
@@ -530,11 +541,12 @@ class UsageSpans:
         self.ended_checked = timezone.now()
         self._add(_usage_rows().filter(Q(ended_at__isnull=True) | Q(ended_at__gte=since)))
 
-    def refresh(self, since) -> bool:
-        """Up to date with the database; False when the window grew (read it all again)."""
+    def refresh(self, since, stamp: tuple | None = None) -> bool:
+        """Up to date with the database; False when the window grew (read it all again).
+        `stamp`: `live_attempt_stamp` as the pass read it already (read here when None)."""
         if since < self.since:
             return False
-        stamp = live_attempt_stamp()
+        stamp = live_attempt_stamp() if stamp is None else stamp
         if stamp != self.stamp:
             live = set(_usage_rows().filter(ended_at=None).values_list("pk", flat=True))
             moved = (live - self.running) | (self.running - live)
@@ -708,8 +720,8 @@ class Kept:
         if state is not self._state:
             return tenant_usage(now, half_life_s)
         since = now - timedelta(seconds=4 * half_life_s)
-        spans = self._usage
-        if spans is None or state.read_at > spans.read_at or not spans.refresh(since):
+        spans, stamp, state.live_read = self._usage, state.live_read, None
+        if spans is None or state.read_at > spans.read_at or not spans.refresh(since, stamp):
             spans = self._usage = UsageSpans(since)
             spans.read_at = state.read_at
         return spans.usage(now, half_life_s)

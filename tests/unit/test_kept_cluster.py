@@ -317,12 +317,13 @@ def test_a_refresh_reads_again_no_end_it_keeps(cast, monkeypatch):
 
 
 def test_the_pass_stamps_in_one_statement_are_the_three_stamps(cast):
-    """kept.pass_stamps (one UNION ALL) gives what settings_stamp, gpu_stamp and
-    held_allocation_stamp give, on an empty cluster and with GPUs unhealthy, tenants allowed
+    """kept.pass_stamps (one UNION ALL) gives what settings_stamp, gpu_stamp,
+    held_allocation_stamp and live_attempt_stamp give, on an empty cluster and with GPUs unhealthy, tenants allowed
     commands and allocations held (on PostgreSQL the union's sums come back as numerics)."""
 
-    def three() -> tuple:
-        return kept.settings_stamp(), kept.gpu_stamp(), kept.held_allocation_stamp()
+    def three() -> tuple:  # and the running attempts'
+        stamps = kept.settings_stamp(), kept.gpu_stamp(), kept.held_allocation_stamp()
+        return (*stamps, kept.live_attempt_stamp())
 
     assert kept.pass_stamps() == three()
     node = make_node("h1", gpus=4)
@@ -335,5 +336,5 @@ def test_the_pass_stamps_in_one_statement_are_the_three_stamps(cast):
     started(job)
     got = kept.pass_stamps()
     assert got == three()
-    assert got[1][2] and got[0][1] and got[2][0] == 1
-    assert all(type(v) is int for v in (*got[1][:2], *got[2]))
+    assert got[1][2] and got[0][1] and got[2][0] == 1 and got[3][0] == 1
+    assert all(type(v) is int for v in (*got[1][:2], *got[2], *got[3][:2]))
