@@ -62,14 +62,15 @@ def test_a_pass_reads_the_tiers_once(cast):
 
 
 def test_a_pass_that_keeps_its_state_checks_its_stamps_in_one_statement(cast):
-    # The GPUs' count and unhealthy ones, the tenants that allow commands, the held allocations
-    # and the running attempts (the usage's stamp) were five statements (five round trips: on PostgreSQL each waits for the
+    # The GPUs' count and unhealthy ones, the tenants that allow commands, the held allocations,
+    # the running attempts (the usage's stamp) and the checkpoints saved since the last pass
+    # were six statements (six round trips: on PostgreSQL each waits for the
     # server's process, docs/bench/71-slurm-peer-notes.md, "h36start pass").
     queries = [q["sql"] for q in placing_one(cast).captured_queries]
     stamps = [
         sql
         for sql in queries
-        if re.search(r"nodes_gpu\b|WHERE allow_commands|MAX\(started_at\)", sql)
+        if re.search(r'nodes_gpu\b|WHERE allow_commands|MAX\(started_at\)|checkpoint_at"? >=', sql)
     ]
     assert len(stamps) == 1
     assert "jobs_gpuallocation" in stamps[0] and "allow_commands" in stamps[0]
