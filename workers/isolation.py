@@ -64,7 +64,7 @@ class Settings:
     # "auto": fence jobs where the agent can; "none": the operator turns fencing off on purpose;
     # "strict": fence every job with all its limits (memory, pids, cpu) or refuse to start.
     mode: str
-    spare_launcher: bool = False  # GPUPLATFORM_SPARE_LAUNCHER (runner.py `_ready_spare`)
+    spare_launcher: bool = True  # GPUPLATFORM_SPARE_LAUNCHER (runner.py `_ready_spare`)
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -85,10 +85,11 @@ class Settings:
                 os.environ.get("GPUPLATFORM_JOB_UID_LEASE_DIR") or "/run/gpuplatform/uids"
             ),
             mode=mode,
-            # 1: a process waits, forked and in fresh cgroups, for the next fenced member (its
-            # start skips the fork and the cgroup move: workers/forkserver.py); 0: off, the
-            # default (no gain showed on a whole platform: docs/operations.md).
-            spare_launcher=bool(env_int("GPUPLATFORM_SPARE_LAUNCHER", 0)),
+            # 1, the default: on an idle node a process waits, forked and in fresh cgroups, for
+            # the next fenced member (its start skips the fork and the cgroup move:
+            # workers/forkserver.py; a whole platform's placed-to-first-instruction 12-30 ms
+            # shorter, docs/operations.md); 0: off.
+            spare_launcher=bool(env_int("GPUPLATFORM_SPARE_LAUNCHER", 1)),
         )
 
 

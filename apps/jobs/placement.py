@@ -57,15 +57,20 @@ def job_place(*, job: Job, members: list[MemberPlacement], actor: str = "system:
     return _place([JobPlacement(job=job, members=members, why=why)], actor=actor).get(job.pk)
 
 
-@retried
-@transaction.atomic
+@retried  # each of its transactions rolls back whole on an abort: it runs again from the start
 def jobs_place(placements: list[JobPlacement], *, actor: str = "system:dispatcher",
                on_lost_race: Callable[[JobPlacement], None] | None = None) -> dict:  # fmt: skip
     """`job_place` for a dispatcher pass's starts, in a fixed number of statements however many
     there are: {job id: its new attempt} for the jobs placed. A job that moved on (cancelled,
     placed by another dispatcher, changing right now) is left out. When another dispatcher took
     one of the GPUs first, the allocation index refuses the whole batch: then each job is placed
-    in its own savepoint, so only the loser is refused (and told to `on_lost_race`)."""
+    in its own savepoint, so only the loser is refused (and told to `on_lost_race`).
+
+    The batch is a transaction of its own (a savepoint only where the caller holds one), and
+    the way back after a refusal another: a transaction around both made the batch's a
+    savepoint, two more round trips (SAVEPOINT, RELEASE) before every pass's start message, on
+    PostgreSQL each waiting for the server's process (docs/bench/71-slurm-peer-notes.md,
+    "h36start pass")."""
     try:
         with transaction.atomic():
             return _place(placements, actor=actor)
@@ -74,12 +79,13 @@ def jobs_place(placements: list[JobPlacement], *, actor: str = "system:dispatche
             _lost_race(placements[0], on_lost_race)
             return {}
     placed: dict = {}
-    for placement in placements:
-        try:
-            with transaction.atomic():
-                placed.update(_place([placement], actor=actor))
-        except IntegrityError:
-            _lost_race(placement, on_lost_race)
+    with transaction.atomic():
+        for placement in placements:
+            try:
+                with transaction.atomic():
+                    placed.update(_place([placement], actor=actor))
+            except IntegrityError:
+                _lost_race(placement, on_lost_race)
     return placed
 
 

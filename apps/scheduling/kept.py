@@ -28,12 +28,13 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, timedelta
 
 from django.conf import settings
 from django.db import connection
 from django.db.models import Q
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from apps.jobs.models import ATTEMPT_ACTIVE, AttemptState, GpuAllocation, Job, JobAttempt, JobState
 from apps.nodes.models import Gpu, GpuHealth, Node, NodeState
@@ -156,6 +157,9 @@ class State:
         # The queue's heads the last pass holding this state got (dispatcher.ordered_queue), by
         # job id: a head whose row has not changed is not read and built again.
         self.heads: dict = {}
+        # The running attempts' stamp as this pass's refresh read it (`pass_stamps`), for the
+        # usage's refresh (`Kept.usage`): taken once; None after a full read.
+        self.live_read: tuple | None = None
 
     # --- a full read ------------------------------------------------------------------------
 
@@ -203,18 +207,22 @@ class State:
         """Bring the state up to date with the database; False when only a full read can (a node,
         a GPU or a setting changed, or too much at once). `tiers` as for `load`."""
         assert self.stamp is not None
-        if settings_stamp(tiers) != self.stamp.settings or gpu_stamp() != self.stamp.gpus:
+        since, self.checkpoints_since = self.checkpoints_since, timezone.now()
+        after = since - timedelta(seconds=CHECKPOINT_MARGIN_S)
+        stamps = pass_stamps(tiers, checkpoints_after=after)
+        settings_read, gpus, allocations_read, self.live_read, checkpoints = stamps
+        if settings_read != self.stamp.settings or gpus != self.stamp.gpus:
             return False
         if node_rows() != self.stamp.nodes:
             return False
         dirty = {h for h, held in self.holdings.items() if held.pod.name in self.dirty}
         self.dirty.clear()
-        if dirty or held_allocation_stamp() != self.stamp.allocations:
+        if dirty or allocations_read != self.stamp.allocations:
             allocations = allocation_rows()
             if not self._apply_changes(allocations, dirty):
                 return False
             self.stamp.allocations = allocation_stamp(allocations)
-        self._read_checkpoints()
+        self._saw_checkpoints(checkpoints)
         return True
 
     def _apply_changes(self, allocations: list[tuple], dirty: set[int]) -> bool:
@@ -276,21 +284,15 @@ class State:
             pods.append((held.pod, held.placement))
         self.cluster.add_pods(pods)  # each node re-indexed once
 
-    def _read_checkpoints(self) -> None:
-        """Checkpoints saved since the last pass (not versioned: read by time, with a margin)."""
-        since, self.checkpoints_since = self.checkpoints_since, timezone.now()
-        rows = (
-            JobAttempt.objects.filter(
-                state__in=ATTEMPT_ACTIVE,
-                checkpoint_at__gte=since - timedelta(seconds=CHECKPOINT_MARGIN_S),
-            )
-            .order_by()
-            .values_list("pk", "checkpoint_at")
-        )  # no order: no join for the job's
+    def _saw_checkpoints(self, rows: list[tuple]) -> None:
+        """Checkpoints saved since the last pass (not versioned: read by time, with a margin, in
+        `pass_stamps`), as (attempt pk, checkpoint time). Read before the allocations: an attempt
+        held again since has its own row's, as new or newer (a checkpoint time only moves on)."""
         for pk, checkpoint_at in rows:
             held = self.holdings.get(pk)
             if held is not None:
-                held.running.last_checkpoint_at = epoch(checkpoint_at)
+                at, last = epoch(checkpoint_at), held.running.last_checkpoint_at
+                held.running.last_checkpoint_at = at if last is None else max(last, at)
 
     # --- what a pass gets -------------------------------------------------------------------
 
@@ -443,6 +445,63 @@ def held_allocation_stamp() -> tuple:
     return count, ids or 0, attempt_versions or 0, job_versions or 0
 
 
+def pass_stamps(tiers: list[Tier] | None = None, checkpoints_after=None) -> tuple:
+    """`settings_stamp`, `gpu_stamp`, `held_allocation_stamp` and `live_attempt_stamp` in one
+    statement (a UNION ALL of tagged rows): what every pass that keeps its state checks, and the
+    active attempts' checkpoints saved at or after `checkpoints_after` ((pk, time) pairs; none
+    read when None). Six statements were six round trips, each of which on PostgreSQL waits for
+    the server's process to be scheduled (on the 2-core bench machine, under load, more than the
+    read itself: docs/bench/71-slurm-peer-notes.md, "h36start pass"). The same values as the
+    four functions give, as the same tuples, and the checkpoints last."""
+    from apps.tenants.models import Tenant
+
+    if tiers is None:
+        tiers = list(Tier.objects.all())
+    gpu, moment = Gpu._meta.db_table, connection.ops.adapt_datetimefield_value
+    tables = GpuAllocation._meta.db_table, JobAttempt._meta.db_table, Job._meta.db_table
+    # The running attempts' row first: PostgreSQL types a UNION's columns pairwise from the left,
+    # and two NULLs first would make the last column text.
+    rows = _fetch(
+        "SELECT 4, COUNT(id), SUM(id), 0, 0, MAX(started_at) FROM {1} "
+        "WHERE started_at IS NOT NULL AND ended_at IS NULL "
+        "UNION ALL SELECT 0, COUNT(id), SUM(id), 0, 0, NULL FROM {3} "
+        "UNION ALL SELECT 1, id, 0, 0, 0, NULL FROM {3} WHERE health <> %s "
+        "UNION ALL SELECT 2, id, 0, 0, 0, NULL FROM {4} WHERE allow_commands "
+        "UNION ALL SELECT 3, COUNT(g.id), SUM(g.id), SUM(a.version), SUM(j.version), NULL "
+        "FROM {0} g JOIN {1} a ON a.id = g.attempt_id JOIN {2} j ON j.id = a.job_id "
+        "WHERE g.released_at IS NULL".format(*tables, gpu, Tenant._meta.db_table)
+        + ("" if checkpoints_after is None else
+           f" UNION ALL SELECT 5, id, 0, 0, 0, checkpoint_at FROM {tables[1]} "
+           f"WHERE state IN ({', '.join(['%s'] * len(ATTEMPT_ACTIVE))}) AND checkpoint_at >= %s"),
+        (GpuHealth.HEALTHY.value, *([] if checkpoints_after is None else
+                                    [*ATTEMPT_ACTIVE, moment(checkpoints_after)])),
+    )  # fmt: skip
+    # A UNION's column takes the widest type of its rows (PostgreSQL: a SUM of bigints is a
+    # numeric): every number back to an int, as the separate reads give it. The latest start
+    # is raw, as `live_attempt_stamp` reads it (a stamp is only compared with its kind).
+    values = {kind: [(*(None if v is None else int(v) for v in row[1:5]), row[5])
+                     for row in rows if row[0] == kind] for kind in range(6)}  # fmt: skip
+    ((count, ids, _, _, _),) = values[0]
+    gpus = count, ids, tuple(sorted(row[0] for row in values[1]))
+    graces = tuple(sorted((tier.pk, tier.preemption_grace_seconds) for tier in tiers))
+    allowed = tuple(sorted(row[0] for row in values[2]))
+    settings_read = graces, allowed, settings.TRUST_UNISOLATED_NODES, settings.KILL_GRACE_SECONDS
+    ((held, held_ids, attempt_versions, job_versions, _),) = values[3]
+    ((live, live_ids, _, _, latest),) = values[4]
+    checkpoints = [(row[0], _aware(row[4])) for row in values[5]]
+    return (settings_read, gpus, (held, held_ids or 0, attempt_versions or 0, job_versions or 0),
+            (live, live_ids or 0, latest), checkpoints)  # fmt: skip
+
+
+def _aware(value):
+    """A time read raw (SQLite: its text, naive UTC as Django stores it) as a datetime."""
+    if isinstance(value, str):
+        value = parse_datetime(value)
+    if value is not None and timezone.is_naive(value):
+        value = timezone.make_aware(value, UTC)
+    return value
+
+
 def settings_stamp(tiers: list[Tier] | None = None) -> tuple:
     """What else the state was built from: the tiers' grace (from the pass's Tier rows, or read
     here), the tenants allowed commands (their running jobs' tolerations), and the settings read."""
@@ -495,11 +554,12 @@ class UsageSpans:
         self.ended_checked = timezone.now()
         self._add(_usage_rows().filter(Q(ended_at__isnull=True) | Q(ended_at__gte=since)))
 
-    def refresh(self, since) -> bool:
-        """Up to date with the database; False when the window grew (read it all again)."""
+    def refresh(self, since, stamp: tuple | None = None) -> bool:
+        """Up to date with the database; False when the window grew (read it all again).
+        `stamp`: `live_attempt_stamp` as the pass read it already (read here when None)."""
         if since < self.since:
             return False
-        stamp = live_attempt_stamp()
+        stamp = live_attempt_stamp() if stamp is None else stamp
         if stamp != self.stamp:
             live = set(_usage_rows().filter(ended_at=None).values_list("pk", flat=True))
             moved = (live - self.running) | (self.running - live)
@@ -673,8 +733,8 @@ class Kept:
         if state is not self._state:
             return tenant_usage(now, half_life_s)
         since = now - timedelta(seconds=4 * half_life_s)
-        spans = self._usage
-        if spans is None or state.read_at > spans.read_at or not spans.refresh(since):
+        spans, stamp, state.live_read = self._usage, state.live_read, None
+        if spans is None or state.read_at > spans.read_at or not spans.refresh(since, stamp):
             spans = self._usage = UsageSpans(since)
             spans.read_at = state.read_at
         return spans.usage(now, half_life_s)

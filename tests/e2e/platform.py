@@ -17,7 +17,7 @@ import requests
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # Agent settings a test run or a bench hands on to every agent when set in its own environment
-# (`GPUPLATFORM_SPARE_LAUNCHER=1 pytest ...`; bench._cpu_split compares the coalescing window).
+# (`GPUPLATFORM_SPARE_LAUNCHER=0 pytest ...`; bench._cpu_split compares the coalescing window).
 AGENT_SETTINGS = ("GPUPLATFORM_SPARE_LAUNCHER", "GPUPLATFORM_REPORT_COALESCE_MS")
 # The checkout first, then whatever the run was given (packages carried to a machine whose own
 # Python lacks them, as on the GPU machine of tests/gpu/).

@@ -15,7 +15,8 @@ from tests.processes import alive
 
 @pytest.fixture(autouse=True)
 def _spare_on(monkeypatch):
-    """Off by default (docs/operations.md); these tests turn it on, before `runner` is made."""
+    """On by default (docs/operations.md); these tests say so whatever the run's environment
+    sets, before `runner` is made."""
     monkeypatch.setenv("GPUPLATFORM_SPARE_LAUNCHER", "1")
 
 

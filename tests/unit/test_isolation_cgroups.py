@@ -103,6 +103,15 @@ def test_a_members_limits_come_from_its_assignment_else_the_nodes_defaults(monke
     assert Limits.of(object(), settings) == Limits(memory_mib=0, pids_max=99, cpu_weight=100)
 
 
+def test_the_spare_launcher_is_on_unless_turned_off(monkeypatch):
+    # On by default since the whole platform's start was measured shorter with it
+    # (docs/bench/71-slurm-peer-notes.md, "h36start pass").
+    monkeypatch.delenv("GPUPLATFORM_SPARE_LAUNCHER", raising=False)
+    assert Settings.from_env().spare_launcher
+    monkeypatch.setenv("GPUPLATFORM_SPARE_LAUNCHER", "0")
+    assert not Settings.from_env().spare_launcher
+
+
 def test_the_agents_own_group_is_found_under_each_mount():
     v2, v1 = _mounts()  # whatever this machine has; the paths must be real directories
     if v2 is not None:

@@ -16,7 +16,7 @@ from apps.platform.agent_protocol import GpuInfo
 from apps.scheduling import core, kept
 from apps.scheduling.core import policy
 from apps.scheduling.dispatcher import dispatch_once
-from apps.tenants.models import Tier
+from apps.tenants.models import Tenant, Tier
 from tests.factories import make_cast, make_node
 from tests.unit.test_dispatcher import submit
 
@@ -314,3 +314,42 @@ def test_a_refresh_reads_again_no_end_it_keeps(cast, monkeypatch):
     assert read == [attempts[3].pk]  # the new end, once
     assert spans.refresh(since)
     assert read == [attempts[3].pk]
+
+
+def test_the_pass_stamps_in_one_statement_are_the_three_stamps(cast):
+    """kept.pass_stamps (one UNION ALL) gives what settings_stamp, gpu_stamp,
+    held_allocation_stamp and live_attempt_stamp give, on an empty cluster and with GPUs unhealthy, tenants allowed
+    commands and allocations held (on PostgreSQL the union's sums come back as numerics)."""
+
+    def three() -> tuple:  # and the running attempts'
+        stamps = kept.settings_stamp(), kept.gpu_stamp(), kept.held_allocation_stamp()
+        return (*stamps, kept.live_attempt_stamp())
+
+    assert kept.pass_stamps()[:4] == three()
+    node = make_node("h1", gpus=4)
+    make_node("h2", gpus=2)
+    assert kept.pass_stamps()[:4] == three()
+    Gpu.objects.filter(node=node, index__in=[1, 3]).update(health="unhealthy")
+    Tenant.objects.update(allow_commands=True)
+    job = submit(cast)
+    dispatch_once()
+    started(job)
+    got = kept.pass_stamps()
+    assert got[:4] == three() and got[4] == []
+    assert got[1][2] and got[0][1] and got[2][0] == 1 and got[3][0] == 1
+    assert all(type(v) is int for v in (*got[1][:2], *got[2], *got[3][:2]))
+
+
+def test_the_pass_stamps_read_the_checkpoints_saved_since(cast):
+    """With `checkpoints_after`, the same statement reads the active attempts' checkpoints at
+    or after it, as aware datetimes (SQLite's raw text too), equal to the ORM's read."""
+    make_node("h1", gpus=4)
+    job = submit(cast)
+    dispatch_once()
+    attempt = started(job)
+    before = timezone.now() - timedelta(seconds=1)
+    assert kept.pass_stamps(checkpoints_after=before)[4] == []
+    saved = timezone.now()
+    JobAttempt.objects.filter(pk=attempt.pk).update(checkpoint_at=saved)
+    assert kept.pass_stamps(checkpoints_after=before)[4] == [(attempt.pk, saved)]
+    assert kept.pass_stamps(checkpoints_after=saved + timedelta(seconds=1))[4] == []
