@@ -178,15 +178,12 @@ def _per_member(pids: list[tuple[ReportedMember, int]]):
 
 
 def _release_gpus(members: list[AttemptMember], now) -> None:
-    """The members' GPUs released: one update per node (a member holds its attempt's GPUs on
-    its own node)."""
-    by_node: dict[int, list[int]] = defaultdict(list)
-    for member in members:
-        by_node[member.node_id].append(member.attempt_id)
-    for node_id, attempt_ids in by_node.items():
-        GpuAllocation.objects.filter(
-            attempt_id__in=attempt_ids, gpu__node_id=node_id, released_at=None
-        ).update(released_at=now)
+    """The members' GPUs released, in one update: each is its attempt's only member (the rules
+    admit no gang), so all its attempt's GPUs are its own, on its node, and no join to the
+    GPUs' nodes is needed (member_finished's, for a gang's member)."""
+    GpuAllocation.objects.filter(
+        attempt_id__in=[member.attempt_id for member in members], released_at=None
+    ).update(released_at=now)
 
 
 def _by_actor(members: Iterable[AttemptMember], key: Callable[[Job], bool]) -> dict:

@@ -631,6 +631,7 @@ def outcome(attempt) -> dict:
 def test_a_start_and_clean_end_written_at_once_leave_what_the_two_services_leave(cast):
     together, alone = placed(cast, 2, {"h1": 2})
     post("h1", [item(together, "started", pid=9), item(together, "finished", exit_code=0)])
+    assert GpuAllocation.objects.filter(attempt=alone, released_at=None).count() == 1  # not its
     post("h1", [item(alone, "started", pid=9)])  # a group of one: the service
     post("h1", [item(alone, "finished", exit_code=0)])
     assert outcome(together) == outcome(alone)
