@@ -16,6 +16,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, transaction
@@ -79,7 +80,7 @@ def members_started_together(started: list[tuple[ReportedMember, int]]) -> bool:
             moved(member.attempt, to=AttemptState.RUNNING, started_at=now, lease_expires_at=lease)
         for actor, moves in _by_actor(members, lambda job: job.started_at is None).items():
             actor_name, fresh = actor
-            fields = {"started_at": now} if fresh else {}
+            fields: dict[str, Any] = {"started_at": now} if fresh else {}
             moved_jobs(moves, to=JobState.RUNNING, actor=actor_name, reason=reason, **fields)
 
     return _together(members, write, settle)
@@ -93,7 +94,7 @@ def members_finished_together(finished: list[ReportedMember]) -> bool:
     members = [reported.member for reported in finished]
     attempts = [member.attempt for member in members]
     reason = "exit code 0"
-    ended = {"exit_code": 0, "progress": 1.0, "finished_at": now}
+    ended: dict[str, Any] = {"exit_code": 0, "progress": 1.0, "finished_at": now}
 
     def write() -> None:
         rows = AttemptMember.objects.filter(pk__in=[m.pk for m in members], ended_at=None)
@@ -131,9 +132,9 @@ def members_ran_together(ran: list[tuple[ReportedMember, int]]) -> bool:
     first = [attempt.job for attempt in attempts if attempt.job.started_at is None]
     again = [attempt.job for attempt in attempts if attempt.job.started_at is not None]
     started, reason = "all members started", "exit code 0"
-    ended = {"exit_code": 0, "progress": 1.0, "finished_at": now}
-    attempt_fields = {"started_at": now, "lease_expires_at": lease, "ended_at": now, "reason": "",
-                      "exit_code": 0}  # fmt: skip
+    ended: dict[str, Any] = {"exit_code": 0, "progress": 1.0, "finished_at": now}
+    attempt_fields: dict[str, Any] = {"started_at": now, "lease_expires_at": lease,
+                                      "ended_at": now, "reason": "", "exit_code": 0}  # fmt: skip
 
     def write() -> None:
         rows = AttemptMember.objects.filter(
@@ -161,7 +162,7 @@ def members_ran_together(ran: list[tuple[ReportedMember, int]]) -> bool:
         with dependencies.decided_together():
             for actor, moves in _by_actor(members, lambda job: job.started_at is None).items():
                 actor_name, fresh = actor
-                fields = {"started_at": now} if fresh else {}
+                fields: dict[str, Any] = {"started_at": now} if fresh else {}
                 moved_jobs(moves, to=JobState.SUCCEEDED, actor=actor_name, reason=reason,
                            through=(JobState.RUNNING, started), **fields, **ended)  # fmt: skip
         trigger_dispatch()
