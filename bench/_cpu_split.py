@@ -100,6 +100,17 @@ def agent_requests(log: pathlib.Path, offset: int, count: int) -> str:
     return f"agent requests a drained job: {sum(kinds.values()) / count:.3f} ({each})"
 
 
+def refused_batches(log: pathlib.Path, offset: int) -> str:
+    """How many of the drain's report batches met a row that had moved since it was read and went
+    one by one (apps/jobs/batch_reports.py logs each): the batch path's figures assume few."""
+    if not log.exists():
+        return "report batches applied one by one: (no web log)"
+    with open(log, "rb") as lines:
+        lines.seek(offset)
+        count = lines.read().count(b"applied one by one")
+    return f"report batches applied one by one: {count}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--count", type=int, default=1000)
@@ -155,6 +166,7 @@ def main() -> int:
                   "passes")  # fmt: skip
             if args.requests:
                 print(agent_requests(web_log, log_at, args.count))
+            print(refused_batches(web_log, log_at))
             for spy in watching:
                 spy.wait()
     return 0

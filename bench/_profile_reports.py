@@ -3,14 +3,18 @@
 Django's test client (the whole middleware stack, DRF, the report services, the database and
 Redis), under cProfile.
 
-    python -m bench._profile_reports [--rounds 40] [--per-call 4] [--top 40] [--sort tottime]
+    python -m bench._profile_reports [--rounds 40] [--per-call 4] [--paired] [--top 40]
+                                     [--sort tottime]
 
 4 nodes x 4 GPUs; each round submits 16 one-GPU jobs, places them (a dispatcher pass, not
 measured) and each node then posts its members' starts, `--per-call` members to a call, and then
-their ends the same way (4: a node's all at once; 1: each report alone). A fresh SQLite file (or a
-fresh PostgreSQL database beside DATABASE_URL's) and an embedded Redis; the e2e cast
-(tests/e2e/seed.py). Prints the CPU per job (its two reports) and cProfile's top rows. Not part
-of `make bench` (a tool for finding the cost, not a figure).
+their ends the same way (4: a node's all at once; 1: each report alone). `--paired`: each call
+carries its members' starts and their ends together, as a drain's calls mostly do since the
+agents send a quick job's end behind its start (workers/reporter.py; `--per-call 1 --paired`:
+one job's start and end a call). A fresh SQLite file (or a fresh PostgreSQL database beside
+DATABASE_URL's) and an embedded Redis; the e2e cast (tests/e2e/seed.py). Prints the CPU and the
+SQL statements per job (its two reports), the statements of one call by their first words, and
+cProfile's top rows. Not part of `make bench` (a tool for finding the cost, not a figure).
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--per-call", type=int, default=GPUS)
+    parser.add_argument("--paired", action="store_true",
+                        help="each call carries its members' starts and ends together")  # fmt: skip
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--sort", default="tottime")
     args = parser.parse_args()
@@ -71,16 +77,29 @@ def run(token: str, args) -> None:
         assert sum(map(len, placed.values())) == NODES * GPUS, placed
         return placed
 
-    def report(placed: dict[str, list]) -> None:
-        step = args.per_call
+    started, finished = ({"kind": "started", "pid": 7}, {"kind": "finished", "exit_code": 0})
+
+    def calls(placed: dict[str, list]) -> list[tuple[str, list]]:
+        """(node, its call's reports), in the order sent."""
+        step, out = args.per_call, []
         for name, members in placed.items():
-            for kind, body in (("started", {"pid": 7}), ("finished", {"exit_code": 0})):
-                for start in range(0, len(members), step):
-                    reports = [{**m, "kind": kind, **body} for m in members[start : start + step]]
-                    answer = agents[name].post(f"{API}/reports/", {"reports": reports},
-                                               content_type="application/json")  # fmt: skip
-                    results = answer.json()["results"]
-                    assert all(r.get("accepted") for r in results), results
+            chunks = [members[i : i + step] for i in range(0, len(members), step)]
+            if args.paired:
+                out += [
+                    (name, [{**m, **b} for b in (started, finished) for m in c]) for c in chunks
+                ]
+            else:
+                out += [
+                    (name, [{**m, **b} for m in c]) for b in (started, finished) for c in chunks
+                ]
+        return out
+
+    def report(placed: dict[str, list]) -> None:
+        for name, reports in calls(placed):
+            answer = agents[name].post(f"{API}/reports/", {"reports": reports},
+                                       content_type="application/json")  # fmt: skip
+            results = answer.json()["results"]
+            assert all(r.get("accepted") for r in results), results
 
     def measure(rounds: int, profile: cProfile.Profile | None) -> float:
         cpu = 0.0
@@ -95,7 +114,34 @@ def run(token: str, args) -> None:
             cpu += time.process_time() - began
         return cpu / (rounds * NODES * GPUS) * 1000
 
+    def statements() -> None:
+        """The SQL of one round's calls: per job, and the first call's by their first words."""
+        from collections import Counter
+
+        from django.db import connection
+        from django.test.utils import CaptureQueriesContext
+
+        placed = place()
+        sent = calls(placed)
+        with CaptureQueriesContext(connection) as first:
+            name, reports = sent[0]
+            agents[name].post(f"{API}/reports/", {"reports": reports},
+                              content_type="application/json")  # fmt: skip
+        with CaptureQueriesContext(connection) as rest:
+            for name, reports in sent[1:]:
+                agents[name].post(f"{API}/reports/", {"reports": reports},
+                                  content_type="application/json")  # fmt: skip
+        total = len(first.captured_queries) + len(rest.captured_queries)
+        print(
+            f"statements a job: {total / (NODES * GPUS):.2f}; one call of {len(sent[0][1])} "
+            f"reports: {len(first.captured_queries)}"
+        )
+        heads = Counter(" ".join(q["sql"].split()[:3])[:60] for q in first.captured_queries)
+        for head, n in heads.most_common():
+            print(f"  {n:3d}  {head}")
+
     measure(3, None)  # warm: imports, the process's caches
+    statements()
     print(f"unprofiled: {measure(args.rounds, None):.2f} ms CPU a job (its two reports)")
     profile = cProfile.Profile()
     print(f"profiled: {measure(args.rounds, profile):.2f} ms CPU a job")

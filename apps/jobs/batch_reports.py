@@ -16,6 +16,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, transaction
@@ -61,12 +62,11 @@ def members_started_together(started: list[tuple[ReportedMember, int]]) -> bool:
     reason = "all members started"
 
     def write() -> None:
-        pids = Case(*(When(pk=reported.member.pk, then=Value(pid)) for reported, pid in started),
-                    output_field=IntegerField())  # fmt: skip
         rows = AttemptMember.objects.filter(
             pk__in=[m.pk for m in members], state=AttemptState.STARTING
         )
-        update_all(rows, len(members), state=AttemptState.RUNNING, pid=pids, started_at=now)
+        update_all(rows, len(members), state=AttemptState.RUNNING, pid=_per_member(started),
+                   started_at=now)  # fmt: skip
         move_attempts(attempts, to=AttemptState.RUNNING, started_at=now, lease_expires_at=lease)
         if first:
             move_jobs(first, to=JobState.RUNNING, reason=reason, started_at=now)
@@ -80,7 +80,7 @@ def members_started_together(started: list[tuple[ReportedMember, int]]) -> bool:
             moved(member.attempt, to=AttemptState.RUNNING, started_at=now, lease_expires_at=lease)
         for actor, moves in _by_actor(members, lambda job: job.started_at is None).items():
             actor_name, fresh = actor
-            fields = {"started_at": now} if fresh else {}
+            fields: dict[str, Any] = {"started_at": now} if fresh else {}
             moved_jobs(moves, to=JobState.RUNNING, actor=actor_name, reason=reason, **fields)
 
     return _together(members, write, settle)
@@ -94,18 +94,12 @@ def members_finished_together(finished: list[ReportedMember]) -> bool:
     members = [reported.member for reported in finished]
     attempts = [member.attempt for member in members]
     reason = "exit code 0"
-    ended = {"exit_code": 0, "progress": 1.0, "finished_at": now}
+    ended: dict[str, Any] = {"exit_code": 0, "progress": 1.0, "finished_at": now}
 
     def write() -> None:
         rows = AttemptMember.objects.filter(pk__in=[m.pk for m in members], ended_at=None)
         update_all(rows, len(members), state=AttemptState.SUCCEEDED, exit_code=0, ended_at=now)
-        by_node: dict[int, list[int]] = defaultdict(list)
-        for member in members:
-            by_node[member.node_id].append(member.attempt_id)
-        for node_id, attempt_ids in by_node.items():
-            GpuAllocation.objects.filter(
-                attempt_id__in=attempt_ids, gpu__node_id=node_id, released_at=None
-            ).update(released_at=now)
+        _release_gpus(members, now)
         move_attempts(attempts, to=AttemptState.SUCCEEDED, ended_at=now, reason="", exit_code=0)
         move_jobs([a.job for a in attempts], to=JobState.SUCCEEDED, expect=JOB_PLACED, reason=reason,
                   **ended)  # fmt: skip
@@ -120,6 +114,77 @@ def members_finished_together(finished: list[ReportedMember]) -> bool:
         trigger_dispatch()
 
     return _together(members, write, settle)
+
+
+def members_ran_together(ran: list[tuple[ReportedMember, int]]) -> bool:
+    """member_started(reported, pid=pid) then member_finished(reported, exit_code=0) for each pair
+    (each passed services.starts_plainly and services.ends_plainly: a quick job's start and
+    clean end, which the agents send in one call): each row goes from `starting` to `succeeded`
+    in one guarded update standing for both moves (its version up by two), both audit events
+    written. A drain's calls mostly carry one such job: 6 statements fewer than the two services,
+    for a group of one too. True when all were applied; False when none was."""
+    now = timezone.now()
+    lease = now + timedelta(
+        seconds=settings.HEARTBEAT_SECONDS * settings.NODE_LOST_AFTER_HEARTBEATS
+    )
+    members = [reported.member for reported, _ in ran]
+    attempts = [member.attempt for member in members]
+    first = [attempt.job for attempt in attempts if attempt.job.started_at is None]
+    again = [attempt.job for attempt in attempts if attempt.job.started_at is not None]
+    started, reason = "all members started", "exit code 0"
+    ended: dict[str, Any] = {"exit_code": 0, "progress": 1.0, "finished_at": now}
+    attempt_fields: dict[str, Any] = {"started_at": now, "lease_expires_at": lease,
+                                      "ended_at": now, "reason": "", "exit_code": 0}  # fmt: skip
+
+    def write() -> None:
+        rows = AttemptMember.objects.filter(
+            pk__in=[m.pk for m in members], state=AttemptState.STARTING, ended_at=None
+        )
+        update_all(rows, len(members), state=AttemptState.SUCCEEDED, pid=_per_member(ran),
+                   started_at=now, exit_code=0, ended_at=now)  # fmt: skip
+        _release_gpus(members, now)
+        move_attempts(attempts, to=AttemptState.SUCCEEDED, expect=[AttemptState.STARTING],
+                      steps=2, **attempt_fields)  # fmt: skip
+        # The start's move's sources, which reach the end through `running` (states.py).
+        expect = [JobState.STARTING]
+        if first:
+            move_jobs(first, to=JobState.SUCCEEDED, expect=expect, reason=reason, steps=2,
+                      started_at=now, **ended)  # fmt: skip
+        if again:
+            move_jobs(again, to=JobState.SUCCEEDED, expect=expect, reason=reason, steps=2, **ended)
+
+    def settle() -> None:
+        for reported, pid in ran:
+            member = reported.member
+            member.state, member.pid, member.started_at = AttemptState.SUCCEEDED, pid, now
+            member.exit_code, member.ended_at = 0, now
+            moved(member.attempt, to=AttemptState.SUCCEEDED, steps=2, **attempt_fields)
+        with dependencies.decided_together():
+            for actor, moves in _by_actor(members, lambda job: job.started_at is None).items():
+                actor_name, fresh = actor
+                fields: dict[str, Any] = {"started_at": now} if fresh else {}
+                moved_jobs(moves, to=JobState.SUCCEEDED, actor=actor_name, reason=reason,
+                           through=(JobState.RUNNING, started), **fields, **ended)  # fmt: skip
+        trigger_dispatch()
+
+    return _together(members, write, settle)
+
+
+def _per_member(pids: list[tuple[ReportedMember, int]]):
+    """The members' pids as one update's value: a CASE on the member for several."""
+    if len(pids) == 1:
+        return pids[0][1]
+    return Case(*(When(pk=reported.member.pk, then=Value(pid)) for reported, pid in pids),
+                output_field=IntegerField())  # fmt: skip
+
+
+def _release_gpus(members: list[AttemptMember], now) -> None:
+    """The members' GPUs released, in one update: each is its attempt's only member (the rules
+    admit no gang), so all its attempt's GPUs are its own, on its node, and no join to the
+    GPUs' nodes is needed (member_finished's, for a gang's member)."""
+    GpuAllocation.objects.filter(
+        attempt_id__in=[member.attempt_id for member in members], released_at=None
+    ).update(released_at=now)
 
 
 def _by_actor(members: Iterable[AttemptMember], key: Callable[[Job], bool]) -> dict:

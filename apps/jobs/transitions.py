@@ -111,18 +111,19 @@ def update_all(queryset, count: int, **fields) -> None:
 
 
 def move_attempts(attempts: list[JobAttempt], *, to: str, expect: Iterable[str] | None = None,
-                  **fields) -> None:  # fmt: skip
+                  steps: int = 1, **fields) -> None:  # fmt: skip
     """transition_attempt for each of `attempts` in one guarded update, every one or none
     (BatchRefused; the rows then wait for the caller's rollback). The objects are left as read:
-    `moved` brings them up to date once the caller's whole batch has been written."""
+    `moved` brings them up to date once the caller's whole batch has been written. `steps`: the
+    moves the update stands for (2: a start and an end written at once), each a version."""
     expect = attempt_sources(to) if expect is None else tuple(expect)
     check_attempt_move(expect, to)
     rows = JobAttempt.objects.filter(_as_read(attempts), state__in=expect)
-    update_all(rows, len(attempts), state=to, version=F("version") + 1, **fields)
+    update_all(rows, len(attempts), state=to, version=F("version") + steps, **fields)
 
 
 def move_jobs(jobs: list[Job], *, to: str, expect: Iterable[str] | None = None, reason: str = "",
-              **fields) -> None:  # fmt: skip
+              steps: int = 1, **fields) -> None:  # fmt: skip
     """transition_job's guarded update for each of `jobs` in one statement, as move_attempts;
     `moved_jobs` then records their events and emits their ends."""
     expect = job_sources(to) if expect is None else tuple(expect)
@@ -130,29 +131,37 @@ def move_jobs(jobs: list[Job], *, to: str, expect: Iterable[str] | None = None, 
     if reason:
         fields.setdefault("reason", reason[:300])
     rows = Job.objects.filter(_as_read(jobs), state__in=expect)
-    update_all(rows, len(jobs), state=to, version=F("version") + 1, **fields)
+    update_all(rows, len(jobs), state=to, version=F("version") + steps, **fields)
 
 
-def moved(row, *, to: str, **fields) -> None:
+def moved(row, *, to: str, steps: int = 1, **fields) -> None:
     """The object of a row that move_attempts or move_jobs moved, as the row is now."""
-    row.state, row.version = to, row.version + 1
+    row.state, row.version = to, row.version + steps
     for name, value in fields.items():
         setattr(row, name, value)
 
 
 def moved_jobs(moves: list[tuple[Job, JobAttempt]], *, to: str, actor: str, reason: str = "",
-               **fields) -> None:  # fmt: skip
+               through: tuple[str, str] | None = None, **fields) -> None:  # fmt: skip
     """After move_jobs (and the rest of the batch) succeeded: the objects as the rows are, the
-    audit events in one statement, the log lines, and JobEnded for each job that ended."""
+    audit events in one statement, the log lines, and JobEnded for each job that ended.
+    `through`: (a state, its move's reason) the jobs passed on the way (move_jobs with steps=2):
+    that move's event and log line come first, as if it had been written on its own."""
     if reason:
         fields.setdefault("reason", reason[:300])
     events_ = []
     for job, attempt in moves:
-        from_state = job.state
-        moved(job, to=to, **fields)
-        events_.append(new_event(job, actor=actor, reason=reason, from_state=from_state, to_state=to,
-                                 attempt=attempt))  # fmt: skip
-        log_move(job, from_state=from_state, actor=actor, reason=reason, attempt=attempt)
+        hops = (
+            [(job.state, through[0], through[1]), (through[0], to, reason)]
+            if through
+            else [(job.state, to, reason)]
+        )
+        moved(job, to=to, steps=len(hops), **fields)
+        for from_state, to_state, why in hops:
+            events_.append(new_event(job, actor=actor, reason=why, from_state=from_state,
+                                     to_state=to_state, attempt=attempt))  # fmt: skip
+            job.state = to_state  # the log line's "->" names each hop's end
+            log_move(job, from_state=from_state, actor=actor, reason=why, attempt=attempt)
     JobEvent.objects.bulk_create(events_)
     if to in JOB_TERMINAL:
         for job, _ in moves:

@@ -254,6 +254,17 @@ def _checked(serializer: serializers.Serializer, data) -> tuple[dict | None, dic
         return None, cast(dict, error.detail)
 
 
+def _ends_plainly_next(heads: list, bodies: dict[int, dict], sequence: list[int],
+                       reported: jobs.ReportedMember) -> bool:  # fmt: skip
+    """Whether the member's report after its (plain) start is an end the services would call
+    clean: exit code 0, no reason, no checkpoint, nothing asked to stop."""
+    if len(sequence) < 2 or heads[sequence[1]]["kind"] != "finished":
+        return False
+    data = bodies[sequence[1]]
+    return jobs.ends_plainly(reported, exit_code=data["exit_code"], reason=data["reason"],
+                             checkpoint=data["checkpoint"])  # fmt: skip
+
+
 def _key(head: dict) -> tuple[int, int]:
     return head["attempt_id"], head["rank"]
 
@@ -263,21 +274,30 @@ TOGETHER = 2
 
 
 def _apply_together(heads: list, bodies: dict[int, dict], members: dict, results: list) -> None:
-    """The batch's plain starts, then its clean ends, each group in a few statements
-    (apps/jobs/batch_reports.py); what it applies is answered in `results`, the rest is left for
-    the services one by one. A member's reports keep their order: a member's start goes with the
-    group only as its first report here, its end only as its first or right after a start that
-    went with the group."""
+    """The batch's plain starts followed by their clean ends, its other plain starts, then its
+    clean ends, each group in a few statements (apps/jobs/batch_reports.py); what it applies is
+    answered in `results`, the rest is left for the services one by one. A member's reports keep
+    their order: a member's start goes with a group only as its first report here, its end only
+    as its first or right after a start that went with a group."""
     sequences: dict[tuple[int, int], list[int]] = {}
     for i in bodies:
         sequences.setdefault(_key(heads[i]), []).append(i)
     done: set[int] = set()
-    starts = []
+    starts, ran = [], []
     for key, sequence in sequences.items():
         first = sequence[0]
         if heads[first]["kind"] == "started" and not bodies[first].get("master_port"):
             if jobs.starts_plainly(members[key]):
-                starts.append((first, members[key], bodies[first]["pid"]))
+                if _ends_plainly_next(heads, bodies, sequence, members[key]):
+                    ran.append((first, sequence[1], members[key], bodies[first]["pid"]))
+                else:
+                    starts.append((first, members[key], bodies[first]["pid"]))
+    # A start with its clean end right behind it (a quick job: the drain's usual call), in one
+    # write for both, even alone.
+    if ran and batch_reports.members_ran_together([(r, pid) for _, _, r, pid in ran]):
+        done.update(i for pair in ran for i in pair[:2])
+    elif ran:
+        starts += [(i, r, pid) for i, _, r, pid in ran]
     if len(starts) >= TOGETHER and batch_reports.members_started_together(
         [(r, pid) for _, r, pid in starts]
     ):

@@ -584,3 +584,111 @@ def test_a_row_that_moved_since_it_was_read_sends_the_batch_one_by_one(cast, mon
     )
     assert JobEvent.objects.filter(job_id=b.job_id, to_state="running").count() == 0
     assert JobEvent.objects.filter(job_id__in=[a.job_id, c.job_id], to_state="running").count() == 2
+
+
+# --- a quick job's start and clean end in one call (members_ran_together) -----------------------
+
+
+def test_a_calls_start_and_clean_end_of_one_job_cost_one_write_of_each_row_even_alone(
+    cast, django_assert_max_num_queries
+):
+    """A drain's agents send a quick job's end behind its start, mostly one job a call: the
+    lock and the members' read, a savepoint; one guarded update each of the member, its GPUs,
+    its attempt and its job, one insert of both audit events, the dependents' read. Through the
+    two services one after the other it was 14 after the read (two savepoints, the start's 4,
+    the end's 6)."""
+    attempts = placed(cast, 4, {"h1": 4})
+    client = bearer(issue_credential(node_name="h1")[1])
+    batch = 4 if connection.vendor == "sqlite" else 5
+    ran = 2 + 6  # savepoint and release; member, GPUs, attempt, job, events; dependents
+    for group in (attempts[:1], attempts[1:]):
+        reports = [item(a, "started", pid=7) for a in group]
+        reports += [item(a, "finished", exit_code=0) for a in group]
+        assert statements_of(client, reports, django_assert_max_num_queries, batch + ran) == [
+            True
+        ] * (2 * len(group))
+    assert set(Job.objects.values_list("state", flat=True)) == {"succeeded"}
+
+
+def outcome(attempt) -> dict:
+    """What a job's start and end leave in the rows, without the times and ids that differ from
+    one job to another."""
+    member = AttemptMember.objects.select_related("attempt__job").get(attempt=attempt)
+    attempt, job = member.attempt, member.attempt.job
+    events = JobEvent.objects.filter(job=job, kind="state", actor="agent:h1").order_by("pk")
+    return {
+        "member": (member.state, member.pid, member.exit_code, bool(member.started_at),
+                   bool(member.ended_at)),
+        "attempt": (attempt.state, attempt.version, attempt.exit_code, attempt.reason,
+                    bool(attempt.started_at), bool(attempt.ended_at), bool(attempt.lease_expires_at)),
+        "job": (job.state, job.version, job.exit_code, job.progress, job.reason, bool(job.started_at),
+                bool(job.finished_at)),
+        "events": [(e.from_state, e.to_state, e.reason, e.attempt_id == attempt.pk) for e in events],
+        "gpus held": GpuAllocation.objects.filter(attempt=attempt, released_at=None).count(),
+    }  # fmt: skip
+
+
+def test_a_start_and_clean_end_written_at_once_leave_what_the_two_services_leave(cast):
+    together, alone = placed(cast, 2, {"h1": 2})
+    post("h1", [item(together, "started", pid=9), item(together, "finished", exit_code=0)])
+    assert GpuAllocation.objects.filter(attempt=alone, released_at=None).count() == 1  # not its
+    post("h1", [item(alone, "started", pid=9)])  # a group of one: the service
+    post("h1", [item(alone, "finished", exit_code=0)])
+    assert outcome(together) == outcome(alone)
+    assert outcome(together)["events"] == [
+        ("starting", "running", "all members started", True),
+        ("running", "succeeded", "exit code 0", True),
+    ]
+
+
+def test_a_start_with_an_unclean_end_behind_it_is_not_written_at_once(cast):
+    a, b = placed(cast, 2, {"h1": 2})
+    results = post("h1", [item(a, "started", pid=1), item(a, "finished", exit_code=2),
+                          item(b, "started", pid=2), item(b, "finished", exit_code=0, reason="timeout")])  # fmt: skip
+    assert results == [{"status": 200, "accepted": True}] * 4
+    assert {j.pk: j.state for j in Job.objects.all()} == {a.job_id: "failed", b.job_id: "failed"}
+
+
+class Crash(BaseException):
+    """The web process dying mid-call (not an error the batch path catches)."""
+
+
+def test_a_call_cut_short_after_its_writes_leaves_nothing_and_its_retry_everything(
+    cast, monkeypatch
+):
+    """The call is one transaction: a crash after the batch wrote the rows (before the commit)
+    keeps none of it, and the agent's retry of the same call (workers/reporter.py retries one
+    that got no answer) applies the job's start, its end, its exit code, both audit events and
+    its GPUs' release once."""
+    from apps.jobs import batch_reports
+
+    a, b = placed(cast, 2, {"h1": 2})
+    reports = [item(a, "started", pid=4), item(a, "finished", exit_code=0),
+               item(b, "started", pid=5), item(b, "finished", exit_code=0)]  # fmt: skip
+    dispatch = batch_reports.trigger_dispatch
+
+    def crash() -> None:
+        raise Crash
+
+    monkeypatch.setattr(batch_reports, "trigger_dispatch", crash)
+    with pytest.raises(Crash):
+        post("h1", reports)
+    assert set(AttemptMember.objects.values_list("state", flat=True)) == {"starting"}
+    assert set(Job.objects.values_list("state", flat=True)) == {"starting"}
+    assert not JobEvent.objects.filter(actor="agent:h1").exists()
+    assert GpuAllocation.objects.filter(released_at=None).count() == 2
+    monkeypatch.setattr(batch_reports, "trigger_dispatch", dispatch)
+    assert post("h1", reports) == [{"status": 200, "accepted": True}] * 4
+    for attempt, pid in ((a, 4), (b, 5)):
+        done = outcome(attempt)
+        assert done["member"] == ("succeeded", pid, 0, True, True)
+        assert (done["job"][0], done["job"][2]) == ("succeeded", 0)
+        assert [e[:2] for e in done["events"]] == [
+            ("starting", "running"),
+            ("running", "succeeded"),
+        ]
+        assert done["gpus held"] == 0
+    assert (
+        post("h1", reports) == [{"status": 200, "accepted": False}] * 4
+    )  # a second retry: nothing
+    assert JobEvent.objects.filter(actor="agent:h1").count() == 4
