@@ -43,6 +43,14 @@ class _Pending:
     body: dict
     done: Done
     at: float = 0.0  # time.monotonic() when made
+    # A start made while reports flow: it may wait up to the window for its own end (a quick job)
+    # even behind a call in flight, so that both go in one call and are one write each row.
+    for_its_end: bool = False
+    waited: bool = False  # made by `call`: goes as soon as no call is in flight
+
+
+def _member(report: _Pending) -> tuple[int, int]:
+    return report.assignment.attempt_id, report.assignment.rank
 
 
 class ReportBatcher:
@@ -54,8 +62,12 @@ class ReportBatcher:
     (GPUPLATFORM_REPORT_COALESCE_MS) for others to go with it: a drain's starts and ends come a
     few milliseconds apart, and a call's cost is mostly per request. A report made on a quiet
     node, one that is waited for (`call`, which takes whatever is queued along), and reports
-    that already waited for a call in flight go at once; none waits longer than `coalesce`
-    beyond the call in flight, up to `max_items` go in one call, always in the order made.
+    that already waited for a call in flight go at once, except a start made while reports flow,
+    which waits for its own end until it is `coalesce` old, even behind a call in flight: a
+    drain's quick job then has its start and end in one call, which the platform applies in one
+    write of each row (apps/jobs/batch_reports.py members_ran_together) where it took two. None
+    waits longer than `coalesce` beyond the call in flight, up to `max_items` go in one call,
+    always in the order made.
     Against a control plane without the batch endpoint (404 or 405 for it) each report goes to
     its member's own endpoint, as before."""
 
@@ -79,12 +91,13 @@ class ReportBatcher:
         thread that sent it): accepted False when refused (stale token, ended, not placed here)."""
         with self._ready:
             now = time.monotonic()
+            flowing = now - self._last_made < self.quiet
             if not self._pending and not self._busy:
                 # The first of a new batch: held only while reports are flowing.
-                flowing = now - self._last_made < self.quiet
                 self._hold_until = now + self.coalesce if flowing else now
             self._last_made = now
-            self._pending.append(_Pending(assignment, kind, body, done, now))
+            for_its_end = flowing and kind == "started" and self.coalesce > 0
+            self._pending.append(_Pending(assignment, kind, body, done, now, for_its_end))
             self._wake()
 
     def call(self, assignment: Assignment, kind: str, **body) -> bool:
@@ -98,7 +111,9 @@ class ReportBatcher:
 
         with self._ready:
             self._last_made = time.monotonic()
-            self._pending.append(_Pending(assignment, kind, body, done, self._last_made))
+            self._pending.append(
+                _Pending(assignment, kind, body, done, self._last_made, waited=True)
+            )
             if self._busy:
                 self._hold_until = 0.0  # the next call goes as soon as this one is answered
                 self._wake()
@@ -118,6 +133,18 @@ class ReportBatcher:
             raise outcome[1]
         return bool(outcome[0])
 
+    def _due(self) -> float:  # holding self._ready
+        """When the queued reports go (monotonic): at `_hold_until`, unless the oldest start that
+        waits for its own end (`for_its_end`), which has not come, is younger than `coalesce`.
+        A waited report goes at once, whatever is queued."""
+        if any(p.waited for p in self._pending):
+            return self._hold_until
+        ended = {_member(p) for p in self._pending if p.kind != "started"}
+        for p in self._pending:
+            if p.for_its_end and _member(p) not in ended:
+                return max(self._hold_until, p.at + self.coalesce)
+        return self._hold_until
+
     def _take(self) -> list[_Pending]:  # holding self._ready
         batch = self._pending[: self.max_items]
         del self._pending[: self.max_items]
@@ -136,7 +163,7 @@ class ReportBatcher:
             with self._ready:
                 while True:
                     if self._pending and not self._busy:
-                        left = self._hold_until - time.monotonic()
+                        left = self._due() - time.monotonic()
                         if left <= 0 or len(self._pending) >= self.max_items:
                             break
                         self._ready.wait(left)

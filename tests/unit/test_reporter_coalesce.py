@@ -127,8 +127,35 @@ def test_reports_queued_behind_a_call_in_flight_are_not_held_again():
     batcher = ReportBatcher(api, coalesce=5.0, quiet=5.0)
     submit(batcher, answers, 1)  # quiet: goes at once, answered in 0.3 s
     time.sleep(0.05)
-    submit(batcher, answers, 2)  # waits for the call in flight, then goes: no window on top
+    submit(batcher, answers, 2, "finished")  # waits for the call in flight, then goes at once
     answers.wait(2, timeout=3)
+    assert api.batches() == [[(1, "started")], [(2, "finished")]]
+
+
+def test_a_start_behind_a_call_in_flight_waits_for_its_own_end_and_goes_with_it():
+    """A drain's quick job: its start queued behind a call in flight does not go alone when
+    that call is answered, but with its end (one write of each row on the platform)."""
+    api, answers = Api(delay=0.2), Answers()
+    batcher = ReportBatcher(api, coalesce=2.0, quiet=5.0)
+    submit(batcher, answers, 1)  # quiet: goes at once, answered in 0.2 s
+    time.sleep(0.05)
+    submit(batcher, answers, 2)  # behind the call in flight; reports flow
+    time.sleep(0.35)  # the call in flight was answered meanwhile: the start still waits
+    made = submit(batcher, answers, 2, "finished")
+    answers.wait(3, timeout=5)
+    assert api.batches() == [[(1, "started")], [(2, "started"), (2, "finished")]]
+    assert answers.at[(2, "finished")] - made < 1.0  # its end came: both went at once
+
+
+def test_a_start_waiting_for_its_end_goes_alone_once_it_is_a_window_old():
+    api, answers = Api(delay=0.1), Answers()
+    batcher = ReportBatcher(api, coalesce=0.4, quiet=5.0)
+    submit(batcher, answers, 1)  # quiet: goes at once, answered in 0.1 s
+    time.sleep(0.02)
+    made = submit(batcher, answers, 2)  # a job that runs on: no end comes
+    answers.wait(2, timeout=5)
+    waited = answers.at[(2, "started")] - made
+    assert 0.35 < waited < 2.0, waited  # not at the call's answer (0.08 s), not forever
     assert api.batches() == [[(1, "started")], [(2, "started")]]
 
 
