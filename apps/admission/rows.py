@@ -302,15 +302,16 @@ def _one(sql: str, params: list, *, prepared: bool = False):
 
 
 def _prepared_cursor():
-    """For the lookups every request makes (the token's, the submitter's) and the queue window
-    every submit's answer reads (`queue_window`): on PostgreSQL a
+    """For the lookups every request makes (the token's, the submitter's), the submit's one
+    statement (`_admit`) and the queue window every submit's answer reads (`queue_window`): on
+    PostgreSQL a
     cursor that binds parameters on the server (psycopg's `Cursor`, as Django's OPTIONS
     `server_side_binding` would give every statement), so psycopg prepares a statement it has
     run `prepare_threshold` (5) times on this connection, and the server stops planning it.
     The token lookup joins six tables: planned, it took 1.4 ms; prepared, 0.4 ms
-    (docs/bench/50-arrays.md). Django's cursor elsewhere: its client-side binding sends the
-    submit's two statements as one query string (`_after_lock`), which a prepared statement
-    cannot be. Made as Django's `connection.cursor()` makes one (health check, connection,
+    (docs/bench/50-arrays.md). Django's cursor elsewhere: its client-side binding sends a
+    transaction's lock and count as one query string (`_after_lock`), which a prepared
+    statement cannot be. Made as Django's `connection.cursor()` makes one (health check, connection,
     thread check, its cursor wrapper). Django's own cursor where queries are logged (DEBUG,
     CaptureQueriesContext: the log of a prepared statement has no SQL) and where
     GPUPLATFORM_DB_PREPARED=0 (a pooler in transaction mode that keeps no prepared statements)."""
@@ -570,7 +571,16 @@ def insert_job_and_event(
 # under READ COMMITTED a statement sees the database as it was when the statement began, and one
 # that waited for the lock and counted in one go would miss what the submit it waited for had
 # committed meanwhile (its array: the locked count row is read again after the wait, the arrays
-# table is not). Both statements go in one query string, one round trip (`_after_lock`).
+# table is not). In a transaction both statements go in one query string, one round trip
+# (`_after_lock`). Outside one (`admit`), PostgreSQL's `gpuplatform_queue_room` function does the
+# two (apps/admission/migrations/0004: each statement of a VOLATILE function takes a fresh
+# snapshot), so the lock, the check and the inserts are one statement, prepared on the server
+# (`_prepared_cursor`): planned once per connection instead of parsed and planned on every submit.
+
+
+# PostgreSQL's function that takes a tenant's count row lock, then counts its queue
+# (apps/admission/migrations/0004_queue_room_function.py).
+QUEUE_ROOM = "gpuplatform_queue_room"
 
 
 @cache
@@ -594,17 +604,18 @@ def _cap_statements(vendor: str) -> dict:
 
     def admit(*inserters: Inserter) -> str:
         """Each row inserted only if the one before was: the first only if the tenant has room
-        for `wanted` more (the counts read under the lock). One row back: the counts and whether
-        the rows went in; none where the tenant has no count row (nothing was inserted)."""
+        for `wanted` more (`gpuplatform_queue_room(tenant, wanted, cap)`: the counts read under
+        the count row's lock). One row back: the counts and whether the rows went in; none where
+        the tenant has no count row (nothing was inserted)."""
         names = ["room", *(f"new_{n}" for n in range(len(inserters)))]
         inserts = ", ".join(
             f"{name} AS ({inserter.gated(before)} RETURNING 1)"
             for before, name, inserter in zip(names, names[1:], inserters, strict=False)
         )
         return (
-            f"WITH c AS (SELECT {counted} AS queued, ({virtual}) AS virtual FROM {counts} WHERE {of_tenant}), "
-            f"room AS (SELECT 1 FROM c WHERE c.queued + c.virtual + %s <= %s), {inserts} "
-            f"SELECT c.queued, c.virtual, (SELECT COUNT(*) FROM {names[-1]}) FROM c"
+            f"WITH c AS (SELECT * FROM {QUEUE_ROOM}(%s, %s, %s)), "
+            f"room AS (SELECT 1 FROM c WHERE c.has_room), {inserts} "
+            f"SELECT c.queued_jobs, c.virtual_tasks, (SELECT COUNT(*) FROM {names[-1]}) FROM c"
         )
 
     return {
@@ -616,8 +627,8 @@ def _cap_statements(vendor: str) -> dict:
             f"SELECT (SELECT COUNT(*) FROM t), (SELECT COUNT(*) FROM c)"
         ),
         "queued": f"SELECT (SELECT {counted} FROM {counts} WHERE {of_tenant}), ({virtual})",
-        # PostgreSQL, outside a transaction: a submit's check and inserts in one statement (after
-        # the lock's), committed on its own (the query string's implicit transaction).
+        # PostgreSQL, outside a transaction: a submit's lock, check and inserts in one statement,
+        # committed on its own (the statement's implicit transaction).
         "admit_job": admit(jobs, events),
         "admit_array": admit(new_arrays),
         "array": new_arrays,
@@ -681,11 +692,11 @@ def admit_array(array: JobArray, *, cap: int) -> tuple[int, JobArray | None] | N
 
 def _admit(name: str, tenant_id, wanted: int, cap: int, values: list) -> tuple[int, bool] | None:
     """Statement `name` with the rows' `values`: (the tenant's queue before, whether the rows
-    went in), or None where the tenant has no count row."""
+    went in), or None where the tenant has no count row. Prepared (`_prepared_cursor`): it
+    has the same text on every submit, and planning it was a quarter of the server's CPU for
+    the statement (docs/bench/71-slurm-peer-notes.md, h36pg pass)."""
     c = _cap_statements(_db().vendor)
-    row = _after_lock(
-        c["lock_count"], c[name], [tenant_id, tenant_id, tenant_id, wanted, cap, *values]
-    )
+    row = _one(c[name], [tenant_id, wanted, cap, *values], prepared=True)
     if row is None:
         return None
     queued, virtual, inserted = row

@@ -107,3 +107,41 @@ def test_a_submit_that_waited_for_an_array_to_commit_counts_its_tasks(waiting):
         release.set()
         other.join()
     assert queue_of("acme") == 40
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="the function is PostgreSQL's")
+@pytest.mark.django_db(transaction=True)
+def test_the_one_statement_submit_counts_the_queue_as_a_transactions_submit_does():
+    """`gpuplatform_queue_room` (its migration's SQL) counts the arrays' virtual tasks as
+    rows.queued_for_cap does: an open array's tasks without rows, not a cancelled array's, not
+    a failed one's, not those of an array whose every task has its row."""
+    from django.utils import timezone
+
+    from apps.admission import rows
+
+    people = make_cast()
+    make_node("h1", "H100-80GB", 8)
+    park_node()
+    generous("acme")
+    bob = people["bob"][0]
+    tenant = Tenant.objects.get(slug="acme")
+    submit_job(user=bob, body=NEVER_FITS, idempotency_key=None)  # a queued job, the count row
+    shapes = [
+        {"size": 10, "materialised": 3},  # 7 virtual
+        {"size": 5, "materialised": 0, "cancelled_at": timezone.now()},
+        {"size": 6, "materialised": 1, "failed_reason": "dependency failed (afterok)"},
+        {"size": 4, "materialised": 4},
+    ]
+    for shape in shapes:
+        JobArray.objects.create(name="a", tenant=tenant, user=bob, tier=tenant.tier, spec="0-1",
+                                task={}, **shape)  # fmt: skip
+    with transaction.atomic():
+        expected = rows.queued_for_cap(tenant)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT * FROM gpuplatform_queue_room(%s, %s, %s)", [tenant.pk, 1, 9])
+        queued, virtual, has_room = cursor.fetchone()
+    assert (queued, virtual) == (1, 7) and queued + virtual == expected
+    assert has_room is True  # 8 + 1 <= 9
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT has_room FROM gpuplatform_queue_room(%s, %s, %s)", [tenant.pk, 2, 9])
+        assert cursor.fetchone() == (False,)

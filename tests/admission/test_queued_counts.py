@@ -83,9 +83,9 @@ def test_the_command_checks_and_fixes_the_counts(as_user, capsys):
 @pytest.mark.django_db(transaction=True)
 def test_a_submit_outside_a_transaction_checks_the_cap_and_inserts_in_one_statement():
     """As in production (no test transaction around the request). On PostgreSQL the count row's
-    lock, then the cap's check and both inserts, are one query string (one round trip) with no
-    BEGIN or COMMIT; on SQLite a transaction that reads the kept count. Either way the cap
-    holds, and a refusal names the count."""
+    lock, then the cap's check (`gpuplatform_queue_room`) and both inserts, are one statement
+    (one round trip) with no BEGIN or COMMIT; on SQLite a transaction that reads the kept count.
+    Either way the cap holds, and a refusal names the count."""
     people = make_cast()
     make_node("h1", "H100-80GB", 8)
     park_node()
@@ -101,7 +101,9 @@ def test_a_submit_outside_a_transaction_checks_the_cap_and_inserts_in_one_statem
     assert response.status_code == 201, response.content
     writes = [q["sql"] for q in ctx.captured_queries if "INSERT" in q["sql"].upper()]
     if connection.vendor == "postgresql":
-        assert len(writes) == 1 and "FOR UPDATE; WITH c AS (" in writes[0], writes
+        assert len(writes) == 1 and writes[0].startswith(
+            "WITH c AS (SELECT * FROM gpuplatform_queue_room("
+        ), writes
         assert not [
             q for q in ctx.captured_queries if q["sql"].upper().startswith(("BEGIN", "COMMIT"))
         ]
@@ -114,3 +116,26 @@ def test_a_submit_outside_a_transaction_checks_the_cap_and_inserts_in_one_statem
     )
     Job.objects.filter(tenant__slug="acme").update(state=JobState.CANCELLED)  # room again
     assert bob.post("/api/v1/jobs/", body, format="json").status_code == 201 and kept("acme") == 1
+
+
+@pytest.mark.skipif(
+    "connection.vendor != 'postgresql'", reason="prepared statements are PostgreSQL's"
+)
+@pytest.mark.django_db(transaction=True)
+def test_a_submits_lock_check_and_inserts_are_one_prepared_statement_on_postgresql():
+    """Outside a transaction the submit's one statement has the same text every time, so it is
+    prepared on the server (rows._admit on `_prepared_cursor`): planned once per connection, not
+    parsed and planned on every submit. A query string of two statements (the lock's, then the
+    check's) could not be."""
+    people = make_cast()
+    make_node("h1", "H100-80GB", 8)
+    park_node()
+    generous("acme")
+    bob = client_for(people["bob"][1])
+    for _ in range(7):  # psycopg prepares a statement on its 6th run (prepare_threshold 5)
+        assert bob.post("/api/v1/jobs/", {**TRAIN, "gpus": 64}, format="json").status_code == 201
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        statements = [statement for (statement,) in cursor.fetchall()]
+    assert any("gpuplatform_queue_room($1, $2, $3)" in s for s in statements), statements
+    assert kept("acme") == 7

@@ -111,8 +111,8 @@ def test_the_queued_job_cap_reads_the_kept_count_not_the_queue(as_user):
 @pytest.mark.django_db(transaction=True)
 def test_an_array_submit_is_two_round_trips_to_postgresql_whatever_its_size():
     """As in production (no test transaction around the request): the token with its submitter,
-    then the count row's lock, the cap's check on the tenant's queue and the array, its first
-    task and that task's event, in one query string committed on its own (apps/admission/rows.py
+    then the count row's lock and the cap's check on the tenant's queue (`gpuplatform_queue_room`)
+    and the array's row, in one statement committed on its own (apps/admission/rows.py
     `admit_array`); the 201 reads nothing back. SQLite: the same in its transaction's statements."""
     people = make_cast()
     make_node("h1", "H100-80GB", 8)
@@ -127,7 +127,9 @@ def test_an_array_submit_is_two_round_trips_to_postgresql_whatever_its_size():
         statements = [q["sql"] for q in ctx.captured_queries]
         if connection.vendor == "postgresql":
             assert len(statements) == 2, "\n".join(statements)
-            assert "FOR UPDATE; WITH c AS (" in statements[1], statements[1]
+            assert statements[1].startswith("WITH c AS (SELECT * FROM gpuplatform_queue_room("), (
+                statements[1]
+            )
         else:
             assert len(table_statements(ctx)) <= 5, "\n".join(statements)
 
@@ -136,7 +138,7 @@ def test_an_array_submit_is_two_round_trips_to_postgresql_whatever_its_size():
 # statements, so that one more is a failure here rather than a slower bench. PostgreSQL, three
 # round trips: the token with the membership, its tenant, tier, quota, template and SKU (or the
 # membership alone where the token is in this process's cache: apps/tenants/auth.py); the count
-# row's lock, then the cap's check and both inserts in one query string (`admit`); the jobs
+# row's lock, then the cap's check and both inserts in one statement (`admit`); the jobs
 # queued since the last replay with the queue's length (estimates.for_new_job). SQLite: the
 # same membership and window, and in between its transaction's count read and two inserts.
 SUBMIT_STATEMENTS = {"postgresql": 3, "sqlite": 5}
