@@ -397,9 +397,12 @@ class HttpReporter(Reporter):
 
 
 def _started_body(run: Run) -> dict:
-    """A start report: the pid (0 while its own code is prepared), and rank 0's MASTER_PORT,
-    which the other members of its gang wait for (workers/ports.py)."""
+    """A start report: the pid (0 while its own code is prepared), and a gang's rank 0's
+    MASTER_PORT, which the other members wait for (workers/ports.py). A job of one member keeps
+    its port to itself: nobody waits for it, and a start without one is what the platform
+    applies together with other starts, or with the job's own end, in one write (a drain's
+    quick jobs: apps/nodes/agent_reports.py), where a start with a port goes alone."""
     body = {"pid": run.process.pid if run.process is not None else 0}
-    if run.assignment.rank == 0 and run.master_port:
+    if run.assignment.rank == 0 and run.master_port and run.assignment.world_size > 1:
         body["master_port"] = run.master_port
     return body

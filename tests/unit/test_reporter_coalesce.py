@@ -241,3 +241,17 @@ def test_a_quick_jobs_end_goes_in_the_same_call_as_its_held_start(tmp_path):
         time.sleep(0.02)
     assert runner.runs == {}
     assert api.batches() == [[(99, "started")], [(1, "started"), (1, "finished")]]
+
+
+def test_only_a_gangs_rank_0_reports_its_master_port(tmp_path):
+    """A one-member job's start carries no MASTER_PORT (nobody waits for it), so the platform
+    can apply it with other starts or with its own end in one write; a gang's rank 0 sends it."""
+    from workers.reporter import _started_body
+    from workers.run import Run
+
+    alone = Run(assignment=Work(argv=["true"], attempt_id=1), workdir=tmp_path,
+                log_path=tmp_path / "1.log", master_port=29777)  # fmt: skip
+    assert _started_body(alone) == {"pid": 0}
+    leader = Run(assignment=Work(argv=["true"], attempt_id=2, world_size=2), workdir=tmp_path,
+                 log_path=tmp_path / "2.log", master_port=29777)  # fmt: skip
+    assert _started_body(leader) == {"pid": 0, "master_port": 29777}
