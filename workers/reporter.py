@@ -31,7 +31,8 @@ Done = Callable[[bool | None, Exception | None], None]  # (accepted, or the erro
 
 # Milliseconds an agent holds a start or an end report, while reports are flowing, for others to
 # go in the same call (workers/reporter.py ReportBatcher); 0: each goes as soon as no call is in
-# flight. A held start shows the job `running` that much later.
+# flight; a start also waits, up to that much from when it was made, for its own end (a quick job's
+# two go in one call). A held start shows the job `running` that much later.
 COALESCE_MS = env_int("GPUPLATFORM_REPORT_COALESCE_MS", 10)
 QUIET_SECONDS = 0.2  # no report made for this long: the next one goes at once, not held
 
