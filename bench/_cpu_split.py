@@ -87,6 +87,45 @@ def spent(platform, before: dict[str, float], count: int) -> dict[str, float]:
     return {k: round((after[k] - before[k]) / count * 1000, 2) for k in after if k in before}
 
 
+def agents_started(platform, logs: dict[str, pathlib.Path], offsets: dict[str, int]) -> dict[str, float]:
+    """Each agent's CPU seconds at the moment its Celery consumer says it is ready (its log's
+    "ready." line): the agent's own start (imports, register, the worker's setup), which the
+    drain's figure a job would otherwise count as if the jobs had cost it. Polled every 5 ms
+    for at most 60 s; an agent not seen ready is left out."""
+    found: dict[str, float] = {}
+    deadline = time.monotonic() + 60
+    while len(found) < len(logs) and time.monotonic() < deadline:
+        for node, log in logs.items():
+            name = f"agent-{node}"
+            if name in found or not log.exists():
+                continue
+            with open(log, "rb") as lines:
+                lines.seek(offsets[node])
+                if b" ready." in lines.read():
+                    found[name] = cpu_seconds(platform.processes[name].pid)
+        time.sleep(0.005)
+    return found
+
+
+def agent_tree(platform, name: str, count: int) -> str:
+    """One agent's CPU (since its start) by process: itself, its fork server (with the jobs it
+    forked and reaped: `children`), its reaper, ...; user and system, ms a drained job."""
+    import psutil
+
+    if name not in platform.processes:
+        return ""
+    root = psutil.Process(platform.processes[name].pid)
+    parts = []
+    for each in [root, *root.children(recursive=True)]:
+        try:
+            t, what = each.cpu_times(), " ".join(each.cmdline()[1:4]).replace(str(platform.data_dir), "")
+        except psutil.Error:
+            continue
+        ms = [round(x / count * 1000, 2) for x in (t.user, t.system, t.children_user, t.children_system)]
+        parts.append(f"  {what[:60]}: user {ms[0]}, sys {ms[1]}, children user {ms[2]}, sys {ms[3]}")
+    return f"{name}'s processes, CPU ms a drained job (all jobs, not its own):\n" + "\n".join(parts)
+
+
 def agent_requests(log: pathlib.Path, offset: int, count: int) -> str:
     """The agent API's access lines in the web's log after `offset`, a drained job, by endpoint
     (ids replaced by N)."""
@@ -155,15 +194,26 @@ def main() -> int:
 
             web_log = platform.data_dir / "web.log"
             log_at = web_log.stat().st_size if web_log.exists() else 0
+            logs = {node: platform.data_dir / f"agent-{node}.log" for node in nodes}
+            offsets = {node: log.stat().st_size if log.exists() else 0 for node, log in logs.items()}
             for node in nodes:
                 platform.restart_agent(node)
             before, began, ran = per_process(platform), time.monotonic(), passes(platform)
+            started = agents_started(platform, logs, offsets)
+            # After the agents' start, so that an agent's profile is the drain's, not its imports.
             watching = spies(platform, "drain", args.spy)
             wait_until_ended(platform, args.count, interval=1.0)
             rate = args.count / (time.monotonic() - began)
             print(f"drain: {rate:.1f} jobs/s (from the agents' start); CPU ms a job: "
                   f"{spent(platform, before, args.count)}; {passes(platform) - ran} dispatcher "
                   "passes")  # fmt: skip
+            if started:
+                after = per_process(platform)
+                print("an agent's own start (until its Celery consumer is ready), CPU s: "
+                      f"{ {k: round(v - before[k], 2) for k, v in started.items()} }; the rest, "
+                      "CPU ms a job: "
+                      f"{ {k: round((after[k] - v) / args.count * 1000, 2) for k, v in started.items()} }")  # fmt: skip
+            print(agent_tree(platform, "agent-peer-0", args.count))
             if args.requests:
                 print(agent_requests(web_log, log_at, args.count))
             print(refused_batches(web_log, log_at))
