@@ -87,7 +87,9 @@ def spent(platform, before: dict[str, float], count: int) -> dict[str, float]:
     return {k: round((after[k] - before[k]) / count * 1000, 2) for k in after if k in before}
 
 
-def agents_started(platform, logs: dict[str, pathlib.Path], offsets: dict[str, int]) -> dict[str, float]:
+def agents_started(
+    platform, logs: dict[str, pathlib.Path], offsets: dict[str, int]
+) -> dict[str, float]:
     """Each agent's CPU seconds at the moment its Celery consumer says it is ready (its log's
     "ready." line): the agent's own start (imports, register, the worker's setup), which the
     drain's figure a job would otherwise count as if the jobs had cost it. Polled every 5 ms
@@ -118,11 +120,19 @@ def agent_tree(platform, name: str, count: int) -> str:
     parts = []
     for each in [root, *root.children(recursive=True)]:
         try:
-            t, what = each.cpu_times(), " ".join(each.cmdline()[1:4]).replace(str(platform.data_dir), "")
+            t, what = (
+                each.cpu_times(),
+                " ".join(each.cmdline()[1:4]).replace(str(platform.data_dir), ""),
+            )
         except psutil.Error:
             continue
-        ms = [round(x / count * 1000, 2) for x in (t.user, t.system, t.children_user, t.children_system)]
-        parts.append(f"  {what[:60]}: user {ms[0]}, sys {ms[1]}, children user {ms[2]}, sys {ms[3]}")
+        ms = [
+            round(x / count * 1000, 2)
+            for x in (t.user, t.system, t.children_user, t.children_system)
+        ]
+        parts.append(
+            f"  {what[:60]}: user {ms[0]}, sys {ms[1]}, children user {ms[2]}, sys {ms[3]}"
+        )
     return f"{name}'s processes, CPU ms a drained job (all jobs, not its own):\n" + "\n".join(parts)
 
 
@@ -195,7 +205,9 @@ def main() -> int:
             web_log = platform.data_dir / "web.log"
             log_at = web_log.stat().st_size if web_log.exists() else 0
             logs = {node: platform.data_dir / f"agent-{node}.log" for node in nodes}
-            offsets = {node: log.stat().st_size if log.exists() else 0 for node, log in logs.items()}
+            offsets = {
+                node: log.stat().st_size if log.exists() else 0 for node, log in logs.items()
+            }
             for node in nodes:
                 platform.restart_agent(node)
             before, began, ran = per_process(platform), time.monotonic(), passes(platform)
