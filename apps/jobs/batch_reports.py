@@ -47,18 +47,25 @@ from apps.platform.retry import retryable
 log = logging.getLogger(__name__)
 
 
-def members_started_together(started: list[tuple[ReportedMember, int]]) -> bool:
-    """member_started(reported, pid=pid) for each pair (each passed services.starts_plainly). True when
-    all were applied; False when none was (a row had moved: apply them one by one)."""
+def _starting(pairs: list[tuple[ReportedMember, int]]) -> tuple:
+    """What a group of starts writes with: now, the attempts' first lease, the members, their
+    attempts, and their jobs split into those starting for the first time and those started
+    before (requeued: a job keeps its first start time, as member_started keeps it)."""
     now = timezone.now()
     lease = now + timedelta(
         seconds=settings.HEARTBEAT_SECONDS * settings.NODE_LOST_AFTER_HEARTBEATS
     )
-    members = [reported.member for reported, _ in started]
+    members = [reported.member for reported, _ in pairs]
     attempts = [member.attempt for member in members]
-    # A job started before (requeued) keeps its first start time, as member_started keeps it.
     first = [attempt.job for attempt in attempts if attempt.job.started_at is None]
     again = [attempt.job for attempt in attempts if attempt.job.started_at is not None]
+    return now, lease, members, attempts, first, again
+
+
+def members_started_together(started: list[tuple[ReportedMember, int]]) -> bool:
+    """member_started(reported, pid=pid) for each pair (each passed services.starts_plainly). True when
+    all were applied; False when none was (a row had moved: apply them one by one)."""
+    now, lease, members, attempts, first, again = _starting(started)
     reason = "all members started"
 
     def write() -> None:
@@ -123,14 +130,7 @@ def members_ran_together(ran: list[tuple[ReportedMember, int]]) -> bool:
     in one guarded update standing for both moves (its version up by two), both audit events
     written. A drain's calls mostly carry one such job: 6 statements fewer than the two services,
     for a group of one too. True when all were applied; False when none was."""
-    now = timezone.now()
-    lease = now + timedelta(
-        seconds=settings.HEARTBEAT_SECONDS * settings.NODE_LOST_AFTER_HEARTBEATS
-    )
-    members = [reported.member for reported, _ in ran]
-    attempts = [member.attempt for member in members]
-    first = [attempt.job for attempt in attempts if attempt.job.started_at is None]
-    again = [attempt.job for attempt in attempts if attempt.job.started_at is not None]
+    now, lease, members, attempts, first, again = _starting(ran)
     started, reason = "all members started", "exit code 0"
     ended: dict[str, Any] = {"exit_code": 0, "progress": 1.0, "finished_at": now}
     attempt_fields: dict[str, Any] = {"started_at": now, "lease_expires_at": lease,
