@@ -254,15 +254,12 @@ def _checked(serializer: serializers.Serializer, data) -> tuple[dict | None, dic
         return None, cast(dict, error.detail)
 
 
-def _ends_plainly_next(heads: list, bodies: dict[int, dict], sequence: list[int],
-                       reported: jobs.ReportedMember) -> bool:  # fmt: skip
-    """Whether the member's report after its (plain) start is an end the services would call
-    clean: exit code 0, no reason, no checkpoint, nothing asked to stop."""
-    if len(sequence) < 2 or heads[sequence[1]]["kind"] != "finished":
-        return False
-    data = bodies[sequence[1]]
-    return jobs.ends_plainly(reported, exit_code=data["exit_code"], reason=data["reason"],
-                             checkpoint=data["checkpoint"])  # fmt: skip
+def _ends_plainly(head: dict, data: dict, reported: jobs.ReportedMember) -> bool:
+    """Whether this report is an end the services would call clean: exit code 0, no reason, no
+    checkpoint, nothing asked to stop (jobs.ends_plainly)."""
+    return head["kind"] == "finished" and jobs.ends_plainly(
+        reported, exit_code=data["exit_code"], reason=data["reason"], checkpoint=data["checkpoint"]
+    )
 
 
 def _key(head: dict) -> tuple[int, int]:
@@ -288,8 +285,9 @@ def _apply_together(heads: list, bodies: dict[int, dict], members: dict, results
         first = sequence[0]
         if heads[first]["kind"] == "started" and not bodies[first].get("master_port"):
             if jobs.starts_plainly(members[key]):
-                if _ends_plainly_next(heads, bodies, sequence, members[key]):
-                    ran.append((first, sequence[1], members[key], bodies[first]["pid"]))
+                after = sequence[1] if len(sequence) > 1 else None
+                if after is not None and _ends_plainly(heads[after], bodies[after], members[key]):
+                    ran.append((first, after, members[key], bodies[first]["pid"]))
                 else:
                     starts.append((first, members[key], bodies[first]["pid"]))
     # A start with its clean end right behind it (a quick job: the drain's usual call), in one
@@ -307,11 +305,8 @@ def _apply_together(heads: list, bodies: dict[int, dict], members: dict, results
         pending = [i for i in sequence if i not in done]  # the first: all before it are done
         if not pending:
             continue
-        i, data = pending[0], bodies[pending[0]]
-        if heads[i]["kind"] == "finished" and jobs.ends_plainly(
-            members[key], exit_code=data["exit_code"], reason=data["reason"],
-            checkpoint=data["checkpoint"],
-        ):  # fmt: skip
+        i = pending[0]
+        if _ends_plainly(heads[i], bodies[i], members[key]):
             ends.append((i, members[key]))
     if len(ends) >= TOGETHER and batch_reports.members_finished_together([r for _, r in ends]):
         done.update(i for i, _ in ends)
