@@ -122,12 +122,12 @@ class Platform:
         return self
 
     def start_web(self) -> None:
-        """gunicorn with the Procfile's worker (uvicorn's, serving gpuplatform/asgi.py)."""
+        """The Procfile's web (gpuplatform/web.py: two gunicorn masters of one uvicorn worker each,
+        serving gpuplatform/asgi.py on one port)."""
         binds = [
             f"--bind={address}:{self.port}" for address in ("127.0.0.1", self.listen) if address
         ]
-        self.spawn("web", [sys.executable, "-m", "gunicorn", "gpuplatform.asgi:application", "--worker-class",
-                           "gpuplatform.web_worker.Worker", *binds, "--workers", "2",
+        self.spawn("web", [sys.executable, "-m", "gpuplatform.web", *binds, "--workers", "2",
                            "--threads", "4", "--timeout", "60", "--access-logfile", "-"])  # fmt: skip
 
     def start_dispatcher(self, name: str = "dispatcher") -> None:
