@@ -547,6 +547,7 @@ class UsageSpans:
         if since < self.since:
             return False
         stamp = pass_stamps().live if stamp is None else stamp
+        moved: set[int] = set()  # the attempts that started or ended since the last check
         if stamp != self.stamp:
             live = set(_usage_rows().filter(ended_at=None).values_list("pk", flat=True))
             moved = (live - self.running) | (self.running - live)
@@ -554,7 +555,6 @@ class UsageSpans:
                 return False
             for pk in self.running - live:
                 self._drop(pk)
-            self._add(_usage_rows().filter(pk__in=list(moved)))
             self.stamp = stamp
         checked, self.ended_checked = self.ended_checked, timezone.now()
         after = checked - timedelta(seconds=CHECKPOINT_MARGIN_S)
@@ -569,10 +569,11 @@ class UsageSpans:
                     known.append(pk)
                 elif span[3] < start:
                     gone.append(pk)
-        recent = _usage_rows().filter(ended_at__gte=after)
+        recent = Q(ended_at__gte=after)
         if known and len(known) <= DELTA_LIMIT:
-            recent = recent.exclude(pk__in=known)
-        self._add(recent)
+            recent &= ~Q(pk__in=known)
+        # The moved attempts in the same read: a round trip less in a pass after an end.
+        self._add(_usage_rows().filter(recent | Q(pk__in=list(moved)) if moved else recent))
         for pk in gone:
             self._drop(pk)
         return True

@@ -320,6 +320,37 @@ def test_a_refresh_reads_again_no_end_it_keeps(cast, monkeypatch):
     assert read == [attempts[3].pk]
 
 
+def finished(attempt: JobAttempt) -> None:
+    services.attempt_member_finished(attempt_id=attempt.pk, rank=0, token=str(attempt.token),
+                                     exit_code=0, reason="done")  # fmt: skip
+
+
+def test_a_refresh_reads_the_attempts_that_started_or_ended_in_one_statement(cast):
+    """When the running attempts' stamp moves, their ids are read, then the attempts that started
+    or ended and the ends since the last check in one statement (they were two)."""
+    make_node("h1", gpus=8)
+    jobs = [submit(cast, user=("bob" if i % 2 else "dave")) for i in range(4)]
+    assert len(dispatch_once().placed) == 4
+    attempts = [started(job) for job in jobs[:3]]
+    since = timezone.now() - timedelta(seconds=4 * HALF_LIFE_S)
+    spans = kept.UsageSpans(since)
+    finished(attempts[0])
+    finished(attempts[1])
+    started(jobs[3])
+    stamp = kept.pass_stamps().live
+    with CaptureQueriesContext(connection) as reads:
+        assert spans.refresh(since, stamp)
+    assert len(reads.captured_queries) == 2  # the running ids; what moved or ended
+    running = JobAttempt.objects.filter(started_at__isnull=False, ended_at=None)
+    assert spans.running == set(running.values_list("pk", flat=True))
+    now = timezone.now()
+    expected = direct_usage(since, now, HALF_LIFE_S)
+    got = spans.usage(now, HALF_LIFE_S)
+    assert got.keys() == expected.keys()
+    for tenant, value in expected.items():
+        assert got[tenant].gpu_seconds == pytest.approx(value, rel=1e-9)
+
+
 def test_the_pass_stamps_read_what_the_state_and_usage_were_read_from(cast):
     """kept.pass_stamps (one UNION ALL) gives the tiers' graces, the tenants allowed commands and
     the settings; the GPUs' count, id sum and unhealthy ids; the held allocations' count, id sum
