@@ -12,7 +12,7 @@ allocations and the rows of the attempts that changed; anything else (a node, a 
 a setting, a placement the allocation index refused) reads it all again, and so does one pass every
 `REBUILD_EVERY_S` (comparing the kept state with the fresh one, and logging a difference).
 Checkpoint times are not versioned: re-read since the last pass, less a margin. The tenants' usage
-(`UsageSpans`) is kept alike.
+(`UsageSpans`) is kept alike, and read whole on its own every `REBUILD_EVERY_S`.
 
 The database stays the truth: a stale state can only make a placement lose its race (the job's
 guarded update and the GPU allocation index refuse it), never allocate a GPU twice. The policy
@@ -525,7 +525,7 @@ class UsageSpans:
         """`live`: the running attempts' stamp as the pass read it already (`PassStamps.live`,
         read before these rows; read here when None)."""
         self.since = since  # the window's start when read: a longer window reads again
-        self.read_at = time.monotonic()
+        self.read_at = time.monotonic()  # read whole again `REBUILD_EVERY_S` after (Kept.usage)
         self.spans: dict[int, tuple] = {}
         self.running: set[int] = set()  # the spans without an end
         # Each tenant's span ids, sorted: its usage's tier is its lowest one's, as a sum over the
@@ -716,9 +716,11 @@ class Kept:
             return tenant_usage(now, half_life_s, stamp)
         since = now - timedelta(seconds=4 * half_life_s)
         spans = self._usage
-        if spans is None or state.read_at > spans.read_at or not spans.refresh(since, stamp):
+        # Read whole on its own clock, not at each full read of the cluster: a node that comes or
+        # goes changes no attempt's usage, and the whole window's attempts are the costly read.
+        due = spans is None or time.monotonic() - spans.read_at >= REBUILD_EVERY_S
+        if spans is None or due or not spans.refresh(since, stamp):
             spans = self._usage = UsageSpans(since, stamp)
-            spans.read_at = state.read_at
         return spans.usage(now, half_life_s)
 
     def runs(self) -> dict[tuple[int, int | None], list[float]] | None:

@@ -351,6 +351,39 @@ def test_a_refresh_reads_the_attempts_that_started_or_ended_in_one_statement(cas
         assert got[tenant].gpu_seconds == pytest.approx(value, rel=1e-9)
 
 
+def test_a_full_read_of_the_cluster_keeps_the_usage_and_brings_it_up_to_date(cast, monkeypatch):
+    """A node that comes reads the cluster whole, not the usage (every attempt of the window):
+    the kept spans are brought up to date; they are read whole every REBUILD_EVERY_S."""
+    make_node("h1", gpus=4)
+    jobs = [submit(cast, user=("bob" if i % 2 else "dave")) for i in range(3)]
+    dispatch_once()
+    attempts = [started(job) for job in jobs]
+    assert_kept_is_a_fresh_read()
+    built = []
+    real = kept.UsageSpans.__init__
+
+    def counted(self, *args, **kwargs):
+        built.append(self)
+        real(self, *args, **kwargs)
+
+    make_node("h2", gpus=4)  # a node came: the cluster is read whole at the next pass
+    finished(attempts[0])
+    rebuilds = kept.KEPT.rebuilds
+    state = refreshed()
+    assert kept.KEPT.rebuilds == rebuilds + 1
+    now = timezone.now()
+    monkeypatch.setattr(kept.UsageSpans, "__init__", counted)
+    usage = kept.KEPT.usage(state, now, HALF_LIFE_S)
+    assert built == []
+    monkeypatch.setattr(kept, "REBUILD_EVERY_S", 0.0)
+    kept.KEPT.usage(refreshed(), now, HALF_LIFE_S)
+    assert len(built) == 1  # due: read whole
+    expected = direct_usage(now - timedelta(seconds=4 * HALF_LIFE_S), now, HALF_LIFE_S)
+    assert usage.keys() == expected.keys()
+    for tenant, value in expected.items():
+        assert usage[tenant].gpu_seconds == pytest.approx(value, rel=1e-9)
+
+
 def test_the_pass_stamps_read_what_the_state_and_usage_were_read_from(cast):
     """kept.pass_stamps (one UNION ALL) gives the tiers' graces, the tenants allowed commands and
     the settings; the GPUs' count, id sum and unhealthy ids; the held allocations' count, id sum
