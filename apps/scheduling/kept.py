@@ -2,16 +2,17 @@
 (issue 18): nodes, GPUs, and every GPU held by an attempt, as the placement core's pods and the
 policy's running jobs.
 
-Reading it whole costs a pass ~0.9 s of CPU on 1,000 nodes x 8,000 attempts; checking it costs a
-few aggregate queries and the nodes' rows. Each pass compares stamps of what the state was read from with the database:
-the nodes' rows, the GPUs' count and unhealthy set, and over the held GPU allocations their count,
-the sum of their ids and the sums of their attempts' and jobs' versions (every transition bumps a
-version, and new rows have ids above every earlier one, so any change moves one of these). Where
-only the allocations' stamp moved, the pass re-reads the allocations and the rows of the attempts
-that changed; anything else (a node, a GPU, a tier's grace, a setting, a placement the allocation
-index refused) reads it all again, and so does one pass every `REBUILD_EVERY_S` (comparing the
-kept state with the fresh one, and logging a difference). Checkpoint times are not versioned:
-re-read since the last pass, less a margin. The tenants' usage (`UsageSpans`) is kept alike.
+Reading it whole costs a pass ~0.9 s of CPU on 1,000 nodes x 8,000 attempts; checking it costs one
+statement of aggregates (`pass_stamps`) and the nodes' rows. Each pass compares stamps of what the
+state was read from with the database: the nodes' rows, the GPUs' count and unhealthy set, and over
+the held GPU allocations their count, the sum of their ids and the sums of their attempts' and jobs'
+versions (every transition bumps a version, and new rows have ids above every earlier one, so any
+change moves one of these). Where only the allocations' stamp moved, the pass re-reads the
+allocations and the rows of the attempts that changed; anything else (a node, a GPU, a tier's grace,
+a setting, a placement the allocation index refused) reads it all again, and so does one pass every
+`REBUILD_EVERY_S` (comparing the kept state with the fresh one, and logging a difference).
+Checkpoint times are not versioned: re-read since the last pass, less a margin. The tenants' usage
+(`UsageSpans`) is kept alike, and read whole on its own every `REBUILD_EVERY_S`.
 
 The database stays the truth: a stale state can only make a placement lose its race (the job's
 guarded update and the GPU allocation index refuse it), never allocate a GPU twice. The policy
@@ -29,6 +30,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, timedelta
+from typing import NamedTuple
 
 from django.conf import settings
 from django.db import connection
@@ -157,8 +159,8 @@ class State:
         # The queue's heads the last pass holding this state got (dispatcher.ordered_queue), by
         # job id: a head whose row has not changed is not read and built again.
         self.heads: dict = {}
-        # The running attempts' stamp as this pass's refresh read it (`pass_stamps`), for the
-        # usage's refresh (`Kept.usage`): taken once; None after a full read.
+        # The running attempts' stamp as this pass's read (full or not) read it (`pass_stamps`),
+        # for the usage (`Kept.usage`): taken once.
         self.live_read: tuple | None = None
 
     # --- a full read ------------------------------------------------------------------------
@@ -169,8 +171,8 @@ class State:
         as plain rows (values_list): no model objects for 1,000 nodes and 8,000 attempts. The
         stamps are read before the rows they cover, so a change in between shows next pass
         (`tiers`: the pass's Tier rows, read before this, for the stamp of their graces)."""
-        settings_read = settings_stamp(tiers)
-        gpus_stamp = gpu_stamp()
+        stamps = pass_stamps(tiers)
+        self.live_read = stamps.live
         nodes = node_rows()
         gpus_of: dict[int, dict[int, tuple[int, str]]] = {}
         for pk, node_id, index, health in Gpu.objects.order_by().values_list(
@@ -198,7 +200,7 @@ class State:
                     self.gpu_at[gpu[0]] = (name, index)
         allocations = allocation_rows()
         self._hold(allocations, set(self._attempts_of(allocations)))
-        self.stamp = Stamp(nodes, gpus_stamp, allocation_stamp(allocations), settings_read)
+        self.stamp = Stamp(nodes, stamps.gpus, allocation_stamp(allocations), stamps.settings)
         return self
 
     # --- bringing it up to date -------------------------------------------------------------
@@ -210,19 +212,19 @@ class State:
         since, self.checkpoints_since = self.checkpoints_since, timezone.now()
         after = since - timedelta(seconds=CHECKPOINT_MARGIN_S)
         stamps = pass_stamps(tiers, checkpoints_after=after)
-        settings_read, gpus, allocations_read, self.live_read, checkpoints = stamps
-        if settings_read != self.stamp.settings or gpus != self.stamp.gpus:
+        self.live_read = stamps.live
+        if stamps.settings != self.stamp.settings or stamps.gpus != self.stamp.gpus:
             return False
         if node_rows() != self.stamp.nodes:
             return False
         dirty = {h for h, held in self.holdings.items() if held.pod.name in self.dirty}
         self.dirty.clear()
-        if dirty or allocations_read != self.stamp.allocations:
+        if dirty or stamps.allocations != self.stamp.allocations:
             allocations = allocation_rows()
             if not self._apply_changes(allocations, dirty):
                 return False
             self.stamp.allocations = allocation_stamp(allocations)
-        self._saw_checkpoints(checkpoints)
+        self._saw_checkpoints(stamps.checkpoints)
         return True
 
     def _apply_changes(self, allocations: list[tuple], dirty: set[int]) -> bool:
@@ -406,9 +408,30 @@ def node_rows() -> list[tuple]:
     )
 
 
-# The stamps every pass checks, as SQL written once: the ORM built each statement anew every
-# pass (0.3-0.4 ms of CPU each, for a read of microseconds; a pass that places one job took
-# 10 ms). Their values are only ever compared with the same stamp's earlier values.
+def allocation_rows() -> list[tuple]:
+    return list(GpuAllocation.objects.filter(released_at=None).values_list(*_ALLOCATION_FIELDS))
+
+
+def allocation_stamp(rows: list[tuple]) -> tuple:
+    """The held allocations' count, sum of ids, and sums of their attempts' and jobs' versions."""
+    return (len(rows), sum(r[0] for r in rows), sum(r[3] for r in rows), sum(r[4] for r in rows))
+
+
+class PassStamps(NamedTuple):
+    """What the kept state and usage were read from, as `pass_stamps` reads them. Each is only
+    ever compared with the same stamp's earlier value."""
+
+    # The tiers' graces, the tenants allowed commands (their running jobs' tolerations) and the
+    # settings read.
+    settings: tuple
+    # The GPUs' count, sum of ids and unhealthy ids: a GPU row is made once per (node, index) and
+    # never changes node or index, so these say everything a pass reads of them.
+    gpus: tuple
+    allocations: tuple  # `allocation_stamp` of the held allocations, summed by the database
+    # The running attempts' count, sum of ids and latest start: one that ends lowers the count,
+    # one that starts (started_at set at its move to running) moves the latest start.
+    live: tuple
+    checkpoints: list[tuple]  # (attempt pk, checkpoint time) saved since `checkpoints_after`
 
 
 def _fetch(sql: str, params: tuple = ()) -> list[tuple]:
@@ -417,42 +440,15 @@ def _fetch(sql: str, params: tuple = ()) -> list[tuple]:
         return cursor.fetchall()
 
 
-def gpu_stamp() -> tuple:
-    """GPU rows are made once per (node, index) and never change node or index: their count,
-    the sum of their ids and the unhealthy ones say everything a pass reads of them."""
-    table = Gpu._meta.db_table
-    ((count, ids),) = _fetch(f"SELECT COUNT(id), SUM(id) FROM {table}")
-    unhealthy = _fetch(f"SELECT id FROM {table} WHERE health <> %s", (GpuHealth.HEALTHY.value,))
-    return count, ids, tuple(sorted(pk for (pk,) in unhealthy))
-
-
-def allocation_rows() -> list[tuple]:
-    return list(GpuAllocation.objects.filter(released_at=None).values_list(*_ALLOCATION_FIELDS))
-
-
-def allocation_stamp(rows: list[tuple]) -> tuple:
-    return (len(rows), sum(r[0] for r in rows), sum(r[3] for r in rows), sum(r[4] for r in rows))
-
-
-def held_allocation_stamp() -> tuple:
-    """`allocation_stamp` of the held allocations, summed by the database."""
-    tables = GpuAllocation._meta.db_table, JobAttempt._meta.db_table, Job._meta.db_table
-    ((count, ids, attempt_versions, job_versions),) = _fetch(
-        "SELECT COUNT(g.id), SUM(g.id), SUM(a.version), SUM(j.version) FROM {} g "
-        "JOIN {} a ON a.id = g.attempt_id JOIN {} j ON j.id = a.job_id "
-        "WHERE g.released_at IS NULL".format(*tables)
-    )
-    return count, ids or 0, attempt_versions or 0, job_versions or 0
-
-
-def pass_stamps(tiers: list[Tier] | None = None, checkpoints_after=None) -> tuple:
-    """`settings_stamp`, `gpu_stamp`, `held_allocation_stamp` and `live_attempt_stamp` in one
-    statement (a UNION ALL of tagged rows): what every pass that keeps its state checks, and the
-    active attempts' checkpoints saved at or after `checkpoints_after` ((pk, time) pairs; none
-    read when None). Six statements were six round trips, each of which on PostgreSQL waits for
-    the server's process to be scheduled (on the 2-core bench machine, under load, more than the
-    read itself: docs/bench/71-slurm-peer-notes.md, "h36start pass"). The same values as the
-    four functions give, as the same tuples, and the checkpoints last."""
+def pass_stamps(tiers: list[Tier] | None = None, checkpoints_after=None) -> PassStamps:
+    """Every stamp in one statement (a UNION ALL of tagged rows), with the active attempts'
+    checkpoints saved at or after `checkpoints_after` (none read when None); `tiers`: the pass's
+    Tier rows (read here when None). A pass that keeps its state checks these, a full read and
+    the usage's first read keep them. SQL written once: the ORM built each statement anew every
+    pass (0.3-0.4 ms of CPU each, for a read of microseconds). Six statements were six round
+    trips, each of which on PostgreSQL waits for the server's process to be scheduled (on the
+    2-core bench machine, under load, more than the read itself: docs/bench/71-slurm-peer-notes.md,
+    "h36start pass")."""
     from apps.tenants.models import Tenant
 
     if tiers is None:
@@ -477,20 +473,22 @@ def pass_stamps(tiers: list[Tier] | None = None, checkpoints_after=None) -> tupl
                                     [*ATTEMPT_ACTIVE, moment(checkpoints_after)])),
     )  # fmt: skip
     # A UNION's column takes the widest type of its rows (PostgreSQL: a SUM of bigints is a
-    # numeric): every number back to an int, as the separate reads give it. The latest start
-    # is raw, as `live_attempt_stamp` reads it (a stamp is only compared with its kind).
-    values = {kind: [(*(None if v is None else int(v) for v in row[1:5]), row[5])
+    # numeric): every number back to an int (a sum over no rows to 0), every time to an aware
+    # datetime (SQLite gives its raw text).
+    values = {kind: [(*(0 if v is None else int(v) for v in row[1:5]), _aware(row[5]))
                      for row in rows if row[0] == kind] for kind in range(6)}  # fmt: skip
     ((count, ids, _, _, _),) = values[0]
-    gpus = count, ids, tuple(sorted(row[0] for row in values[1]))
     graces = tuple(sorted((tier.pk, tier.preemption_grace_seconds) for tier in tiers))
     allowed = tuple(sorted(row[0] for row in values[2]))
-    settings_read = graces, allowed, settings.TRUST_UNISOLATED_NODES, settings.KILL_GRACE_SECONDS
     ((held, held_ids, attempt_versions, job_versions, _),) = values[3]
     ((live, live_ids, _, _, latest),) = values[4]
-    checkpoints = [(row[0], _aware(row[4])) for row in values[5]]
-    return (settings_read, gpus, (held, held_ids or 0, attempt_versions or 0, job_versions or 0),
-            (live, live_ids or 0, latest), checkpoints)  # fmt: skip
+    return PassStamps(
+        settings=(graces, allowed, settings.TRUST_UNISOLATED_NODES, settings.KILL_GRACE_SECONDS),
+        gpus=(count, ids, tuple(sorted(row[0] for row in values[1]))),
+        allocations=(held, held_ids, attempt_versions, job_versions),
+        live=(live, live_ids, latest),
+        checkpoints=[(row[0], row[4]) for row in values[5]],
+    )
 
 
 def _aware(value):
@@ -502,19 +500,6 @@ def _aware(value):
     return value
 
 
-def settings_stamp(tiers: list[Tier] | None = None) -> tuple:
-    """What else the state was built from: the tiers' grace (from the pass's Tier rows, or read
-    here), the tenants allowed commands (their running jobs' tolerations), and the settings read."""
-    from apps.tenants.models import Tenant
-
-    if tiers is None:
-        tiers = list(Tier.objects.all())
-    graces = tuple(sorted((tier.pk, tier.preemption_grace_seconds) for tier in tiers))
-    rows = _fetch(f"SELECT id FROM {Tenant._meta.db_table} WHERE allow_commands ORDER BY id")
-    allowed = tuple(pk for (pk,) in rows)
-    return graces, allowed, settings.TRUST_UNISOLATED_NODES, settings.KILL_GRACE_SECONDS
-
-
 # --- usage: what every attempt that ran in the policy's window used --------------------------
 
 _SPAN_FIELDS = ("pk", "job__tenant__slug", "job__tier__name", "started_at", "ended_at", "job__gpus",
@@ -523,7 +508,7 @@ _SPAN_FIELDS = ("pk", "job__tenant__slug", "job__tier__name", "started_at", "end
 
 class UsageSpans:
     """Per attempt that ran within four half-lives: (tenant, tier, start, end or None, GPUs),
-    kept between passes. The running ones are checked by a stamp (`live_attempt_stamp`): when it
+    kept between passes. The running ones are checked by a stamp (`PassStamps.live`): when it
     moves, the ids are read and the attempts that came or went read by id;
     those that ended are also read by their end time (since the last pass, less a margin), which
     catches an attempt that started and ended between two passes.
@@ -536,9 +521,11 @@ class UsageSpans:
     of the dispatcher's time). An end read after the pass's time (committed as the pass began)
     counts whole, where a sum at that time would cut it there: milliseconds of GPU time."""
 
-    def __init__(self, since) -> None:
+    def __init__(self, since, live: tuple | None = None) -> None:
+        """`live`: the running attempts' stamp as the pass read it already (`PassStamps.live`,
+        read before these rows; read here when None)."""
         self.since = since  # the window's start when read: a longer window reads again
-        self.read_at = time.monotonic()
+        self.read_at = time.monotonic()  # read whole again `REBUILD_EVERY_S` after (Kept.usage)
         self.spans: dict[int, tuple] = {}
         self.running: set[int] = set()  # the spans without an end
         # Each tenant's span ids, sorted: its usage's tier is its lowest one's, as a sum over the
@@ -550,16 +537,17 @@ class UsageSpans:
         self._ended: dict[str, float] = {}  # tenant: its ended spans' usage valued at _ref
         self._ref: float | None = None  # None: nothing summed yet
         self._half_life = 0.0
-        self.stamp = live_attempt_stamp()
+        self.stamp = pass_stamps().live if live is None else live
         self.ended_checked = timezone.now()
         self._add(_usage_rows().filter(Q(ended_at__isnull=True) | Q(ended_at__gte=since)))
 
     def refresh(self, since, stamp: tuple | None = None) -> bool:
         """Up to date with the database; False when the window grew (read it all again).
-        `stamp`: `live_attempt_stamp` as the pass read it already (read here when None)."""
+        `stamp`: `PassStamps.live` as the pass read it already (read here when None)."""
         if since < self.since:
             return False
-        stamp = live_attempt_stamp() if stamp is None else stamp
+        stamp = pass_stamps().live if stamp is None else stamp
+        moved: set[int] = set()  # the attempts that started or ended since the last check
         if stamp != self.stamp:
             live = set(_usage_rows().filter(ended_at=None).values_list("pk", flat=True))
             moved = (live - self.running) | (self.running - live)
@@ -567,7 +555,6 @@ class UsageSpans:
                 return False
             for pk in self.running - live:
                 self._drop(pk)
-            self._add(_usage_rows().filter(pk__in=list(moved)))
             self.stamp = stamp
         checked, self.ended_checked = self.ended_checked, timezone.now()
         after = checked - timedelta(seconds=CHECKPOINT_MARGIN_S)
@@ -582,10 +569,11 @@ class UsageSpans:
                     known.append(pk)
                 elif span[3] < start:
                     gone.append(pk)
-        recent = _usage_rows().filter(ended_at__gte=after)
+        recent = Q(ended_at__gte=after)
         if known and len(known) <= DELTA_LIMIT:
-            recent = recent.exclude(pk__in=known)
-        self._add(recent)
+            recent &= ~Q(pk__in=known)
+        # The moved attempts in the same read: a round trip less in a pass after an end.
+        self._add(_usage_rows().filter(recent | Q(pk__in=list(moved)) if moved else recent))
         for pk in gone:
             self._drop(pk)
         return True
@@ -672,19 +660,12 @@ def _usage_rows():
     return JobAttempt.objects.filter(started_at__isnull=False).order_by()
 
 
-def live_attempt_stamp() -> tuple:
-    """The running attempts' count, id sum and latest start: one that ends lowers the count, one
-    that starts (started_at set at its move to running) moves the latest start."""
-    ((count, ids, latest),) = _fetch(
-        f"SELECT COUNT(id), SUM(id), MAX(started_at) FROM {JobAttempt._meta.db_table} "
-        "WHERE started_at IS NOT NULL AND ended_at IS NULL"
-    )
-    return count, ids or 0, latest
-
-
-def tenant_usage(now, half_life_s: float) -> dict[str, policy.TenantUsage]:
-    """Each tenant's GPU-seconds, decayed with the policy's half-life, from recent attempts."""
-    return UsageSpans(now - timedelta(seconds=4 * half_life_s)).usage(now, half_life_s)
+def tenant_usage(
+    now, half_life_s: float, live: tuple | None = None
+) -> dict[str, policy.TenantUsage]:
+    """Each tenant's GPU-seconds, decayed with the policy's half-life, from recent attempts
+    (`live` as for `UsageSpans`)."""
+    return UsageSpans(now - timedelta(seconds=4 * half_life_s), live).usage(now, half_life_s)
 
 
 # --- the one kept state per process -----------------------------------------------------------
@@ -730,13 +711,16 @@ class Kept:
 
     def usage(self, state: State, now, half_life_s: float) -> dict[str, policy.TenantUsage]:
         """`tenant_usage` from the kept spans, for the pass holding `state`."""
+        stamp, state.live_read = state.live_read, None
         if state is not self._state:
-            return tenant_usage(now, half_life_s)
+            return tenant_usage(now, half_life_s, stamp)
         since = now - timedelta(seconds=4 * half_life_s)
-        spans, stamp, state.live_read = self._usage, state.live_read, None
-        if spans is None or state.read_at > spans.read_at or not spans.refresh(since, stamp):
-            spans = self._usage = UsageSpans(since)
-            spans.read_at = state.read_at
+        spans = self._usage
+        # Read whole on its own clock, not at each full read of the cluster: a node that comes or
+        # goes changes no attempt's usage, and the whole window's attempts are the costly read.
+        due = spans is None or time.monotonic() - spans.read_at >= REBUILD_EVERY_S
+        if spans is None or due or not spans.refresh(since, stamp):
+            spans = self._usage = UsageSpans(since, stamp)
         return spans.usage(now, half_life_s)
 
     def runs(self) -> dict[tuple[int, int | None], list[float]] | None:

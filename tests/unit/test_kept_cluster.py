@@ -3,13 +3,17 @@ equals a fresh read of the database, brought up to date from what moved where it
 again whole where it cannot."""
 
 import gc
-from datetime import timedelta
+import re
+from datetime import datetime, timedelta
 
 import pytest
+from django.conf import settings
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from apps.jobs import services
-from apps.jobs.models import GpuAllocation, JobAttempt
+from apps.jobs.models import GpuAllocation, Job, JobAttempt
 from apps.nodes.models import Gpu, Node
 from apps.nodes.services import mark_silent_nodes_lost, node_heartbeat, node_set_state
 from apps.platform.agent_protocol import GpuInfo
@@ -316,28 +320,131 @@ def test_a_refresh_reads_again_no_end_it_keeps(cast, monkeypatch):
     assert read == [attempts[3].pk]
 
 
-def test_the_pass_stamps_in_one_statement_are_the_three_stamps(cast):
-    """kept.pass_stamps (one UNION ALL) gives what settings_stamp, gpu_stamp,
-    held_allocation_stamp and live_attempt_stamp give, on an empty cluster and with GPUs unhealthy, tenants allowed
-    commands and allocations held (on PostgreSQL the union's sums come back as numerics)."""
+def finished(attempt: JobAttempt) -> None:
+    services.attempt_member_finished(attempt_id=attempt.pk, rank=0, token=str(attempt.token),
+                                     exit_code=0, reason="done")  # fmt: skip
 
-    def three() -> tuple:  # and the running attempts'
-        stamps = kept.settings_stamp(), kept.gpu_stamp(), kept.held_allocation_stamp()
-        return (*stamps, kept.live_attempt_stamp())
 
-    assert kept.pass_stamps()[:4] == three()
+def test_a_refresh_reads_the_attempts_that_started_or_ended_in_one_statement(cast):
+    """When the running attempts' stamp moves, their ids are read, then the attempts that started
+    or ended and the ends since the last check in one statement (they were two)."""
+    make_node("h1", gpus=8)
+    jobs = [submit(cast, user=("bob" if i % 2 else "dave")) for i in range(4)]
+    assert len(dispatch_once().placed) == 4
+    attempts = [started(job) for job in jobs[:3]]
+    since = timezone.now() - timedelta(seconds=4 * HALF_LIFE_S)
+    spans = kept.UsageSpans(since)
+    finished(attempts[0])
+    finished(attempts[1])
+    started(jobs[3])
+    stamp = kept.pass_stamps().live
+    with CaptureQueriesContext(connection) as reads:
+        assert spans.refresh(since, stamp)
+    assert len(reads.captured_queries) == 2  # the running ids; what moved or ended
+    running = JobAttempt.objects.filter(started_at__isnull=False, ended_at=None)
+    assert spans.running == set(running.values_list("pk", flat=True))
+    now = timezone.now()
+    expected = direct_usage(since, now, HALF_LIFE_S)
+    got = spans.usage(now, HALF_LIFE_S)
+    assert got.keys() == expected.keys()
+    for tenant, value in expected.items():
+        assert got[tenant].gpu_seconds == pytest.approx(value, rel=1e-9)
+
+
+def test_a_full_read_of_the_cluster_keeps_the_usage_and_brings_it_up_to_date(cast, monkeypatch):
+    """A node that comes reads the cluster whole, not the usage (every attempt of the window):
+    the kept spans are brought up to date; they are read whole every REBUILD_EVERY_S."""
+    make_node("h1", gpus=4)
+    jobs = [submit(cast, user=("bob" if i % 2 else "dave")) for i in range(3)]
+    dispatch_once()
+    attempts = [started(job) for job in jobs]
+    assert_kept_is_a_fresh_read()
+    built = []
+    real = kept.UsageSpans.__init__
+
+    def counted(self, *args, **kwargs):
+        built.append(self)
+        real(self, *args, **kwargs)
+
+    make_node("h2", gpus=4)  # a node came: the cluster is read whole at the next pass
+    finished(attempts[0])
+    rebuilds = kept.KEPT.rebuilds
+    state = refreshed()
+    assert kept.KEPT.rebuilds == rebuilds + 1
+    now = timezone.now()
+    monkeypatch.setattr(kept.UsageSpans, "__init__", counted)
+    usage = kept.KEPT.usage(state, now, HALF_LIFE_S)
+    assert built == []
+    monkeypatch.setattr(kept, "REBUILD_EVERY_S", 0.0)
+    kept.KEPT.usage(refreshed(), now, HALF_LIFE_S)
+    assert len(built) == 1  # due: read whole
+    expected = direct_usage(now - timedelta(seconds=4 * HALF_LIFE_S), now, HALF_LIFE_S)
+    assert usage.keys() == expected.keys()
+    for tenant, value in expected.items():
+        assert usage[tenant].gpu_seconds == pytest.approx(value, rel=1e-9)
+
+
+def test_the_pass_stamps_read_what_the_state_and_usage_were_read_from(cast):
+    """kept.pass_stamps (one UNION ALL) gives the tiers' graces, the tenants allowed commands and
+    the settings; the GPUs' count, id sum and unhealthy ids; the held allocations' count, id sum
+    and versions; the running attempts' count, id sum and latest start: plain ints (PostgreSQL's
+    union sums are numerics) and an aware datetime (SQLite's is raw text), 0 for a sum of none."""
+    graces = tuple(sorted(Tier.objects.values_list("pk", "preemption_grace_seconds")))
+    acme = Tenant.objects.get(slug="acme").pk
+    configured = (settings.TRUST_UNISOLATED_NODES, settings.KILL_GRACE_SECONDS)
+    empty = kept.pass_stamps()
+    assert empty == ((graces, (acme,), *configured), (0, 0, ()), (0, 0, 0, 0), (0, 0, None), [])
     node = make_node("h1", gpus=4)
     make_node("h2", gpus=2)
-    assert kept.pass_stamps()[:4] == three()
     Gpu.objects.filter(node=node, index__in=[1, 3]).update(health="unhealthy")
     Tenant.objects.update(allow_commands=True)
     job = submit(cast)
     dispatch_once()
-    started(job)
+    attempt = started(job)
+    attempt.refresh_from_db()
     got = kept.pass_stamps()
-    assert got[:4] == three() and got[4] == []
-    assert got[1][2] and got[0][1] and got[2][0] == 1 and got[3][0] == 1
-    assert all(type(v) is int for v in (*got[1][:2], *got[2], *got[3][:2]))
+    gpus = list(Gpu.objects.order_by("pk").values_list("pk", flat=True))
+    unhealthy = tuple(
+        Gpu.objects.filter(health="unhealthy").order_by("pk").values_list("pk", flat=True)
+    )
+    allocation = GpuAllocation.objects.get(released_at=None)
+    tenants = tuple(Tenant.objects.order_by("pk").values_list("pk", flat=True))
+    assert got.settings == (graces, tenants, *configured)
+    assert got.gpus == (6, sum(gpus), unhealthy) and len(unhealthy) == 2
+    assert got.allocations == (
+        1,
+        allocation.pk,
+        attempt.version,
+        Job.objects.get(pk=job.pk).version,
+    )
+    assert got.live == (1, attempt.pk, attempt.started_at)
+    assert got.checkpoints == []
+    assert all(
+        type(v) is int for v in (*got.gpus[:2], *got.gpus[2], *got.allocations, *got.live[:2])
+    )
+    assert isinstance(got.live[2], datetime) and got.live[2].tzinfo is not None
+
+
+def test_a_full_read_and_the_usage_read_after_it_share_one_read_of_the_stamps(cast):
+    """State.load takes its stamps from pass_stamps, and the usage's first read after it
+    (UsageSpans) the running attempts' stamp from that same read: one statement where the full
+    read's GPU, tenant and the usage's own stamps were four."""
+    make_node("h1", gpus=4)
+    job = submit(cast)
+    dispatch_once()
+    started(job)
+    kept.KEPT.forget()
+    rebuilds = kept.KEPT.rebuilds
+    with CaptureQueriesContext(connection) as reads:
+        state = kept.KEPT.pass_state(core.FGDPlus())
+        try:
+            usage = kept.KEPT.usage(state, timezone.now(), HALF_LIFE_S)
+        finally:
+            kept.KEPT.done(state, [])
+    assert kept.KEPT.rebuilds == rebuilds + 1 and usage.keys() == {"acme"}
+    stamps = [q["sql"] for q in reads.captured_queries
+              if re.search(r"COUNT\(|WHERE allow_commands|WHERE health <>", q["sql"])]  # fmt: skip
+    assert len(stamps) == 1 and "UNION ALL" in stamps[0]
 
 
 def test_the_pass_stamps_read_the_checkpoints_saved_since(cast):
