@@ -170,7 +170,8 @@ class TokenCache(RevocableCache[Entry]):
             entry.token["last_used_at"] = token.last_used_at
 
     def listen(self) -> None:
-        """Start this process's listener (again after a fork: threads do not cross one).
+        """Start this process's listener (again after a fork: threads do not cross one, and
+        what a parent kept was never heard here: every cache of the channel starts empty).
         A follower's cache calls it too, before each read of its own."""
         listener = self.listener
         if listener is not None and listener.pid == os.getpid():
@@ -178,6 +179,8 @@ class TokenCache(RevocableCache[Entry]):
         with self.lock:
             if self.listener is None or self.listener.pid != os.getpid():
                 self.entries.clear()
+                for cache in FOLLOWERS:
+                    cache.forget()
                 self.listener = RevocationListener(self)
                 self.listener.start()
 

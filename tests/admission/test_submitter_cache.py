@@ -171,3 +171,12 @@ def test_kept_submitters_live_at_most_the_setting(bob, cast, settings, monkeypat
     later = time.monotonic() + 5
     monkeypatch.setattr(token_cache.time, "monotonic", lambda: later)
     assert submitters.CACHE.get(user) is None
+
+
+def test_a_forked_process_starts_with_no_kept_submitter(bob, cast, monkeypatch):
+    """A web worker forked from a process that kept submitters heard nothing of what changed
+    since: its first read starts its own listener and finds nothing kept."""
+    user = cast["bob"][0]
+    assert submitters.CACHE.get(user) is not None
+    monkeypatch.setattr(token_cache.CACHE.listener, "pid", -1)  # the listener of the parent
+    assert submitters.CACHE.get(user) is None
