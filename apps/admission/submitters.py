@@ -32,7 +32,8 @@ from apps.tenants.token_cache import columns
 @dataclass
 class Kept:
     """A membership and its tenant, tier and quota as their columns: each request gets instances
-    of its own (`Model.from_db`), so nothing one request sets on them reaches another."""
+    of its own (`Model.from_db`, and a copy of the quota's `max_gpus` dict), so nothing one
+    request sets on them reaches another."""
 
     membership: dict
     tenant: dict
@@ -48,6 +49,7 @@ class Kept:
             _built(Tier, self.tier),
             _built(Quota, self.quota),
         )
+        quota.max_gpus = dict(quota.max_gpus or {})  # the one mutable column ({SKU: GPUs}): a copy
         membership.tenant, tenant.tier, tenant.quota = tenant, tier, quota
         membership.user = user
         membership.named = {}  # type: ignore[attr-defined]  # rows.membership_of: nothing named

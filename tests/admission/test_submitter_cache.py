@@ -180,3 +180,14 @@ def test_a_forked_process_starts_with_no_kept_submitter(bob, cast, monkeypatch):
     assert submitters.CACHE.get(user) is not None
     monkeypatch.setattr(token_cache.CACHE.listener, "pid", -1)  # the listener of the parent
     assert submitters.CACHE.get(user) is None
+
+
+def test_what_a_request_changes_on_its_submitter_reaches_no_other(bob, cast):
+    user = cast["bob"][0]
+    first = submitters.CACHE.get(user)
+    first.role = Role.VIEWER
+    first.tenant.tier.rank = 99
+    first.tenant.quota.max_gpus["H100-80GB"] = 1
+    second = submitters.CACHE.get(user)
+    assert second.role == Role.MEMBER and second.tenant.tier.rank != 99
+    assert second.tenant.quota.max_gpus == {}
