@@ -51,12 +51,14 @@ def _no_kept_cluster_between_tests():
 
 @pytest.fixture(autouse=True)
 def _no_cached_tokens_between_tests():
-    """Each process's token cache (apps/tenants/token_cache.py) holds what a rolled-back test read;
-    a test that changes a token's row by hand expects the next request to read it again."""
+    """Each process's token cache (apps/tenants/token_cache.py) and its followers (node
+    credentials, submitters) hold what a rolled-back test read; a test that changes a token's row
+    by hand expects the next request to read it again, and the next test's users reuse the ids."""
     yield
     token_cache = sys.modules.get("apps.tenants.token_cache")
     if token_cache is not None:
-        token_cache.CACHE.forget()
+        for cache in (token_cache.CACHE, *token_cache.FOLLOWERS):
+            cache.forget()
 
 
 @pytest.fixture(autouse=True)

@@ -143,6 +143,8 @@ class Estimator:
             if self._index is not None:
                 self._index[row.pk] = row
             self._newest = max(self._newest or row.order[2], row.order[2])
+        if self._held is not None:  # counted on: a count of the whole queue was O(queue) a submit
+            self._held = (len(self.queue), self._held[1] + sum(row.held for row in rows))
         if not appended:
             self._pools.clear()
             return

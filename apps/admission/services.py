@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from apps.admission import cache, dispatch, idempotency, quotas, rows
+from apps.admission import cache, dispatch, idempotency, quotas, rows, submitters
 from apps.admission.enqueue import enqueue_job
 from apps.admission.models import ONE_ACTIVE_ORIGIN, CacheRole
 from apps.admission.ratelimit import RateDecision, check_submit
@@ -42,10 +42,17 @@ from apps.tenants.models import Membership, Quota, Tenant
 def submitter(user, *, template: str | None = None, sku: str | None = None) -> Membership | None:
     """The user's membership with its tenant, tier and quota: one statement for all a submit
     needs to know about who is asking (the lazy accessors would take four), which also reads
-    the template and SKU of these names for the validation (rows.membership_of)."""
+    the template and SKU of these names for the validation (rows.membership_of). Where the body
+    names neither, no statement if this process has kept the membership (submitters.py)."""
+    if template is None and sku is None:
+        kept = submitters.CACHE.get(user)
+        if kept is not None:
+            return kept
+    epoch = submitters.CACHE.epoch
     membership = rows.membership_of(user, template=template, sku=sku)
     if membership is not None:
         membership.user = user
+    submitters.CACHE.put(user, membership, epoch=epoch)
     return membership
 
 

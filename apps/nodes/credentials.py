@@ -125,7 +125,7 @@ class CredentialCache(token_cache.RevocableCache[Credential]):
     of that node."""
 
     def __init__(self) -> None:
-        super().__init__(kind="credential", owner_kind="node", owner=lambda row: row.node_name)
+        super().__init__(kind="credential", owners={"node": lambda row: row.node_name})
 
     def get(self, key_id: str) -> Credential | None:
         return self.stored(key_id)

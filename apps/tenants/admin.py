@@ -38,8 +38,30 @@ class TokenAwareUserAdmin(UserAdmin):
         super().delete_queryset(request, queryset)
 
 
+class SubmitterPartAdmin(AuditedAdmin):
+    """An admin of a part of who submits (a tier, a tenant, its quota, a membership), which each
+    web process keeps for a submit (apps/admission/submitters.py): a change or a deletion here
+    drops what it kept of them from every process's cache (apps/tenants/token_cache.py), within
+    2 s. `drop` is called before the rows change: a membership's old user is read then."""
+
+    def drop(self, objs: list) -> None:
+        raise NotImplementedError
+
+    def save_model(self, request, obj, form, change):
+        self.drop([obj])
+        super().save_model(request, obj, form, change)
+
+    def delete_model(self, request, obj):
+        self.drop([obj])
+        super().delete_model(request, obj)
+
+    def delete_queryset(self, request, queryset):
+        self.drop(list(queryset))
+        super().delete_queryset(request, queryset)
+
+
 @admin.register(Tier)
-class TierAdmin(AuditedAdmin):
+class TierAdmin(SubmitterPartAdmin):
     list_display = [
         "name",
         "rank",
@@ -52,6 +74,9 @@ class TierAdmin(AuditedAdmin):
     ]
     search_fields = ["name"]
 
+    def drop(self, objs: list) -> None:
+        token_cache.tenants_changed(tier_ids=[tier.pk for tier in objs])
+
 
 class QuotaInline(admin.StackedInline):
     model = Quota
@@ -59,25 +84,35 @@ class QuotaInline(admin.StackedInline):
 
 
 @admin.register(Tenant)
-class TenantAdmin(AuditedAdmin):
+class TenantAdmin(SubmitterPartAdmin):
     list_display = ["slug", "name", "tier", "allow_commands", "created_at"]
     list_filter = ["tier", "allow_commands"]
     list_select_related = ["tier"]
     search_fields = ["slug", "name"]
-    inlines = [QuotaInline]
+    inlines = [QuotaInline]  # saved in the same transaction: the tenant's drop covers its quota
+
+    def drop(self, objs: list) -> None:
+        token_cache.tenants_changed(tenant_ids=[tenant.pk for tenant in objs if tenant.pk])
 
 
 @admin.register(Membership)
-class MembershipAdmin(AuditedAdmin):
+class MembershipAdmin(SubmitterPartAdmin):
     list_display = ["user", "tenant", "role"]
     list_filter = ["role", "tenant__tier"]
     list_select_related = ["user", "tenant"]
     search_fields = ["user__username", "tenant__slug"]
     raw_id_fields = ["user"]
 
+    def drop(self, objs: list) -> None:
+        """The users they name now and the ones their rows name still (a membership given to
+        another user)."""
+        saved = Membership.objects.filter(pk__in=[m.pk for m in objs if m.pk])
+        users = {m.user_id for m in objs} | set(saved.values_list("user_id", flat=True))
+        token_cache.revoked(user_ids=sorted(users))
+
 
 @admin.register(Quota)
-class QuotaAdmin(AuditedAdmin):
+class QuotaAdmin(SubmitterPartAdmin):
     list_display = [
         "tenant",
         "max_queued_jobs",
@@ -87,6 +122,9 @@ class QuotaAdmin(AuditedAdmin):
     ]
     list_select_related = ["tenant"]
     search_fields = ["tenant__slug"]
+
+    def drop(self, objs: list) -> None:
+        token_cache.tenants_changed(tenant_ids=[quota.tenant_id for quota in objs])
 
 
 @admin.register(ApiToken)

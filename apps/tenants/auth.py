@@ -18,7 +18,7 @@ import copy
 from django.utils.translation import gettext_lazy as _
 from rest_framework import authentication, exceptions
 
-from apps.admission import rows, services
+from apps.admission import rows, services, submitters
 from apps.tenants import token_cache, tokens
 
 PEEK_LIMIT = (
@@ -56,8 +56,9 @@ class TokenAuthentication(authentication.TokenAuthentication):
 class SubmitterAuthentication(TokenAuthentication):
     """For `POST /api/v1/jobs/`: `request.auth.submitter` is then the user's membership as
     `apps.admission.services.submitter` gives it (None: in no tenant), read with the token, or
-    alone where the token came from the cache (one statement either way; the membership is
-    never cached: a role or a tenant changes without a revocation). `names`: the template and
+    alone where the token came from the cache (one statement at most; none where the body names
+    no template or SKU and this process kept the membership: apps/admission/submitters.py, whose
+    entries a change of the membership, tenant, tier or quota drops). `names`: the template and
     SKU the body names, set by the view before authentication ({}: none known)."""
 
     names: dict = {}  # noqa: RUF012 (never changed in place: the view sets an instance's own)
@@ -74,9 +75,11 @@ class SubmitterAuthentication(TokenAuthentication):
         return user, token
 
     def lookup(self, digest: str) -> tuple | None:
+        epoch = submitters.CACHE.epoch
         found = rows.token_submitter(digest, **self.names)
         if found is None:
             return None
         token, user, membership = found
         self.membership = (membership,)
+        submitters.CACHE.put(user, membership, epoch=epoch)
         return token, user

@@ -26,6 +26,7 @@ def tenant_create(
         slug=slug, defaults={"tier": tier, "allow_commands": allow_commands, "name": name or slug}
     )
     Quota.objects.get_or_create(tenant=tenant)
+    token_cache.tenants_changed(tenant_ids=[tenant.pk])  # its tier or allow_commands changed
     return tenant
 
 
@@ -71,4 +72,5 @@ def quota_set(*, tenant: Tenant, **limits) -> Quota:
     if max_gpus:
         quota.max_gpus = {**quota.max_gpus, **max_gpus}
     quota.save()
+    token_cache.tenants_changed(tenant_ids=[tenant.pk])
     return quota

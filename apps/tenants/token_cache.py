@@ -79,16 +79,18 @@ V = TypeVar("V", bound=Stored)
 
 class RevocableCache(Generic[V]):
     """Values by key, each kept TOKEN_CACHE_SECONDS at most, dropped at once by the revocation
-    channel's messages: `<kind>:<key>` drops that key, `<owner kind>:<owner>` every value
-    `owner(value)` names. `epoch` counts the drops heard: a fill is stored only if none came
-    while it read (`put`). The token cache below is one; apps/nodes/credentials.py keeps node
-    credentials in another, a follower of the same listener."""
+    channel's messages: `<kind>:<key>` drops that key, `<owner kind>:<owner>` every value whose
+    `owners[owner kind](value)` is that owner. `epoch` counts the drops heard: a fill is stored
+    only if none came while it read (`put`). The token cache below is one; apps/nodes/credentials.py
+    keeps node credentials in another and apps/admission/submitters.py submitters in a third,
+    followers of the same listener."""
 
-    def __init__(self, *, kind: str, owner_kind: str, owner: Callable[[V], str]) -> None:
+    def __init__(self, *, kind: str, owners: dict[str, Callable[[V], str]]) -> None:
         self.lock = threading.Lock()
         self.entries: dict[str, V] = {}
         self.epoch = 0
-        self.kind, self.owner_kind, self.owner = f"{kind}:", f"{owner_kind}:", owner
+        self.kind = f"{kind}:"
+        self.owners = {f"{owner_kind}:": owner for owner_kind, owner in owners.items()}
 
     def stored(self, key: str) -> V | None:
         """The value if stored less than TOKEN_CACHE_SECONDS ago (this process's listener
@@ -126,15 +128,17 @@ class RevocableCache(Generic[V]):
     def drop(self, messages: list[str]) -> None:
         """The values these messages name go (messages of another cache's kinds: none)."""
         keys = {m.removeprefix(self.kind) for m in messages if m.startswith(self.kind)}
-        owners = {
-            m.removeprefix(self.owner_kind) for m in messages if m.startswith(self.owner_kind)
+        named = {
+            owner: names
+            for kind, owner in self.owners.items()
+            if (names := {m.removeprefix(kind) for m in messages if m.startswith(kind)})
         }
-        if not keys and not owners:
+        if not keys and not named:
             return
         with self.lock:
             self.epoch += 1
             for key, value in list(self.entries.items()):
-                if key in keys or self.owner(value) in owners:
+                if key in keys or any(owner(value) in names for owner, names in named.items()):
                     del self.entries[key]
 
     def forget(self) -> None:
@@ -147,7 +151,7 @@ class TokenCache(RevocableCache[Entry]):
     """Tokens by key digest: `token:<digest>` drops one, `user:<id>` every token of that user."""
 
     def __init__(self) -> None:
-        super().__init__(kind="token", owner_kind="user", owner=lambda e: str(e.token["user_id"]))
+        super().__init__(kind="token", owners={"user": lambda e: str(e.token["user_id"])})
         self.listener: RevocationListener | None = None
 
     def get(self, digest: str) -> tuple | None:
@@ -166,7 +170,8 @@ class TokenCache(RevocableCache[Entry]):
             entry.token["last_used_at"] = token.last_used_at
 
     def listen(self) -> None:
-        """Start this process's listener (again after a fork: threads do not cross one).
+        """Start this process's listener (again after a fork: threads do not cross one, and
+        what a parent kept was never heard here: every cache of the channel starts empty).
         A follower's cache calls it too, before each read of its own."""
         listener = self.listener
         if listener is not None and listener.pid == os.getpid():
@@ -174,6 +179,8 @@ class TokenCache(RevocableCache[Entry]):
         with self.lock:
             if self.listener is None or self.listener.pid != os.getpid():
                 self.entries.clear()
+                for cache in FOLLOWERS:
+                    cache.forget()
                 self.listener = RevocationListener(self)
                 self.listener.start()
 
@@ -242,13 +249,27 @@ def follow(cache: Follower) -> None:
 
 
 def revoked(*, digests=(), user_ids=()) -> None:
-    """Drop these tokens (by digest) and every token of these users, here now and in every web
-    process once the transaction commits (before it, another process could read the old row
-    back)."""
-    messages = [f"token:{d}" for d in digests] + [f"user:{pk}" for pk in user_ids]
+    """Drop these tokens (by digest) and every token of these users (and what other caches keep
+    of them: a submitter's membership), here now and in every web process once the transaction
+    commits (before it, another process could read the old row back)."""
+    dropped([f"token:{d}" for d in digests] + [f"user:{pk}" for pk in user_ids])
+
+
+def tenants_changed(*, tenant_ids=(), tier_ids=()) -> None:
+    """As `revoked`, for what a cache keeps of these tenants and of every tenant of these tiers
+    (apps/admission/submitters.py: a submitter's tenant, tier and quota). Every path that
+    changes or deletes a tenant, its quota, a tier or a membership calls it or `revoked`."""
+    dropped([f"tenant:{pk}" for pk in tenant_ids] + [f"tier:{pk}" for pk in tier_ids])
+
+
+def dropped(messages: list[str]) -> None:
+    """These messages' entries go from this process's caches now, and from every web process's
+    once the transaction commits (this process's listener hears them again then: a request
+    that read the old row meanwhile stored nothing that stays)."""
     if not messages:
         return
-    CACHE.drop(messages)
+    for cache in (CACHE, *FOLLOWERS):
+        cache.drop(messages)
     transaction.on_commit(lambda: publish(messages))
 
 

@@ -53,3 +53,34 @@ def test_a_job_that_can_never_fit_is_refused_and_one_only_a_cordoned_node_fits_h
     Node.objects.filter(pk=make_node("big", "H100-80GB", 16).pk).update(state=NodeState.CORDONED)
     job = bob.post("/api/v1/jobs/", {**TRAIN, "gpus": 16}, format="json").json()
     assert job["estimated_start_at"] is None
+
+
+def test_positions_after_extending_the_replay_with_held_jobs_are_a_fresh_counts():
+    """The held jobs are counted once and then as they arrive (`Estimator.extend`): the positions
+    stay those of an estimator loaded with the whole queue at once."""
+    from types import SimpleNamespace
+
+    from apps.admission.estimates import Estimator, queued_row
+
+    start = datetime(2026, 12, 7, 10, 0)
+
+    def row(n: int, held: bool):
+        return queued_row(
+            f"job-{n}", "H100-80GB", 1, 1, 60, None, 2, 2, start + timedelta(seconds=n), held
+        )
+
+    def estimator(rows):
+        return Estimator(
+            now=start, capacity={"H100-80GB": 4}, running=[], queue=list(rows), typical={}
+        )
+
+    first = [row(n, held=n % 3 == 0) for n in range(6)]
+    more = [row(n, held=n % 2 == 0) for n in range(6, 12)]
+    kept = estimator(first)
+    assert kept.position(SimpleNamespace(pk="job-1")) == 1  # counts the held ones (job-0, job-3)
+    kept.extend(more[:3])
+    kept.extend(more[3:])
+    fresh = estimator(first + more)
+    for n in range(12):
+        job = SimpleNamespace(pk=f"job-{n}")
+        assert kept.position(job) == fresh.position(job), n

@@ -1,6 +1,7 @@
 """Two web servers (each its own gunicorn worker process) on one database and one Redis: a revoked
 token is refused by both within 2 s although each had it cached (apps/tenants/token_cache.py),
-and 8 clients submitting as fast as they can across both are admitted no more than the shared
+a lowered quota holds in both within 2 s although each kept the submitter
+(apps/admission/submitters.py), and 8 clients submitting as fast as they can across both are admitted no more than the shared
 buckets allow (apps/admission/leases.py; the bound is written in docs/admission.md)."""
 
 from __future__ import annotations
@@ -96,6 +97,43 @@ def test_a_revoked_token_is_refused_by_every_web_within_2_s(webs):
     assert set(refused_after) == set(urls), refused_after
     assert max(refused_after.values()) < 2.0, refused_after
     assert [get(url, platform.tokens["alice"]) for url in urls] == [200, 200]  # others unaffected
+
+
+def submit_plain(url: str, key: str) -> requests.Response:
+    """A body that names no template or SKU: its submitter comes from the web's cache once kept
+    (apps/admission/submitters.py)."""
+    return requests.post(url + "/api/v1/jobs/", json={"command": ["true"], "gpus": 1},
+                         headers={"Authorization": f"Token {key}"}, timeout=10)  # fmt: skip
+
+
+def test_a_lowered_quota_is_enforced_by_every_web_within_2_s(webs):
+    """Each web keeps bob's tenant and quota with his membership; `set_quota` drops them in both
+    through the revocation channel, so a cap lowered below the queue refuses the next submits."""
+    platform, urls = webs
+    key = platform.tokens["bob"]  # acme: may run commands
+    platform.manage("set_quota", "acme", "--submit-rate", "1000000", "--submit-burst", "100000",
+                    "--max-queued-jobs", "100000")  # fmt: skip
+    for url in urls:
+        assert get(url, platform.tokens["alice"]) == 200  # each web's listener subscribes now...
+    time.sleep(1.5)  # ...and drops its caches once subscribed
+    for url in urls:
+        for _ in range(2):  # the first reads bob's submitter with his token, the second kept it
+            assert submit_plain(url, key).status_code == 201
+
+    platform.manage("set_quota", "acme", "--max-queued-jobs", "1")
+    lowered_at = time.monotonic()  # the command has committed and published by now
+
+    refused_after = {}
+    while len(refused_after) < len(urls) and time.monotonic() - lowered_at < 10:
+        for url in urls:
+            answer = submit_plain(url, key)
+            if url not in refused_after and answer.status_code == 429:
+                assert "jobs queued" in answer.text, answer.text
+                refused_after[url] = time.monotonic() - lowered_at
+        time.sleep(0.02)
+    print(f"lowered cap to refusal on each web: {refused_after}")
+    assert set(refused_after) == set(urls), refused_after
+    assert max(refused_after.values()) < 2.0, refused_after
 
 
 def test_8_clients_on_two_webs_get_no_more_than_the_shared_buckets_allow(webs):

@@ -7,6 +7,7 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 from django.forms.models import model_to_dict
 
+from apps.tenants import token_cache
 from apps.tenants.models import IdleAction, Tier
 
 OFF = ("off", "none", "never")
@@ -58,4 +59,5 @@ class Command(BaseCommand):
             raise CommandError("--interactive-idle-minutes must be at least 1")
         if changed:
             tier.save(update_fields=changed)
+            token_cache.tenants_changed(tier_ids=[tier.pk])
         self.stdout.write(json.dumps(model_to_dict(tier), indent=2, default=str))
