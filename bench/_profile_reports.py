@@ -39,6 +39,9 @@ def main() -> int:
                         help="each call carries its members' starts and ends together")  # fmt: skip
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--sort", default="tottime")
+    parser.add_argument(
+        "--sql", action="store_true", help="print the first call's statements whole"
+    )
     args = parser.parse_args()
     with django_in_process() as token:
         run(token, args)
@@ -139,6 +142,9 @@ def run(token: str, args) -> None:
         heads = Counter(" ".join(q["sql"].split()[:3])[:60] for q in first.captured_queries)
         for head, n in heads.most_common():
             print(f"  {n:3d}  {head}")
+        if args.sql:
+            for q in first.captured_queries:
+                print(f"    {q['sql']}")
 
     measure(3, None)  # warm: imports, the process's caches
     statements()
