@@ -6,15 +6,17 @@ The moves are the report services' own (apps/jobs/services.py member_started, me
 for the reports those services' own rules (`starts_plainly`, `ends_plainly`) call plain:
 one guarded update of the members, of the attempts and of the jobs (each row at the version it
 was read at), one insert of the jobs' audit events. Every row moves or none does: an update that
-changes fewer rows than it names rolls the batch's savepoint back and the caller applies each
-report alone, through the services, as before. The objects change only once all was written.
+changes fewer rows than it names raises BatchRefused, the caller's whole transaction (the agent's
+call) is rolled back and run again with each report applied alone, through the services. No
+savepoint of its own: refusals are rare (none in a drain), a savepoint is two round trips each
+group on PostgreSQL. The objects change only once all was written.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -62,9 +64,9 @@ def _starting(pairs: list[tuple[ReportedMember, int]]) -> tuple:
     return now, lease, members, attempts, first, again
 
 
-def members_started_together(started: list[tuple[ReportedMember, int]]) -> bool:
-    """member_started(reported, pid=pid) for each pair (each passed services.starts_plainly). True when
-    all were applied; False when none was (a row had moved: apply them one by one)."""
+def members_started_together(started: list[tuple[ReportedMember, int]]) -> None:
+    """member_started(reported, pid=pid) for each pair (each passed services.starts_plainly), all
+    or none (BatchRefused: a row had moved, `_together`)."""
     now, lease, members, attempts, first, again = _starting(started)
     reason = "all members started"
 
@@ -90,13 +92,13 @@ def members_started_together(started: list[tuple[ReportedMember, int]]) -> bool:
             fields: dict[str, Any] = {"started_at": now} if fresh else {}
             moved_jobs(moves, to=JobState.RUNNING, actor=actor_name, reason=reason, **fields)
 
-    return _together(members, write, settle)
+    _together(members, write, settle)
 
 
-def members_finished_together(finished: list[ReportedMember]) -> bool:
+def members_finished_together(finished: list[ReportedMember]) -> None:
     """member_finished(reported, exit_code=0) for each (each passed services.ends_plainly): the members,
-    attempts and jobs succeeded, the members' GPUs released, one dispatch pass asked for. True
-    when all were applied; False when none was."""
+    attempts and jobs succeeded, the members' GPUs released, one dispatch pass asked for; all or
+    none, as members_started_together."""
     now = timezone.now()
     members = [reported.member for reported in finished]
     attempts = [member.attempt for member in members]
@@ -120,16 +122,16 @@ def members_finished_together(finished: list[ReportedMember]) -> bool:
                 moved_jobs(moves, to=JobState.SUCCEEDED, actor=actor, reason=reason, **ended)
         trigger_dispatch()
 
-    return _together(members, write, settle)
+    _together(members, write, settle)
 
 
-def members_ran_together(ran: list[tuple[ReportedMember, int]]) -> bool:
+def members_ran_together(ran: list[tuple[ReportedMember, int]]) -> None:
     """member_started(reported, pid=pid) then member_finished(reported, exit_code=0) for each pair
     (each passed services.starts_plainly and services.ends_plainly: a quick job's start and
     clean end, which the agents send in one call): each row goes from `starting` to `succeeded`
     in one guarded update standing for both moves (its version up by two), both audit events
-    written. A drain's calls mostly carry one such job: 6 statements fewer than the two services,
-    for a group of one too. True when all were applied; False when none was."""
+    written. A drain's calls mostly carry one such job: 8 statements fewer than the two services,
+    for a group of one too; all or none, as members_started_together."""
     now, lease, members, attempts, first, again = _starting(ran)
     started, reason = "all members started", "exit code 0"
     ended: dict[str, Any] = {"exit_code": 0, "progress": 1.0, "finished_at": now}
@@ -167,7 +169,7 @@ def members_ran_together(ran: list[tuple[ReportedMember, int]]) -> bool:
                            through=(JobState.RUNNING, started), **fields, **ended)  # fmt: skip
         trigger_dispatch()
 
-    return _together(members, write, settle)
+    _together(members, write, settle)
 
 
 def _per_member(pids: list[tuple[ReportedMember, int]]):
@@ -197,38 +199,24 @@ def _by_actor(members: Iterable[AttemptMember], key: Callable[[Job], bool]) -> d
 
 
 def _together(members: list[AttemptMember], write: Callable[[], None],
-              settle: Callable[[], None]) -> bool:  # fmt: skip
-    """Run `write` then `settle` in a savepoint. A refusal (a row moved) or an error rolls it
-    back and puts the objects back as they were read (False); a deadlock PostgreSQL broke goes up
-    to the batch's retry, as a report's would."""
-    objects = [o for m in members for o in (m, m.attempt, m.attempt.job)]
-    saved = [(o, _columns(o)) for o in objects]
+              settle: Callable[[], None]) -> None:  # fmt: skip
+    """Run `write` then `settle` in the caller's transaction, with no savepoint of their own (two
+    round trips fewer on PostgreSQL). A refusal (a row moved) or an error leaves that transaction
+    to be rolled back whole: BatchRefused goes up, and the caller runs its call again with every
+    report applied alone (apps/nodes/agent_reports.py); a deadlock PostgreSQL broke goes up as
+    itself, to the call's retry."""
     try:
-        with transaction.atomic():
+        with transaction.atomic(savepoint=False):
             write()
             settle()
     except BatchRefused:
-        _restore(saved)
         log.info("a batch of %d reports meets rows that moved; applied one by one", len(members))
-        return False
+        raise
     except DatabaseError as error:
-        _restore(saved)
         if retryable(error):
             raise
         log.exception("a batch of %d reports failed; applied one by one", len(members))
-        return False
-    except Exception:
-        _restore(saved)
+        raise BatchRefused from error
+    except Exception as error:
         log.exception("a batch of %d reports failed; applied one by one", len(members))
-        return False
-    return True
-
-
-def _columns(instance) -> dict:
-    return {f.attname: getattr(instance, f.attname) for f in instance._meta.concrete_fields}
-
-
-def _restore(saved: Sequence[tuple[object, dict]]) -> None:
-    for instance, columns in saved:
-        for name, value in columns.items():
-            setattr(instance, name, value)
+        raise BatchRefused from error
