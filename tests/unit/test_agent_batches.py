@@ -756,3 +756,20 @@ def test_a_call_cut_short_after_its_writes_leaves_nothing_and_its_retry_everythi
         post("h1", reports) == [{"status": 200, "accepted": False}] * 4
     )  # a second retry: nothing
     assert JobEvent.objects.filter(actor="agent:h1").count() == 4
+
+
+@pytest.mark.skipif(
+    "connection.vendor != 'postgresql'", reason="prepared statements are PostgreSQL's"
+)
+def test_a_groups_one_statement_is_prepared_on_postgresql(cast):
+    """The group's updates travel as arrays, so their one statement (batch_reports._AtOnce) has
+    the same text for any group of its shape: psycopg prepares it on its 6th run
+    (prepare_threshold 5) and the server stops parsing and planning it."""
+    attempts = placed(cast, 7, {"h1": 4, "h2": 3})
+    for a in attempts:
+        node = AttemptMember.objects.get(attempt=a).node.name
+        assert post(node, [item(a, "started", pid=7)]) == [{"status": 200, "accepted": True}]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        statements = [statement for (statement,) in cursor.fetchall()]
+    assert any('WITH u0 AS (UPDATE "jobs_attemptmember"' in s for s in statements), statements
