@@ -11,14 +11,18 @@ agent for 8 s of each phase, GIL-holding samples only, into DIR/<phase>.<process
 folded stacks). `--unfenced`: the agents run jobs with GPUPLATFORM_ISOLATION=none (what the
 fence costs). `--requests`: the web logs the agent API's access lines
 (GPUPLATFORM_AGENT_ACCESS_LOG=1, which costs the web a little) and the drain's agent requests a
-drained job are printed by endpoint. Not part of `make bench` (a tool for finding the cost, not a
-figure).
+drained job are printed by endpoint. On PostgreSQL the platform database's backends (the
+server's processes serving its connections, polled every 0.1 s so that one that exits keeps what
+it used) are counted as `pg-backends`, and the server's own processes (walwriter, checkpointer,
+...: shared with anything else on the server) as `pg-server`. Not part of `make bench` (a tool for
+finding the cost, not a figure).
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import os
 import pathlib
 import re
@@ -64,12 +68,100 @@ def spies(platform, phase: str, out: pathlib.Path | None) -> list[subprocess.Pop
     ]
 
 
-def per_process(platform) -> dict[str, float]:
-    return {
+class DatabaseBackends:
+    """CPU seconds of the PostgreSQL server's processes that serve one database (their process
+    title names it) and of its own background processes, polled in a thread: a backend that exits
+    between two polls loses at most 0.1 s of its CPU to the count. Not on SQLite (`database` "")."""
+
+    def __init__(self, database: str, processes: dict | None = None) -> None:
+        self.database = f" {database} " if database else ""
+        self.processes = processes or {}  # the platform's: a backend is named after its client
+        self.seen: dict[int, tuple[str, float]] = {}  # pid -> (which, CPU seconds last read)
+        self.owners: dict[int, str] = {}
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+
+    def __enter__(self) -> DatabaseBackends:
+        if self.database:
+            self._read()
+            self.thread.start()
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.stopping.set()
+        if self.thread.is_alive():
+            self.thread.join()
+
+    def totals(self) -> dict[str, float]:
+        if not self.database:
+            return {}
+        self._read()
+        found = {"pg-backends": 0.0, "pg-server": 0.0}
+        for pid, (which, used) in list(self.seen.items()):
+            found[which] += used
+            if which == "pg-backends":
+                owner = f"pg-for-{self.owners.get(pid, 'other')}"
+                found[owner] = found.get(owner, 0.0) + used
+        return found
+
+    def _owner(self, title: str) -> str:
+        """The platform process whose connection a backend serves (its client port's owner)."""
+        import psutil
+
+        port = re.search(r"\(([0-9]+)\)", title)
+        if port is None:
+            return "other"
+        for each in psutil.net_connections("tcp"):
+            if each.laddr and each.laddr.port == int(port.group(1)) and each.pid:
+                pids = {each.pid}
+                try:
+                    pids.update(p.pid for p in psutil.Process(each.pid).parents())
+                except psutil.Error:
+                    pass
+                for name, process in self.processes.items():
+                    if process.pid in pids:
+                        return name.split("-peer-")[0]  # the agents together
+                return "other"
+        return "other"
+
+    def _poll(self) -> None:
+        while not self.stopping.wait(0.1):
+            self._read()
+
+    def _read(self) -> None:
+        import psutil
+
+        for each in psutil.process_iter(["username", "cmdline"]):
+            title = " ".join(each.info["cmdline"] or [])
+            if each.info["username"] != "postgres" or not title.startswith("postgres: "):
+                continue
+            which = "pg-backends" if self.database in title else "pg-server"
+            if which == "pg-server" and re.search(r"\d+\.\d+\.\d+\.\d+\(|\[local\]", title):
+                continue  # another database's backend
+            try:
+                times = each.cpu_times()
+            except psutil.Error:
+                continue
+            if which == "pg-backends" and each.pid not in self.owners:
+                self.owners[each.pid] = self._owner(title)
+            self.seen[each.pid] = (which, times.user + times.system)
+
+
+def database_name(platform) -> str:
+    """The platform's PostgreSQL database, or "" on SQLite."""
+    import urllib.parse
+
+    url = platform.env.get("DATABASE_URL", "")
+    return urllib.parse.urlsplit(url).path.strip("/") if url.startswith("postgres") else ""
+
+
+def per_process(platform, backends: DatabaseBackends) -> dict[str, float]:
+    found = {
         name: cpu_seconds(process.pid)
         for name, process in platform.processes.items()
         if process.poll() is None
     }
+    return found | backends.totals()
 
 
 def passes(platform) -> int:
@@ -82,8 +174,10 @@ def passes(platform) -> int:
     return int(count or 0)
 
 
-def spent(platform, before: dict[str, float], count: int) -> dict[str, float]:
-    after = per_process(platform)
+def spent(
+    platform, backends: DatabaseBackends, before: dict[str, float], count: int
+) -> dict[str, float]:
+    after = per_process(platform, backends)
     return {k: round((after[k] - before[k]) / count * 1000, 2) for k in after if k in before}
 
 
@@ -177,7 +271,11 @@ def main() -> int:
         print("unfenced: the agents run jobs with GPUPLATFORM_ISOLATION=none")
     nodes = {f"peer-{i}": ("H100-80GB", GPUS, "") for i in range(NODES)}
     with tempfile.TemporaryDirectory(prefix="gpuplatform-cpu-") as tmp:
-        with running_platform(pathlib.Path(tmp), nodes, "cpu") as platform:
+        with contextlib.ExitStack() as stack:
+            platform = stack.enter_context(running_platform(pathlib.Path(tmp), nodes, "cpu"))
+            backends = stack.enter_context(
+                DatabaseBackends(database_name(platform), platform.processes)
+            )
             nodes_lost(platform, nodes)
             sessions = [platform.api("bob") for _ in range(CLIENTS)]
             url = platform.url + "/api/v1/jobs/"
@@ -189,13 +287,17 @@ def main() -> int:
                 answer = local.session.post(url, json={"command": ["true"], "gpus": 1}, timeout=60)
                 assert answer.status_code == 201, answer.text
 
-            before, mine, began = per_process(platform), time.process_time(), time.monotonic()
+            before, mine, began = (
+                per_process(platform, backends),
+                time.process_time(),
+                time.monotonic(),
+            )
             ran = passes(platform)
             watching = spies(platform, "submit", args.spy)
             with concurrent.futures.ThreadPoolExecutor(CLIENTS) as pool:
                 list(pool.map(submit, range(args.count)))
             rate = args.count / (time.monotonic() - began)
-            split = spent(platform, before, args.count)
+            split = spent(platform, backends, before, args.count)
             client = (time.process_time() - mine) / args.count * 1000
             print(f"submit: {rate:.0f}/s; CPU ms a submit: {split}, the client {client:.2f}; "
                   f"{passes(platform) - ran} dispatcher passes")  # fmt: skip
@@ -210,17 +312,17 @@ def main() -> int:
             }
             for node in nodes:
                 platform.restart_agent(node)
-            before, began, ran = per_process(platform), time.monotonic(), passes(platform)
+            before, began, ran = per_process(platform, backends), time.monotonic(), passes(platform)
             started = agents_started(platform, logs, offsets)
             # After the agents' start, so that an agent's profile is the drain's, not its imports.
             watching = spies(platform, "drain", args.spy)
             wait_until_ended(platform, args.count, interval=1.0)
             rate = args.count / (time.monotonic() - began)
             print(f"drain: {rate:.1f} jobs/s (from the agents' start); CPU ms a job: "
-                  f"{spent(platform, before, args.count)}; {passes(platform) - ran} dispatcher "
+                  f"{spent(platform, backends, before, args.count)}; {passes(platform) - ran} dispatcher "
                   "passes")  # fmt: skip
             if started:
-                after = per_process(platform)
+                after = per_process(platform, backends)
                 print("an agent's own start (until its Celery consumer is ready), CPU s: "
                       f"{ {k: round(v - before[k], 2) for k, v in started.items()} }; the rest, "
                       "CPU ms a job: "

@@ -30,6 +30,8 @@ def main() -> int:
     parser.add_argument("--ends", type=int, default=4)
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--sort", default="tottime")
+    parser.add_argument("--sql", action="store_true",
+                        help="count the passes' statements (CaptureQueriesContext) by first words")  # fmt: skip
     args = parser.parse_args()
     with django_in_process():
         logging.disable(logging.INFO)  # a line per placed and ended job
@@ -38,7 +40,11 @@ def main() -> int:
 
 
 def drain(args) -> None:
+    from collections import Counter
+
     from django.core.management import call_command
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
 
     from apps.admission import enqueue
     from apps.jobs import services
@@ -55,6 +61,7 @@ def drain(args) -> None:
     profile = cProfile.Profile()
     running = list(JobAttempt.objects.filter(job__state=JobState.STARTING).order_by("pk"))
     began = time.perf_counter()
+    statements: Counter = Counter()
     while running:
         for attempt in running[: args.ends]:
             token = str(attempt.token)
@@ -65,7 +72,14 @@ def drain(args) -> None:
         started = time.process_time()
         if args.top:
             profile.enable()
-        result = dispatch_once()
+        if args.sql:
+            with CaptureQueriesContext(connection) as captured:
+                result = dispatch_once()
+            statements.update(
+                " ".join(q["sql"].split()[:4])[:70] for q in captured.captured_queries
+            )
+        else:
+            result = dispatch_once()
         profile.disable()
         cpu += time.process_time() - started
         passes += 1
@@ -74,6 +88,11 @@ def drain(args) -> None:
     print(f"{passes} passes placed {placed} jobs in {time.perf_counter() - began:.1f} s: "
           f"{cpu / passes * 1000:.2f} ms CPU a pass, {cpu / max(placed, 1) * 1000:.2f} ms a placed "
           f"job{' (profiled)' if args.top else ''}")  # fmt: skip
+    if args.sql:
+        total = sum(statements.values())
+        print(f"statements: {total / passes:.1f} a pass, {total / max(placed, 1):.2f} a placed job")
+        for head, n in statements.most_common(30):
+            print(f"  {n / passes:6.2f} a pass  {head}")
     if args.top:
         pstats.Stats(profile).sort_stats(args.sort).print_stats(args.top)
 

@@ -39,6 +39,9 @@ def main() -> int:
                         help="each call carries its members' starts and ends together")  # fmt: skip
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--sort", default="tottime")
+    parser.add_argument(
+        "--sql", action="store_true", help="print the first call's statements whole"
+    )
     args = parser.parse_args()
     with django_in_process() as token:
         run(token, args)
@@ -47,11 +50,13 @@ def main() -> int:
 
 def run(token: str, args) -> None:
     from django.core.management import call_command
+    from django.db import connection
     from django.test import Client
 
     from apps.jobs.models import AttemptMember
     from apps.nodes.credentials import issue_credential
     from apps.scheduling.dispatcher import dispatch_once
+    from bench._profile_submit import database_server_cpu
     from tests.factories import make_node
 
     call_command("set_quota", "acme", "--max-queued-jobs", "100000",
@@ -101,10 +106,13 @@ def run(token: str, args) -> None:
             results = answer.json()["results"]
             assert all(r.get("accepted") for r in results), results
 
+    server_cpu = [0.0]  # the PostgreSQL backend's, during the calls (None on SQLite)
+
     def measure(rounds: int, profile: cProfile.Profile | None) -> float:
-        cpu = 0.0
+        cpu, server_cpu[0] = 0.0, 0.0
         for _ in range(rounds):
             placed = place()
+            server = database_server_cpu()
             began = time.process_time()
             if profile:
                 profile.enable()
@@ -112,13 +120,15 @@ def run(token: str, args) -> None:
             if profile:
                 profile.disable()
             cpu += time.process_time() - began
+            if server is not None:
+                server_cpu[0] += database_server_cpu() - server
+        server_cpu[0] = server_cpu[0] / (rounds * NODES * GPUS) * 1000
         return cpu / (rounds * NODES * GPUS) * 1000
 
     def statements() -> None:
         """The SQL of one round's calls: per job, and the first call's by their first words."""
         from collections import Counter
 
-        from django.db import connection
         from django.test.utils import CaptureQueriesContext
 
         placed = place()
@@ -139,10 +149,15 @@ def run(token: str, args) -> None:
         heads = Counter(" ".join(q["sql"].split()[:3])[:60] for q in first.captured_queries)
         for head, n in heads.most_common():
             print(f"  {n:3d}  {head}")
+        if args.sql:
+            for q in first.captured_queries:
+                print(f"    {q['sql']}")
 
     measure(3, None)  # warm: imports, the process's caches
     statements()
     print(f"unprofiled: {measure(args.rounds, None):.2f} ms CPU a job (its two reports)")
+    if connection.vendor == "postgresql":
+        print(f"the PostgreSQL backend serving them: {server_cpu[0]:.2f} ms CPU a job")
     profile = cProfile.Profile()
     print(f"profiled: {measure(args.rounds, profile):.2f} ms CPU a job")
     pstats.Stats(profile).sort_stats(args.sort).print_stats(args.top)

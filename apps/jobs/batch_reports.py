@@ -6,8 +6,13 @@ The moves are the report services' own (apps/jobs/services.py member_started, me
 for the reports those services' own rules (`starts_plainly`, `ends_plainly`) call plain:
 one guarded update of the members, of the attempts and of the jobs (each row at the version it
 was read at), one insert of the jobs' audit events. Every row moves or none does: an update that
-changes fewer rows than it names rolls the batch's savepoint back and the caller applies each
-report alone, through the services, as before. The objects change only once all was written.
+changes fewer rows than it names raises BatchRefused, the caller's whole transaction (the agent's
+call) is rolled back and run again with each report applied alone, through the services. No
+savepoint of its own: refusals are rare (none in a drain), a savepoint is two round trips each
+group on PostgreSQL. On PostgreSQL a group's updates are one statement (`_AtOnce`): a quick
+job's start and end take the call's lock, its read, that statement, the events' insert and the
+dependents' read (7 statements with BEGIN and COMMIT, 12 before). The objects change only once
+all was written.
 """
 
 from __future__ import annotations
@@ -16,10 +21,11 @@ import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
+from enum import Enum
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import Case, IntegerField, Value, When
 from django.utils import timezone
 
@@ -30,9 +36,11 @@ from apps.jobs.models import (
     AttemptState,
     GpuAllocation,
     Job,
+    JobAttempt,
     JobState,
 )
 from apps.jobs.services import ReportedMember
+from apps.jobs.states import attempt_sources, check_attempt_move, check_job_move, job_sources
 from apps.jobs.transitions import (
     BatchRefused,
     move_attempts,
@@ -62,13 +70,15 @@ def _starting(pairs: list[tuple[ReportedMember, int]]) -> tuple:
     return now, lease, members, attempts, first, again
 
 
-def members_started_together(started: list[tuple[ReportedMember, int]]) -> bool:
-    """member_started(reported, pid=pid) for each pair (each passed services.starts_plainly). True when
-    all were applied; False when none was (a row had moved: apply them one by one)."""
+def members_started_together(started: list[tuple[ReportedMember, int]]) -> None:
+    """member_started(reported, pid=pid) for each pair (each passed services.starts_plainly), all
+    or none (BatchRefused: a row had moved, `_together`)."""
     now, lease, members, attempts, first, again = _starting(started)
     reason = "all members started"
 
     def write() -> None:
+        if connection.vendor == "postgresql":
+            return write_at_once()
         rows = AttemptMember.objects.filter(
             pk__in=[m.pk for m in members], state=AttemptState.STARTING
         )
@@ -80,6 +90,20 @@ def members_started_together(started: list[tuple[ReportedMember, int]]) -> bool:
         if again:
             move_jobs(again, to=JobState.RUNNING, reason=reason)
 
+    def write_at_once() -> None:  # the same updates, one statement (_AtOnce)
+        check_attempt_move(attempt_sources(AttemptState.RUNNING), AttemptState.RUNNING)
+        check_job_move(job_sources(JobState.RUNNING), JobState.RUNNING)
+        at_once = _AtOnce()
+        at_once.members(started, where="t.state = %s", params=[str(AttemptState.STARTING)],
+                        state=AttemptState.RUNNING, started_at=now)  # fmt: skip
+        at_once.moves(JobAttempt, attempts, expect=attempt_sources(AttemptState.RUNNING),
+                      state=AttemptState.RUNNING, started_at=now, lease_expires_at=lease)  # fmt: skip
+        expect = job_sources(JobState.RUNNING)
+        at_once.moves(Job, first, expect=expect, state=JobState.RUNNING, reason=reason,
+                      started_at=now)  # fmt: skip
+        at_once.moves(Job, again, expect=expect, state=JobState.RUNNING, reason=reason)
+        at_once.run()
+
     def settle() -> None:
         for reported, pid in started:
             member = reported.member
@@ -90,13 +114,13 @@ def members_started_together(started: list[tuple[ReportedMember, int]]) -> bool:
             fields: dict[str, Any] = {"started_at": now} if fresh else {}
             moved_jobs(moves, to=JobState.RUNNING, actor=actor_name, reason=reason, **fields)
 
-    return _together(members, write, settle)
+    _together(members, write, settle)
 
 
-def members_finished_together(finished: list[ReportedMember]) -> bool:
+def members_finished_together(finished: list[ReportedMember]) -> None:
     """member_finished(reported, exit_code=0) for each (each passed services.ends_plainly): the members,
-    attempts and jobs succeeded, the members' GPUs released, one dispatch pass asked for. True
-    when all were applied; False when none was."""
+    attempts and jobs succeeded, the members' GPUs released, one dispatch pass asked for; all or
+    none, as members_started_together."""
     now = timezone.now()
     members = [reported.member for reported in finished]
     attempts = [member.attempt for member in members]
@@ -104,12 +128,27 @@ def members_finished_together(finished: list[ReportedMember]) -> bool:
     ended: dict[str, Any] = {"exit_code": 0, "progress": 1.0, "finished_at": now}
 
     def write() -> None:
+        if connection.vendor == "postgresql":
+            return write_at_once()
         rows = AttemptMember.objects.filter(pk__in=[m.pk for m in members], ended_at=None)
         update_all(rows, len(members), state=AttemptState.SUCCEEDED, exit_code=0, ended_at=now)
         _release_gpus(members, now)
         move_attempts(attempts, to=AttemptState.SUCCEEDED, ended_at=now, reason="", exit_code=0)
         move_jobs([a.job for a in attempts], to=JobState.SUCCEEDED, expect=JOB_PLACED, reason=reason,
                   **ended)  # fmt: skip
+
+    def write_at_once() -> None:  # the same updates, one statement (_AtOnce)
+        check_attempt_move(attempt_sources(AttemptState.SUCCEEDED), AttemptState.SUCCEEDED)
+        check_job_move(JOB_PLACED, JobState.SUCCEEDED)
+        at_once = _AtOnce()
+        at_once.members([(r, None) for r in finished], where="t.ended_at IS NULL",
+                        state=AttemptState.SUCCEEDED, exit_code=0, ended_at=now)  # fmt: skip
+        at_once.released(members, now)
+        at_once.moves(JobAttempt, attempts, expect=attempt_sources(AttemptState.SUCCEEDED),
+                      state=AttemptState.SUCCEEDED, ended_at=now, reason="", exit_code=0)  # fmt: skip
+        at_once.moves(Job, [a.job for a in attempts], expect=JOB_PLACED, state=JobState.SUCCEEDED,
+                      reason=reason, **ended)  # fmt: skip
+        at_once.run()
 
     def settle() -> None:
         for member in members:
@@ -120,16 +159,16 @@ def members_finished_together(finished: list[ReportedMember]) -> bool:
                 moved_jobs(moves, to=JobState.SUCCEEDED, actor=actor, reason=reason, **ended)
         trigger_dispatch()
 
-    return _together(members, write, settle)
+    _together(members, write, settle)
 
 
-def members_ran_together(ran: list[tuple[ReportedMember, int]]) -> bool:
+def members_ran_together(ran: list[tuple[ReportedMember, int]]) -> None:
     """member_started(reported, pid=pid) then member_finished(reported, exit_code=0) for each pair
     (each passed services.starts_plainly and services.ends_plainly: a quick job's start and
     clean end, which the agents send in one call): each row goes from `starting` to `succeeded`
     in one guarded update standing for both moves (its version up by two), both audit events
-    written. A drain's calls mostly carry one such job: 6 statements fewer than the two services,
-    for a group of one too. True when all were applied; False when none was."""
+    written. A drain's calls mostly carry one such job: 8 statements fewer than the two services,
+    for a group of one too; all or none, as members_started_together."""
     now, lease, members, attempts, first, again = _starting(ran)
     started, reason = "all members started", "exit code 0"
     ended: dict[str, Any] = {"exit_code": 0, "progress": 1.0, "finished_at": now}
@@ -137,6 +176,8 @@ def members_ran_together(ran: list[tuple[ReportedMember, int]]) -> bool:
                                       "ended_at": now, "reason": "", "exit_code": 0}  # fmt: skip
 
     def write() -> None:
+        if connection.vendor == "postgresql":
+            return write_at_once()
         rows = AttemptMember.objects.filter(
             pk__in=[m.pk for m in members], state=AttemptState.STARTING, ended_at=None
         )
@@ -153,6 +194,23 @@ def members_ran_together(ran: list[tuple[ReportedMember, int]]) -> bool:
         if again:
             move_jobs(again, to=JobState.SUCCEEDED, expect=expect, reason=reason, steps=2, **ended)
 
+    def write_at_once() -> None:  # the same updates, one statement (_AtOnce)
+        check_attempt_move([AttemptState.STARTING], AttemptState.SUCCEEDED)
+        check_job_move([JobState.STARTING], JobState.SUCCEEDED)
+        at_once = _AtOnce()
+        at_once.members(ran, where="t.state = %s AND t.ended_at IS NULL",
+                        params=[str(AttemptState.STARTING)], state=AttemptState.SUCCEEDED,
+                        started_at=now, exit_code=0, ended_at=now)  # fmt: skip
+        at_once.released(members, now)
+        at_once.moves(JobAttempt, attempts, expect=[AttemptState.STARTING],
+                      state=AttemptState.SUCCEEDED, steps=2, **attempt_fields)  # fmt: skip
+        expect = [JobState.STARTING]
+        at_once.moves(Job, first, expect=expect, state=JobState.SUCCEEDED, reason=reason, steps=2,
+                      started_at=now, **ended)  # fmt: skip
+        at_once.moves(Job, again, expect=expect, state=JobState.SUCCEEDED, reason=reason, steps=2,
+                      **ended)  # fmt: skip
+        at_once.run()
+
     def settle() -> None:
         for reported, pid in ran:
             member = reported.member
@@ -167,7 +225,102 @@ def members_ran_together(ran: list[tuple[ReportedMember, int]]) -> bool:
                            through=(JobState.RUNNING, started), **fields, **ended)  # fmt: skip
         trigger_dispatch()
 
-    return _together(members, write, settle)
+    _together(members, write, settle)
+
+
+class _AtOnce:
+    """A group's guarded updates as one statement on PostgreSQL, each a data-modifying CTE (the
+    rows matched to their read through `unnest` of the ids, versions and pids): one round trip
+    for the group where the ORM's updates took one a table, and no compilation of each. The
+    updates and their guards are those of the ORM's path beside each use (the tests hold the
+    rows the two leave equal); each names the rows it must change, and fewer changed is
+    BatchRefused, as update_all's. A refusal leaves what the statement wrote to the caller's
+    rollback of the whole call (`_together`)."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.params: list[Any] = []
+        self.counts: list[int | None] = []  # rows each must change; None: any
+
+    def members(self, pids: Sequence[tuple[ReportedMember, int | None]], *, where: str,
+                params: Sequence[Any] = (), **sets: Any) -> None:  # fmt: skip
+        """The members' rows, each with its pid when one is given."""
+        rows: dict[str, list] = {"id": [r.member.pk for r, _ in pids]}
+        if pids[0][1] is not None:
+            rows["pid"] = [pid for _, pid in pids]
+        self._update(AttemptMember, rows, ["id"], where, params, sets, count=len(pids))
+
+    def moves(self, model: type[Job] | type[JobAttempt], rows: Sequence[Job | JobAttempt], *,
+              expect: Sequence[str], steps: int = 1, **sets: Any) -> None:  # fmt: skip
+        """move_jobs' or move_attempts' update: each row at the version it was read at, still in
+        one of `expect`, its version up by `steps`."""
+        if not rows:
+            return
+        if "reason" in sets:
+            sets["reason"] = sets["reason"][:300]
+        matched: dict[str, list] = {
+            "id": [r.pk for r in rows],
+            "version": [r.version for r in rows],
+        }
+        self._update(model, matched, ["id", "version"], "t.state = ANY(%s)", [[str(e) for e in expect]],
+                     sets, count=len(rows), version_steps=steps)  # fmt: skip
+
+    def released(self, members: Sequence[AttemptMember], now: Any) -> None:
+        """_release_gpus' update (its count not checked: as the ORM's)."""
+        table = connection.ops.quote_name(GpuAllocation._meta.db_table)
+        self.parts.append(f"UPDATE {table} SET released_at = %s WHERE attempt_id = ANY(%s) "
+                          "AND released_at IS NULL RETURNING 1")  # fmt: skip
+        self.params += [now, [m.attempt_id for m in members]]
+        self.counts.append(None)
+
+    def run(self) -> None:
+        ctes = ", ".join(f"u{i} AS ({part})" for i, part in enumerate(self.parts))
+        counts = ", ".join(f"(SELECT count(*) FROM u{i})" for i in range(len(self.parts)))
+        with _prepared_cursor() as cursor:
+            cursor.execute(f"WITH {ctes} SELECT {counts}", self.params)
+            changed = cursor.fetchone()
+        if any(
+            want is not None and got != want for want, got in zip(self.counts, changed, strict=True)
+        ):
+            raise BatchRefused
+
+    def _update(self, model, rows: dict[str, list], match: list[str], where: str,
+                where_params: Sequence[Any], sets: dict[str, Any], *, count: int,
+                version_steps: int = 0) -> None:  # fmt: skip
+        quote = connection.ops.quote_name
+        fields = {name: model._meta.get_field(name) for name in rows}
+        unnest = ", ".join(f"%s::{f.rel_db_type(connection)}[]" for f in fields.values())
+        columns = ", ".join(quote(f.column) for f in fields.values())
+        assigned = [f"{quote(model._meta.get_field(n).column)} = %s" for n in sets]
+        assigned += [f"{quote(fields[n].column)} = v.{quote(fields[n].column)}"
+                     for n in rows if n not in match]  # fmt: skip
+        if version_steps:
+            assigned.append(f"version = t.version + {int(version_steps)}")
+        joined = " AND ".join(f"t.{quote(fields[n].column)} = v.{quote(fields[n].column)}"
+                              for n in match)  # fmt: skip
+        self.parts.append(
+            f"UPDATE {quote(model._meta.db_table)} AS t SET {', '.join(assigned)} "
+            f"FROM unnest({unnest}) AS v({columns}) WHERE {joined} AND {where} RETURNING 1"
+        )
+        values = [v.value if isinstance(v, Enum) else v for v in sets.values()]  # a state's text
+        self.params += [*values, *rows.values(), *where_params]
+        self.counts.append(count)
+
+
+def _prepared_cursor():
+    """A cursor that binds parameters on the server (psycopg's `Cursor`), so that psycopg
+    prepares `_AtOnce`'s statement once it has run it `prepare_threshold` times on this
+    connection and the server stops parsing and planning it (its text is one of a few: the
+    rows travel as arrays). Made as apps/admission/rows.py makes its own; Django's cursor where
+    queries are logged (DEBUG, CaptureQueriesContext) or GPUPLATFORM_DB_PREPARED=0."""
+    if not settings.DB_PREPARED or connection.queries_logged:
+        return connection.cursor()
+    import psycopg  # the driver's public cursor; only reached on PostgreSQL
+
+    connection.close_if_health_check_failed()
+    connection.ensure_connection()
+    connection.validate_thread_sharing()
+    return connection.make_cursor(psycopg.Cursor(connection.connection))
 
 
 def _per_member(pids: list[tuple[ReportedMember, int]]):
@@ -197,38 +350,24 @@ def _by_actor(members: Iterable[AttemptMember], key: Callable[[Job], bool]) -> d
 
 
 def _together(members: list[AttemptMember], write: Callable[[], None],
-              settle: Callable[[], None]) -> bool:  # fmt: skip
-    """Run `write` then `settle` in a savepoint. A refusal (a row moved) or an error rolls it
-    back and puts the objects back as they were read (False); a deadlock PostgreSQL broke goes up
-    to the batch's retry, as a report's would."""
-    objects = [o for m in members for o in (m, m.attempt, m.attempt.job)]
-    saved = [(o, _columns(o)) for o in objects]
+              settle: Callable[[], None]) -> None:  # fmt: skip
+    """Run `write` then `settle` in the caller's transaction, with no savepoint of their own (two
+    round trips fewer on PostgreSQL). A refusal (a row moved) or an error leaves that transaction
+    to be rolled back whole: BatchRefused goes up, and the caller runs its call again with every
+    report applied alone (apps/nodes/agent_reports.py); a deadlock PostgreSQL broke goes up as
+    itself, to the call's retry."""
     try:
-        with transaction.atomic():
+        with transaction.atomic(savepoint=False):
             write()
             settle()
     except BatchRefused:
-        _restore(saved)
         log.info("a batch of %d reports meets rows that moved; applied one by one", len(members))
-        return False
+        raise
     except DatabaseError as error:
-        _restore(saved)
         if retryable(error):
             raise
         log.exception("a batch of %d reports failed; applied one by one", len(members))
-        return False
-    except Exception:
-        _restore(saved)
+        raise BatchRefused from error
+    except Exception as error:
         log.exception("a batch of %d reports failed; applied one by one", len(members))
-        return False
-    return True
-
-
-def _columns(instance) -> dict:
-    return {f.attname: getattr(instance, f.attname) for f in instance._meta.concrete_fields}
-
-
-def _restore(saved: Sequence[tuple[object, dict]]) -> None:
-    for instance, columns in saved:
-        for name, value in columns.items():
-            setattr(instance, name, value)
+        raise BatchRefused from error

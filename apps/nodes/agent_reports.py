@@ -19,6 +19,7 @@ from rest_framework.response import Response
 from apps.jobs import batch_reports
 from apps.jobs import services as jobs
 from apps.jobs.models import AttemptMember, JobAttempt
+from apps.jobs.transitions import BatchRefused
 from apps.nodes.agent_api import AgentView
 from apps.platform import agent_protocol as wire
 from apps.platform import events
@@ -177,13 +178,23 @@ class ReportsView(AgentView):
             heads.append(head)
             if errors is not None:
                 results[i] = {"status": 400, "errors": errors}
+
         # The batch's transaction, run again whole where PostgreSQL broke a deadlock in it
-        # (apps/platform/retry.py): every item read again, nothing of the aborted try kept.
-        answered = run_retried(lambda: self._apply_all(items, heads, list(results)),
+        # (apps/platform/retry.py): every item read again, nothing of the aborted try kept. A
+        # group of reports that met a row moved since its read (rare) refuses the whole try,
+        # which runs again with every report through its service alone.
+        def apply(together: bool) -> list:
+            return run_retried(lambda: self._apply_all(items, heads, list(results), together),
                                what="agent reports")  # fmt: skip
+
+        try:
+            answered = apply(together=True)
+        except BatchRefused:
+            answered = apply(together=False)
         return Response({"results": answered})
 
-    def _apply_all(self, items: list, heads: list[dict | None], results: list[dict | None]) -> list:
+    def _apply_all(self, items: list, heads: list[dict | None], results: list[dict | None],
+                   together: bool) -> list:  # fmt: skip
         # One dispatch request for the batch, however many of its reports free GPUs.
         with transaction.atomic(), events.coalesced(events.DispatchWanted):
             # The batch's jobs locked (in id order), then their members read: two statements
@@ -217,7 +228,8 @@ class ReportsView(AgentView):
                     bodies[i] = cast(dict, body)
                 else:
                     results[i] = {"status": 400, "errors": errors}
-            _apply_together(heads, bodies, members, results)
+            if together:
+                _apply_together(heads, bodies, members, results)
             for i, data in bodies.items():  # in the order above
                 if results[i] is None:
                     head = cast(dict, heads[i])
@@ -266,16 +278,14 @@ def _key(head: dict) -> tuple[int, int]:
     return head["attempt_id"], head["rank"]
 
 
-# A group of one goes the services' way: the same statements, without the group's bookkeeping.
-TOGETHER = 2
-
-
 def _apply_together(heads: list, bodies: dict[int, dict], members: dict, results: list) -> None:
     """The batch's plain starts followed by their clean ends, its other plain starts, then its
-    clean ends, each group in a few statements (apps/jobs/batch_reports.py); what it applies is
+    clean ends, each group in a few statements (apps/jobs/batch_reports.py), even a group of one
+    (no savepoint of its own: two statements fewer than its service's); what it applies is
     answered in `results`, the rest is left for the services one by one. A member's reports keep
     their order: a member's start goes with a group only as its first report here, its end only
-    as its first or right after a start that went with a group."""
+    as its first or right after a start that went with a group. A group that meets a row moved
+    since its read raises BatchRefused (the caller runs the call again without groups)."""
     sequences: dict[tuple[int, int], list[int]] = {}
     for i in bodies:
         sequences.setdefault(_key(heads[i]), []).append(i)
@@ -291,14 +301,12 @@ def _apply_together(heads: list, bodies: dict[int, dict], members: dict, results
                 else:
                     starts.append((first, members[key], bodies[first]["pid"]))
     # A start with its clean end right behind it (a quick job: the drain's usual call), in one
-    # write for both, even alone.
-    if ran and batch_reports.members_ran_together([(r, pid) for _, _, r, pid in ran]):
+    # write for both.
+    if ran:
+        batch_reports.members_ran_together([(r, pid) for _, _, r, pid in ran])
         done.update(i for pair in ran for i in pair[:2])
-    elif ran:
-        starts += [(i, r, pid) for i, _, r, pid in ran]
-    if len(starts) >= TOGETHER and batch_reports.members_started_together(
-        [(r, pid) for _, r, pid in starts]
-    ):
+    if starts:
+        batch_reports.members_started_together([(r, pid) for _, r, pid in starts])
         done.update(i for i, _, _ in starts)
     ends = []
     for key, sequence in sequences.items():
@@ -308,7 +316,8 @@ def _apply_together(heads: list, bodies: dict[int, dict], members: dict, results
         i = pending[0]
         if _ends_plainly(heads[i], bodies[i], members[key]):
             ends.append((i, members[key]))
-    if len(ends) >= TOGETHER and batch_reports.members_finished_together([r for _, r in ends]):
+    if ends:
+        batch_reports.members_finished_together([r for _, r in ends])
         done.update(i for i, _ in ends)
     for i in done:
         results[i] = {"status": 200, "accepted": True}

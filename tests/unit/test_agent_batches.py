@@ -17,7 +17,7 @@ from apps.platform.agent_protocol import MAX_REPORTS_PER_CALL
 from apps.scheduling import publish
 from tests.agent_http import agent_api
 from tests.factories import make_cast, make_node
-from tests.unit.test_agent_api import bearer
+from tests.unit.test_agent_api import bearer, fenced, member_url
 from tests.unit.test_dispatcher import dispatch_once, submit
 from tests.unit.test_runner import Recorder, Work, py
 from workers import current, tasks
@@ -593,21 +593,81 @@ def test_a_calls_start_and_clean_end_of_one_job_cost_one_write_of_each_row_even_
     cast, django_assert_max_num_queries
 ):
     """A drain's agents send a quick job's end behind its start, mostly one job a call: the
-    lock and the members' read, a savepoint; one guarded update each of the member, its GPUs,
-    its attempt and its job, one insert of both audit events, the dependents' read. Through the
-    two services one after the other it was 14 after the read (two savepoints, the start's 4,
-    the end's 6)."""
+    lock and the members' read; one guarded update each of the member, its GPUs, its attempt and
+    its job, one insert of both audit events, the dependents' read, and no savepoint (a refusal
+    runs the call again without groups). Through the two services one after the other it was 14
+    after the read (two savepoints, the start's 4, the end's 6); with a savepoint, 8."""
     attempts = placed(cast, 4, {"h1": 4})
     client = bearer(issue_credential(node_name="h1")[1])
     batch = 4 if connection.vendor == "sqlite" else 5
-    ran = 2 + 6  # savepoint and release; member, GPUs, attempt, job, events; dependents
+    # member, GPUs, attempt, job (on PostgreSQL one statement: batch_reports._AtOnce); events;
+    # dependents
+    ran = 6 if connection.vendor == "sqlite" else 3
     for group in (attempts[:1], attempts[1:]):
         reports = [item(a, "started", pid=7) for a in group]
         reports += [item(a, "finished", exit_code=0) for a in group]
-        assert statements_of(client, reports, django_assert_max_num_queries, batch + ran) == [
-            True
-        ] * (2 * len(group))
+        with django_assert_max_num_queries(batch + ran):
+            response = client.post(f"{API}/reports/", {"reports": reports}, format="json")
+        assert [r["accepted"] for r in response.json()["results"]] == [True] * (2 * len(group))
     assert set(Job.objects.values_list("state", flat=True)) == {"succeeded"}
+
+
+def test_a_lone_start_and_a_lone_end_go_the_groups_way_without_a_savepoint(
+    cast, django_assert_max_num_queries
+):
+    """A drain's other calls: a start whose job did not end within the agent's window, an end
+    on its own. Each goes as a group of one: its writes and no savepoint, two statements fewer
+    than its service (the start's 6 with the savepoint, the end's 8); on PostgreSQL its updates
+    are one statement (the start's 2 with its event, the end's 3 with its dependents' read)."""
+    (a,) = placed(cast, 1, {"h1": 1})
+    client = bearer(issue_credential(node_name="h1")[1])
+    batch = 4 if connection.vendor == "sqlite" else 5
+    start, end = (4, 6) if connection.vendor == "sqlite" else (2, 3)
+    for report, writes in (
+        (item(a, "started", pid=7), start),
+        (item(a, "finished", exit_code=0), end),
+    ):
+        with django_assert_max_num_queries(batch + writes):  # the credential's read may be cached
+            response = client.post(f"{API}/reports/", {"reports": [report]}, format="json")
+        assert response.json()["results"] == [{"status": 200, "accepted": True}]
+    assert outcome(a)["job"][0] == "succeeded"
+
+
+def test_a_quick_jobs_start_and_end_meeting_a_moved_row_keep_nothing_of_the_group(
+    cast, monkeypatch, caplog
+):
+    """Another writer moved one job's attempt between the call's first read and its write: the
+    group's writes (on PostgreSQL one statement, which changed the other rows before it counted)
+    are all rolled back, and the call runs again with each report through its service, which
+    read the rows afresh: both jobs' moves once each, their events once."""
+    from apps.jobs import services
+    from apps.jobs.models import JobAttempt
+    from apps.nodes import agent_reports
+
+    a, b = placed(cast, 2, {"h1": 2})
+    read, reads = services.lock_reported_members, []
+
+    def read_then_moved(**kwargs):
+        found = read(**kwargs)
+        if not reads:  # the first try's read only
+            JobAttempt.objects.filter(pk=b.pk).update(version=F("version") + 1)
+        reads.append(1)
+        return found
+
+    monkeypatch.setattr(agent_reports.jobs, "lock_reported_members", read_then_moved)
+    with caplog.at_level("INFO", logger="apps.jobs.batch_reports"):
+        results = post("h1", [item(a, "started", pid=1), item(a, "finished", exit_code=0),
+                              item(b, "started", pid=2), item(b, "finished", exit_code=0)])  # fmt: skip
+    assert "applied one by one" in caplog.text and len(reads) == 2
+    assert results == [{"status": 200, "accepted": True}] * 4
+    for attempt, pid in ((a, 1), (b, 2)):
+        done = outcome(attempt)
+        assert done["member"] == ("succeeded", pid, 0, True, True)
+        assert done["job"][0] == "succeeded" and done["gpus held"] == 0
+        assert [e[:2] for e in done["events"]] == [
+            ("starting", "running"),
+            ("running", "succeeded"),
+        ]
 
 
 def outcome(attempt) -> dict:
@@ -629,12 +689,16 @@ def outcome(attempt) -> dict:
 
 
 def test_a_start_and_clean_end_written_at_once_leave_what_the_two_services_leave(cast):
-    together, alone = placed(cast, 2, {"h1": 2})
+    together, alone, grouped = placed(cast, 3, {"h1": 3})
     post("h1", [item(together, "started", pid=9), item(together, "finished", exit_code=0)])
     assert GpuAllocation.objects.filter(attempt=alone, released_at=None).count() == 1  # not its
-    post("h1", [item(alone, "started", pid=9)])  # a group of one: the service
-    post("h1", [item(alone, "finished", exit_code=0)])
-    assert outcome(together) == outcome(alone)
+    client = bearer(issue_credential(node_name="h1")[1])  # the single endpoints: the services
+    for kind, body in (("started", {"pid": 9}), ("finished", {"exit_code": 0})):
+        answer = client.post(member_url(alone, f"{kind}/"), body, format="json", **fenced(alone))
+        assert answer.json() == {"accepted": True}
+    post("h1", [item(grouped, "started", pid=9)])  # a start and an end each a group of one
+    post("h1", [item(grouped, "finished", exit_code=0)])
+    assert outcome(together) == outcome(alone) == outcome(grouped)
     assert outcome(together)["events"] == [
         ("starting", "running", "all members started", True),
         ("running", "succeeded", "exit code 0", True),
@@ -692,3 +756,20 @@ def test_a_call_cut_short_after_its_writes_leaves_nothing_and_its_retry_everythi
         post("h1", reports) == [{"status": 200, "accepted": False}] * 4
     )  # a second retry: nothing
     assert JobEvent.objects.filter(actor="agent:h1").count() == 4
+
+
+@pytest.mark.skipif(
+    "connection.vendor != 'postgresql'", reason="prepared statements are PostgreSQL's"
+)
+def test_a_groups_one_statement_is_prepared_on_postgresql(cast):
+    """The group's updates travel as arrays, so their one statement (batch_reports._AtOnce) has
+    the same text for any group of its shape: psycopg prepares it on its 6th run
+    (prepare_threshold 5) and the server stops parsing and planning it."""
+    attempts = placed(cast, 7, {"h1": 4, "h2": 3})
+    for a in attempts:
+        node = AttemptMember.objects.get(attempt=a).node.name
+        assert post(node, [item(a, "started", pid=7)]) == [{"status": 200, "accepted": True}]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        statements = [statement for (statement,) in cursor.fetchall()]
+    assert any('WITH u0 AS (UPDATE "jobs_attemptmember"' in s for s in statements), statements
