@@ -34,28 +34,37 @@ seen = []
 def on_message(body, message):
     seen.append({"queue": broker.llen(queue.name), "unacked": broker.hlen(keys["unacked_key"]),
                  "index": broker.zcard(keys["unacked_index_key"])})
-    message.ack()
+    if sys.argv[3] == "ack":
+        message.ack()
 
 
 with app.connection_for_read() as conn:
     Producer(conn).publish({"start": 1}, exchange="", routing_key=queue.name)
     with Consumer(conn, queues=[queue], callbacks=[on_message], accept=["json"]):
         conn.drain_events(timeout=10)
+seen.append({"queue after close": broker.llen(queue.name)})
 print(json.dumps(seen))
 """
 
 
-def test_a_message_the_agent_has_taken_is_nowhere_in_redis_until_its_ack():
+def take_one(ack: str) -> list[dict]:
     url, node = os.environ["REDIS_URL"], f"ack-{uuid.uuid4().hex[:8]}"
     try:
-        result = subprocess.run([sys.executable, "-c", TAKE_ONE, url, node], capture_output=True, text=True,
+        result = subprocess.run([sys.executable, "-c", TAKE_ONE, url, node, ack], capture_output=True, text=True,
                                 cwd=ROOT, timeout=60)  # fmt: skip
         assert result.returncode == 0, result.stderr
-        # Taken from the queue, and neither in the node's unacked hash nor its index meanwhile.
-        assert json.loads(result.stdout.strip().splitlines()[-1]) == [
-            {"queue": 0, "unacked": 0, "index": 0}
-        ]
+        return json.loads(result.stdout.strip().splitlines()[-1])
     finally:
         from apps.platform import broker_keys
 
         redis.Redis.from_url(url).delete(*broker_keys.node_keys(node))
+
+
+def test_a_message_the_agent_has_taken_is_nowhere_in_redis_until_its_ack():
+    # Taken from the queue, and neither in the node's unacked hash nor its index meanwhile.
+    assert take_one("ack") == [{"queue": 0, "unacked": 0, "index": 0}, {"queue after close": 0}]
+
+
+def test_a_message_taken_and_not_acked_goes_back_to_the_queue_when_the_agent_closes_its_connection():
+    # A warm shutdown (or a consumer restart) pushes back what the agent took and did not run.
+    assert take_one("no ack") == [{"queue": 0, "unacked": 0, "index": 0}, {"queue after close": 1}]
