@@ -126,9 +126,8 @@ def test_a_start_taken_by_an_agent_killed_before_the_launch_runs_once_its_next_a
     job_id, killed_at = take_a_start_and_die(platform)
     platform.restart_agent(NODE)  # at once, as systemd's Restart= would
     done = platform.wait_for_state(job_id, ["succeeded", "failed"], timeout=90)
-    ran_after = (
-        time.monotonic() - killed_at
-    )  # the register ends the attempt at once; a backoff, a start
+    # The register ends the attempt at once; then its backoff and a start.
+    ran_after = time.monotonic() - killed_at
     assert done["state"] == "succeeded"
     assert [a["state"] for a in done["attempts"]] == ["lost", "succeeded"]
     assert ran_after <= 30, ran_after
