@@ -144,8 +144,8 @@ def _database() -> dict:
         raise ImproperlyConfigured(f"DATABASE_URL has an unknown scheme: {url.split(':', 1)[0]}")
     if config["ENGINE"].endswith("postgresql") and DB_PREPARED:
         # Django turns psycopg's prepared statements off; only the statements run on a
-        # server-binding cursor get prepared (rows.py's `_prepared_cursor`), the rest are sent
-        # with client-side binding as before.
+        # server-binding cursor get prepared (apps/platform/db.py's `prepared_cursor`), the rest
+        # are sent with client-side binding as before.
         config.setdefault("OPTIONS", {}).setdefault("prepare_threshold", 5)  # the URL's own wins
     if config["ENGINE"].endswith("sqlite3"):
         config["OPTIONS"] = SQLITE_OPTIONS

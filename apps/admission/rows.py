@@ -23,7 +23,6 @@ from datetime import UTC, datetime
 from functools import cache
 from typing import TYPE_CHECKING, TypeVar
 
-from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.models import AutoField, BigAutoField, ForeignKey, Model
@@ -32,6 +31,7 @@ from apps.admission.models import QueuedCount
 from apps.jobs import queue_order
 from apps.jobs.models import Job, JobArray, JobEvent, JobTemplate
 from apps.nodes.models import GpuSku
+from apps.platform.db import prepared_cursor
 from apps.tenants.models import ApiToken, Membership, Quota, Tenant, Tier
 
 if TYPE_CHECKING:
@@ -302,29 +302,12 @@ def _one(sql: str, params: list, *, prepared: bool = False):
 
 
 def _prepared_cursor():
-    """For the lookups every request makes (the token's, the submitter's), the submit's one
-    statement (`_admit`) and the queue window every submit's answer reads (`queue_window`): on
-    PostgreSQL a
-    cursor that binds parameters on the server (psycopg's `Cursor`, as Django's OPTIONS
-    `server_side_binding` would give every statement), so psycopg prepares a statement it has
-    run `prepare_threshold` (5) times on this connection, and the server stops planning it.
-    The token lookup joins six tables: planned, it took 1.4 ms; prepared, 0.4 ms
-    (docs/bench/50-arrays.md). Django's cursor elsewhere: its client-side binding sends a
-    transaction's lock and count as one query string (`_after_lock`), which a prepared
-    statement cannot be. Made as Django's `connection.cursor()` makes one (health check, connection,
-    thread check, its cursor wrapper). Django's own cursor where queries are logged (DEBUG,
-    CaptureQueriesContext: the log of a prepared statement has no SQL) and where
-    GPUPLATFORM_DB_PREPARED=0 (a pooler in transaction mode that keeps no prepared statements)."""
-    db = _db()
-    if db.vendor != "postgresql" or not settings.DB_PREPARED or db.queries_logged:
-        return _cursor()
-    import psycopg  # the driver's public cursor; only reached on PostgreSQL
-
-    db.close_if_health_check_failed()
-    db.ensure_connection()
-    db.validate_thread_sharing()
-    raw = psycopg.Cursor(db.connection)
-    return db.make_cursor(raw)
+    """apps/platform/db.py's server-binding cursor (prepared on PostgreSQL once run a few times)
+    for the lookups every request makes (the token's, the submitter's), the submit's one
+    statement (`_admit`) and the queue window every submit's answer reads (`queue_window`).
+    Django's cursor elsewhere: its client-side binding sends a transaction's lock and count as
+    one query string (`_after_lock`), which a prepared statement cannot be."""
+    return prepared_cursor(_db())
 
 
 def membership_of(

@@ -50,6 +50,7 @@ from apps.jobs.transitions import (
     trigger_dispatch,
     update_all,
 )
+from apps.platform.db import prepared_cursor
 from apps.platform.retry import retryable
 
 log = logging.getLogger(__name__)
@@ -276,7 +277,7 @@ class _AtOnce:
     def run(self) -> None:
         ctes = ", ".join(f"u{i} AS ({part})" for i, part in enumerate(self.parts))
         counts = ", ".join(f"(SELECT count(*) FROM u{i})" for i in range(len(self.parts)))
-        with _prepared_cursor() as cursor:
+        with prepared_cursor() as cursor:
             cursor.execute(f"WITH {ctes} SELECT {counts}", self.params)
             changed = cursor.fetchone()
         if any(
@@ -305,22 +306,6 @@ class _AtOnce:
         values = [v.value if isinstance(v, Enum) else v for v in sets.values()]  # a state's text
         self.params += [*values, *rows.values(), *where_params]
         self.counts.append(count)
-
-
-def _prepared_cursor():
-    """A cursor that binds parameters on the server (psycopg's `Cursor`), so that psycopg
-    prepares `_AtOnce`'s statement once it has run it `prepare_threshold` times on this
-    connection and the server stops parsing and planning it (its text is one of a few: the
-    rows travel as arrays). Made as apps/admission/rows.py makes its own; Django's cursor where
-    queries are logged (DEBUG, CaptureQueriesContext) or GPUPLATFORM_DB_PREPARED=0."""
-    if not settings.DB_PREPARED or connection.queries_logged:
-        return connection.cursor()
-    import psycopg  # the driver's public cursor; only reached on PostgreSQL
-
-    connection.close_if_health_check_failed()
-    connection.ensure_connection()
-    connection.validate_thread_sharing()
-    return connection.make_cursor(psycopg.Cursor(connection.connection))
 
 
 def _per_member(pids: list[tuple[ReportedMember, int]]):
