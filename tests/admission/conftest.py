@@ -1,4 +1,5 @@
 import pathlib
+import time
 
 import pytest
 
@@ -17,6 +18,26 @@ INFER = {
     "gpu_sku": "H100-80GB",
 }
 TRAIN = {"template": "demo-train", "params": {"steps": 2}, "gpus": 1, "gpu_sku": "H100-80GB"}
+
+
+def wait_until(condition, seconds: float = 2.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return condition()
+
+
+@pytest.fixture
+def token_listener():
+    """This process's revocation listener subscribed (apps/tenants/token_cache.py): its first
+    subscription drops every cache of the channel (what came before it may have missed a
+    message), which would drop a test's first entry."""
+    from apps.tenants import token_cache
+
+    token_cache.CACHE.listen()
+    assert wait_until(token_cache.CACHE.listener.subscribed.is_set, 10)
 
 
 @pytest.fixture(autouse=True)

@@ -17,26 +17,13 @@ from apps.platform.redis import shared_client
 from apps.tenants import token_cache
 from apps.tenants.models import Membership, Quota, Role, Tenant, Tier
 from apps.tenants.services import quota_set, tenant_create, user_create
-from tests.admission.conftest import TRAIN
+from tests.admission.conftest import TRAIN, wait_until
 from tests.factories import client_for
 
 PLAIN = {"command": ["true"], "gpus": 1}  # names no template or SKU
 
 
-def wait_until(condition, seconds: float = 2.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return condition()
-
-
-@pytest.fixture(autouse=True)
-def listening():
-    """This process's listener subscribed: its first subscription drops every cache."""
-    token_cache.CACHE.listen()
-    assert wait_until(token_cache.CACHE.listener.subscribed.is_set, 10)
+pytestmark = pytest.mark.usefixtures("token_listener")
 
 
 @pytest.fixture

@@ -14,24 +14,10 @@ from apps.tenants import token_cache
 from apps.tenants.models import ApiToken
 from apps.tenants.services import user_create
 from apps.tenants.tokens import digest_of, token_issue, token_revoke
+from tests.admission.conftest import wait_until
 from tests.factories import client_for
 
-
-def wait_until(condition, seconds: float = 2.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return condition()
-
-
-@pytest.fixture(autouse=True)
-def listening():
-    """This process's listener subscribed: its first subscription drops the whole cache (what
-    came before it may have missed a message), which would drop a test's first entry."""
-    token_cache.CACHE.listen()
-    assert wait_until(token_cache.CACHE.listener.subscribed.is_set, 10)
+pytestmark = pytest.mark.usefixtures("token_listener")
 
 
 def token_reads(captured) -> list[str]:
