@@ -1,16 +1,18 @@
 """The dispatcher's reads against a long history: which scan a whole table, and what the pass's
-history reads cost with and without the attempts' indexes.
+history reads (and an attempt's end) cost with and without the attempts' indexes.
 
     python -m bench._history_reads [--ended 200000] [--live 300] [--explain] [--rounds 3]
 
 A fresh database (bench._in_process) seeded by tests.history (`--ended` ended attempts, `--live`
-running ones, ANALYZE'd). `--explain`: runs two dispatcher passes (a full read and
-a kept one), a pass after an attempt ended, a reconcile tick and a heartbeat's lease renewal, and prints every statement of
-them whose plan reads a whole attempts, jobs or allocations table, with its plan (SQLite: EXPLAIN QUERY PLAN's lines). Then the
-timing: in `--rounds` rounds, the indexes of apps/jobs' JobAttempt.Meta.indexes dropped and
-made again in turn, the median of 50 reads each of a pass's history reads (the stamps, the
-running ids, the recent ends: apps/scheduling/kept.py) and of 50 dispatcher passes (the queue
-empty: the kept state's reads), in ms, one line per round and variant.
+running ones, ANALYZE'd). `--explain`: runs two dispatcher passes (a full read and a kept one),
+a pass after an attempt ended, a reconcile tick and a heartbeat's lease renewal, and prints
+every statement of them whose plan reads a whole attempts, jobs, allocations or members table,
+with its plan (SQLite: EXPLAIN QUERY PLAN's lines, a partial index's whole scan among them).
+Then the timing: in `--rounds` rounds, the indexes of JobAttempt.Meta.indexes (apps/jobs)
+dropped and made again in turn, the medians in ms of 50 of each: a pass's history reads (the
+stamps, the running ids, the recent ends: apps/scheduling/kept.py), a dispatcher pass (the
+queue empty: the kept state's reads), and 100 running attempts ended (a statement each, rolled
+back: what the index costs a write); one line per round and variant.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import time
 
 from bench._in_process import django_in_process
 
-SEQ_TABLES = ("jobs_jobattempt", "jobs_job", "jobs_gpuallocation")
+SEQ_TABLES = ("jobs_jobattempt", "jobs_job", "jobs_gpuallocation", "jobs_attemptmember")
 
 
 def main() -> int:
@@ -123,6 +125,7 @@ def time_reads(reads: int = 50) -> dict[str, float]:
     from django.db.models import Q
     from django.utils import timezone
 
+    from apps.jobs.models import JobAttempt
     from apps.scheduling import dispatcher, kept
 
     after = timezone.now() - timedelta(seconds=5)
@@ -137,6 +140,8 @@ def time_reads(reads: int = 50) -> dict[str, float]:
         ),
     }  # fmt: skip
     steps["pass"] = dispatcher.dispatch_once  # a kept pass, the queue empty
+    running = list(JobAttempt.objects.filter(ended_at=None).values_list("pk", flat=True)[:100])
+    steps["100 ends"] = lambda: end_running(running)
     dispatcher.dispatch_once()
     out = {}
     for name, step in steps.items():
@@ -147,6 +152,21 @@ def time_reads(reads: int = 50) -> dict[str, float]:
             samples.append((time.perf_counter() - begin) * 1000)
         out[name] = statistics.median(samples)
     return out
+
+
+def end_running(ids: list[int]) -> None:
+    """The write an index costs: the running attempts `ids` ended, a statement each (as a
+    report's move writes its state and end), then rolled back."""
+    from django.db import transaction
+    from django.utils import timezone
+
+    from apps.jobs.models import AttemptState, JobAttempt
+
+    with transaction.atomic():
+        now = timezone.now()
+        for pk in ids:
+            JobAttempt.objects.filter(pk=pk).update(state=AttemptState.SUCCEEDED, ended_at=now)
+        transaction.set_rollback(True)
 
 
 if __name__ == "__main__":
