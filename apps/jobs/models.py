@@ -357,6 +357,13 @@ class JobAttempt(models.Model):
 
     class Meta:
         ordering = ["job", "number"]
+        indexes = [
+            # The running attempts (ended_at IS NULL: a B-tree holds the NULLs, at one end) and
+            # those that ended since a time: each dispatcher pass reads both (the stamps, the
+            # running ids and the recent ends, apps/scheduling/kept.py), and without it each read
+            # went through every attempt ever made.
+            models.Index(fields=["ended_at"], name="jobs_attempt_ended_idx"),
+        ]
         constraints = [
             models.UniqueConstraint(fields=["job", "number"], name="attempt_unique_number"),
             # At most one live attempt per job, whatever races: the database says no.

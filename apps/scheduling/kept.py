@@ -440,6 +440,15 @@ def _fetch(sql: str, params: tuple = ()) -> list[tuple]:
         return cursor.fetchall()
 
 
+# The active states written into the statement, not passed as parameters: SQLite plans a
+# statement before it sees its parameters, and reads a partial index only for a condition that
+# names its rows as the index's does (attempt_one_active_per_job's, the same states in the same
+# order); with parameters the checkpoints' read went through every attempt ever made (24 ms of a
+# pass's 25 ms of stamps with 200,000 of them: docs/bench/71-slurm-peer-notes.md, "h37index
+# pass"). Code's own constants, never a value from outside.
+_ACTIVE_STATES = ", ".join(f"'{state.value}'" for state in ATTEMPT_ACTIVE)
+
+
 def pass_stamps(tiers: list[Tier] | None = None, checkpoints_after=None) -> PassStamps:
     """Every stamp in one statement (a UNION ALL of tagged rows), with the active attempts'
     checkpoints saved at or after `checkpoints_after` (none read when None); `tiers`: the pass's
@@ -468,9 +477,9 @@ def pass_stamps(tiers: list[Tier] | None = None, checkpoints_after=None) -> Pass
         "WHERE g.released_at IS NULL".format(*tables, gpu, Tenant._meta.db_table)
         + ("" if checkpoints_after is None else
            f" UNION ALL SELECT 5, id, 0, 0, 0, checkpoint_at FROM {tables[1]} "
-           f"WHERE state IN ({', '.join(['%s'] * len(ATTEMPT_ACTIVE))}) AND checkpoint_at >= %s"),
+           f"WHERE state IN ({_ACTIVE_STATES}) AND checkpoint_at >= %s"),
         (GpuHealth.HEALTHY.value, *([] if checkpoints_after is None else
-                                    [*ATTEMPT_ACTIVE, moment(checkpoints_after)])),
+                                    [moment(checkpoints_after)])),
     )  # fmt: skip
     # A UNION's column takes the widest type of its rows (PostgreSQL: a SUM of bigints is a
     # numeric): every number back to an int (a sum over no rows to 0), every time to an aware
