@@ -31,7 +31,7 @@ from apps.admission.models import QueuedCount
 from apps.jobs import queue_order
 from apps.jobs.models import Job, JobArray, JobEvent, JobTemplate
 from apps.nodes.models import GpuSku
-from apps.platform.db import prepared_cursor
+from apps.platform.db import NumberedStatement, prepared_cursor
 from apps.tenants.models import ApiToken, Membership, Quota, Tenant, Tier
 
 if TYPE_CHECKING:
@@ -558,7 +558,8 @@ def insert_job_and_event(
 # (`_after_lock`). Outside one (`admit`), PostgreSQL's `gpuplatform_queue_room` function does the
 # two (apps/admission/migrations/0004: each statement of a VOLATILE function takes a fresh
 # snapshot), so the lock, the check and the inserts are one statement, prepared on the server
-# (`_prepared_cursor`): planned once per connection instead of parsed and planned on every submit.
+# (`NumberedStatement`, bound as on `_prepared_cursor`): planned once per connection instead of
+# parsed and planned on every submit.
 
 
 # PostgreSQL's function that takes a tenant's count row lock, then counts its queue
@@ -612,8 +613,10 @@ def _cap_statements(vendor: str) -> dict:
         "queued": f"SELECT (SELECT {counted} FROM {counts} WHERE {of_tenant}), ({virtual})",
         # PostgreSQL, outside a transaction: a submit's lock, check and inserts in one statement,
         # committed on its own (the statement's implicit transaction).
-        "admit_job": admit(jobs, events),
-        "admit_array": admit(new_arrays),
+        # Numbered (apps/platform/db.py): 62 parameters, more than psycopg keeps the placeholders'
+        # rewrite of.
+        "admit_job": NumberedStatement(admit(jobs, events)),
+        "admit_array": NumberedStatement(admit(new_arrays)),
         "array": new_arrays,
     }  # fmt: skip
 
@@ -675,11 +678,12 @@ def admit_array(array: JobArray, *, cap: int) -> tuple[int, JobArray | None] | N
 
 def _admit(name: str, tenant_id, wanted: int, cap: int, values: list) -> tuple[int, bool] | None:
     """Statement `name` with the rows' `values`: (the tenant's queue before, whether the rows
-    went in), or None where the tenant has no count row. Prepared (`_prepared_cursor`): it
-    has the same text on every submit, and planning it was a quarter of the server's CPU for
-    the statement (docs/bench/71-slurm-peer-notes.md, h36pg pass)."""
-    c = _cap_statements(_db().vendor)
-    row = _one(c[name], [tenant_id, wanted, cap, *values], prepared=True)
+    went in), or None where the tenant has no count row. Prepared on the server as on
+    `_prepared_cursor`: it has the same text on every submit, and planning it was a quarter of
+    the server's CPU for the statement (docs/bench/71-slurm-peer-notes.md, h36pg pass); sent in
+    its numbered form (`NumberedStatement`), which psycopg need not rewrite on every submit."""
+    db = _db()
+    row = _cap_statements(db.vendor)[name].fetchone([tenant_id, wanted, cap, *values], db)
     if row is None:
         return None
     queued, virtual, inserted = row

@@ -20,11 +20,51 @@ def prepared_cursor(db=None):
     GPUPLATFORM_DB_PREPARED=0 (a pooler in transaction mode that keeps no prepared statements).
     `db`: a connection (default: this thread's for the default alias)."""
     db = db or connections[DEFAULT_DB_ALIAS]
-    if db.vendor != "postgresql" or not settings.DB_PREPARED or db.queries_logged:
+    if not _prepares(db):
         return db.cursor()
     import psycopg  # the driver's public cursor; only reached on PostgreSQL
 
+    return _server_bound(db, psycopg.Cursor)
+
+
+def _prepares(db) -> bool:
+    return db.vendor == "postgresql" and settings.DB_PREPARED and not db.queries_logged
+
+
+def _server_bound(db, cursor_class):
     db.close_if_health_check_failed()
     db.ensure_connection()
     db.validate_thread_sharing()
-    return db.make_cursor(psycopg.Cursor(db.connection))
+    return db.make_cursor(cursor_class(db.connection))
+
+
+class NumberedStatement:
+    """A statement of many parameters run as `prepared_cursor` runs one, without psycopg
+    rewriting its placeholders on every run. psycopg's `Cursor` turns each %s into PostgreSQL's
+    own $1, $2, ... before every execute, and keeps the rewritten text only for a statement of at
+    most 50 parameters (psycopg's MAX_CACHED_STATEMENT_PARAMS); above that it splits the text
+    again each time. A submit's admit (apps/admission/rows.py, 62 parameters) is written here once
+    in both forms, and the server-bound run sends the numbered one through psycopg's `RawCursor`,
+    which takes $n placeholders and sends the text as it is: the same text the rewrite gave, so
+    the server prepares and plans it as before. Where `prepared_cursor` gives Django's cursor
+    (SQLite, logged queries, GPUPLATFORM_DB_PREPARED=0), `sql` runs there, %s and all."""
+
+    def __init__(self, sql: str):
+        parts = sql.split("%s")
+        if any("%" in part for part in parts):
+            raise ValueError("a numbered statement's only % are its %s placeholders")
+        self.sql = sql
+        self.numbered = parts[0] + "".join(f"${n}{part}" for n, part in enumerate(parts[1:], 1))
+
+    def fetchone(self, params: list, db=None):
+        """The first row of the statement run with `params`, or None."""
+        db = db or connections[DEFAULT_DB_ALIAS]
+        if _prepares(db):
+            import psycopg  # as in prepared_cursor
+
+            cursor, sql = _server_bound(db, psycopg.RawCursor), self.numbered
+        else:
+            cursor, sql = db.cursor(), self.sql
+        with cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchone()
