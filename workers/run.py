@@ -62,7 +62,6 @@ class Run:
 
     def open_job_file(self, path: str | pathlib.Path) -> BinaryIO | None:
         """A file the job wrote (its work dir or checkpoint dir), opened without trusting it."""
-        path = pathlib.Path(path)
         for root in filter(None, (self.workdir, self.checkpoint_dir)):
             handle = open_job_file(path, root=root, owner=self.owner)
             if handle is not None:
