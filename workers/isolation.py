@@ -270,11 +270,13 @@ class Cgroups:
         return ([self.v2_base] if self.v2_base else []) + list(self.v1_bases.values())
 
     def _fresh(self, path: pathlib.Path) -> pathlib.Path:
-        if path.exists():  # a leftover with our name: its processes die with it
+        try:
+            path.mkdir()
+        except FileExistsError:  # a leftover with our name: its processes die with it
             JobCgroup(v2=path).kill()
             wait_empty(path)
             path.rmdir()
-        path.mkdir()
+            path.mkdir()
         return path
 
     def _limit(self, group: JobCgroup, limits: Limits, deny_devices: list[tuple[int, int]]) -> None:
