@@ -270,11 +270,13 @@ class Cgroups:
         return ([self.v2_base] if self.v2_base else []) + list(self.v1_bases.values())
 
     def _fresh(self, path: pathlib.Path) -> pathlib.Path:
-        if path.exists():  # a leftover with our name: its processes die with it
+        try:
+            path.mkdir()
+        except FileExistsError:  # a leftover with our name: its processes die with it
             JobCgroup(v2=path).kill()
             wait_empty(path)
             path.rmdir()
-        path.mkdir()
+            path.mkdir()
         return path
 
     def _limit(self, group: JobCgroup, limits: Limits, deny_devices: list[tuple[int, int]]) -> None:
@@ -485,15 +487,22 @@ class UidPool:
         self.base, self.count, self.lease_dir = base, count, lease_dir
         lease_dir.mkdir(parents=True, exist_ok=True)
         lease_dir.chmod(0o700)
+        # Round robin from the uid after the last one leased: from the base every lease tried
+        # each uid the host's running and emptying jobs hold first (a failed open each).
+        self._next = 0
 
     def lease(self, *, node: str, member: str) -> int:
-        for uid in range(self.base, self.base + self.count):
+        for step in range(self.count):
+            uid = self.base + (self._next + step) % self.count
             try:
                 fd = os.open(self.lease_dir / str(uid), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             except FileExistsError:
                 continue
-            with os.fdopen(fd, "w") as handle:
-                handle.write(f"{node} {member}\n")
+            try:
+                os.write(fd, f"{node} {member}\n".encode())
+            finally:
+                os.close(fd)
+            self._next = (uid - self.base + 1) % self.count
             return uid
         raise RuntimeError(f"every job uid of {self.base}..{self.base + self.count - 1} is in use")
 

@@ -31,7 +31,9 @@ class Run:
     exit_code: int | None = None
     finished: bool = False
     reported_progress: tuple | None = None
-    log_size: int = -1
+    log_size: int = (
+        0  # of its log when last synced: an empty one has nothing to send before the end
+    )
     launch_error: str = ""
     start_reported: bool = False  # its end is reported only after its start
     extra: dict = field(default_factory=dict)
@@ -62,7 +64,6 @@ class Run:
 
     def open_job_file(self, path: str | pathlib.Path) -> BinaryIO | None:
         """A file the job wrote (its work dir or checkpoint dir), opened without trusting it."""
-        path = pathlib.Path(path)
         for root in filter(None, (self.workdir, self.checkpoint_dir)):
             handle = open_job_file(path, root=root, owner=self.owner)
             if handle is not None:

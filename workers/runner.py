@@ -346,8 +346,10 @@ class Runner:
             pending, self.reaping = self.reaping, []
         for run in pending:
             if run.cgroup is not None:
-                run.cgroup.kill()
+                # The tick killed the tree at the exit: most groups are empty by now, and one
+                # that is not (a process still dying, a fork in flight) is killed again.
                 if not run.cgroup.remove():
+                    run.cgroup.kill()
                     with self.lock:
                         self.reaping.append(run)
                     continue
@@ -714,9 +716,11 @@ class Runner:
             self._store_checkpoint(run)
             return
         progress = joblog.read_control(run, "progress.json").get("progress")
+        if progress is None:
+            return  # nothing to report: its checkpoint marker is not read either
         checkpoint = joblog.checkpoint_path(run)
         current = (progress, checkpoint)
-        if progress is None or current == run.reported_progress:
+        if current == run.reported_progress:
             return
         try:
             self.reporter.progress(run, float(progress), checkpoint)

@@ -16,16 +16,16 @@ _FILE_FLAGS = (
 
 
 def open_job_file(
-    path: pathlib.Path, *, root: pathlib.Path, owner: int | None = None
+    path: str | os.PathLike, *, root: str | os.PathLike, owner: int | None = None
 ) -> BinaryIO | None:
     """Open a file a job wrote for reading, or None if it is unsafe: `path` must resolve inside
     `root` with no symlink component (opened with O_NOFOLLOW component by component, or
     openat2-equivalent), be a regular file with one link (st_nlink == 1), and when `owner`
     is given be owned by it."""
-    parts = _parts_below(pathlib.Path(path), pathlib.Path(root))
+    parts = _parts_below(path, root)
     if not parts:
         return None
-    fd = _walk(pathlib.Path(root), parts)
+    fd = _walk(root, parts)
     if fd is None:
         return None
     info = os.fstat(fd)
@@ -41,17 +41,19 @@ def open_job_file(
     return os.fdopen(fd, "rb")
 
 
-def _parts_below(path: pathlib.Path, root: pathlib.Path) -> tuple[str, ...]:
+def _parts_below(path: str | os.PathLike, root: str | os.PathLike) -> tuple[str, ...]:
     """The components of `path` under `root`, lexically (no resolving: resolving would follow
-    the very links we refuse); empty when it is not strictly inside."""
-    try:
-        parts = pathlib.Path(os.path.abspath(path)).relative_to(os.path.abspath(root)).parts
-    except ValueError:
+    the very links we refuse); empty when it is not strictly inside. On strings: the agent
+    opens a job's control files on every tick, and pathlib's parsing cost as much as the opens."""
+    path, top = os.path.abspath(path), os.path.abspath(root)
+    below = top.rstrip("/") + "/"
+    if not path.startswith(below):
         return ()
+    parts = tuple(path[len(below) :].split("/"))
     return () if any(part in ("", ".", "..") for part in parts) else parts
 
 
-def _walk(root: pathlib.Path, parts: tuple[str, ...]) -> int | None:
+def _walk(root: str | os.PathLike, parts: tuple[str, ...]) -> int | None:
     try:
         directory = os.open(root, _DIR_FLAGS)  # the root itself may not be a link either
     except OSError:

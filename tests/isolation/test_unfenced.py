@@ -56,6 +56,15 @@ def test_uid_leases_are_host_wide_and_a_restarted_node_takes_its_own_back(tmp_pa
     assert one.lease(node="n1", member="4-0") == a
 
 
+def test_a_released_uid_rests_while_others_are_free(tmp_path):
+    pool = isolation.UidPool(base=5000, count=3, lease_dir=tmp_path / "uids")
+    first = pool.lease(node="n1", member="1-0")
+    pool.release(first)
+    assert pool.lease(node="n1", member="2-0") == first + 1
+    assert pool.lease(node="n1", member="3-0") == first + 2
+    assert pool.lease(node="n1", member="4-0") == first  # round the range, to the one free
+
+
 # --- GPUPLATFORM_ISOLATION=strict: every limit, or no agent --------------------------------------
 
 

@@ -271,3 +271,31 @@ def test_a_member_that_ended_here_never_runs_again(runner):
     assert runner.runs == {}
     assert [e[0] for e in runner.reporter.events].count("started") == 1
     assert log_path.read_text().count("ran") == 1
+
+
+def test_a_silent_job_has_its_log_synced_once_at_its_end(runner):
+    """An empty log has nothing to send: the ticks while it runs do not open it."""
+    syncs = []
+    runner.reporter.sync_log = lambda run: syncs.append(run.log_path.stat().st_size)
+    runner.launch(Work(argv=["sleep", "0.5"]))
+    for _ in range(5):
+        runner.tick()
+        time.sleep(0.02)
+    assert syncs == []
+    assert run_until_finished(runner) == ("finished", 0, "")
+    assert syncs == [0]
+
+
+def test_the_checkpoint_marker_is_read_only_with_progress_to_report(runner, monkeypatch):
+    from workers import joblog
+
+    reads = []
+    read = joblog.checkpoint_path
+    monkeypatch.setattr(joblog, "checkpoint_path", lambda run: reads.append(1) or read(run))
+    runner.launch(Work(argv=["sleep", "0.5"]))
+    for _ in range(5):
+        runner.tick()
+        time.sleep(0.02)
+    assert reads == []  # no progress.json: nothing to report, nothing read
+    assert run_until_finished(runner) == ("finished", 0, "")
+    assert reads == [1]  # the end's report names it
