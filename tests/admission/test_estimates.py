@@ -164,7 +164,7 @@ def test_a_late_arrival_replays_its_pool_from_a_mark_not_from_the_head(monkeypat
     monkeypatch.setattr(
         Estimator, "_replay", lambda *a, **k: from_head.append(1) or replay(*a, **k)
     )
-    kept.extend([rows[200]])  # late: sorts before the ten last ones
+    kept.extend([rows[200]])  # late: sorts before the last 29
     kept.extend(rows[230:300])
     assert from_head == []
     assert _answers(kept, rows) == _answers(_estimator(rows, start), rows)
