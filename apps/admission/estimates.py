@@ -76,9 +76,7 @@ class Estimator:
             queue,
             typical,
         )
-        self._pools: dict[
-            str, tuple[dict, Replay]
-        ] = {}  # pool -> (starts, the replay at the queue's end)
+        self._pools: dict[str, _Pool] = {}  # pool -> its replay, once a job of it was estimated
         self._index: dict | None = None
         self._newest: datetime | None = None
         self._held: tuple[int, int] | None = None  # (queue length, held rows) when counted
@@ -115,8 +113,8 @@ class Estimator:
             return None  # beyond the replayed part of the queue
         pool = row.sku
         if pool not in self._pools:
-            self._pools[pool] = self._replay(pool, self.queue)
-        return self._pools[pool][0].get(job.pk)
+            self._pools[pool] = self._replay(pool)
+        return self._pools[pool].starts.get(job.pk)
 
     def index(self) -> dict:
         """{pk: row} of the loaded queue."""
@@ -131,13 +129,14 @@ class Estimator:
         return self._newest
 
     def extend(self, rows: list[Queued]) -> None:
-        """Add jobs queued since the load. Jobs that sort after the whole queue (the usual case:
-        newer, of a tier no better than the last one queued) continue each pool's replay from
-        where it stopped; any other arrival replays the pool again."""
+        """Add jobs queued since the load. Each pool's replay goes on from where its arrivals
+        sort: jobs that sort after the pool's last one (the usual case: newer, of a tier no
+        better) continue it from its end; a job that sorts among the pool's last TRAIL (created
+        just before the newest one, committed after it: several web threads submit at once)
+        replays it from the mark before it; any other arrival replays the pool from the head."""
         if not rows:
             return
         rows = sorted(rows, key=lambda r: r.order)
-        appended = not self.queue or rows[0].order >= self.queue[-1].order
         for row in rows:
             bisect.insort(self.queue, row, key=lambda r: r.order)
             if self._index is not None:
@@ -145,13 +144,10 @@ class Estimator:
             self._newest = max(self._newest or row.order[2], row.order[2])
         if self._held is not None:  # counted on: a count of the whole queue was O(queue) a submit
             self._held = (len(self.queue), self._held[1] + sum(row.held for row in rows))
-        if not appended:
-            self._pools.clear()
-            return
-        for pool, (starts, state) in list(self._pools.items()):
-            more, state = self._replay(pool, rows, state)
-            starts.update(more)  # in place: a copy of every start was O(queue) per submit
-            self._pools[pool] = (starts, state)
+        for pool, replay in list(self._pools.items()):
+            arrived = [row for row in rows if row.sku == pool and not row.held]
+            if arrived:
+                self._pools[pool] = self._go_back(pool, replay, arrived)
 
     def position(self, job: Job) -> int | None:
         """1-based place in queue order (`queue_position`), if the job is in the loaded queue;
@@ -169,25 +165,88 @@ class Estimator:
             self._held = (len(self.queue), sum(row.held for row in self.queue))
         return self._held[1]
 
-    def _replay(
-        self, pool: str, queue: list[Queued], state: Replay | None = None
-    ) -> tuple[dict, Replay]:
-        """The pool's replay (apps/scheduling/core/estimate.py), in seconds from `now`."""
-        if state is None:
-            capacity = self.capacity.get(pool, 0) if pool != ANY else sum(self.capacity.values())
-            held = [
-                ((end - self.now).total_seconds(), n)
-                for sku, end, n in self.running
-                if pool in (ANY, sku)
-            ]
-            state = Replay.start(0.0, capacity, held)
-        waiting = (
-            Waiting(job.pk, job.gpus * job.nodes, self.runtime(job))
-            for job in queue
-            if job.sku == pool and not job.held
+    def _replay(self, pool: str) -> _Pool:
+        """The pool's replay (apps/scheduling/core/estimate.py) from the head of the queue, in
+        seconds from `now`; its last TRAIL jobs make its trail (no dearer: timed at 1,000
+        queued)."""
+        capacity = self.capacity.get(pool, 0) if pool != ANY else sum(self.capacity.values())
+        held = [
+            ((end - self.now).total_seconds(), n)
+            for sku, end, n in self.running
+            if pool in (ANY, sku)
+        ]
+        replay = _Pool(Replay.start(0.0, capacity, held))
+        waiting = [job for job in self.queue if job.sku == pool and not job.held]
+        head = max(len(waiting) - TRAIL, 0)
+        starts = replay.state.starts(self._waiting(job) for job in waiting[:head])
+        replay.starts = {pk: self.now + timedelta(seconds=offset) for pk, offset in starts}
+        self._go_on(replay, waiting[head:])
+        return replay
+
+    def _go_back(self, pool: str, replay: _Pool, arrived: list[Queued]) -> _Pool:
+        """`replay` with the pool's `arrived` jobs (in queue order) in their places."""
+        trail = replay.trail
+        after = bisect.bisect_right(trail, arrived[0].order, key=lambda step: step[0].order)
+        if after == len(trail):  # all after the pool's last job: go on from the end
+            self._go_on(replay, arrived)
+            return replay
+        if after == 0:  # before the trail: the jobs ahead of it are not in it
+            return self._replay(pool)
+        mark = after
+        while (state := trail[mark][1]) is None:
+            mark -= 1
+        # Python's sort is stable: a job already replayed stays ahead of an arrival that sorts
+        # equal to it, as bisect.insort placed the arrival in the queue (extend).
+        again = sorted([job for job, _ in trail[mark:]] + arrived, key=lambda r: r.order)
+        for job, _ in trail[mark:]:
+            replay.starts.pop(job.pk, None)  # given again below, unless it gets none now
+        # The mark: a copy taken before trail[mark]'s job, no longer the trail's once dropped.
+        replay.state = state
+        del trail[mark:]
+        replay.unmarked = next(
+            (n for n, (_, copy) in enumerate(reversed(trail)) if copy is not None), 0
         )
-        starts = {pk: self.now + timedelta(seconds=offset) for pk, offset in state.starts(waiting)}
-        return starts, state
+        self._go_on(replay, again)
+        return replay
+
+    def _go_on(self, replay: _Pool, jobs: list[Queued]) -> None:
+        """Replay `jobs` (queued after the pool's last one so far) from the replay's end, adding
+        them to its trail."""
+        state, trail = replay.state, replay.trail
+        for job in jobs:
+            if not trail or replay.unmarked >= MARK_EVERY - 1:
+                trail.append((job, state.copy()))
+                replay.unmarked = 0
+            else:
+                trail.append((job, None))
+                replay.unmarked += 1
+            for pk, offset in state.starts((self._waiting(job),)):
+                replay.starts[pk] = self.now + timedelta(seconds=offset)
+        if len(trail) > TRAIL + MARK_EVERY:  # drop the oldest; the trail starts at a mark
+            marks = (n for n in range(len(trail) - TRAIL, len(trail)) if trail[n][1] is not None)
+            del trail[: next(marks)]  # one in any MARK_EVERY jobs
+
+    def _waiting(self, job: Queued) -> Waiting:
+        return Waiting(job.pk, job.gpus * job.nodes, self.runtime(job))
+
+
+TRAIL = 64  # a pool's last jobs an arrival can sort among without a replay from the head
+MARK_EVERY = 8  # of those, every 8th keeps a copy of the replay as it was before it
+
+
+class _Pool:
+    """A pool's replay: the estimated starts, the replay after the pool's last job, and its
+    trail: the pool's last jobs in queue order, each with a copy of the replay before it every
+    MARK_EVERY jobs and on the first (else None). A job that arrives sorting among them is
+    replayed from the mark before it with the jobs after it, not from the head of the queue."""
+
+    __slots__ = ("starts", "state", "trail", "unmarked")
+
+    def __init__(self, state: Replay):
+        self.starts: dict = {}
+        self.state = state
+        self.trail: list[tuple[Queued, Replay | None]] = []
+        self.unmarked = 0  # jobs at the end of the trail after its last mark
 
 
 # --- the 201 answer of a submit -------------------------------------------------------------------
