@@ -4,6 +4,8 @@ words (read once a pass, each job shape's answer worked out once)."""
 
 from types import SimpleNamespace
 
+import pytest
+
 from apps.admission import fit
 from apps.jobs.models import Job
 from apps.nodes.models import Node, NodeState
@@ -22,12 +24,21 @@ def test_the_request_mix_counts_each_job_once_by_its_shape():
     assert strategy.workload == core.Workload.from_pods(one_pod_a_job)
 
 
-def test_jobs_only_lost_nodes_could_run_are_worded_from_one_read_of_the_shapes(db, monkeypatch):
+@pytest.fixture
+def shapes_forgotten():
+    """The nodes' shapes are kept for a while (fit.shapes), the plan per process: both afresh
+    here, and after."""
+    fit.forget(), plan.forget()
+    yield
+    fit.forget(), plan.forget()
+
+
+def test_jobs_only_lost_nodes_could_run_are_worded_from_one_read_of_the_shapes(
+    db, monkeypatch, shapes_forgotten
+):
     cast = make_cast()
     make_node("h1", gpus=4)
     Node.objects.update(state=NodeState.LOST)
-    fit.forget()
-    plan.forget()
     jobs = [submit(cast, gpus=1) for _ in range(6)] + [submit(cast, gpus=2)]
     reads = []
     shapes = fit.shapes
