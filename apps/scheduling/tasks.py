@@ -33,12 +33,6 @@ REQUESTED_TTL_S = 5
 # a full cluster ran up to 40 passes a second over the growing queue, none of which could start
 # anything. A job end or a node change asks at once and ends the wait (QUIET_KEY deleted by the
 # pass it runs when that pass is not futile); a submit to a cluster with a free GPU never waits.
-#
-# A pass that follows a futile one starts the wait itself, before it reads the queue: the submits
-# that arrive while it runs then wait for one pass after it, where each asked for a pass at once
-# and the holder ran a second, as futile, straight after (a burst of 1,500 submits to lost nodes
-# ran 83 passes, two or three each QUIET_MS). Should that pass place or preempt after all, the
-# submits it made wait are answered by a pass at once (`_quiet_after`).
 QUIET_MS = 250
 QUIET_KEY = "gpuplatform:dispatch:quiet"  # set by a futile pass, for QUIET_MS
 DEFERRED_KEY = "gpuplatform:dispatch:deferred"  # a delayed request's message is on its way
@@ -170,16 +164,11 @@ FRAGMENTATION_EVERY_S = 15.0
 _measured = {"at": float("-inf")}
 
 
-class _LastPass:
-    futile = False  # this process's previous pass was futile (DispatchResult.futile)
-
-
 def _timed_pass() -> None:
     started = time.monotonic()
-    quiet = _quiet_before()
     result = dispatcher.dispatch_once()
     seconds = time.monotonic() - started
-    _quiet_after(result, quiet)
+    _quiet_after(result)
     fragmentation = None
     if started - _measured["at"] >= FRAGMENTATION_EVERY_S:
         fragmentation = kept.KEPT.fragmentation()
@@ -188,31 +177,14 @@ def _timed_pass() -> None:
     record_dispatch_pass(seconds, fragmentation=fragmentation)  # for /metrics
 
 
-def _quiet_before() -> bool:
-    """After a futile pass, the next starts QUIET_MS of waiting for submits as it begins (see
-    QUIET_MS); True when it did."""
-    if not _LastPass.futile:
-        return False
-    try:
-        client().set(QUIET_KEY, 1, px=QUIET_MS)
-    except redis.RedisError:
-        return False
-    return True
-
-
-def _quiet_after(result: dispatcher.DispatchResult, quiet: bool = False) -> None:
+def _quiet_after(result: dispatcher.DispatchResult) -> None:
     """Start QUIET_MS of waiting for submits after a futile pass; end it after any other (one
-    Redis command a pass, whichever dispatcher process set it). A pass that began the wait
-    (`quiet`) and was not futile asks for a pass at once for the submits it made wait, if any
-    (their delayed message would come only when the wait was over)."""
-    _LastPass.futile = result.futile
+    Redis command a pass, whichever dispatcher process set it)."""
     try:
         if result.futile:
             client().set(QUIET_KEY, 1, px=QUIET_MS)
-            return
-        client().delete(QUIET_KEY)
-        if quiet and client().exists(DEFERRED_KEY):
-            client().set(DIRTY_KEY, 1, ex=60)  # the holder's loop goes again (`dispatch`)
+        else:
+            client().delete(QUIET_KEY)
     except redis.RedisError:
         pass  # no wait then: every request asks at once
 

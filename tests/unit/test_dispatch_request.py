@@ -24,7 +24,6 @@ def sent(monkeypatch):
         wake.WAKE_KEY,
     )
     shared_client().delete(*keys)
-    monkeypatch.setattr(tasks._LastPass, "futile", False)
     messages = Sent()
     monkeypatch.setattr(tasks.dispatch, "apply_async", lambda **options: messages.append(options))
     passes = [DispatchResult(free_gpus=1)]  # the result of each pass from here on
