@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -90,17 +89,8 @@ def placement_strategy(jobs) -> core.Strategy | str:
     """The default fgd-plus places to keep free capacity useful for the request mix it expects.
     A manager built for one pass cannot learn that mix, so it is given the queue's; with an
     empty queue there is nothing to place and any will do (one of the same kind: the kept
-    cluster is indexed for it).
-
-    The mix counts requests by shape, and a job's shape here is its GPUs and nodes: one pod is
-    built per shape and counted once per job (a pod per job, each named by its id, was 4 ms of a
-    drain's pass over 256 heads)."""
-    shapes = Counter((job.gpus, job.nodes) for job in jobs)
-    pods = [
-        pod
-        for (gpus, nodes), count in shapes.items()
-        for pod in [core.Pod(name=f"{nodes}x{gpus}", gpus=gpus, nodes=nodes)] * count
-    ]
+    cluster is indexed for it)."""
+    pods = [core.Pod(name=str(job.pk), gpus=job.gpus, nodes=job.nodes) for job in jobs]
     return core.FGDPlus(workload=core.Workload.from_pods(pods)) if pods else core.FGDPlus()
 
 
@@ -579,10 +569,10 @@ def _write_reasons(reasons: dict[str, tuple[Job, str]]) -> None:
     (still queued, same version): a pass over a long queue writes only what changed. The words
     and the start estimate come from the plan (apps/scheduling/plan.py) and are written together:
     a job whose estimate changed is written even where its reason did not."""
-    planner, at, unready = plan.PLANNER, timezone.now(), plan.UnreadyNodes()
+    planner, at = plan.PLANNER, timezone.now()
     changed = []
     for job, reason in reasons.values():
-        worded = planner.worded(job, reason, unready)[:300]
+        worded = planner.worded(job, reason)[:300]
         estimate = planner.changed(job)
         if job.reason != worded or estimate is not None:
             changed.append((job, worded, estimate))

@@ -356,14 +356,15 @@ class Planner:
         if len(self.written) > 4 * PLAN_JOBS:  # the jobs that left the queue
             self.written = {k: v for k, v in self.written.items() if k in self.estimates}
 
-    def worded(self, job: Job, reason: str, unready: UnreadyNodes | None = None) -> str:
-        """The pass's reason for a waiting job, in agreement with its estimate (`unready`: the
-        pass's, shared by the jobs it words)."""
+    def worded(self, job: Job, reason: str) -> str:
+        """The pass's reason for a waiting job, in agreement with its estimate."""
         estimate = self.estimates.get(str(job.pk))
         if estimate is None or estimate.start is None:
             if not reason.startswith("needs "):  # the policy's "more than the cluster can offer"
                 return reason
-            states = (unready or UnreadyNodes()).of(job)
+            states = fit.only_unready(fit.shapes(), gpus=job.gpus,
+                                      sku=job.gpu_sku.name if job.gpu_sku else None,
+                                      selector=job.node_selector or {})  # fmt: skip
             if states:
                 return f"only a {states} node could run it: waiting for one to take work again"
             return reason
@@ -376,27 +377,6 @@ class Planner:
         if len(reason) + len(said) > REASON_MAX:
             reason = reason[: REASON_MAX - len(said) - 3] + "..."
         return reason + said
-
-
-class UnreadyNodes:
-    """`fit.only_unready` for the jobs one pass words: the nodes' shapes taken once, and each
-    job shape's answer worked out once (a pass over a queue of lost nodes words its 256 heads,
-    most of one shape, each pass: a tenth of the dispatcher's CPU in a burst of submits)."""
-
-    def __init__(self) -> None:
-        self._shapes: list[fit.Shape] | None = None
-        self._found: dict[tuple, str | None] = {}
-
-    def of(self, job: Job) -> str | None:
-        sku = job.gpu_sku.name if job.gpu_sku else None
-        selector = job.node_selector or {}
-        key = (job.gpus, sku, repr(sorted(selector.items())))
-        if key not in self._found:
-            if self._shapes is None:
-                self._shapes = fit.shapes()
-            self._found[key] = fit.only_unready(self._shapes, gpus=job.gpus, sku=sku,
-                                                selector=selector)  # fmt: skip
-        return self._found[key]
 
 
 PLANNER = Planner()
