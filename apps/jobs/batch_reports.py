@@ -22,11 +22,12 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from enum import Enum
-from typing import Any
+from functools import cache
+from typing import Any, cast
 
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
-from django.db.models import Case, IntegerField, Value, When
+from django.db.models import Case, Field, IntegerField, Value, When
 from django.utils import timezone
 
 from apps.jobs import dependencies
@@ -37,6 +38,7 @@ from apps.jobs.models import (
     GpuAllocation,
     Job,
     JobAttempt,
+    JobEvent,
     JobState,
 )
 from apps.jobs.services import ReportedMember
@@ -44,6 +46,7 @@ from apps.jobs.states import attempt_sources, check_attempt_move, check_job_move
 from apps.jobs.transitions import (
     BatchRefused,
     move_attempts,
+    move_events,
     move_jobs,
     moved,
     moved_jobs,
@@ -76,6 +79,10 @@ def members_started_together(started: list[tuple[ReportedMember, int]]) -> None:
     or none (BatchRefused: a row had moved, `_together`)."""
     now, lease, members, attempts, first, again = _starting(started)
     reason = "all members started"
+    moves = _by_actor(members, lambda job: job.started_at is None)
+
+    def job_events() -> list[JobEvent]:
+        return _events(moves, to=JobState.RUNNING, reason=reason)
 
     def write() -> None:
         if connection.vendor == "postgresql":
@@ -90,6 +97,7 @@ def members_started_together(started: list[tuple[ReportedMember, int]]) -> None:
             move_jobs(first, to=JobState.RUNNING, reason=reason, started_at=now)
         if again:
             move_jobs(again, to=JobState.RUNNING, reason=reason)
+        JobEvent.objects.bulk_create(job_events())
 
     def write_at_once() -> None:  # the same updates, one statement (_AtOnce)
         check_attempt_move(attempt_sources(AttemptState.RUNNING), AttemptState.RUNNING)
@@ -103,6 +111,7 @@ def members_started_together(started: list[tuple[ReportedMember, int]]) -> None:
         at_once.moves(Job, first, expect=expect, state=JobState.RUNNING, reason=reason,
                       started_at=now)  # fmt: skip
         at_once.moves(Job, again, expect=expect, state=JobState.RUNNING, reason=reason)
+        at_once.inserted(JobEvent, job_events())
         at_once.run()
 
     def settle() -> None:
@@ -110,10 +119,9 @@ def members_started_together(started: list[tuple[ReportedMember, int]]) -> None:
             member = reported.member
             member.state, member.pid, member.started_at = AttemptState.RUNNING, pid, now
             moved(member.attempt, to=AttemptState.RUNNING, started_at=now, lease_expires_at=lease)
-        for actor, moves in _by_actor(members, lambda job: job.started_at is None).items():
-            actor_name, fresh = actor
+        for (actor, fresh), pairs in moves.items():
             fields: dict[str, Any] = {"started_at": now} if fresh else {}
-            moved_jobs(moves, to=JobState.RUNNING, actor=actor_name, reason=reason, **fields)
+            moved_jobs(pairs, to=JobState.RUNNING, actor=actor, reason=reason, **fields)
 
     _together(members, write, settle)
 
@@ -127,6 +135,10 @@ def members_finished_together(finished: list[ReportedMember]) -> None:
     attempts = [member.attempt for member in members]
     reason = "exit code 0"
     ended: dict[str, Any] = {"exit_code": 0, "progress": 1.0, "finished_at": now}
+    moves = _by_actor(members, lambda job: True)
+
+    def job_events() -> list[JobEvent]:
+        return _events(moves, to=JobState.SUCCEEDED, reason=reason)
 
     def write() -> None:
         if connection.vendor == "postgresql":
@@ -137,6 +149,7 @@ def members_finished_together(finished: list[ReportedMember]) -> None:
         move_attempts(attempts, to=AttemptState.SUCCEEDED, ended_at=now, reason="", exit_code=0)
         move_jobs([a.job for a in attempts], to=JobState.SUCCEEDED, expect=JOB_PLACED, reason=reason,
                   **ended)  # fmt: skip
+        JobEvent.objects.bulk_create(job_events())
 
     def write_at_once() -> None:  # the same updates, one statement (_AtOnce)
         check_attempt_move(attempt_sources(AttemptState.SUCCEEDED), AttemptState.SUCCEEDED)
@@ -149,6 +162,7 @@ def members_finished_together(finished: list[ReportedMember]) -> None:
                       state=AttemptState.SUCCEEDED, ended_at=now, reason="", exit_code=0)  # fmt: skip
         at_once.moves(Job, [a.job for a in attempts], expect=JOB_PLACED, state=JobState.SUCCEEDED,
                       reason=reason, **ended)  # fmt: skip
+        at_once.inserted(JobEvent, job_events())
         at_once.run()
 
     def settle() -> None:
@@ -156,8 +170,8 @@ def members_finished_together(finished: list[ReportedMember]) -> None:
             member.state, member.exit_code, member.ended_at = AttemptState.SUCCEEDED, 0, now
             moved(member.attempt, to=AttemptState.SUCCEEDED, ended_at=now, reason="", exit_code=0)
         with dependencies.decided_together():  # one read finds the dependents of them all
-            for (actor, _), moves in _by_actor(members, lambda job: True).items():
-                moved_jobs(moves, to=JobState.SUCCEEDED, actor=actor, reason=reason, **ended)
+            for (actor, _), pairs in moves.items():
+                moved_jobs(pairs, to=JobState.SUCCEEDED, actor=actor, reason=reason, **ended)
         trigger_dispatch()
 
     _together(members, write, settle)
@@ -175,6 +189,11 @@ def members_ran_together(ran: list[tuple[ReportedMember, int]]) -> None:
     ended: dict[str, Any] = {"exit_code": 0, "progress": 1.0, "finished_at": now}
     attempt_fields: dict[str, Any] = {"started_at": now, "lease_expires_at": lease,
                                       "ended_at": now, "reason": "", "exit_code": 0}  # fmt: skip
+    moves = _by_actor(members, lambda job: job.started_at is None)
+    through = (JobState.RUNNING, started)
+
+    def job_events() -> list[JobEvent]:
+        return _events(moves, to=JobState.SUCCEEDED, reason=reason, through=through)
 
     def write() -> None:
         if connection.vendor == "postgresql":
@@ -194,6 +213,7 @@ def members_ran_together(ran: list[tuple[ReportedMember, int]]) -> None:
                       started_at=now, **ended)  # fmt: skip
         if again:
             move_jobs(again, to=JobState.SUCCEEDED, expect=expect, reason=reason, steps=2, **ended)
+        JobEvent.objects.bulk_create(job_events())
 
     def write_at_once() -> None:  # the same updates, one statement (_AtOnce)
         check_attempt_move([AttemptState.STARTING], AttemptState.SUCCEEDED)
@@ -210,6 +230,7 @@ def members_ran_together(ran: list[tuple[ReportedMember, int]]) -> None:
                       started_at=now, **ended)  # fmt: skip
         at_once.moves(Job, again, expect=expect, state=JobState.SUCCEEDED, reason=reason, steps=2,
                       **ended)  # fmt: skip
+        at_once.inserted(JobEvent, job_events())
         at_once.run()
 
     def settle() -> None:
@@ -219,11 +240,10 @@ def members_ran_together(ran: list[tuple[ReportedMember, int]]) -> None:
             member.exit_code, member.ended_at = 0, now
             moved(member.attempt, to=AttemptState.SUCCEEDED, steps=2, **attempt_fields)
         with dependencies.decided_together():
-            for actor, moves in _by_actor(members, lambda job: job.started_at is None).items():
-                actor_name, fresh = actor
+            for (actor, fresh), pairs in moves.items():
                 fields: dict[str, Any] = {"started_at": now} if fresh else {}
-                moved_jobs(moves, to=JobState.SUCCEEDED, actor=actor_name, reason=reason,
-                           through=(JobState.RUNNING, started), **fields, **ended)  # fmt: skip
+                moved_jobs(pairs, to=JobState.SUCCEEDED, actor=actor, reason=reason,
+                           through=through, **fields, **ended)  # fmt: skip
         trigger_dispatch()
 
     _together(members, write, settle)
@@ -274,6 +294,16 @@ class _AtOnce:
         self.params += [now, [m.attempt_id for m in members]]
         self.counts.append(None)
 
+    def inserted(self, model: type[JobEvent], rows: Sequence[JobEvent]) -> None:
+        """bulk_create's insert of `rows` (every column but the primary key, each value as the
+        field saves it), all of which must go in."""
+        fields = [f for f in model._meta.concrete_fields if not f.primary_key]
+        self.parts.append(_insert_sql(model, tuple(f.name for f in fields)))
+        self.params += [
+            [f.get_db_prep_save(f.pre_save(row, True), connection) for row in rows] for f in fields
+        ]
+        self.counts.append(len(rows))
+
     def run(self) -> None:
         ctes = ", ".join(f"u{i} AS ({part})" for i, part in enumerate(self.parts))
         counts = ", ".join(f"(SELECT count(*) FROM u{i})" for i in range(len(self.parts)))
@@ -288,24 +318,53 @@ class _AtOnce:
     def _update(self, model, rows: dict[str, list], match: list[str], where: str,
                 where_params: Sequence[Any], sets: dict[str, Any], *, count: int,
                 version_steps: int = 0) -> None:  # fmt: skip
-        quote = connection.ops.quote_name
-        fields = {name: model._meta.get_field(name) for name in rows}
-        unnest = ", ".join(f"%s::{f.rel_db_type(connection)}[]" for f in fields.values())
-        columns = ", ".join(quote(f.column) for f in fields.values())
-        assigned = [f"{quote(model._meta.get_field(n).column)} = %s" for n in sets]
-        assigned += [f"{quote(fields[n].column)} = v.{quote(fields[n].column)}"
-                     for n in rows if n not in match]  # fmt: skip
-        if version_steps:
-            assigned.append(f"version = t.version + {int(version_steps)}")
-        joined = " AND ".join(f"t.{quote(fields[n].column)} = v.{quote(fields[n].column)}"
-                              for n in match)  # fmt: skip
         self.parts.append(
-            f"UPDATE {quote(model._meta.db_table)} AS t SET {', '.join(assigned)} "
-            f"FROM unnest({unnest}) AS v({columns}) WHERE {joined} AND {where} RETURNING 1"
+            _update_sql(model, tuple(rows), tuple(match), where, tuple(sets), version_steps)
         )
         values = [v.value if isinstance(v, Enum) else v for v in sets.values()]  # a state's text
         self.params += [*values, *rows.values(), *where_params]
         self.counts.append(count)
+
+
+# Each statement's text, written once for its shape (the same few on every call).
+
+
+@cache
+def _update_sql(model, rows: tuple[str, ...], match: tuple[str, ...], where: str,
+                sets: tuple[str, ...], version_steps: int) -> str:  # fmt: skip
+    """`_AtOnce._update`'s: `model`'s rows matched to `unnest` of the arrays `rows` names (those
+    in `match` matched, the others assigned), `sets` assigned, `where` the guard."""
+    quote = connection.ops.quote_name
+    fields = {name: model._meta.get_field(name) for name in rows}
+    unnest = ", ".join(f"%s::{f.rel_db_type(connection)}[]" for f in fields.values())
+    columns = ", ".join(quote(f.column) for f in fields.values())
+    assigned = [f"{quote(model._meta.get_field(n).column)} = %s" for n in sets]
+    assigned += [f"{quote(fields[n].column)} = v.{quote(fields[n].column)}"
+                 for n in rows if n not in match]  # fmt: skip
+    if version_steps:
+        assigned.append(f"version = t.version + {int(version_steps)}")
+    joined = " AND ".join(f"t.{quote(fields[n].column)} = v.{quote(fields[n].column)}"
+                          for n in match)  # fmt: skip
+    return (
+        f"UPDATE {quote(model._meta.db_table)} AS t SET {', '.join(assigned)} "
+        f"FROM unnest({unnest}) AS v({columns}) WHERE {joined} AND {where} RETURNING 1"
+    )
+
+
+@cache
+def _insert_sql(model: type[JobEvent], names: tuple[str, ...]) -> str:
+    """`_AtOnce.inserted`'s: rows of `model` from `unnest` of one array a column."""
+    quote = connection.ops.quote_name
+    fields = [cast(Field, model._meta.get_field(name)) for name in names]
+    columns = ", ".join(quote(f.column) for f in fields)
+    unnest = ", ".join(f"%s::{f.db_type(connection)}[]" for f in fields)
+    return f"INSERT INTO {quote(model._meta.db_table)} ({columns}) SELECT * FROM unnest({unnest}) RETURNING 1"
+
+
+def _events(moves: dict, **move: Any) -> list[JobEvent]:
+    """The audit events of `_by_actor`'s groups of job moves, each group's with its actor."""
+    return [event for (actor, _), pairs in moves.items()
+            for event in move_events(pairs, actor=actor, **move)]  # fmt: skip
 
 
 def _per_member(pids: list[tuple[ReportedMember, int]]):

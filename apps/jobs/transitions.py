@@ -125,7 +125,7 @@ def move_attempts(attempts: list[JobAttempt], *, to: str, expect: Iterable[str] 
 def move_jobs(jobs: list[Job], *, to: str, expect: Iterable[str] | None = None, reason: str = "",
               steps: int = 1, **fields) -> None:  # fmt: skip
     """transition_job's guarded update for each of `jobs` in one statement, as move_attempts;
-    `moved_jobs` then records their events and emits their ends."""
+    their events are `move_events`', and `moved_jobs` then emits their ends."""
     expect = job_sources(to) if expect is None else tuple(expect)
     check_job_move(expect, to)
     if reason:
@@ -141,28 +141,41 @@ def moved(row, *, to: str, steps: int = 1, **fields) -> None:
         setattr(row, name, value)
 
 
+def _hops(from_state: str, to: str, reason: str,
+          through: tuple[str, str] | None) -> list[tuple[str, str, str]]:  # fmt: skip
+    """A move's (from, to, reason) steps: one, or two where it passed `through` a state."""
+    if through:
+        return [(from_state, through[0], through[1]), (through[0], to, reason)]
+    return [(from_state, to, reason)]
+
+
+def move_events(moves: list[tuple[Job, JobAttempt]], *, to: str, actor: str, reason: str = "",
+                through: tuple[str, str] | None = None) -> list[JobEvent]:  # fmt: skip
+    """The audit events (not yet saved) of moving each job of `moves` (as read, not yet moved)
+    to `to`, as move_jobs moves them. `through`: (a state, its move's reason) the jobs pass on
+    the way (move_jobs with steps=2): that move's event comes first, as if written on its own."""
+    return [
+        new_event(
+            job, actor=actor, reason=why, from_state=from_state, to_state=to_state, attempt=attempt
+        )  # fmt: skip
+        for job, attempt in moves
+        for from_state, to_state, why in _hops(job.state, to, reason, through)
+    ]
+
+
 def moved_jobs(moves: list[tuple[Job, JobAttempt]], *, to: str, actor: str, reason: str = "",
                through: tuple[str, str] | None = None, **fields) -> None:  # fmt: skip
-    """After move_jobs (and the rest of the batch) succeeded: the objects as the rows are, the
-    audit events in one statement, the log lines, and JobEnded for each job that ended.
-    `through`: (a state, its move's reason) the jobs passed on the way (move_jobs with steps=2):
-    that move's event and log line come first, as if it had been written on its own."""
+    """After move_jobs and the moves' events (`move_events`, written by the caller with the rest
+    of its batch) succeeded: the objects as the rows are, the log lines, and JobEnded for each
+    job that ended. `through`: as for move_events, the log line of that move first."""
     if reason:
         fields.setdefault("reason", reason[:300])
-    events_ = []
     for job, attempt in moves:
-        hops = (
-            [(job.state, through[0], through[1]), (through[0], to, reason)]
-            if through
-            else [(job.state, to, reason)]
-        )
+        hops = _hops(job.state, to, reason, through)
         moved(job, to=to, steps=len(hops), **fields)
         for from_state, to_state, why in hops:
-            events_.append(new_event(job, actor=actor, reason=why, from_state=from_state,
-                                     to_state=to_state, attempt=attempt))  # fmt: skip
             job.state = to_state  # the log line's "->" names each hop's end
             log_move(job, from_state=from_state, actor=actor, reason=why, attempt=attempt)
-    JobEvent.objects.bulk_create(events_)
     if to in JOB_TERMINAL:
         for job, _ in moves:
             events.emit(events.JobEnded(job=job))
