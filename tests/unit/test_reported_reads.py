@@ -4,6 +4,8 @@ as the ORM's own read; one attempt object per gang; the node's filter; prepared 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.db import connection, transaction
 
@@ -95,3 +97,31 @@ def test_the_reports_lock_and_read_are_prepared_on_postgresql(cast):  # noqa: F8
         statements = [statement for (statement,) in cursor.fetchall()]
     assert any("FOR UPDATE" in s and '"jobs_job"' in s for s in statements), statements
     assert any('FROM "jobs_attemptmember" m' in s for s in statements), statements
+
+
+def test_a_groups_rows_are_stored_as_the_orm_stores_them(cast):  # noqa: F811
+    """The group's statements are written by hand on both backends (batch_reports._Writes): each
+    value goes through its field's own conversion, so a time is stored as the ORM stores one (on
+    SQLite naive UTC text) and the rows read back, filter and order like any other."""
+    a, b = placed(cast, 2, {"h1": 2})
+    post("h1", [item(a, "started", pid=3), item(a, "finished", exit_code=0)])  # one group
+    post("h1", [item(b, "started", pid=4)])
+    services.attempt_member_finished(attempt_id=b.pk, rank=0, token=str(b.token), exit_code=0)
+    with connection.cursor() as cursor:  # b's end went through its service: the ORM's writes
+        cursor.execute(
+            "SELECT id, CAST(finished_at AS TEXT), CAST(started_at AS TEXT) FROM jobs_job"
+        )
+        rows = {str(row[0]).replace("-", ""): row[1:] for row in cursor.fetchall()}
+        cursor.execute(
+            "SELECT job_id, data, created_at FROM jobs_jobevent WHERE actor = 'agent:h1'"
+        )
+        events = cursor.fetchall()
+    stored = r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d{1,6})?"
+    stored += "$" if connection.vendor == "sqlite" else r"\+00$"
+    for times in (rows[a.job_id.hex], rows[b.job_id.hex]):
+        assert all(re.match(stored, t) for t in times), times
+    assert {str(data) for _, data, _ in events} == {"{}"}
+    a_job = Job.objects.get(pk=a.job_id)
+    assert Job.objects.filter(pk=a.job_id, finished_at=a_job.finished_at).exists()
+    assert a_job.events.filter(actor="agent:h1").count() == 2
+    assert [e.data for e in a_job.events.all()] == [{} for _ in a_job.events.all()]
