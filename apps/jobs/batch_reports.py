@@ -87,12 +87,12 @@ def members_started_together(started: list[tuple[ReportedMember, int]]) -> None:
         check_job_move(job_sources(JobState.RUNNING), JobState.RUNNING)
         writes = _Writes()
         writes.members(started, where="t.state = %s", params=[str(AttemptState.STARTING)],
-                        state=AttemptState.RUNNING, started_at=now)  # fmt: skip
+                       state=AttemptState.RUNNING, started_at=now)  # fmt: skip
         writes.moves(JobAttempt, attempts, expect=attempt_sources(AttemptState.RUNNING),
-                      state=AttemptState.RUNNING, started_at=now, lease_expires_at=lease)  # fmt: skip
+                     state=AttemptState.RUNNING, started_at=now, lease_expires_at=lease)  # fmt: skip
         expect = job_sources(JobState.RUNNING)
         writes.moves(Job, first, expect=expect, state=JobState.RUNNING, reason=reason,
-                      started_at=now)  # fmt: skip
+                     started_at=now)  # fmt: skip
         writes.moves(Job, again, expect=expect, state=JobState.RUNNING, reason=reason)
         writes.inserted(JobEvent, job_events())
         writes.run()
@@ -128,12 +128,12 @@ def members_finished_together(finished: list[ReportedMember]) -> None:
         check_job_move(JOB_PLACED, JobState.SUCCEEDED)
         writes = _Writes()
         writes.members([(r, None) for r in finished], where="t.ended_at IS NULL",
-                        state=AttemptState.SUCCEEDED, exit_code=0, ended_at=now)  # fmt: skip
+                       state=AttemptState.SUCCEEDED, exit_code=0, ended_at=now)  # fmt: skip
         writes.released(members, now)
         writes.moves(JobAttempt, attempts, expect=attempt_sources(AttemptState.SUCCEEDED),
-                      state=AttemptState.SUCCEEDED, ended_at=now, reason="", exit_code=0)  # fmt: skip
+                     state=AttemptState.SUCCEEDED, ended_at=now, reason="", exit_code=0)  # fmt: skip
         writes.moves(Job, [a.job for a in attempts], expect=JOB_PLACED, state=JobState.SUCCEEDED,
-                      reason=reason, **ended)  # fmt: skip
+                     reason=reason, **ended)  # fmt: skip
         writes.inserted(JobEvent, job_events())
         writes.run()
 
@@ -172,17 +172,17 @@ def members_ran_together(ran: list[tuple[ReportedMember, int]]) -> None:
         check_job_move([JobState.STARTING], JobState.SUCCEEDED)
         writes = _Writes()
         writes.members(ran, where="t.state = %s AND t.ended_at IS NULL",
-                        params=[str(AttemptState.STARTING)], state=AttemptState.SUCCEEDED,
-                        started_at=now, exit_code=0, ended_at=now)  # fmt: skip
+                       params=[str(AttemptState.STARTING)], state=AttemptState.SUCCEEDED,
+                       started_at=now, exit_code=0, ended_at=now)  # fmt: skip
         writes.released(members, now)
         writes.moves(JobAttempt, attempts, expect=[AttemptState.STARTING],
-                      state=AttemptState.SUCCEEDED, steps=2, **attempt_fields)  # fmt: skip
+                     state=AttemptState.SUCCEEDED, steps=2, **attempt_fields)  # fmt: skip
         # The start's move's sources, which reach the end through `running` (states.py).
         expect = [JobState.STARTING]
         writes.moves(Job, first, expect=expect, state=JobState.SUCCEEDED, reason=reason, steps=2,
-                      started_at=now, **ended)  # fmt: skip
+                     started_at=now, **ended)  # fmt: skip
         writes.moves(Job, again, expect=expect, state=JobState.SUCCEEDED, reason=reason, steps=2,
-                      **ended)  # fmt: skip
+                     **ended)  # fmt: skip
         writes.inserted(JobEvent, job_events())
         writes.run()
 

@@ -600,7 +600,7 @@ def test_a_calls_start_and_clean_end_of_one_job_cost_one_write_of_each_row_even_
     attempts = placed(cast, 4, {"h1": 4})
     client = bearer(issue_credential(node_name="h1")[1])
     batch = 4 if connection.vendor == "sqlite" else 5
-    # member, GPUs, attempt, job, events (on PostgreSQL one statement: batch_reports._AtOnce);
+    # member, GPUs, attempt, job, events (on PostgreSQL one statement: batch_reports._Writes);
     # dependents
     ran = 6 if connection.vendor == "sqlite" else 2
     for group in (attempts[:1], attempts[1:]):
@@ -762,7 +762,7 @@ def test_a_call_cut_short_after_its_writes_leaves_nothing_and_its_retry_everythi
     "connection.vendor != 'postgresql'", reason="prepared statements are PostgreSQL's"
 )
 def test_a_groups_one_statement_is_prepared_on_postgresql(cast):
-    """The group's updates travel as arrays, so their one statement (batch_reports._AtOnce) has
+    """The group's updates travel as arrays, so their one statement (batch_reports._Writes) has
     the same text for any group of its shape: psycopg prepares it on its 6th run
     (prepare_threshold 5) and the server stops parsing and planning it."""
     attempts = placed(cast, 7, {"h1": 4, "h2": 3})
