@@ -9,10 +9,11 @@ was read at), one insert of the jobs' audit events. Every row moves or none does
 changes fewer rows than it names raises BatchRefused, the caller's whole transaction (the agent's
 call) is rolled back and run again with each report applied alone, through the services. No
 savepoint of its own: refusals are rare (none in a drain), a savepoint is two round trips each
-group on PostgreSQL. On PostgreSQL a group's updates are one statement (`_AtOnce`): a quick
-job's start and end take the call's lock, its read, that statement, the events' insert and the
-dependents' read (7 statements with BEGIN and COMMIT, 12 before). The objects change only once
-all was written.
+group on PostgreSQL. The statements are written once for their shape (`_Writes`), the same on
+both backends but for how the rows travel; on PostgreSQL a group's updates and its events' insert
+are one statement: a quick job's start and end take the call's lock, its read, that statement and
+the dependents' read (6 statements with BEGIN and COMMIT, 12 before). The objects change only
+once all was written.
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from enum import Enum
-from typing import Any
+from functools import cache
+from typing import Any, cast
 
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
-from django.db.models import Case, IntegerField, Value, When
+from django.db.models import Field
 from django.utils import timezone
 
 from apps.jobs import dependencies
@@ -37,18 +39,17 @@ from apps.jobs.models import (
     GpuAllocation,
     Job,
     JobAttempt,
+    JobEvent,
     JobState,
 )
 from apps.jobs.services import ReportedMember
 from apps.jobs.states import attempt_sources, check_attempt_move, check_job_move, job_sources
 from apps.jobs.transitions import (
     BatchRefused,
-    move_attempts,
-    move_jobs,
+    move_events,
     moved,
     moved_jobs,
     trigger_dispatch,
-    update_all,
 )
 from apps.platform.db import prepared_cursor
 from apps.platform.retry import retryable
@@ -76,44 +77,34 @@ def members_started_together(started: list[tuple[ReportedMember, int]]) -> None:
     or none (BatchRefused: a row had moved, `_together`)."""
     now, lease, members, attempts, first, again = _starting(started)
     reason = "all members started"
+    moves = _by_actor(members, lambda job: job.started_at is None)
 
-    def write() -> None:
-        if connection.vendor == "postgresql":
-            return write_at_once()
-        rows = AttemptMember.objects.filter(
-            pk__in=[m.pk for m in members], state=AttemptState.STARTING
-        )
-        update_all(rows, len(members), state=AttemptState.RUNNING, pid=_per_member(started),
-                   started_at=now)  # fmt: skip
-        move_attempts(attempts, to=AttemptState.RUNNING, started_at=now, lease_expires_at=lease)
-        if first:
-            move_jobs(first, to=JobState.RUNNING, reason=reason, started_at=now)
-        if again:
-            move_jobs(again, to=JobState.RUNNING, reason=reason)
+    def job_events() -> list[JobEvent]:
+        return _events(moves, to=JobState.RUNNING, reason=reason)
 
-    def write_at_once() -> None:  # the same updates, one statement (_AtOnce)
+    def write() -> None:  # one statement on PostgreSQL (_Writes)
         check_attempt_move(attempt_sources(AttemptState.RUNNING), AttemptState.RUNNING)
         check_job_move(job_sources(JobState.RUNNING), JobState.RUNNING)
-        at_once = _AtOnce()
-        at_once.members(started, where="t.state = %s", params=[str(AttemptState.STARTING)],
-                        state=AttemptState.RUNNING, started_at=now)  # fmt: skip
-        at_once.moves(JobAttempt, attempts, expect=attempt_sources(AttemptState.RUNNING),
-                      state=AttemptState.RUNNING, started_at=now, lease_expires_at=lease)  # fmt: skip
+        writes = _Writes()
+        writes.members(started, where="t.state = %s", params=[str(AttemptState.STARTING)],
+                       state=AttemptState.RUNNING, started_at=now)  # fmt: skip
+        writes.moves(JobAttempt, attempts, expect=attempt_sources(AttemptState.RUNNING),
+                     state=AttemptState.RUNNING, started_at=now, lease_expires_at=lease)  # fmt: skip
         expect = job_sources(JobState.RUNNING)
-        at_once.moves(Job, first, expect=expect, state=JobState.RUNNING, reason=reason,
-                      started_at=now)  # fmt: skip
-        at_once.moves(Job, again, expect=expect, state=JobState.RUNNING, reason=reason)
-        at_once.run()
+        writes.moves(Job, first, expect=expect, state=JobState.RUNNING, reason=reason,
+                     started_at=now)  # fmt: skip
+        writes.moves(Job, again, expect=expect, state=JobState.RUNNING, reason=reason)
+        writes.inserted(JobEvent, job_events())
+        writes.run()
 
     def settle() -> None:
         for reported, pid in started:
             member = reported.member
             member.state, member.pid, member.started_at = AttemptState.RUNNING, pid, now
             moved(member.attempt, to=AttemptState.RUNNING, started_at=now, lease_expires_at=lease)
-        for actor, moves in _by_actor(members, lambda job: job.started_at is None).items():
-            actor_name, fresh = actor
+        for (actor, fresh), pairs in moves.items():
             fields: dict[str, Any] = {"started_at": now} if fresh else {}
-            moved_jobs(moves, to=JobState.RUNNING, actor=actor_name, reason=reason, **fields)
+            moved_jobs(pairs, to=JobState.RUNNING, actor=actor, reason=reason, **fields)
 
     _together(members, write, settle)
 
@@ -127,37 +118,32 @@ def members_finished_together(finished: list[ReportedMember]) -> None:
     attempts = [member.attempt for member in members]
     reason = "exit code 0"
     ended: dict[str, Any] = {"exit_code": 0, "progress": 1.0, "finished_at": now}
+    moves = _by_actor(members, lambda job: True)
 
-    def write() -> None:
-        if connection.vendor == "postgresql":
-            return write_at_once()
-        rows = AttemptMember.objects.filter(pk__in=[m.pk for m in members], ended_at=None)
-        update_all(rows, len(members), state=AttemptState.SUCCEEDED, exit_code=0, ended_at=now)
-        _release_gpus(members, now)
-        move_attempts(attempts, to=AttemptState.SUCCEEDED, ended_at=now, reason="", exit_code=0)
-        move_jobs([a.job for a in attempts], to=JobState.SUCCEEDED, expect=JOB_PLACED, reason=reason,
-                  **ended)  # fmt: skip
+    def job_events() -> list[JobEvent]:
+        return _events(moves, to=JobState.SUCCEEDED, reason=reason)
 
-    def write_at_once() -> None:  # the same updates, one statement (_AtOnce)
+    def write() -> None:  # one statement on PostgreSQL (_Writes)
         check_attempt_move(attempt_sources(AttemptState.SUCCEEDED), AttemptState.SUCCEEDED)
         check_job_move(JOB_PLACED, JobState.SUCCEEDED)
-        at_once = _AtOnce()
-        at_once.members([(r, None) for r in finished], where="t.ended_at IS NULL",
-                        state=AttemptState.SUCCEEDED, exit_code=0, ended_at=now)  # fmt: skip
-        at_once.released(members, now)
-        at_once.moves(JobAttempt, attempts, expect=attempt_sources(AttemptState.SUCCEEDED),
-                      state=AttemptState.SUCCEEDED, ended_at=now, reason="", exit_code=0)  # fmt: skip
-        at_once.moves(Job, [a.job for a in attempts], expect=JOB_PLACED, state=JobState.SUCCEEDED,
-                      reason=reason, **ended)  # fmt: skip
-        at_once.run()
+        writes = _Writes()
+        writes.members([(r, None) for r in finished], where="t.ended_at IS NULL",
+                       state=AttemptState.SUCCEEDED, exit_code=0, ended_at=now)  # fmt: skip
+        writes.released(members, now)
+        writes.moves(JobAttempt, attempts, expect=attempt_sources(AttemptState.SUCCEEDED),
+                     state=AttemptState.SUCCEEDED, ended_at=now, reason="", exit_code=0)  # fmt: skip
+        writes.moves(Job, [a.job for a in attempts], expect=JOB_PLACED, state=JobState.SUCCEEDED,
+                     reason=reason, **ended)  # fmt: skip
+        writes.inserted(JobEvent, job_events())
+        writes.run()
 
     def settle() -> None:
         for member in members:
             member.state, member.exit_code, member.ended_at = AttemptState.SUCCEEDED, 0, now
             moved(member.attempt, to=AttemptState.SUCCEEDED, ended_at=now, reason="", exit_code=0)
         with dependencies.decided_together():  # one read finds the dependents of them all
-            for (actor, _), moves in _by_actor(members, lambda job: True).items():
-                moved_jobs(moves, to=JobState.SUCCEEDED, actor=actor, reason=reason, **ended)
+            for (actor, _), pairs in moves.items():
+                moved_jobs(pairs, to=JobState.SUCCEEDED, actor=actor, reason=reason, **ended)
         trigger_dispatch()
 
     _together(members, write, settle)
@@ -175,42 +161,30 @@ def members_ran_together(ran: list[tuple[ReportedMember, int]]) -> None:
     ended: dict[str, Any] = {"exit_code": 0, "progress": 1.0, "finished_at": now}
     attempt_fields: dict[str, Any] = {"started_at": now, "lease_expires_at": lease,
                                       "ended_at": now, "reason": "", "exit_code": 0}  # fmt: skip
+    moves = _by_actor(members, lambda job: job.started_at is None)
+    through = (JobState.RUNNING, started)
 
-    def write() -> None:
-        if connection.vendor == "postgresql":
-            return write_at_once()
-        rows = AttemptMember.objects.filter(
-            pk__in=[m.pk for m in members], state=AttemptState.STARTING, ended_at=None
-        )
-        update_all(rows, len(members), state=AttemptState.SUCCEEDED, pid=_per_member(ran),
-                   started_at=now, exit_code=0, ended_at=now)  # fmt: skip
-        _release_gpus(members, now)
-        move_attempts(attempts, to=AttemptState.SUCCEEDED, expect=[AttemptState.STARTING],
-                      steps=2, **attempt_fields)  # fmt: skip
-        # The start's move's sources, which reach the end through `running` (states.py).
-        expect = [JobState.STARTING]
-        if first:
-            move_jobs(first, to=JobState.SUCCEEDED, expect=expect, reason=reason, steps=2,
-                      started_at=now, **ended)  # fmt: skip
-        if again:
-            move_jobs(again, to=JobState.SUCCEEDED, expect=expect, reason=reason, steps=2, **ended)
+    def job_events() -> list[JobEvent]:
+        return _events(moves, to=JobState.SUCCEEDED, reason=reason, through=through)
 
-    def write_at_once() -> None:  # the same updates, one statement (_AtOnce)
+    def write() -> None:  # one statement on PostgreSQL (_Writes)
         check_attempt_move([AttemptState.STARTING], AttemptState.SUCCEEDED)
         check_job_move([JobState.STARTING], JobState.SUCCEEDED)
-        at_once = _AtOnce()
-        at_once.members(ran, where="t.state = %s AND t.ended_at IS NULL",
-                        params=[str(AttemptState.STARTING)], state=AttemptState.SUCCEEDED,
-                        started_at=now, exit_code=0, ended_at=now)  # fmt: skip
-        at_once.released(members, now)
-        at_once.moves(JobAttempt, attempts, expect=[AttemptState.STARTING],
-                      state=AttemptState.SUCCEEDED, steps=2, **attempt_fields)  # fmt: skip
+        writes = _Writes()
+        writes.members(ran, where="t.state = %s AND t.ended_at IS NULL",
+                       params=[str(AttemptState.STARTING)], state=AttemptState.SUCCEEDED,
+                       started_at=now, exit_code=0, ended_at=now)  # fmt: skip
+        writes.released(members, now)
+        writes.moves(JobAttempt, attempts, expect=[AttemptState.STARTING],
+                     state=AttemptState.SUCCEEDED, steps=2, **attempt_fields)  # fmt: skip
+        # The start's move's sources, which reach the end through `running` (states.py).
         expect = [JobState.STARTING]
-        at_once.moves(Job, first, expect=expect, state=JobState.SUCCEEDED, reason=reason, steps=2,
-                      started_at=now, **ended)  # fmt: skip
-        at_once.moves(Job, again, expect=expect, state=JobState.SUCCEEDED, reason=reason, steps=2,
-                      **ended)  # fmt: skip
-        at_once.run()
+        writes.moves(Job, first, expect=expect, state=JobState.SUCCEEDED, reason=reason, steps=2,
+                     started_at=now, **ended)  # fmt: skip
+        writes.moves(Job, again, expect=expect, state=JobState.SUCCEEDED, reason=reason, steps=2,
+                     **ended)  # fmt: skip
+        writes.inserted(JobEvent, job_events())
+        writes.run()
 
     def settle() -> None:
         for reported, pid in ran:
@@ -219,29 +193,30 @@ def members_ran_together(ran: list[tuple[ReportedMember, int]]) -> None:
             member.exit_code, member.ended_at = 0, now
             moved(member.attempt, to=AttemptState.SUCCEEDED, steps=2, **attempt_fields)
         with dependencies.decided_together():
-            for actor, moves in _by_actor(members, lambda job: job.started_at is None).items():
-                actor_name, fresh = actor
+            for (actor, fresh), pairs in moves.items():
                 fields: dict[str, Any] = {"started_at": now} if fresh else {}
-                moved_jobs(moves, to=JobState.SUCCEEDED, actor=actor_name, reason=reason,
-                           through=(JobState.RUNNING, started), **fields, **ended)  # fmt: skip
+                moved_jobs(pairs, to=JobState.SUCCEEDED, actor=actor, reason=reason,
+                           through=through, **fields, **ended)  # fmt: skip
         trigger_dispatch()
 
     _together(members, write, settle)
 
 
-class _AtOnce:
-    """A group's guarded updates as one statement on PostgreSQL, each a data-modifying CTE (the
-    rows matched to their read through `unnest` of the ids, versions and pids): one round trip
-    for the group where the ORM's updates took one a table, and no compilation of each. The
-    updates and their guards are those of the ORM's path beside each use (the tests hold the
-    rows the two leave equal); each names the rows it must change, and fewer changed is
-    BatchRefused, as update_all's. A refusal leaves what the statement wrote to the caller's
-    rollback of the whole call (`_together`)."""
+class _Writes:
+    """A group's guarded updates and its events' insert, each written once for its shape from the
+    models' metadata (nothing compiled on every call), the rows an update names matched to their
+    read through a table of their ids, versions and pids: on PostgreSQL `unnest` of one array a
+    column, and all of them one statement (data-modifying CTEs: one round trip, its text the same
+    whatever the group's size, so it is prepared); on SQLite a `VALUES` list, each its own
+    statement (calls in the process there). Each update's guard is the one its service's
+    transition checks, and names the rows it must change: fewer changed is BatchRefused, as a
+    service's guarded update that changes nothing. A refusal leaves what was written to the
+    caller's rollback of the whole call (`_together`)."""
 
     def __init__(self) -> None:
-        self.parts: list[str] = []
-        self.params: list[Any] = []
-        self.counts: list[int | None] = []  # rows each must change; None: any
+        self.postgresql = connection.vendor == "postgresql"
+        self.parts: list[tuple[str, list, int | None]] = []  # statement, parameters, rows it
+        # must change (None: any)
 
     def members(self, pids: Sequence[tuple[ReportedMember, int | None]], *, where: str,
                 params: Sequence[Any] = (), **sets: Any) -> None:  # fmt: skip
@@ -249,12 +224,13 @@ class _AtOnce:
         rows: dict[str, list] = {"id": [r.member.pk for r, _ in pids]}
         if pids[0][1] is not None:
             rows["pid"] = [pid for _, pid in pids]
-        self._update(AttemptMember, rows, ["id"], where, params, sets, count=len(pids))
+        self._update(AttemptMember, rows, ("id",), where, params, sets, count=len(pids))
 
     def moves(self, model: type[Job] | type[JobAttempt], rows: Sequence[Job | JobAttempt], *,
               expect: Sequence[str], steps: int = 1, **sets: Any) -> None:  # fmt: skip
-        """move_jobs' or move_attempts' update: each row at the version it was read at, still in
-        one of `expect`, its version up by `steps`."""
+        """transition_job's or transition_attempt's guarded update, for each of `rows`: at the
+        version it was read at, still in one of `expect`, its version up by `steps` (2: a start
+        and an end written at once)."""
         if not rows:
             return
         if "reason" in sets:
@@ -263,66 +239,135 @@ class _AtOnce:
             "id": [r.pk for r in rows],
             "version": [r.version for r in rows],
         }
-        self._update(model, matched, ["id", "version"], "t.state = ANY(%s)", [[str(e) for e in expect]],
-                     sets, count=len(rows), version_steps=steps)  # fmt: skip
+        guard, params = self._in("t.state", [str(e) for e in expect])
+        self._update(model, matched, ("id", "version"), guard, params, sets, count=len(rows),
+                     version_steps=steps)  # fmt: skip
 
     def released(self, members: Sequence[AttemptMember], now: Any) -> None:
-        """_release_gpus' update (its count not checked: as the ORM's)."""
-        table = connection.ops.quote_name(GpuAllocation._meta.db_table)
-        self.parts.append(f"UPDATE {table} SET released_at = %s WHERE attempt_id = ANY(%s) "
-                          "AND released_at IS NULL RETURNING 1")  # fmt: skip
-        self.params += [now, [m.attempt_id for m in members]]
-        self.counts.append(None)
+        """The members' GPUs released: each is its attempt's only member (the rules admit no
+        gang), so all its attempt's GPUs are its own, on its node, and no join to the GPUs'
+        nodes is needed (member_finished's, for a gang's member). Its count is not checked."""
+        quote, field = connection.ops.quote_name, GpuAllocation._meta.get_field("released_at")
+        released = quote(cast(Field, field).column)
+        guard, params = self._in("attempt_id", [m.attempt_id for m in members])
+        self.parts.append((
+            f"UPDATE {quote(GpuAllocation._meta.db_table)} SET {released} = %s WHERE {guard} "
+            f"AND {released} IS NULL",
+            [cast(Field, field).get_db_prep_save(now, connection), *params], None,
+        ))  # fmt: skip
+
+    def inserted(self, model: type[JobEvent], rows: Sequence[JobEvent]) -> None:
+        """bulk_create's insert of `rows` (every column but the primary key, each value as the
+        field saves it), all of which must go in."""
+        fields = [f for f in model._meta.concrete_fields if not f.primary_key]
+        values = [
+            [f.get_db_prep_save(f.pre_save(row, True), connection) for row in rows] for f in fields
+        ]
+        names, size = tuple(f.name for f in fields), 0 if self.postgresql else len(rows)
+        params = (
+            values if self.postgresql else [v for row in zip(*values, strict=True) for v in row]
+        )
+        self.parts.append((_insert_sql(model, names, size), params, len(rows)))
 
     def run(self) -> None:
-        ctes = ", ".join(f"u{i} AS ({part})" for i, part in enumerate(self.parts))
+        if not self.postgresql:
+            with connection.cursor() as cursor:
+                for sql, params, count in self.parts:
+                    cursor.execute(sql, params)
+                    if count is not None and cursor.rowcount != count:
+                        raise BatchRefused
+            return
+        ctes = ", ".join(f"u{i} AS ({sql} RETURNING 1)" for i, (sql, _, _) in enumerate(self.parts))
         counts = ", ".join(f"(SELECT count(*) FROM u{i})" for i in range(len(self.parts)))
         with prepared_cursor() as cursor:
-            cursor.execute(f"WITH {ctes} SELECT {counts}", self.params)
+            cursor.execute(
+                f"WITH {ctes} SELECT {counts}", [p for _, params, _ in self.parts for p in params]
+            )
             changed = cursor.fetchone()
-        if any(
-            want is not None and got != want for want, got in zip(self.counts, changed, strict=True)
-        ):
+        wanted = [count for _, _, count in self.parts]
+        if any(want is not None and got != want for want, got in zip(wanted, changed, strict=True)):
             raise BatchRefused
 
-    def _update(self, model, rows: dict[str, list], match: list[str], where: str,
+    def _in(self, column: str, values: list) -> tuple[str, list]:
+        """`column` is one of `values`: one array parameter on PostgreSQL (the same text for any
+        count), a list of them on SQLite."""
+        if self.postgresql:
+            return f"{column} = ANY(%s)", [values]
+        return f"{column} IN ({', '.join(['%s'] * len(values))})", values
+
+    def _update(self, model, rows: dict[str, list], match: tuple[str, ...], where: str,
                 where_params: Sequence[Any], sets: dict[str, Any], *, count: int,
                 version_steps: int = 0) -> None:  # fmt: skip
-        quote = connection.ops.quote_name
-        fields = {name: model._meta.get_field(name) for name in rows}
+        meta = model._meta
+        row_values = [
+            [meta.get_field(name).get_db_prep_save(v, connection) for v in values]
+            for name, values in rows.items()
+        ]
+        set_values = [
+            meta.get_field(name).get_db_prep_save(v, connection) for name, v in sets.items()
+        ]
+        set_values = [v.value if isinstance(v, Enum) else v for v in set_values]  # a state's text
+        size = 0 if self.postgresql else count
+        sql = _update_sql(model, tuple(rows), match, where, tuple(sets), version_steps, size)
+        if self.postgresql:
+            params = [*set_values, *row_values, *where_params]
+        else:  # the VALUES, row by row, come after the SET's
+            params = [*set_values, *(v for row in zip(*row_values, strict=True) for v in row)]
+            params += where_params
+        self.parts.append((sql, params, count))
+
+
+# Each statement's text, written once for its shape (the same few on every call; on SQLite one
+# for each count of rows).
+
+
+@cache
+def _update_sql(model, rows: tuple[str, ...], match: tuple[str, ...], where: str,
+                sets: tuple[str, ...], version_steps: int, size: int) -> str:  # fmt: skip
+    """`_Writes._update`'s: `model`'s rows matched to the table `v` of the values `rows` names
+    (those in `match` matched, the others assigned; PostgreSQL: `unnest` of one array a column;
+    SQLite: `size` rows of VALUES), `sets` assigned, `where` the guard."""
+    quote = connection.ops.quote_name
+    fields = {name: model._meta.get_field(name) for name in rows}
+    columns = ", ".join(quote(f.column) for f in fields.values())
+    assigned = [f"{quote(model._meta.get_field(n).column)} = %s" for n in sets]
+    assigned += [f"{quote(fields[n].column)} = v.{quote(fields[n].column)}"
+                 for n in rows if n not in match]  # fmt: skip
+    if version_steps:
+        assigned.append(f"version = t.version + {int(version_steps)}")
+    joined = " AND ".join(f"t.{quote(fields[n].column)} = v.{quote(fields[n].column)}"
+                          for n in match)  # fmt: skip
+    update = f"UPDATE {quote(model._meta.db_table)} AS t SET {', '.join(assigned)}"
+    if connection.vendor == "postgresql":
         unnest = ", ".join(f"%s::{f.rel_db_type(connection)}[]" for f in fields.values())
-        columns = ", ".join(quote(f.column) for f in fields.values())
-        assigned = [f"{quote(model._meta.get_field(n).column)} = %s" for n in sets]
-        assigned += [f"{quote(fields[n].column)} = v.{quote(fields[n].column)}"
-                     for n in rows if n not in match]  # fmt: skip
-        if version_steps:
-            assigned.append(f"version = t.version + {int(version_steps)}")
-        joined = " AND ".join(f"t.{quote(fields[n].column)} = v.{quote(fields[n].column)}"
-                              for n in match)  # fmt: skip
-        self.parts.append(
-            f"UPDATE {quote(model._meta.db_table)} AS t SET {', '.join(assigned)} "
-            f"FROM unnest({unnest}) AS v({columns}) WHERE {joined} AND {where} RETURNING 1"
-        )
-        values = [v.value if isinstance(v, Enum) else v for v in sets.values()]  # a state's text
-        self.params += [*values, *rows.values(), *where_params]
-        self.counts.append(count)
+        return f"{update} FROM unnest({unnest}) AS v({columns}) WHERE {joined} AND {where}"
+    # (Not `WITH v AS (VALUES ...) UPDATE`: Python's sqlite3 counts the rows changed only for a
+    # statement that begins with the UPDATE.)
+    row = f"({', '.join(['%s'] * len(fields))})"
+    named = ", ".join(f"column{i} AS {quote(f.column)}" for i, f in enumerate(fields.values(), 1))
+    table = f"(SELECT {named} FROM (VALUES {', '.join([row] * size)}))"
+    return f"{update} FROM {table} AS v WHERE {joined} AND {where}"
 
 
-def _per_member(pids: list[tuple[ReportedMember, int]]):
-    """The members' pids as one update's value: a CASE on the member for several."""
-    if len(pids) == 1:
-        return pids[0][1]
-    return Case(*(When(pk=reported.member.pk, then=Value(pid)) for reported, pid in pids),
-                output_field=IntegerField())  # fmt: skip
+@cache
+def _insert_sql(model: type[JobEvent], names: tuple[str, ...], size: int) -> str:
+    """`_Writes.inserted`'s: rows of `model` (PostgreSQL: from `unnest` of one array a column;
+    SQLite: `size` rows of VALUES)."""
+    quote = connection.ops.quote_name
+    fields = [cast(Field, model._meta.get_field(name)) for name in names]
+    columns = ", ".join(quote(f.column) for f in fields)
+    insert = f"INSERT INTO {quote(model._meta.db_table)} ({columns})"
+    if connection.vendor == "postgresql":
+        unnest = ", ".join(f"%s::{f.db_type(connection)}[]" for f in fields)
+        return f"{insert} SELECT * FROM unnest({unnest})"
+    row = f"({', '.join(['%s'] * len(fields))})"
+    return f"{insert} VALUES {', '.join([row] * size)}"
 
 
-def _release_gpus(members: list[AttemptMember], now) -> None:
-    """The members' GPUs released, in one update: each is its attempt's only member (the rules
-    admit no gang), so all its attempt's GPUs are its own, on its node, and no join to the
-    GPUs' nodes is needed (member_finished's, for a gang's member)."""
-    GpuAllocation.objects.filter(
-        attempt_id__in=[member.attempt_id for member in members], released_at=None
-    ).update(released_at=now)
+def _events(moves: dict, **move: Any) -> list[JobEvent]:
+    """The audit events of `_by_actor`'s groups of job moves, each group's with its actor."""
+    return [event for (actor, _), pairs in moves.items()
+            for event in move_events(pairs, actor=actor, **move)]  # fmt: skip
 
 
 def _by_actor(members: Iterable[AttemptMember], key: Callable[[Job], bool]) -> dict:

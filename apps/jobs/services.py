@@ -19,12 +19,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from dataclasses import fields as dataclass_fields
 from datetime import timedelta
+from functools import cache
+from typing import cast
 
 from django.conf import settings
 from django.core.files import File
 from django.core.files.storage import default_storage
-from django.db import connection, transaction
-from django.db.models import F
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
+from django.db.models import F, Field, Model
 from django.utils import timezone
 
 from apps.jobs.models import (
@@ -57,8 +59,9 @@ from apps.jobs.transitions import (  # noqa: F401  (re-exported, as above)
     transition_job,
     trigger_dispatch,
 )
-from apps.nodes.models import GpuSku
+from apps.nodes.models import GpuSku, Node
 from apps.platform import events
+from apps.platform.db import prepared_cursor
 from apps.platform.errors import (  # callers import them from here too
     NotAllowed,
     QueueFull,
@@ -271,35 +274,124 @@ def lock_reported_members(
     their members. With `node_name`, only attempts with a member on that node are locked and
     only that node's members are returned (an agent's batch). Two statements for a whole batch
     (one on SQLite, whose write transactions run one at a time: there the transaction is the
-    lock, as for _lock_job_of)."""
-    ids = set(attempt_ids)
-    if connection.features.has_select_for_update:  # else (SQLite) the transaction is the lock
-        attempts = JobAttempt.objects.filter(pk__in=ids)
-        if node_name is not None:
-            attempts = attempts.filter(members__node__name=node_name)
-        list(
-            Job.objects.select_for_update()
-            .filter(pk__in=attempts.values("job_id"))
-            .order_by("pk")
-            .values_list("pk", flat=True)
-        )
-    rows = (
-        AttemptMember.objects.select_related("attempt__job", "node")
-        .filter(attempt_id__in=ids)
-        .order_by()  # grouped below: no ORDER BY joining the jobs
-    )
-    gangs: dict[int, list[AttemptMember]] = {}
-    for member in rows:
-        gang = gangs.setdefault(member.attempt_id, [])
-        if gang:
-            member.attempt = gang[0].attempt  # one attempt object per attempt
-        gang.append(member)
+    lock, as for _lock_job_of), each written once (`_ReportReads`) and prepared on PostgreSQL."""
+    ids = sorted(set(attempt_ids))
+    if not ids:
+        return {}
+    reads = _report_reads(connection.vendor)
+    with prepared_cursor() as cursor:
+        if connection.features.has_select_for_update:  # else (SQLite) the transaction is the lock
+            if node_name is None:
+                cursor.execute(reads.lock, [ids])
+            else:
+                cursor.execute(reads.lock_on_node, [ids, node_name])
+            cursor.fetchall()
+        cursor.execute(*reads.members(ids))
+        rows = cursor.fetchall()
+    db, gangs = connections[DEFAULT_DB_ALIAS], cast(dict[int, list[AttemptMember]], {})
+    for row in rows:
+        member = reads.member_of(row, gangs, db)
+        gangs.setdefault(member.attempt_id, []).append(member)
     return {
         (member.attempt_id, member.rank): ReportedMember(member=member, gang=tuple(gang))
         for gang in gangs.values()
         for member in gang
         if node_name is None or member.node.name == node_name
     }
+
+
+class _Columns:
+    """One model's columns in a hand-written SELECT under `alias`, and the instance back from
+    its slice of a row as the ORM builds it: the backend's and the field's converters, then
+    `Model.from_db` (as apps/admission/rows.py's Reader, which this app cannot import)."""
+
+    def __init__(self, model: type[Model], alias: str, start: int):
+        quote = connection.ops.quote_name
+        self.model, fields = model, list(model._meta.concrete_fields)
+        self.attnames = [f.attname for f in fields]
+        self.sql = ", ".join(f"{alias}.{quote(f.column)}" for f in fields)
+        self.slice = slice(start, start + len(fields))
+        self.converters = []  # (index in the slice, converters, the column they take)
+        for i, f in enumerate(fields):
+            column = f.get_col(alias)
+            found = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
+            if found:
+                self.converters.append((i, found, column))
+
+    def build(self, row: tuple, db) -> Model:
+        values = list(row[self.slice])
+        for i, found, column in self.converters:
+            for convert in found:
+                values[i] = convert(values[i], column, db)
+        return self.model.from_db(db.alias, self.attnames, values)
+
+
+class _ReportReads:
+    """lock_reported_members' statements, written once per backend from the models' metadata:
+    built by the ORM on every report call they cost the web more CPU than the rest of a quick
+    job's call (docs/bench/71-slurm-peer-notes.md, h38reports pass). Their text does not change
+    with the batch on PostgreSQL (the ids travel as one array), so psycopg prepares them."""
+
+    def __init__(self, vendor: str):
+        quote = connection.ops.quote_name
+        self.postgresql = vendor == "postgresql"
+
+        def table(model: type[Model]) -> str:
+            return quote(model._meta.db_table)
+
+        def col(model: type[Model], name: str) -> str:
+            return quote(cast(Field, model._meta.get_field(name)).column)
+
+        self.m = _Columns(AttemptMember, "m", 0)
+        self.a = _Columns(JobAttempt, "a", self.m.slice.stop)
+        self.j = _Columns(Job, "j", self.a.slice.stop)
+        self.n = _Columns(Node, "n", self.j.slice.stop)
+        member_attempt, job_id = col(AttemptMember, "attempt"), col(Job, "id")
+        self.attempt_at = self.m.attnames.index("attempt_id")
+        attempts = f"a.{col(JobAttempt, 'id')} = ANY(%s::bigint[])"
+        on_node = (
+            f"INNER JOIN {table(AttemptMember)} m ON m.{member_attempt} = a.{col(JobAttempt, 'id')} "
+            f"INNER JOIN {table(Node)} n ON n.{col(Node, 'id')} = m.{col(AttemptMember, 'node')} "
+        )
+        lock = (
+            f"SELECT {job_id} FROM {table(Job)} WHERE {job_id} IN (SELECT a.{col(JobAttempt, 'job')} "
+            f"FROM {table(JobAttempt)} a {{}}WHERE {attempts}{{}}) ORDER BY {job_id} FOR UPDATE"
+        )
+        self.lock = lock.format("", "")
+        self.lock_on_node = lock.format(on_node, f" AND n.{col(Node, 'name')} = %s")
+        self.select = (
+            f"SELECT {self.m.sql}, {self.a.sql}, {self.j.sql}, {self.n.sql} FROM {table(AttemptMember)} m "
+            f"INNER JOIN {table(JobAttempt)} a ON a.{col(JobAttempt, 'id')} = m.{member_attempt} "
+            f"INNER JOIN {table(Job)} j ON j.{job_id} = a.{col(JobAttempt, 'job')} "
+            f"INNER JOIN {table(Node)} n ON n.{col(Node, 'id')} = m.{col(AttemptMember, 'node')} "
+            f"WHERE m.{member_attempt} "
+        )
+
+    def members(self, ids: list[int]) -> tuple[str, list]:
+        """The members of these attempts with their attempts, jobs and nodes: the statement and
+        its parameters."""
+        if self.postgresql:
+            return f"{self.select}= ANY(%s::bigint[])", [ids]
+        return f"{self.select}IN ({', '.join(['%s'] * len(ids))})", ids
+
+    def member_of(self, row: tuple, gangs: dict[int, list[AttemptMember]], db) -> AttemptMember:
+        """The row's member, its node and its attempt (the gang's one attempt object, with its
+        job), related through the relations' descriptors."""
+        member = cast(AttemptMember, self.m.build(row, db))
+        gang = gangs.get(row[self.attempt_at])
+        if gang:
+            member.attempt = gang[0].attempt
+        else:
+            attempt = cast(JobAttempt, self.a.build(row, db))
+            attempt.job = cast(Job, self.j.build(row, db))
+            member.attempt = attempt
+        member.node = cast(Node, self.n.build(row, db))
+        return member
+
+
+@cache
+def _report_reads(vendor: str) -> _ReportReads:
+    return _ReportReads(vendor)
 
 
 def _reported(attempt_id: int, rank: int, token: str) -> ReportedMember | None:

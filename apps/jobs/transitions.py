@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from django.db.models import F, Q
+from django.db.models import F
 
 from apps.jobs.models import JOB_TERMINAL, Job, JobAttempt, JobEvent
 from apps.jobs.states import attempt_sources, check_attempt_move, check_job_move, job_sources
@@ -89,80 +89,60 @@ def transition_attempt(
 
 
 # --- the same move for several rows at once (a batch of agent reports) ---------------------------
+# The updates themselves are apps/jobs/batch_reports.py's (one statement for a group on PostgreSQL);
+# these are the objects', the events' and the ends' side of them.
 
 
 class BatchRefused(Exception):
     """A guarded update of several rows changed fewer than it named: one of them moved since it
-    was read. The caller rolls its savepoint back and applies the batch's items one by one."""
-
-
-def _as_read(rows: Iterable) -> Q:
-    """Each row at the version it was read at: the guard of transition_job, row by row."""
-    guard = Q()
-    for row in rows:
-        guard |= Q(pk=row.pk, version=row.version)
-    return guard
-
-
-def update_all(queryset, count: int, **fields) -> None:
-    """`queryset.update(**fields)`, which must change exactly `count` rows (else BatchRefused)."""
-    if queryset.update(**fields) != count:
-        raise BatchRefused
-
-
-def move_attempts(attempts: list[JobAttempt], *, to: str, expect: Iterable[str] | None = None,
-                  steps: int = 1, **fields) -> None:  # fmt: skip
-    """transition_attempt for each of `attempts` in one guarded update, every one or none
-    (BatchRefused; the rows then wait for the caller's rollback). The objects are left as read:
-    `moved` brings them up to date once the caller's whole batch has been written. `steps`: the
-    moves the update stands for (2: a start and an end written at once), each a version."""
-    expect = attempt_sources(to) if expect is None else tuple(expect)
-    check_attempt_move(expect, to)
-    rows = JobAttempt.objects.filter(_as_read(attempts), state__in=expect)
-    update_all(rows, len(attempts), state=to, version=F("version") + steps, **fields)
-
-
-def move_jobs(jobs: list[Job], *, to: str, expect: Iterable[str] | None = None, reason: str = "",
-              steps: int = 1, **fields) -> None:  # fmt: skip
-    """transition_job's guarded update for each of `jobs` in one statement, as move_attempts;
-    `moved_jobs` then records their events and emits their ends."""
-    expect = job_sources(to) if expect is None else tuple(expect)
-    check_job_move(expect, to)
-    if reason:
-        fields.setdefault("reason", reason[:300])
-    rows = Job.objects.filter(_as_read(jobs), state__in=expect)
-    update_all(rows, len(jobs), state=to, version=F("version") + steps, **fields)
+    was read (apps/jobs/batch_reports.py). The caller rolls its transaction back and applies the
+    batch's items one by one."""
 
 
 def moved(row, *, to: str, steps: int = 1, **fields) -> None:
-    """The object of a row that move_attempts or move_jobs moved, as the row is now."""
+    """The object of a row that a batch's guarded update moved (apps/jobs/batch_reports.py), as
+    the row is now: `steps` moves, each a version."""
     row.state, row.version = to, row.version + steps
     for name, value in fields.items():
         setattr(row, name, value)
 
 
+def _hops(from_state: str, to: str, reason: str,
+          through: tuple[str, str] | None) -> list[tuple[str, str, str]]:  # fmt: skip
+    """A move's (from, to, reason) steps: one, or two where it passed `through` a state."""
+    if through:
+        return [(from_state, through[0], through[1]), (through[0], to, reason)]
+    return [(from_state, to, reason)]
+
+
+def move_events(moves: list[tuple[Job, JobAttempt]], *, to: str, actor: str, reason: str = "",
+                through: tuple[str, str] | None = None) -> list[JobEvent]:  # fmt: skip
+    """The audit events (not yet saved) of moving each job of `moves` (as read, not yet moved)
+    to `to`, as transition_job records them. `through`: (a state, its move's reason) the jobs
+    pass on the way (a start and an end written at once): that move's event comes first, as if
+    written on its own."""
+    return [
+        new_event(
+            job, actor=actor, reason=why, from_state=from_state, to_state=to_state, attempt=attempt
+        )  # fmt: skip
+        for job, attempt in moves
+        for from_state, to_state, why in _hops(job.state, to, reason, through)
+    ]
+
+
 def moved_jobs(moves: list[tuple[Job, JobAttempt]], *, to: str, actor: str, reason: str = "",
                through: tuple[str, str] | None = None, **fields) -> None:  # fmt: skip
-    """After move_jobs (and the rest of the batch) succeeded: the objects as the rows are, the
-    audit events in one statement, the log lines, and JobEnded for each job that ended.
-    `through`: (a state, its move's reason) the jobs passed on the way (move_jobs with steps=2):
-    that move's event and log line come first, as if it had been written on its own."""
+    """After a batch's guarded update of the jobs and the moves' events (`move_events`) were
+    written: the objects as the rows are, the log lines, and JobEnded for each
+    job that ended. `through`: as for move_events, the log line of that move first."""
     if reason:
         fields.setdefault("reason", reason[:300])
-    events_ = []
     for job, attempt in moves:
-        hops = (
-            [(job.state, through[0], through[1]), (through[0], to, reason)]
-            if through
-            else [(job.state, to, reason)]
-        )
+        hops = _hops(job.state, to, reason, through)
         moved(job, to=to, steps=len(hops), **fields)
         for from_state, to_state, why in hops:
-            events_.append(new_event(job, actor=actor, reason=why, from_state=from_state,
-                                     to_state=to_state, attempt=attempt))  # fmt: skip
             job.state = to_state  # the log line's "->" names each hop's end
             log_move(job, from_state=from_state, actor=actor, reason=why, attempt=attempt)
-    JobEvent.objects.bulk_create(events_)
     if to in JOB_TERMINAL:
         for job, _ in moves:
             events.emit(events.JobEnded(job=job))

@@ -600,9 +600,9 @@ def test_a_calls_start_and_clean_end_of_one_job_cost_one_write_of_each_row_even_
     attempts = placed(cast, 4, {"h1": 4})
     client = bearer(issue_credential(node_name="h1")[1])
     batch = 4 if connection.vendor == "sqlite" else 5
-    # member, GPUs, attempt, job (on PostgreSQL one statement: batch_reports._AtOnce); events;
+    # member, GPUs, attempt, job, events (on PostgreSQL one statement: batch_reports._Writes);
     # dependents
-    ran = 6 if connection.vendor == "sqlite" else 3
+    ran = 6 if connection.vendor == "sqlite" else 2
     for group in (attempts[:1], attempts[1:]):
         reports = [item(a, "started", pid=7) for a in group]
         reports += [item(a, "finished", exit_code=0) for a in group]
@@ -618,11 +618,11 @@ def test_a_lone_start_and_a_lone_end_go_the_groups_way_without_a_savepoint(
     """A drain's other calls: a start whose job did not end within the agent's window, an end
     on its own. Each goes as a group of one: its writes and no savepoint, two statements fewer
     than its service (the start's 6 with the savepoint, the end's 8); on PostgreSQL its updates
-    are one statement (the start's 2 with its event, the end's 3 with its dependents' read)."""
+    and its events are one statement (the end's 2 with its dependents' read)."""
     (a,) = placed(cast, 1, {"h1": 1})
     client = bearer(issue_credential(node_name="h1")[1])
     batch = 4 if connection.vendor == "sqlite" else 5
-    start, end = (4, 6) if connection.vendor == "sqlite" else (2, 3)
+    start, end = (4, 6) if connection.vendor == "sqlite" else (1, 2)
     for report, writes in (
         (item(a, "started", pid=7), start),
         (item(a, "finished", exit_code=0), end),
@@ -762,7 +762,7 @@ def test_a_call_cut_short_after_its_writes_leaves_nothing_and_its_retry_everythi
     "connection.vendor != 'postgresql'", reason="prepared statements are PostgreSQL's"
 )
 def test_a_groups_one_statement_is_prepared_on_postgresql(cast):
-    """The group's updates travel as arrays, so their one statement (batch_reports._AtOnce) has
+    """The group's updates travel as arrays, so their one statement (batch_reports._Writes) has
     the same text for any group of its shape: psycopg prepares it on its 6th run
     (prepare_threshold 5) and the server stops parsing and planning it."""
     attempts = placed(cast, 7, {"h1": 4, "h2": 3})
