@@ -31,7 +31,7 @@ from apps.admission.models import QueuedCount
 from apps.jobs import queue_order
 from apps.jobs.models import Job, JobArray, JobEvent, JobTemplate
 from apps.nodes.models import GpuSku
-from apps.platform.db import NumberedStatement, prepared_cursor
+from apps.platform.db import NumberedStatement, Reader, convert, converters_of, prepared_cursor
 from apps.tenants.models import ApiToken, Membership, Quota, Tenant, Tier
 
 if TYPE_CHECKING:
@@ -49,42 +49,6 @@ def _db():
     """This thread's connection itself: each attribute read through `django.db.connection` (a
     proxy) looks the thread's connection up again, ~2 us, and a submit made dozens."""
     return connections[DEFAULT_DB_ALIAS]
-
-
-class Reader:
-    """One model's columns in a SELECT under `alias`, and how to turn them back into a row."""
-
-    def __init__(self, model: type[Model], alias: str):
-        self.model, self.alias = model, alias
-        self.fields = list(model._meta.concrete_fields)
-        self.attnames = [field.attname for field in self.fields]
-        self.columns = ", ".join(f"{_q(alias)}.{_q(field.column)}" for field in self.fields)
-        self.converters = [_converters(field, alias) for field in self.fields]
-        self.width = len(self.fields)
-        self.pk_index = self.fields.index(model._meta.pk)
-
-    def build(self, values) -> Model | None:
-        """The instance from this model's slice of a row (None for the NULLs of an outer join)."""
-        if values[self.pk_index] is None:
-            return None
-        db = _db()
-        converted = [
-            _convert(value, c, db) for value, c in zip(values, self.converters, strict=True)
-        ]
-        return self.model.from_db(db.alias, self.attnames, converted)
-
-
-def _converters(field, alias: str) -> tuple[list, object]:
-    """A column's converters (the backend's, then the field's), with the expression they take."""
-    column = field.get_col(alias)
-    return connection.ops.get_db_converters(column) + column.get_db_converters(connection), column
-
-
-def _convert(value, converters: tuple[list, object], db):
-    found, column = converters
-    for convert in found:
-        value = convert(value, column, db)
-    return value
 
 
 _PLAIN = {"CharField", "SlugField", "TextField", "BooleanField", "FloatField", "IntegerField",
@@ -275,8 +239,8 @@ def _statements(vendor: str) -> dict:
             f"SELECT NULL, NULL, COALESCE(SUM({counted}), 0), NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM {counts}"
         ),
         "queue_converters": [
-            _converters(Job._meta.pk, "j"),
-            _converters(Job._meta.get_field("created_at"), "j"),
+            converters_of(Job._meta.pk, "j"),
+            converters_of(Job._meta.get_field("created_at"), "j"),
         ],
         "tiers": f"SELECT {col(Tier, 'id')}, {col(Tier, 'level')}, {col(Tier, 'rank')} FROM {_q(tier.db_table)}",
         "job": jobs,
@@ -484,7 +448,7 @@ def queue_window(moment, seen: set | frozenset = frozenset()) -> tuple[list[tupl
 
 def _queue_rows(found: list[tuple], s: dict) -> list[tuple]:
     """The id as a UUID and created_at aware, as the ORM gives them back. The fields' converters
-    (`_convert`) cost ~8 us a row (a settings lookup and `make_aware` each), most of loading a
+    (`convert`) cost ~8 us a row (a settings lookup and `make_aware` each), most of loading a
     1,000-job queue, so the two conversions are done here directly; test_rows.py compares."""
     if not found:
         return []
@@ -502,10 +466,10 @@ def _queue_rows(found: list[tuple], s: dict) -> list[tuple]:
         if naive:
             when = when.replace(tzinfo=zone)
         elif not isinstance(when, datetime):
-            when = _convert(when, created_conv, db)
+            when = convert(when, created_conv, db)
         out.append(
             (
-                uuid.UUID(row[0]) if to_uuid else _convert(row[0], pk_conv, db),
+                uuid.UUID(row[0]) if to_uuid else convert(row[0], pk_conv, db),
                 *row[1:8],
                 when,
                 *row[9:],

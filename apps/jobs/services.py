@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from dataclasses import fields as dataclass_fields
 from datetime import timedelta
 from functools import cache
+from itertools import accumulate
 from typing import cast
 
 from django.conf import settings
@@ -61,7 +62,7 @@ from apps.jobs.transitions import (  # noqa: F401  (re-exported, as above)
 )
 from apps.nodes.models import GpuSku, Node
 from apps.platform import events
-from apps.platform.db import prepared_cursor
+from apps.platform.db import Reader, prepared_cursor
 from apps.platform.errors import (  # callers import them from here too
     NotAllowed,
     QueueFull,
@@ -300,32 +301,6 @@ def lock_reported_members(
     }
 
 
-class _Columns:
-    """One model's columns in a hand-written SELECT under `alias`, and the instance back from
-    its slice of a row as the ORM builds it: the backend's and the field's converters, then
-    `Model.from_db` (as apps/admission/rows.py's Reader, which this app cannot import)."""
-
-    def __init__(self, model: type[Model], alias: str, start: int):
-        quote = connection.ops.quote_name
-        self.model, fields = model, list(model._meta.concrete_fields)
-        self.attnames = [f.attname for f in fields]
-        self.sql = ", ".join(f"{alias}.{quote(f.column)}" for f in fields)
-        self.slice = slice(start, start + len(fields))
-        self.converters = []  # (index in the slice, converters, the column they take)
-        for i, f in enumerate(fields):
-            column = f.get_col(alias)
-            found = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
-            if found:
-                self.converters.append((i, found, column))
-
-    def build(self, row: tuple, db) -> Model:
-        values = list(row[self.slice])
-        for i, found, column in self.converters:
-            for convert in found:
-                values[i] = convert(values[i], column, db)
-        return self.model.from_db(db.alias, self.attnames, values)
-
-
 class _ReportReads:
     """lock_reported_members' statements, written once per backend from the models' metadata:
     built by the ORM on every report call they cost the web more CPU than the rest of a quick
@@ -342,10 +317,11 @@ class _ReportReads:
         def col(model: type[Model], name: str) -> str:
             return quote(cast(Field, model._meta.get_field(name)).column)
 
-        self.m = _Columns(AttemptMember, "m", 0)
-        self.a = _Columns(JobAttempt, "a", self.m.slice.stop)
-        self.j = _Columns(Job, "j", self.a.slice.stop)
-        self.n = _Columns(Node, "n", self.j.slice.stop)
+        self.m, self.a = Reader(AttemptMember, "m"), Reader(JobAttempt, "a")
+        self.j, self.n = Reader(Job, "j"), Reader(Node, "n")
+        # each model's slice of a row: the select's columns are m's, a's, j's, then n's
+        stops = list(accumulate(r.width for r in (self.m, self.a, self.j, self.n)))
+        self.slices = [slice(b, e) for b, e in zip([0, *stops], stops, strict=False)]
         member_attempt, job_id = col(AttemptMember, "attempt"), col(Job, "id")
         self.attempt_at = self.m.attnames.index("attempt_id")
         attempts = f"a.{col(JobAttempt, 'id')} = ANY(%s::bigint[])"
@@ -360,7 +336,7 @@ class _ReportReads:
         self.lock = lock.format("", "")
         self.lock_on_node = lock.format(on_node, f" AND n.{col(Node, 'name')} = %s")
         self.select = (
-            f"SELECT {self.m.sql}, {self.a.sql}, {self.j.sql}, {self.n.sql} FROM {table(AttemptMember)} m "
+            f"SELECT {self.m.columns}, {self.a.columns}, {self.j.columns}, {self.n.columns} FROM {table(AttemptMember)} m "
             f"INNER JOIN {table(JobAttempt)} a ON a.{col(JobAttempt, 'id')} = m.{member_attempt} "
             f"INNER JOIN {table(Job)} j ON j.{job_id} = a.{col(JobAttempt, 'job')} "
             f"INNER JOIN {table(Node)} n ON n.{col(Node, 'id')} = m.{col(AttemptMember, 'node')} "
@@ -377,15 +353,16 @@ class _ReportReads:
     def member_of(self, row: tuple, gangs: dict[int, list[AttemptMember]], db) -> AttemptMember:
         """The row's member, its node and its attempt (the gang's one attempt object, with its
         job), related through the relations' descriptors."""
-        member = cast(AttemptMember, self.m.build(row, db))
+        m, a, j, n = self.slices
+        member = cast(AttemptMember, self.m.build(row[m], db))
         gang = gangs.get(row[self.attempt_at])
         if gang:
             member.attempt = gang[0].attempt
         else:
-            attempt = cast(JobAttempt, self.a.build(row, db))
-            attempt.job = cast(Job, self.j.build(row, db))
+            attempt = cast(JobAttempt, self.a.build(row[a], db))
+            attempt.job = cast(Job, self.j.build(row[j], db))
             member.attempt = attempt
-        member.node = cast(Node, self.n.build(row, db))
+        member.node = cast(Node, self.n.build(row[n], db))
         return member
 
 

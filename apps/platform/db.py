@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db.models import Model
 
 
 def prepared_cursor(db=None):
@@ -68,3 +69,43 @@ class NumberedStatement:
         with cursor:
             cursor.execute(sql, params)
             return cursor.fetchone()
+
+
+class Reader:
+    """One model's columns in a hand-written SELECT under `alias`, and the instance back from its
+    slice of a row as the ORM builds it: the backend's and the field's converters, then
+    `Model.from_db` (apps/admission/rows.py's submit reads, apps/jobs/services.py's report reads)."""
+
+    def __init__(self, model: type[Model], alias: str):
+        quote = connection.ops.quote_name
+        self.model, self.alias = model, alias
+        self.fields = list(model._meta.concrete_fields)
+        self.attnames = [field.attname for field in self.fields]
+        self.columns = ", ".join(f"{quote(alias)}.{quote(field.column)}" for field in self.fields)
+        self.converters = [converters_of(field, alias) for field in self.fields]
+        self.width = len(self.fields)
+        self.pk_index = self.fields.index(model._meta.pk)
+
+    def build(self, values, db=None) -> Model | None:
+        """The instance from this model's slice of a row (None for the NULLs of an outer join).
+        `db`: the connection the row came from (default: this thread's for the default alias)."""
+        if values[self.pk_index] is None:
+            return None
+        db = db or connections[DEFAULT_DB_ALIAS]
+        converted = [
+            convert(value, c, db) for value, c in zip(values, self.converters, strict=True)
+        ]
+        return self.model.from_db(db.alias, self.attnames, converted)
+
+
+def converters_of(field, alias: str) -> tuple[list, object]:
+    """A column's converters (the backend's, then the field's), with the expression they take."""
+    column = field.get_col(alias)
+    return connection.ops.get_db_converters(column) + column.get_db_converters(connection), column
+
+
+def convert(value, converters: tuple[list, object], db):
+    found, column = converters
+    for converter in found:
+        value = converter(value, column, db)
+    return value
