@@ -765,11 +765,16 @@ def test_a_groups_one_statement_is_prepared_on_postgresql(cast):
     """The group's updates travel as arrays, so their one statement (batch_reports._Writes) has
     the same text for any group of its shape: psycopg prepares it on its 6th run
     (prepare_threshold 5) and the server stops parsing and planning it."""
+    statements = prepared_after_seven_starts(cast)
+    assert any('WITH u0 AS (UPDATE "jobs_attemptmember"' in s for s in statements), statements
+
+
+def prepared_after_seven_starts(cast) -> list[str]:
+    """The server's prepared statements after seven lone starts, each in its own report call."""
     attempts = placed(cast, 7, {"h1": 4, "h2": 3})
     for a in attempts:
         node = AttemptMember.objects.get(attempt=a).node.name
         assert post(node, [item(a, "started", pid=7)]) == [{"status": 200, "accepted": True}]
     with connection.cursor() as cursor:
         cursor.execute("SELECT statement FROM pg_prepared_statements")
-        statements = [statement for (statement,) in cursor.fetchall()]
-    assert any('WITH u0 AS (UPDATE "jobs_attemptmember"' in s for s in statements), statements
+        return [statement for (statement,) in cursor.fetchall()]

@@ -13,7 +13,13 @@ from apps.jobs import services
 from apps.jobs.models import AttemptMember, Job, JobAttempt
 from apps.nodes.models import Node
 from tests.factories import make_node
-from tests.unit.test_agent_batches import cast, item, placed, post  # noqa: F401 (a fixture)
+from tests.unit.test_agent_batches import (  # noqa: F401 (cast: a fixture)
+    cast,
+    item,
+    placed,
+    post,
+    prepared_after_seven_starts,
+)
 from tests.unit.test_dispatcher import dispatch_once, submit
 
 
@@ -88,13 +94,7 @@ def test_a_job_changed_by_the_read_objects_saves_as_an_orm_read_one_would(cast):
 def test_the_reports_lock_and_read_are_prepared_on_postgresql(cast):  # noqa: F811
     """Their text is the same for any batch (the ids travel as one array): psycopg prepares them
     on their 6th run and the server stops parsing and planning them."""
-    attempts = placed(cast, 7, {"h1": 4, "h2": 3})
-    for a in attempts:
-        node = AttemptMember.objects.get(attempt=a).node.name
-        assert post(node, [item(a, "started", pid=7)]) == [{"status": 200, "accepted": True}]
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT statement FROM pg_prepared_statements")
-        statements = [statement for (statement,) in cursor.fetchall()]
+    statements = prepared_after_seven_starts(cast)
     assert any("FOR UPDATE" in s and '"jobs_job"' in s for s in statements), statements
     assert any('FROM "jobs_attemptmember" m' in s for s in statements), statements
 
