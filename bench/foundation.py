@@ -14,9 +14,11 @@ import concurrent.futures
 import contextlib
 import os
 import pathlib
+import signal
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from datetime import datetime
 
@@ -35,7 +37,11 @@ def percentile(values: list[float], q: float) -> float:
 
 @contextlib.contextmanager
 def running_platform(data_dir: pathlib.Path, nodes: dict, name: str):
-    """A whole platform for one measurement, stopped (with its embedded Redis) afterwards."""
+    """A whole platform for one measurement, stopped (with its embedded Redis) afterwards, also
+    when the bench is stopped by SIGTERM (`timeout`, a CI's cancel): Python's default for it
+    ends the process without unwinding, and the platform's processes ran on, loading the next
+    runs' pairs (docs/bench/71-slurm-peer-notes.md, the fifth session's passes)."""
+    stop_on_sigterm()
     platform, redis_server = start_platform(data_dir, nodes, name)
     try:
         yield platform
@@ -44,6 +50,17 @@ def running_platform(data_dir: pathlib.Path, nodes: dict, name: str):
         if redis_server:
             redis_server.stop()
             os.environ.pop("REDIS_URL", None)
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM raises SystemExit (in the main thread), so that `finally` blocks run."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second one ends the bench at once
+    raise SystemExit(128 + signum)
 
 
 def all_jobs(platform):
