@@ -31,9 +31,8 @@ class Run:
     exit_code: int | None = None
     finished: bool = False
     reported_progress: tuple | None = None
-    log_size: int = (
-        0  # of its log when last synced: an empty one has nothing to send before the end
-    )
+    # Its log's size when last synced: an empty log has nothing to send before the end.
+    log_size: int = 0
     launch_error: str = ""
     start_reported: bool = False  # its end is reported only after its start
     extra: dict = field(default_factory=dict)
