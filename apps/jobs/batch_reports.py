@@ -141,7 +141,8 @@ def members_finished_together(finished: list[ReportedMember]) -> None:
         for member in members:
             member.state, member.exit_code, member.ended_at = AttemptState.SUCCEEDED, 0, now
             moved(member.attempt, to=AttemptState.SUCCEEDED, ended_at=now, reason="", exit_code=0)
-        with dependencies.decided_together():  # one read finds the dependents of them all
+        # One read finds the dependents of them all, none for the jobs read as awaited by none.
+        with dependencies.decided_together(unawaited=_unawaited(finished)):
             for (actor, _), pairs in moves.items():
                 moved_jobs(pairs, to=JobState.SUCCEEDED, actor=actor, reason=reason, **ended)
         trigger_dispatch()
@@ -192,7 +193,7 @@ def members_ran_together(ran: list[tuple[ReportedMember, int]]) -> None:
             member.state, member.pid, member.started_at = AttemptState.SUCCEEDED, pid, now
             member.exit_code, member.ended_at = 0, now
             moved(member.attempt, to=AttemptState.SUCCEEDED, steps=2, **attempt_fields)
-        with dependencies.decided_together():
+        with dependencies.decided_together(unawaited=_unawaited(r for r, _ in ran)):
             for (actor, fresh), pairs in moves.items():
                 fields: dict[str, Any] = {"started_at": now} if fresh else {}
                 moved_jobs(pairs, to=JobState.SUCCEEDED, actor=actor, reason=reason,
@@ -368,6 +369,12 @@ def _events(moves: dict, **move: Any) -> list[JobEvent]:
     """The audit events of `_by_actor`'s groups of job moves, each group's with its actor."""
     return [event for (actor, _), pairs in moves.items()
             for event in move_events(pairs, actor=actor, **move)]  # fmt: skip
+
+
+def _unawaited(reported: Iterable[ReportedMember]) -> set:
+    """The ids of the jobs of `reported` that no pending dependency waits on, as read with them
+    (services.ReportedMember.awaited): their ends need not look for dependents."""
+    return {r.member.attempt.job_id for r in reported if not r.awaited}
 
 
 def _by_actor(members: Iterable[AttemptMember], key: Callable[[Job], bool]) -> dict:

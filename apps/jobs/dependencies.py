@@ -45,7 +45,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -419,23 +419,28 @@ def _drain(item) -> None:
 
 
 @contextmanager
-def decided_together() -> Iterator[None]:
+def decided_together(*, unawaited: Collection = ()) -> Iterator[None]:
     """Within the block (in the caller's transaction), the ends of parents are queued and decided
     when it ends, those of consecutive jobs with one read for all of them: a batch of agent
     reports ending many jobs, almost none of them anyone's parent (apps/jobs/batch_reports.py).
-    If the block raises, nothing is decided (its transaction or savepoint is rolled back)."""
+    `unawaited`: the ids of jobs that no pending dependency waits on, as read after their row
+    locks in this transaction (apps/jobs/services.py `ReportedMember.awaited`): none can be added
+    before it ends (a submit locks a parent before writing a dependency on it, and a requeue,
+    which reopens them, moves the parent's row), so their ends read nothing for their own
+    dependents (a task's array's still are). If the block raises, nothing is decided (its
+    transaction or savepoint is rolled back)."""
     if getattr(_local, "queue", None) is not None:  # inside a drain already: it decides them
         yield
         return
     _local.queue = queue = deque[tuple[str, object]]()
     try:
         yield
-        _decide_queued(queue)
+        _decide_queued(queue, frozenset(unawaited))
     finally:
         _local.queue = None
 
 
-def _decide_queued(queue: deque) -> None:
+def _decide_queued(queue: deque, unawaited: frozenset = frozenset()) -> None:
     while queue:
         kind, what = queue.popleft()
         if kind != "job":
@@ -444,30 +449,37 @@ def _decide_queued(queue: deque) -> None:
         parents = [what]
         while queue and queue[0][0] == "job":
             parents.append(queue.popleft()[1])
-        parents_ended(parents)
+        parents_ended(parents, unawaited=unawaited)
 
 
-def parents_ended(parents: list[Job]) -> None:
+def parents_ended(parents: list[Job], *, unawaited: frozenset = frozenset()) -> None:
     """parent_ended for each of `parents`, in order; for more than one, one read of the
     (parent, state) index first, and only the parents it finds waited for (or tasks of an
-    array, whose array's dependents may be decided) are looked at one by one."""
+    array, whose array's dependents may be decided) are looked at one by one. The jobs in
+    `unawaited` (`decided_together`) are known to be waited for by none: not read."""
+    parents = [p for p in parents if p.pk not in unawaited or p.array_id is not None]
     if len(parents) > 1:
         waited = set(
             JobDependency.objects.filter(
-                parent_job_id__in=[p.pk for p in parents], state=PENDING
-            ).values_list("parent_job_id", flat=True)
+                parent_job_id__in=[p.pk for p in parents if p.pk not in unawaited], state=PENDING
+            )
+            .order_by()
+            .values_list("parent_job_id", flat=True)
         )
         parents = [p for p in parents if p.pk in waited or p.array_id is not None]
     for parent in parents:
-        parent_ended(parent)
+        parent_ended(parent, awaited=parent.pk not in unawaited)
 
 
-def parent_ended(parent: Job) -> int:
+def parent_ended(parent: Job, *, awaited: bool = True) -> int:
     """Decide the pending dependencies on `parent` (ended), and for a task of an array those on
     its array that its end decides; settle their dependents. One read of the (parent, state)
-    index finds none for almost every job. Returns the dependencies decided."""
-    decided = _decide(JobDependency.objects.filter(parent_job_id=parent.pk, state=PENDING),
-                      lambda condition: verdict(condition, parent.state))  # fmt: skip
+    index finds none for almost every job; none where `awaited` is False (no pending
+    dependency waits on it: `decided_together`). Returns the dependencies decided."""
+    decided = 0
+    if awaited:
+        decided = _decide(JobDependency.objects.filter(parent_job_id=parent.pk, state=PENDING),
+                          lambda condition: verdict(condition, parent.state))  # fmt: skip
     if parent.array_id is not None:
         decided += _task_of_parent_array_ended(parent)
     return decided
@@ -475,7 +487,7 @@ def parent_ended(parent: Job) -> int:
 
 def _task_of_parent_array_ended(task: Job) -> int:
     pending = JobDependency.objects.filter(parent_array_id=task.array_id, state=PENDING)
-    rows = list(pending.values_list("pk", "job_id", "array_id", "condition"))
+    rows = list(pending.order_by().values_list("pk", "job_id", "array_id", "condition"))
     if not rows:
         return 0
     # Task i of an aftercorr parent: task i of each dependent array, if it is a row already
@@ -516,7 +528,8 @@ def array_ended(array_id) -> int:
 def _decide(pending, decide) -> int:
     """Mark each of `pending` as `decide(condition)` says, then settle the dependents of those
     decided (jobs: failed, held, or released in one statement; arrays: `settle_array`)."""
-    rows = list(pending.values_list("pk", "job_id", "array_id", "condition"))
+    # .order_by(): Meta's ordering (by the dependent job) joined the jobs table for nothing.
+    rows = list(pending.order_by().values_list("pk", "job_id", "array_id", "condition"))
     if not rows:
         return 0
     now = timezone.now()

@@ -38,9 +38,11 @@ from apps.jobs.models import (
     Artifact,
     AttemptMember,
     AttemptState,
+    DependencyState,
     GpuAllocation,
     Job,
     JobAttempt,
+    JobDependency,
     JobEvent,
     JobState,
     JobTemplate,
@@ -260,10 +262,17 @@ class ReportedMember:
     lock, in the transaction that changes it, with its attempt, job and node; beside it every
     member of its attempt (`gang`, itself included, sharing one attempt object), so a gang's start
     or end is decided without another read. The services keep these objects current as they
-    change the rows, so the next report of the same batch sees what the last one did."""
+    change the rows, so the next report of the same batch sees what the last one did.
+
+    `awaited`: whether a pending dependency waits on its job (the job as a parent, docs/
+    pipelines.md), as read in the same statement. Read after the job's lock, it holds until the
+    transaction ends: a submit locks a parent before it writes a dependency on it, and a parent's
+    requeue (which reopens them) moves its row (apps/jobs/dependencies.py). A batch's ends
+    skip the dependents' read for the jobs no dependency waits on (apps/jobs/batch_reports.py)."""
 
     member: AttemptMember
     gang: tuple[AttemptMember, ...]
+    awaited: bool = True
 
 
 def lock_reported_members(
@@ -290,11 +299,16 @@ def lock_reported_members(
         cursor.execute(*reads.members(ids))
         rows = cursor.fetchall()
     db, gangs = connections[DEFAULT_DB_ALIAS], cast(dict[int, list[AttemptMember]], {})
+    awaited: set[int] = set()  # the attempts whose job a pending dependency waits on
     for row in rows:
         member = reads.member_of(row, gangs, db)
         gangs.setdefault(member.attempt_id, []).append(member)
+        if row[-1]:
+            awaited.add(member.attempt_id)
     return {
-        (member.attempt_id, member.rank): ReportedMember(member=member, gang=tuple(gang))
+        (member.attempt_id, member.rank): ReportedMember(
+            member=member, gang=tuple(gang), awaited=member.attempt_id in awaited
+        )
         for gang in gangs.values()
         for member in gang
         if node_name is None or member.node.name == node_name
@@ -335,8 +349,14 @@ class _ReportReads:
         )
         self.lock = lock.format("", "")
         self.lock_on_node = lock.format(on_node, f" AND n.{col(Node, 'name')} = %s")
+        # Last, whether a pending dependency waits on the job (the index on its parent and state).
+        awaited = (
+            f"EXISTS (SELECT 1 FROM {table(JobDependency)} d WHERE d.{col(JobDependency, 'parent_job')}"
+            f" = j.{job_id} AND d.{col(JobDependency, 'state')} = %s)"
+        )
         self.select = (
-            f"SELECT {self.m.columns}, {self.a.columns}, {self.j.columns}, {self.n.columns} FROM {table(AttemptMember)} m "
+            f"SELECT {self.m.columns}, {self.a.columns}, {self.j.columns}, {self.n.columns}, "
+            f"{awaited} FROM {table(AttemptMember)} m "
             f"INNER JOIN {table(JobAttempt)} a ON a.{col(JobAttempt, 'id')} = m.{member_attempt} "
             f"INNER JOIN {table(Job)} j ON j.{job_id} = a.{col(JobAttempt, 'job')} "
             f"INNER JOIN {table(Node)} n ON n.{col(Node, 'id')} = m.{col(AttemptMember, 'node')} "
@@ -344,11 +364,12 @@ class _ReportReads:
         )
 
     def members(self, ids: list[int]) -> tuple[str, list]:
-        """The members of these attempts with their attempts, jobs and nodes: the statement and
-        its parameters."""
+        """The members of these attempts with their attempts, jobs and nodes, and whether a
+        pending dependency waits on the job: the statement and its parameters."""
+        pending = str(DependencyState.PENDING)
         if self.postgresql:
-            return f"{self.select}= ANY(%s::bigint[])", [ids]
-        return f"{self.select}IN ({', '.join(['%s'] * len(ids))})", ids
+            return f"{self.select}= ANY(%s::bigint[])", [pending, ids]
+        return f"{self.select}IN ({', '.join(['%s'] * len(ids))})", [pending, *ids]
 
     def member_of(self, row: tuple, gangs: dict[int, list[AttemptMember]], db) -> AttemptMember:
         """The row's member, its node and its attempt (the gang's one attempt object, with its
