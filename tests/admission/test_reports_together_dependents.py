@@ -30,8 +30,10 @@ def report_all(ids: list[str]) -> None:
 
 
 def test_a_batch_that_ends_a_parent_among_others_decides_its_dependents(as_user):
+    """The fourth job is nobody's parent: the members' read says so and its end reads no
+    dependents (apps/jobs/services.py `ReportedMember.awaited`); the others' are decided."""
     bob = as_user("bob")
-    parents = [submit(bob) for _ in range(3)]
+    parents = [submit(bob) for _ in range(4)]
     released = submit(bob, depends_on=[{"job": parents[1], "condition": "afterok"}])
     failed = submit(bob, depends_on=[{"job": parents[2], "condition": "afternotok"}])
     waiting = submit(bob, depends_on=[{"job": parents[0], "condition": "afterok"},

@@ -10,7 +10,7 @@ import pytest
 from django.db import connection, transaction
 
 from apps.jobs import services
-from apps.jobs.models import AttemptMember, Job, JobAttempt
+from apps.jobs.models import AttemptMember, Job, JobAttempt, JobDependency
 from apps.nodes.models import Node
 from tests.factories import make_node
 from tests.unit.test_agent_batches import (  # noqa: F401 (cast: a fixture)
@@ -86,6 +86,24 @@ def test_a_job_changed_by_the_read_objects_saves_as_an_orm_read_one_would(cast):
     job.save(update_fields=["name"])
     assert Job.objects.get(pk=job.pk).name == "renamed"
     assert Node.objects.filter(name=reported.member.node.name).count() == 1
+
+
+def test_the_read_says_whether_a_pending_dependency_waits_on_the_job(cast):  # noqa: F811
+    """`awaited`: a pending dependency on the job (as a parent) at the read; a decided one, or
+    one on another job, does not count. A batch's ends read no dependents for the others."""
+    waited, decided, alone = placed(cast, 3, {"h1": 3})
+    dependent = submit(cast)
+    JobDependency.objects.create(job=dependent, parent_job_id=waited.job_id, condition="afterok")
+    JobDependency.objects.create(job=dependent, parent_job_id=decided.job_id, position=1,
+                                 condition="afterany", state="satisfied")  # fmt: skip
+    ids = [waited.pk, decided.pk, alone.pk]
+    with transaction.atomic():
+        read = services.lock_reported_members(attempt_ids=ids, node_name="h1")
+    assert {a: read[(a, 0)].awaited for a in ids} == {
+        waited.pk: True,
+        decided.pk: False,
+        alone.pk: False,
+    }
 
 
 @pytest.mark.skipif(
