@@ -27,7 +27,7 @@ from functools import cache
 from typing import Any, cast
 
 from django.conf import settings
-from django.db import DatabaseError, connection, transaction
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, connections, transaction
 from django.db.models import Field
 from django.utils import timezone
 
@@ -215,7 +215,10 @@ class _Writes:
     caller's rollback of the whole call (`_together`)."""
 
     def __init__(self) -> None:
-        self.postgresql = connection.vendor == "postgresql"
+        # This thread's connection itself, not `connection` (a proxy that looks it up again on
+        # every attribute read: each value's conversion reads it).
+        self.db = connections[DEFAULT_DB_ALIAS]
+        self.postgresql = self.db.vendor == "postgresql"
         self.parts: list[tuple[str, list, int | None]] = []  # statement, parameters, rows it
         # must change (None: any)
 
@@ -248,13 +251,13 @@ class _Writes:
         """The members' GPUs released: each is its attempt's only member (the rules admit no
         gang), so all its attempt's GPUs are its own, on its node, and no join to the GPUs'
         nodes is needed (member_finished's, for a gang's member). Its count is not checked."""
-        quote, field = connection.ops.quote_name, GpuAllocation._meta.get_field("released_at")
+        quote, field = self.db.ops.quote_name, GpuAllocation._meta.get_field("released_at")
         released = quote(cast(Field, field).column)
         guard, params = self._in("attempt_id", [m.attempt_id for m in members])
         self.parts.append((
             f"UPDATE {quote(GpuAllocation._meta.db_table)} SET {released} = %s WHERE {guard} "
             f"AND {released} IS NULL",
-            [cast(Field, field).get_db_prep_save(now, connection), *params], None,
+            [cast(Field, field).get_db_prep_save(now, self.db), *params], None,
         ))  # fmt: skip
 
     def inserted(self, model: type[JobEvent], rows: Sequence[JobEvent]) -> None:
@@ -262,7 +265,7 @@ class _Writes:
         field saves it), all of which must go in."""
         fields = [f for f in model._meta.concrete_fields if not f.primary_key]
         values = [
-            [f.get_db_prep_save(f.pre_save(row, True), connection) for row in rows] for f in fields
+            [f.get_db_prep_save(f.pre_save(row, True), self.db) for row in rows] for f in fields
         ]
         names, size = tuple(f.name for f in fields), 0 if self.postgresql else len(rows)
         params = (
@@ -272,7 +275,7 @@ class _Writes:
 
     def run(self) -> None:
         if not self.postgresql:
-            with connection.cursor() as cursor:
+            with self.db.cursor() as cursor:
                 for sql, params, count in self.parts:
                     cursor.execute(sql, params)
                     if count is not None and cursor.rowcount != count:
@@ -280,7 +283,7 @@ class _Writes:
             return
         ctes = ", ".join(f"u{i} AS ({sql} RETURNING 1)" for i, (sql, _, _) in enumerate(self.parts))
         counts = ", ".join(f"(SELECT count(*) FROM u{i})" for i in range(len(self.parts)))
-        with prepared_cursor() as cursor:
+        with prepared_cursor(self.db) as cursor:
             cursor.execute(
                 f"WITH {ctes} SELECT {counts}", [p for _, params, _ in self.parts for p in params]
             )
@@ -301,12 +304,10 @@ class _Writes:
                 version_steps: int = 0) -> None:  # fmt: skip
         meta = model._meta
         row_values = [
-            [meta.get_field(name).get_db_prep_save(v, connection) for v in values]
+            [meta.get_field(name).get_db_prep_save(v, self.db) for v in values]
             for name, values in rows.items()
         ]
-        set_values = [
-            meta.get_field(name).get_db_prep_save(v, connection) for name, v in sets.items()
-        ]
+        set_values = [meta.get_field(name).get_db_prep_save(v, self.db) for name, v in sets.items()]
         set_values = [v.value if isinstance(v, Enum) else v for v in set_values]  # a state's text
         size = 0 if self.postgresql else count
         sql = _update_sql(model, tuple(rows), match, where, tuple(sets), version_steps, size)
