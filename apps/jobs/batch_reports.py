@@ -11,9 +11,10 @@ call) is rolled back and run again with each report applied alone, through the s
 savepoint of its own: refusals are rare (none in a drain), a savepoint is two round trips each
 group on PostgreSQL. The statements are written once for their shape (`_Writes`), the same on
 both backends but for how the rows travel; on PostgreSQL a group's updates and its events' insert
-are one statement: a quick job's start and end take the call's lock, its read, that statement and
-the dependents' read (6 statements with BEGIN and COMMIT, 12 before). The objects change only
-once all was written.
+are one statement: a quick job's start and end take the call's lock, its read, and that statement
+(5 statements with BEGIN and COMMIT, 12 before; the read says whether a dependency waits on each
+job, so the ends of the jobs none waits on read no dependents). The objects change only once all
+was written.
 """
 
 from __future__ import annotations

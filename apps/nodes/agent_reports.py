@@ -189,7 +189,8 @@ def _check(serializer_class: type[serializers.Serializer]) -> serializers.Serial
     job's call went on making three a call). `run_validation` keeps nothing on the instance (no
     `is_valid`, no `initial_data`, `validated_data` or `errors`); the fields are bound here,
     before any thread shares it; the kinds' context is the thread's own (`_BODY`)."""
-    serializer = serializer_class(context=_BODY)
+    # DRF only keeps the context and reads it (typed as a dict: any mapping serves).
+    serializer = serializer_class(context=cast(dict[str, Any], _BODY))
     _ = serializer.fields  # DRF builds and binds them on first use: now, before threads share it
     return serializer
 
