@@ -19,6 +19,7 @@ from django_htmx.middleware import HtmxMiddleware
 from django_otp.middleware import OTPMiddleware
 
 AGENT_API = "/internal/agent/"
+API = "/api/"
 
 
 class NotForAgents:
@@ -38,8 +39,15 @@ class Otp(NotForAgents, OTPMiddleware):
     pass
 
 
-class Messages(NotForAgents, MessageMiddleware):
-    pass
+class Messages(MessageMiddleware):
+    """Flash messages, for pages: the API (`/api/`) neither adds nor shows any, so its requests
+    skip the message store's set-up too (a fallback store over the cookie and the session,
+    ~30 us a request; docs/bench/71-slurm-peer-notes.md, h39submit pass), as agents' do."""
+
+    def __call__(self, request):
+        if request.path_info.startswith((AGENT_API, API)):
+            return self.get_response(request)
+        return super().__call__(request)
 
 
 class Htmx(NotForAgents, HtmxMiddleware):

@@ -142,6 +142,10 @@ def _database() -> dict:
         raise ImproperlyConfigured(f"DATABASE_URL is not a database URL: {error}") from None
     if not config.get("ENGINE"):
         raise ImproperlyConfigured(f"DATABASE_URL has an unknown scheme: {url.split(':', 1)[0]}")
+    if config["ENGINE"] == "django.db.backends.postgresql":
+        # Django's, with a health check that makes no round trip while the server sent nothing
+        # (gpuplatform/postgresql/base.py).
+        config["ENGINE"] = "gpuplatform.postgresql"
     if config["ENGINE"].endswith("postgresql") and DB_PREPARED:
         # Django turns psycopg's prepared statements off; only the statements run on a
         # server-binding cursor get prepared (apps/platform/db.py's `prepared_cursor`), the rest

@@ -80,9 +80,8 @@ class Estimator:
         self._index: dict | None = None
         self._newest: datetime | None = None
         self._held: tuple[int, int] | None = None  # (queue length, held rows) when counted
-        self.window_ids: set | frozenset = (
-            frozenset()
-        )  # the ids the last queue window read, all in the replay
+        # The jobs the last queue windows read ({id: created_at}), all in the replay.
+        self.window_ids: dict = {}
 
     @classmethod
     def load(cls) -> Estimator:
@@ -369,7 +368,7 @@ def _exactly(job: Job) -> tuple[int | None, datetime | None]:
         ):
             cached = None
         since = cached.newest() - ARRIVAL_SLACK if cached is not None else FAR_FUTURE
-        seen = cached.window_ids if cached is not None else frozenset()
+        seen = cached.window_ids if cached is not None else {}
         found, total, window_ids = rows.queue_window(
             since, seen
         )  # one statement: one snapshot of the queue

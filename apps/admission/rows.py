@@ -234,8 +234,11 @@ def _statements(vendor: str) -> dict:
         # The same, plus (one more row, its id NULL) how many jobs are queued in all, from
         # the tenants' kept counts: one statement, so both come from one snapshot of the queue,
         # and neither grows with it (the total was a count of the queue).
+        # On PostgreSQL the jobs an earlier window returned are left out here (an array of
+        # their ids), not converted and dropped: `queue_window`.
         "queue_window": (
-            f"{queue_select} WHERE j.{state} = %s AND j.{created} >= %s UNION ALL "
+            f"{queue_select} WHERE j.{state} = %s AND j.{created} >= %s "
+            f"{'AND NOT (j.' + col(Job, 'id') + ' = ANY(%s::uuid[])) ' if vendor == 'postgresql' else ''}UNION ALL "
             f"SELECT NULL, NULL, COALESCE(SUM({counted}), 0), NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM {counts}"
         ),
         "queue_converters": [
@@ -427,23 +430,34 @@ def queue(limit: int) -> list[tuple]:
     return _queue_rows(_all(s["queue"], ["queued", limit]), s)
 
 
-def queue_window(moment, seen: set | frozenset = frozenset()) -> tuple[list[tuple], int, set]:
+def queue_window(moment, seen: dict | None = None) -> tuple[list[tuple], int, dict]:
     """From one snapshot of the queue: the queued jobs created at `moment` or later, as
-    estimates.queued_row's arguments, except those whose ids are in `seen`; how many jobs are
-    queued in all; and the ids of every job the window found, as the database gives them back
-    (`seen` for the next window). A busy queue's window holds many jobs the previous one
-    already returned, and converting their ids and times was most of its cost. Every submit's
-    answer runs it: prepared on PostgreSQL (`_prepared_cursor`), which took a third off the
-    server's CPU for a submit (1.3 to 1.0 ms, docs/bench/71-slurm-peer-notes.md, fourth pass)."""
-    s = statements()
-    found = _all(s["queue_window"], ["queued", _moment(moment)], prepared=True)
+    estimates.queued_row's arguments, except those whose ids are in `seen` (what this function
+    returned last); how many jobs are queued in all; and `seen` for the next window. A busy
+    queue's window holds many jobs the previous one already returned, and converting their ids
+    and times only to drop them was most of its cost. On PostgreSQL the statement leaves them
+    out (their ids as one array parameter), and `seen` is {id: created_at} of the jobs returned,
+    kept while created at `moment` or later (a job of it that left the queue meanwhile stays
+    until then: the caller notices its leaving by the total). On SQLite they are dropped after
+    the read, before their conversion, and `seen` holds the window's ids as read. Every
+    submit's answer runs it: prepared on PostgreSQL (`_prepared_cursor`), which took a third off
+    the server's CPU for a submit (1.3 to 1.0 ms, docs/bench/71-slurm-peer-notes.md, fourth
+    pass)."""
+    s, seen = statements(), seen or {}
+    params = ["queued", _moment(moment)]
+    leaves_out = _db().vendor == "postgresql"
+    if leaves_out:
+        params.append(list(seen))
+    found = _all(s["queue_window"], params, prepared=True)
     total = next(row[2] for row in found if row[0] is None)
     found = [row for row in found if row[0] is not None]
-    return (
-        _queue_rows([row for row in found if row[0] not in seen], s),
-        int(total),
-        {row[0] for row in found},
-    )
+    if not leaves_out:  # the window's ids as the database gives them back, for the next
+        new = _queue_rows([row for row in found if row[0] not in seen], s)
+        return new, int(total), dict.fromkeys(row[0] for row in found)
+    new = _queue_rows(found, s)
+    kept = {pk: created for pk, created in seen.items() if created >= moment}
+    kept.update((row[0], row[8]) for row in new)
+    return new, int(total), kept
 
 
 def _queue_rows(found: list[tuple], s: dict) -> list[tuple]:

@@ -58,3 +58,11 @@ def test_a_browsers_request_still_runs_all_of_it(db, ran):
 
     assert Client().get(resolve_url(settings.LOGIN_URL)).status_code == 200
     assert ran == BROWSER
+
+
+def test_an_api_request_skips_the_message_store_and_keeps_the_rest(browser_as, ran):
+    """The API adds and shows no flash message: its requests set up no store, a signed-in
+    browser's included; the session, authentication, OTP and htmx still run for them."""
+    response = browser_as("bob").get("/api/v1/jobs/")
+    assert response.status_code == 200  # the session's user, through all the rest
+    assert ran == [name for name in BROWSER if name != "MessageMiddleware"]
