@@ -244,9 +244,11 @@ def environment_read_once(base: str) -> requests.Session:
     look-ups were ~0.35 ms of the agent's CPU a call, a quarter of what a call cost it
     (docs/bench/71-slurm-peer-notes.md, h39agent)."""
     session = requests.Session()
+    # requests' own reading of the environment for this URL, as each call made it until now.
+    settings = session.merge_environment_settings(base, {}, None, None, None)
+    session.proxies.update(settings["proxies"])
+    session.verify = settings["verify"]
     session.trust_env = False
-    session.proxies.update(requests.utils.get_environ_proxies(base))
-    session.verify = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or True
     return session
 
 
