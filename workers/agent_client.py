@@ -241,7 +241,7 @@ def environment_read_once(base: str) -> requests.Session:
     settings, read at the agent's start. Every call goes to the one web, so the proxy decision for
     its host is the same for all of them. What is left out is `.netrc`: its credentials would
     replace the node credential's Authorization header, which no agent can have wanted. Those
-    look-ups were ~0.35 ms of the agent's CPU a call, a quarter of what a call cost it
+    look-ups were ~0.16 ms of the agent's CPU a call, 1.40 -> 1.24 ms in interleaved pairs
     (docs/bench/71-slurm-peer-notes.md, h39agent)."""
     session = requests.Session()
     # requests' own reading of the environment for this URL, as each call made it until now.
