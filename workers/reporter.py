@@ -33,7 +33,8 @@ Done = Callable[[bool | None, Exception | None], None]  # (accepted, or the erro
 # go in the same call (workers/reporter.py ReportBatcher); 0: each goes as soon as no call is in
 # flight; a start also waits, up to that much from when it was made, for its own end (a quick job's
 # two go in one call). A held start shows the job `running` that much later.
-COALESCE_MS = env_int("GPUPLATFORM_REPORT_COALESCE_MS", 10)
+# 30 (it was 10): on a busy node a fenced quick job's end often came more than 10 ms after its start.
+COALESCE_MS = env_int("GPUPLATFORM_REPORT_COALESCE_MS", 30)
 QUIET_SECONDS = 0.2  # no report made for this long: the next one goes at once, not held
 
 

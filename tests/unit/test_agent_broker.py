@@ -68,3 +68,28 @@ def test_a_message_the_agent_has_taken_is_nowhere_in_redis_until_its_ack():
 def test_a_message_taken_and_not_acked_goes_back_to_the_queue_when_the_agent_closes_its_connection():
     # A warm shutdown (or a consumer restart) pushes back what the agent took and did not run.
     assert take_one("no ack") == [{"queue": 0, "unacked": 0, "index": 0}, {"queue after close": 1}]
+
+
+ONE_BACKEND = """
+import threading
+from workers import agent, celery_app
+
+agent.forbid_django()
+app = celery_app.configure(broker_url="redis://127.0.0.1:1/0", node="n-backend", visibility_timeout=60)
+first = app.backend  # the worker's start (WorkController) asks for it first, in the main thread
+seen = []
+threads = [threading.Thread(target=lambda: seen.append(app.backend)) for _ in range(3)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+print(len({id(backend) for backend in [first, *seen]}), type(app.backend).__name__)
+"""
+
+
+def test_the_agent_builds_its_disabled_result_backend_once_for_all_its_threads():
+    # Each build scans every installed package's entry points: once, not once a pool thread.
+    result = subprocess.run([sys.executable, "-c", ONE_BACKEND], capture_output=True, text=True, cwd=ROOT,
+                            timeout=60)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["1", "DisabledBackend"]

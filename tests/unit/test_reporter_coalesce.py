@@ -255,3 +255,14 @@ def test_only_a_gangs_rank_0_reports_its_master_port(tmp_path):
     leader = Run(assignment=Work(argv=["true"], attempt_id=2, world_size=2), workdir=tmp_path,
                  log_path=tmp_path / "2.log", master_port=29777)  # fmt: skip
     assert _started_body(leader) == {"pid": 0, "master_port": 29777}
+
+
+def test_the_window_is_30_ms_unless_the_agent_is_told_otherwise():
+    # 10 ms left most of a busy drain's quick jobs with their start and end in two calls.
+    import os
+
+    from workers import reporter
+
+    if "GPUPLATFORM_REPORT_COALESCE_MS" not in os.environ:
+        assert reporter.COALESCE_MS == 30
+        assert ReportBatcher(None).coalesce == 0.03  # type: ignore[arg-type]
