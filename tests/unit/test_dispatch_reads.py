@@ -137,7 +137,11 @@ def test_the_reads_are_prepared_on_postgresql(busy):
     their 6th run and the server stops parsing and planning them."""
     some = list(JobAttempt.objects.values_list("pk", flat=True))
     since = timezone.now() - timedelta(hours=1)
+    from apps.jobs.placement import _claim_queued
+
+    queued = list(Job.objects.filter(state="queued"))
     for i in range(6):
+        _claim_queued(queued)
         reads.tier_rows(), reads.node_rows(), reads.allocation_rows(), reads.live_attempt_ids()
         reads.attempt_rows(some[: i + 1])
         reads.span_rows(ended_after=since, known=some[:i], also=some[i:])
@@ -152,4 +156,30 @@ def test_the_reads_are_prepared_on_postgresql(busy):
         '"tenants_tenant" x',
     ):
         assert any(table in s for s in statements), (table, statements)
+    assert any("SKIP LOCKED" in s for s in statements), statements  # the claim
     assert sum('FROM "jobs_jobattempt" a' in s for s in statements) >= 3, statements
+
+
+def test_the_claim_is_the_orms(cast, busy):
+    """`_claim_queued` (apps/jobs/placement.py): the queued jobs still at the version read, as
+    the ORM's locking read found them; a job read at an older version or placed is not claimed."""
+    from django.db import transaction
+
+    from apps.jobs.placement import _claim_queued
+    from apps.jobs.states import job_sources
+
+    jobs = list(Job.objects.all())
+    queued = [job for job in jobs if job.state == "queued"]
+    extra = submit(cast, gpus=1)
+    stale = Job.objects.get(pk=extra.pk)
+    stale.version -= 1
+    jobs += [stale]
+    with transaction.atomic():
+        rows = (
+            Job.objects.select_for_update(skip_locked=True)
+            .filter(pk__in={job.pk for job in jobs}, state__in=job_sources("starting"))
+            .values_list("pk", "version")
+        )
+        expected = {job.pk: job.version for job in jobs}
+        orm = {pk for pk, version in rows if expected[pk] == version}
+        assert _claim_queued(jobs) == orm == {job.pk for job in queued}
