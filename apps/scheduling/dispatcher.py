@@ -235,7 +235,7 @@ def ordered_queue(heads: int = QUEUE_HEADS, tiers: dict[int, Tier] | None = None
     order = f"ORDER BY {table}.{quote('created_at')}"
     kept_heads = kept_heads or {}
     if any(job.state == JobState.QUEUED for job in kept_heads.values()):
-        jobs = _heads_kept_or_read(kept_heads, f"{table} WHERE {picked} {order}", params, columns)
+        jobs = _heads_kept_or_read(kept_heads, f"{table} WHERE {picked} {order}", params)
     else:  # nothing kept that could serve (none given, or the last pass placed all it had)
         jobs = list(
             Job.objects.raw(f"SELECT {columns} FROM {table} WHERE {picked} {order}", params)
@@ -271,7 +271,7 @@ def _rows_by_id(model, keys) -> dict:
 _UNVERSIONED = ("version", "state", "reason", "priority_boost", "held_by_dependencies")
 
 
-def _heads_kept_or_read(kept_heads: dict, source: str, params: list, columns: str) -> list:
+def _heads_kept_or_read(kept_heads: dict, source: str, params: list) -> list:
     """The heads in `source`'s order: the kept instance where its row's `_UNVERSIONED` fields are
     as kept, else the row read whole (one statement for all of those)."""
     table = connection.ops.quote_name(Job._meta.db_table)
@@ -294,10 +294,7 @@ def _heads_kept_or_read(kept_heads: dict, source: str, params: list, columns: st
             jobs.append(job_id)
             missing.append(job_id)
     if missing:
-        marks = ", ".join(["%s"] * len(missing))
-        read = {job.pk: job for job in Job.objects.raw(
-            f"SELECT {columns} FROM {table} WHERE {table}.{connection.ops.quote_name('id')} IN ({marks})",
-            [pk.get_db_prep_value(job_id, connection) for job_id in missing])}  # fmt: skip
+        read = reads.jobs_by_id(missing)  # written once, prepared on PostgreSQL
         # A row that left the queue between the two reads is left out (as a read a moment later).
         jobs = [read.get(job) if not isinstance(job, Job) else job for job in jobs]
         jobs = [job for job in jobs if job is not None and job.state == JobState.QUEUED]

@@ -134,6 +134,8 @@ class _Reads:
         )
 
         self.readers = {model: Reader(model, "x") for model in (Tenant, GpuSku, JobTemplate)}
+        self.jobs = Reader(Job, "j")
+        self.job_sql = f"SELECT {self.jobs.columns} FROM {job} j WHERE j.{pk} "
 
     def among(self, column: str, ids: list) -> tuple[str, list]:
         """`column` is one of the bigint `ids`: one array parameter on PostgreSQL (the same
@@ -223,3 +225,18 @@ def rows_by_id(model: type[Model], ids) -> dict[int, Model]:
     rows = _fetch(f"SELECT {reader.columns} FROM {_table(model)} x WHERE {where}", params)
     found = (reader.build(row, db) for row in rows)
     return {instance.pk: instance for instance in found if instance is not None}
+
+
+def jobs_by_id(ids: list) -> dict:
+    """{id: Job} of the jobs `ids` (their UUIDs), every column read: the heads that are new or
+    changed since the last pass (dispatcher._heads_kept_or_read), as `Job.objects.raw` built them."""
+    reads = _reads(connection.vendor)
+    if reads.postgresql:
+        where, params = "= ANY(%s::uuid[])", [list(ids)]
+    else:
+        pk = cast(Field, Job._meta.pk)
+        params = [pk.get_db_prep_value(job_id, connection) for job_id in ids]
+        where = f"IN ({', '.join(['%s'] * len(params))})" if params else "IN (NULL)"
+    db = connections[DEFAULT_DB_ALIAS]
+    found = (reads.jobs.build(row, db) for row in _fetch(f"{reads.job_sql}{where}", params))
+    return {job.pk: job for job in found if job is not None}

@@ -183,3 +183,13 @@ def test_the_claim_is_the_orms(cast, busy):
         expected = {job.pk: job.version for job in jobs}
         orm = {pk for pk, version in rows if expected[pk] == version}
         assert _claim_queued(jobs) == orm == {job.pk for job in queued}
+
+
+def test_the_heads_read_again_are_the_orms(busy):
+    """The heads new or changed since the last pass, read whole by id."""
+    ids = list(Job.objects.values_list("pk", flat=True))
+    orm = {job.pk: fields(job) for job in Job.objects.filter(pk__in=ids)}
+    assert {pk: fields(job) for pk, job in reads.jobs_by_id(ids).items()} == orm
+    assert {pk: fields(job) for pk, job in reads.jobs_by_id(ids[:1]).items()} == {
+        ids[0]: orm[ids[0]]
+    }
