@@ -216,7 +216,7 @@ def _claim_sql(vendor: str) -> tuple[str, str]:
     lock = (
         " FOR UPDATE SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
     )
-    sources = ", ".join(f"'{state.value}'" for state in states)  # code's own constants
+    sources = ", ".join(f"'{state}'" for state in states)  # code's own constants
     return (
         f"SELECT {table}.{quote('id')}, {table}.{quote('version')} FROM {table} "
         f"WHERE {table}.{quote('state')} IN ({sources}) AND {table}.{quote('id')} ",

@@ -65,23 +65,8 @@ CHECKPOINT_MARGIN_S = 10.0  # a checkpoint's transaction commits within this of 
 # took 0.15 s, every third pass (the state is long-lived: it needs no scanning).
 FREEZE_FROM = 1_000
 
-_NODE_FIELDS = (
-    "pk",
-    "name",
-    "sku__name",
-    "labels",
-    "state",
-    "isolation",
-    "allow_unisolated_commands",
-)
-_ALLOCATION_FIELDS = ("pk", "attempt_id", "gpu_id", "attempt__version", "attempt__job__version")
-_ATTEMPT_FIELDS = (
-    "pk", "state", "started_at", "created_at", "checkpoint_at", "preempted_for", "job_id",
-    "job__state", "job__tenant__slug", "job__tenant__allow_commands", "job__tier__name",
-    "job__tier__preemption_grace_seconds", "job__max_runtime_seconds", "job__preemption_count",
-    "job__gpu_sku__name", "job__node_selector", "job__command", "job__user_id", "job__template_id",
-    "job__image",
-)  # fmt: skip
+_NODE_FIELDS, _ALLOCATION_FIELDS = reads.NODE_FIELDS, reads.ALLOCATION_FIELDS
+_ATTEMPT_FIELDS = reads.ATTEMPT_FIELDS
 
 
 @dataclass
@@ -507,8 +492,7 @@ def _aware(value):
 
 # --- usage: what every attempt that ran in the policy's window used --------------------------
 
-_SPAN_FIELDS = ("pk", "job__tenant__slug", "job__tier__name", "started_at", "ended_at", "job__gpus",
-                "job__nodes", "job__user_id", "job__template_id", "state")  # fmt: skip
+_SPAN_FIELDS = reads.SPAN_FIELDS
 
 
 class UsageSpans:

@@ -24,6 +24,27 @@ from apps.nodes.models import GpuSku, Node, NodeState
 from apps.platform.db import Reader, convert, converters_of, prepared_cursor
 from apps.tenants.models import Tenant, Tier
 
+# What each read gives, named as `values_list` names them (kept.py reads them by position).
+NODE_FIELDS = (
+    "pk",
+    "name",
+    "sku__name",
+    "labels",
+    "state",
+    "isolation",
+    "allow_unisolated_commands",
+)
+ALLOCATION_FIELDS = ("pk", "attempt_id", "gpu_id", "attempt__version", "attempt__job__version")
+ATTEMPT_FIELDS = (
+    "pk", "state", "started_at", "created_at", "checkpoint_at", "preempted_for", "job_id",
+    "job__state", "job__tenant__slug", "job__tenant__allow_commands", "job__tier__name",
+    "job__tier__preemption_grace_seconds", "job__max_runtime_seconds", "job__preemption_count",
+    "job__gpu_sku__name", "job__node_selector", "job__command", "job__user_id", "job__template_id",
+    "job__image",
+)  # fmt: skip
+SPAN_FIELDS = ("pk", "job__tenant__slug", "job__tier__name", "started_at", "ended_at", "job__gpus",
+               "job__nodes", "job__user_id", "job__template_id", "state")  # fmt: skip
+
 
 def _quote(name: str) -> str:
     return connection.ops.quote_name(name)
@@ -133,7 +154,9 @@ class _Reads:
             f"SELECT a.{pk} FROM {attempt} a WHERE {started} IS NOT NULL AND {ended} IS NULL"
         )
 
-        self.readers = {model: Reader(model, "x") for model in (Tenant, GpuSku, JobTemplate)}
+        self.readers: dict[type[Model], Reader] = {
+            model: Reader(model, "x") for model in (Tenant, GpuSku, JobTemplate)
+        }
         self.jobs = Reader(Job, "j")
         self.job_sql = f"SELECT {self.jobs.columns} FROM {job} j WHERE j.{pk} "
 
@@ -149,10 +172,7 @@ class _Reads:
 
 @cache
 def _reads(vendor: str) -> _Reads:
-    from apps.scheduling import kept  # its field lists: kept imports this module
-
-    return _Reads(vendor, kept._NODE_FIELDS, kept._ALLOCATION_FIELDS, kept._ATTEMPT_FIELDS,
-                  kept._SPAN_FIELDS)  # fmt: skip
+    return _Reads(vendor, NODE_FIELDS, ALLOCATION_FIELDS, ATTEMPT_FIELDS, SPAN_FIELDS)
 
 
 def _fetch(sql: str, params: list) -> list[tuple]:
@@ -169,23 +189,23 @@ def tier_rows() -> list[Tier]:
 
 
 def node_rows() -> list[tuple]:
-    """The nodes not lost or terminated, by name: `kept._NODE_FIELDS` of each."""
+    """The nodes not lost or terminated, by name: `NODE_FIELDS` of each."""
     reads = _reads(connection.vendor)
     return reads.nodes.rows(_fetch(reads.node_sql, []))
 
 
 def allocation_rows() -> list[tuple]:
-    """The held GPU allocations: `kept._ALLOCATION_FIELDS` of each."""
+    """The held GPU allocations: `ALLOCATION_FIELDS` of each."""
     reads = _reads(connection.vendor)
     return reads.allocations.rows(_fetch(reads.allocation_sql, []))
 
 
 def attempt_rows(ids: list[int] | None) -> list[tuple]:
-    """`kept._ATTEMPT_FIELDS` of the attempts `ids` (None: of every attempt holding a GPU), in
+    """`ATTEMPT_FIELDS` of the attempts `ids` (None: of every attempt holding a GPU), in
     JobAttempt's order (its job's submit, latest first, then its number)."""
     reads = _reads(connection.vendor)
     if ids is None:
-        where, params = reads.held_attempts, []
+        where, params = reads.held_attempts, cast(list, [])
     else:
         where, params = reads.among(reads.attempt_id, ids)
     return reads.attempts.rows(_fetch(f"{reads.attempt_sql}{where}{reads.attempt_order}", params))
@@ -193,7 +213,7 @@ def attempt_rows(ids: list[int] | None) -> list[tuple]:
 
 def span_rows(*, since=None, ended_after=None, known: list[int] | None = None,
               also: list[int] | None = None) -> list[tuple]:  # fmt: skip
-    """`kept._SPAN_FIELDS` of the attempts that started and either run still or ended at or
+    """`SPAN_FIELDS` of the attempts that started and either run still or ended at or
     after `since` (UsageSpans' first read); or, with `ended_after`, that ended at or after it
     and are not among `known`, or are among `also` (a refresh)."""
     reads = _reads(connection.vendor)
