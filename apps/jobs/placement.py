@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import cache
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
@@ -22,6 +23,7 @@ from apps.jobs.states import check_job_move, job_sources
 from apps.jobs.transitions import log_move, new_event
 from apps.nodes.models import Node
 from apps.platform import events
+from apps.platform.db import prepared_cursor
 from apps.platform.retry import retried
 
 log = logging.getLogger(__name__)
@@ -186,11 +188,37 @@ def _claim_queued(jobs: list[Job]) -> set:
     """The ids of `jobs` still queued at the version read, row-locked for the rest of the
     transaction so the update that follows is theirs alone. A row another transaction holds is
     skipped, not waited for: that job is changing (a cancel, another dispatcher's placement), and
-    the next pass sees what it became. (SQLite: the IMMEDIATE transaction is the lock.)"""
+    the next pass sees what it became. (SQLite: the IMMEDIATE transaction is the lock.) Written
+    once, as the ORM's `select_for_update(skip_locked=True)` read (in Job's order): built by the
+    ORM it was compiled again every pass; on PostgreSQL the ids travel as one array, so the text
+    never changes and it is prepared (`prepared_cursor`)."""
     expected = {job.pk: job.version for job in jobs}
-    rows = (
-        Job.objects.select_for_update(skip_locked=True)
-        .filter(pk__in=expected, state__in=job_sources(JobState.STARTING))
-        .values_list("pk", "version")
+    pk = Job._meta.pk
+    assert pk is not None
+    before, after = _claim_sql(connection.vendor)
+    if connection.vendor == "postgresql":
+        sql, params = f"{before}= ANY(%s::uuid[]){after}", [list(expected)]
+    else:
+        params = [pk.get_db_prep_value(job_id, connection) for job_id in expected]
+        sql = f"{before}IN ({', '.join(['%s'] * len(params))}){after}"
+    with prepared_cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    claimed = ((pk.to_python(job_id), version) for job_id, version in rows)
+    return {job_id for job_id, version in claimed if expected[job_id] == version}
+
+
+@cache
+def _claim_sql(vendor: str) -> tuple[str, str]:
+    """`_claim_queued`'s statement, before and after its condition on the ids."""
+    quote = connection.ops.quote_name
+    table, states = quote(Job._meta.db_table), job_sources(JobState.STARTING)
+    lock = (
+        " FOR UPDATE SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
     )
-    return {pk for pk, version in rows if expected[pk] == version}
+    sources = ", ".join(f"'{state}'" for state in states)  # code's own constants
+    return (
+        f"SELECT {table}.{quote('id')}, {table}.{quote('version')} FROM {table} "
+        f"WHERE {table}.{quote('state')} IN ({sources}) AND {table}.{quote('id')} ",
+        f" ORDER BY {table}.{quote('created_at')} DESC{lock}",
+    )

@@ -35,9 +35,10 @@ from apps.jobs.models import (
 )
 from apps.jobs.services import JobPlacement, MemberPlacement, job_preempt, jobs_place
 from apps.nodes.models import Gpu, GpuHealth, GpuSku, Node, NodeState
+from apps.platform.db import prepared_cursor
 from apps.platform.errors import ServiceError
 from apps.platform.retry import retried
-from apps.scheduling import core, kept, plan, publish
+from apps.scheduling import core, kept, plan, publish, reads
 from apps.scheduling.core import policy, waiting
 from apps.scheduling.kept import (
     FENCED_LABEL,
@@ -119,8 +120,8 @@ def _wait_reason(job: Job, reason: str, snapshot: ClusterSnapshot) -> str:
 def tier_rows() -> list[Tier]:
     """The tiers, read once per pass: the policy's tiers, the preemption grace, the heads' tiers
     and the kept cluster's stamp of the graces all come from these rows (each read its own, four
-    reads of one small table a pass)."""
-    return list(Tier.objects.all())
+    reads of one small table a pass). Written once (apps/scheduling/reads.py)."""
+    return reads.tier_rows()
 
 
 def tier_policies(rows: list[Tier] | None = None) -> dict[str, policy.TierPolicy]:
@@ -177,7 +178,7 @@ def arriving_nodes() -> list[policy.ArrivingNode]:
     passes find no request open (none at all without autoscaling): a probe written once says
     so, where the ORM built its read anew every pass (0.6-0.9 ms of a small pass's CPU)."""
     states = [ProvisionState.PENDING, ProvisionState.RUNNING]
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(
             f"SELECT 1 FROM {ProvisionRequest._meta.db_table} WHERE state IN (%s, %s) LIMIT 1",
             [state.value for state in states],
@@ -234,7 +235,7 @@ def ordered_queue(heads: int = QUEUE_HEADS, tiers: dict[int, Tier] | None = None
     order = f"ORDER BY {table}.{quote('created_at')}"
     kept_heads = kept_heads or {}
     if any(job.state == JobState.QUEUED for job in kept_heads.values()):
-        jobs = _heads_kept_or_read(kept_heads, f"{table} WHERE {picked} {order}", params, columns)
+        jobs = _heads_kept_or_read(kept_heads, f"{table} WHERE {picked} {order}", params)
     else:  # nothing kept that could serve (none given, or the last pass placed all it had)
         jobs = list(
             Job.objects.raw(f"SELECT {columns} FROM {table} WHERE {picked} {order}", params)
@@ -247,11 +248,12 @@ def ordered_queue(heads: int = QUEUE_HEADS, tiers: dict[int, Tier] | None = None
     # join built them again for every job (for 1,000 heads 4,000 model instances and 2,000 of the
     # templates' JSON decoded; a steady pass's CPU 0.25 s, against 0.18 s with four small reads).
     # Set on every head, kept ones too: a tenant's settings (allow_commands) may have changed.
-    related: list[tuple[str, Any]] = [("tenant", Tenant.objects), ("gpu_sku", GpuSku.objects),
-                                      ("template", JobTemplate.objects)]  # fmt: skip
-    for name, manager in related if tiers is not None else [("tier", Tier.objects), *related]:
+    # Written once (apps/scheduling/reads.py), as the ORM's `in_bulk` read them.
+    related: list[tuple[str, Any]] = [("tenant", Tenant), ("gpu_sku", GpuSku),
+                                      ("template", JobTemplate)]  # fmt: skip
+    for name, model in related if tiers is not None else [("tier", Tier), *related]:
         keys = {getattr(job, f"{name}_id") for job in jobs} - {None}
-        rows = manager.in_bulk(keys) if keys else {}
+        rows = _rows_by_id(model, keys) if keys else {}
         for job in jobs:
             row = rows.get(getattr(job, f"{name}_id"))
             if row is not None:
@@ -259,18 +261,24 @@ def ordered_queue(heads: int = QUEUE_HEADS, tiers: dict[int, Tier] | None = None
     return jobs
 
 
+def _rows_by_id(model, keys) -> dict:
+    if model is Tier:  # only where the caller read no tiers (never in a pass)
+        return Tier.objects.in_bulk(keys)
+    return reads.rows_by_id(model, keys)
+
+
 # What may change on a queued job's row without its version: the heads' read compares these.
 _UNVERSIONED = ("version", "state", "reason", "priority_boost", "held_by_dependencies")
 
 
-def _heads_kept_or_read(kept_heads: dict, source: str, params: list, columns: str) -> list:
+def _heads_kept_or_read(kept_heads: dict, source: str, params: list) -> list:
     """The heads in `source`'s order: the kept instance where its row's `_UNVERSIONED` fields are
     as kept, else the row read whole (one statement for all of those)."""
     table = connection.ops.quote_name(Job._meta.db_table)
     pk = Job._meta.pk
     assert pk is not None
     names = ", ".join(f"{table}.{connection.ops.quote_name(name)}" for name in _UNVERSIONED)
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:  # the same text every pass: prepared on PostgreSQL
         cursor.execute(
             f"SELECT {table}.{connection.ops.quote_name('id')}, {names} FROM {source}", params
         )
@@ -286,10 +294,7 @@ def _heads_kept_or_read(kept_heads: dict, source: str, params: list, columns: st
             jobs.append(job_id)
             missing.append(job_id)
     if missing:
-        marks = ", ".join(["%s"] * len(missing))
-        read = {job.pk: job for job in Job.objects.raw(
-            f"SELECT {columns} FROM {table} WHERE {table}.{connection.ops.quote_name('id')} IN ({marks})",
-            [pk.get_db_prep_value(job_id, connection) for job_id in missing])}  # fmt: skip
+        read = reads.jobs_by_id(missing)  # written once, prepared on PostgreSQL
         # A row that left the queue between the two reads is left out (as a read a moment later).
         jobs = [read.get(job) if not isinstance(job, Job) else job for job in jobs]
         jobs = [job for job in jobs if job is not None and job.state == JobState.QUEUED]

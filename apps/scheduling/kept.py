@@ -34,13 +34,13 @@ from typing import NamedTuple
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Q
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from apps.jobs.models import ATTEMPT_ACTIVE, AttemptState, GpuAllocation, Job, JobAttempt, JobState
-from apps.nodes.models import Gpu, GpuHealth, Node, NodeState
-from apps.scheduling import core
+from apps.nodes.models import Gpu, GpuHealth, NodeState
+from apps.platform.db import prepared_cursor
+from apps.scheduling import core, reads
 from apps.scheduling.core import policy
 from apps.scheduling.core.strategies import make_strategy
 from apps.tenants.models import Tier
@@ -65,23 +65,8 @@ CHECKPOINT_MARGIN_S = 10.0  # a checkpoint's transaction commits within this of 
 # took 0.15 s, every third pass (the state is long-lived: it needs no scanning).
 FREEZE_FROM = 1_000
 
-_NODE_FIELDS = (
-    "pk",
-    "name",
-    "sku__name",
-    "labels",
-    "state",
-    "isolation",
-    "allow_unisolated_commands",
-)
-_ALLOCATION_FIELDS = ("pk", "attempt_id", "gpu_id", "attempt__version", "attempt__job__version")
-_ATTEMPT_FIELDS = (
-    "pk", "state", "started_at", "created_at", "checkpoint_at", "preempted_for", "job_id",
-    "job__state", "job__tenant__slug", "job__tenant__allow_commands", "job__tier__name",
-    "job__tier__preemption_grace_seconds", "job__max_runtime_seconds", "job__preemption_count",
-    "job__gpu_sku__name", "job__node_selector", "job__command", "job__user_id", "job__template_id",
-    "job__image",
-)  # fmt: skip
+_NODE_FIELDS, _ALLOCATION_FIELDS = reads.NODE_FIELDS, reads.ALLOCATION_FIELDS
+_ATTEMPT_FIELDS = reads.ATTEMPT_FIELDS
 
 
 @dataclass
@@ -268,15 +253,11 @@ class State:
             at = self.gpu_at.get(gpu_id)
             if at is not None:  # a GPU of a lost node: it holds nothing the policy can use
                 by_attempt.setdefault(attempt_id, {}).setdefault(at[0], []).append(at[1])
-        if len(attempts) > 500:  # a subquery: thousands of ids as parameters cost more
-            rows = JobAttempt.objects.filter(
-                pk__in=GpuAllocation.objects.filter(released_at=None).values("attempt_id")
-            )
-        else:
-            rows = JobAttempt.objects.filter(pk__in=list(attempts))
+        # Over 500, a subquery: thousands of ids as parameters cost more (on SQLite).
+        rows = reads.attempt_rows(None if len(attempts) > 500 else sorted(attempts))
         now = timezone.now()
         pods: list[tuple[core.Pod, core.Placement]] = []
-        for row in rows.values_list(*_ATTEMPT_FIELDS):
+        for row in rows:
             by_node = by_attempt.get(row[0])
             if by_node is None or row[0] not in attempts:  # allocated after the rows were read
                 continue
@@ -401,15 +382,13 @@ def _holding(row: tuple, by_node: dict[str, list[int]], now, allocations, versio
 
 
 def node_rows() -> list[tuple]:
-    return list(
-        Node.objects.exclude(state__in=[NodeState.LOST, NodeState.TERMINATED]).values_list(
-            *_NODE_FIELDS
-        )
-    )
+    """`_NODE_FIELDS` of the nodes not lost or terminated, by name (apps/scheduling/reads.py)."""
+    return reads.node_rows()
 
 
 def allocation_rows() -> list[tuple]:
-    return list(GpuAllocation.objects.filter(released_at=None).values_list(*_ALLOCATION_FIELDS))
+    """`_ALLOCATION_FIELDS` of the held GPU allocations (apps/scheduling/reads.py)."""
+    return reads.allocation_rows()
 
 
 def allocation_stamp(rows: list[tuple]) -> tuple:
@@ -435,7 +414,9 @@ class PassStamps(NamedTuple):
 
 
 def _fetch(sql: str, params: tuple = ()) -> list[tuple]:
-    with connection.cursor() as cursor:
+    """On `prepared_cursor`: the stamps' two texts (with the checkpoints' read or without) are
+    prepared on PostgreSQL, not parsed and planned every pass."""
+    with prepared_cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchall()
 
@@ -511,8 +492,7 @@ def _aware(value):
 
 # --- usage: what every attempt that ran in the policy's window used --------------------------
 
-_SPAN_FIELDS = ("pk", "job__tenant__slug", "job__tier__name", "started_at", "ended_at", "job__gpus",
-                "job__nodes", "job__user_id", "job__template_id", "state")  # fmt: skip
+_SPAN_FIELDS = reads.SPAN_FIELDS
 
 
 class UsageSpans:
@@ -548,7 +528,7 @@ class UsageSpans:
         self._half_life = 0.0
         self.stamp = pass_stamps().live if live is None else live
         self.ended_checked = timezone.now()
-        self._add(_usage_rows().filter(Q(ended_at__isnull=True) | Q(ended_at__gte=since)))
+        self._add(reads.span_rows(since=since))
 
     def refresh(self, since, stamp: tuple | None = None) -> bool:
         """Up to date with the database; False when the window grew (read it all again).
@@ -558,7 +538,7 @@ class UsageSpans:
         stamp = pass_stamps().live if stamp is None else stamp
         moved: set[int] = set()  # the attempts that started or ended since the last check
         if stamp != self.stamp:
-            live = set(_usage_rows().filter(ended_at=None).values_list("pk", flat=True))
+            live = set(reads.live_attempt_ids())
             moved = (live - self.running) | (self.running - live)
             if len(moved) > DELTA_LIMIT:
                 return False
@@ -578,17 +558,16 @@ class UsageSpans:
                     known.append(pk)
                 elif span[3] < start:
                     gone.append(pk)
-        recent = Q(ended_at__gte=after)
-        if known and len(known) <= DELTA_LIMIT:
-            recent &= ~Q(pk__in=known)
         # The moved attempts in the same read: a round trip less in a pass after an end.
-        self._add(_usage_rows().filter(recent | Q(pk__in=list(moved)) if moved else recent))
+        self._add(reads.span_rows(ended_after=after, known=known if len(known) <= DELTA_LIMIT else None,
+                                  also=sorted(moved)))  # fmt: skip
         for pk in gone:
             self._drop(pk)
         return True
 
-    def _add(self, rows) -> None:
-        for row in rows.values_list(*_SPAN_FIELDS):
+    def _add(self, rows: list[tuple]) -> None:
+        """The spans of `rows` (`_SPAN_FIELDS` of attempts)."""
+        for row in rows:
             pk, tenant, tier, started, ended, gpus, nodes, user, template, state = row
             span = (tenant, tier, epoch(started), epoch(ended) if ended else None, gpus * nodes)
             kind = (user, template, state == AttemptState.SUCCEEDED)
