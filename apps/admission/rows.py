@@ -31,7 +31,15 @@ from apps.admission.models import QueuedCount
 from apps.jobs import queue_order
 from apps.jobs.models import Job, JobArray, JobEvent, JobTemplate
 from apps.nodes.models import GpuSku
-from apps.platform.db import NumberedStatement, Reader, convert, converters_of, prepared_cursor
+from apps.platform.db import (
+    NumberedStatement,
+    Reader,
+    column,
+    convert,
+    converters_of,
+    prepared_cursor,
+    table,
+)
 from apps.tenants.models import ApiToken, Membership, Quota, Tenant, Tier
 
 if TYPE_CHECKING:
@@ -74,7 +82,7 @@ class Inserter:
         ]
         columns = ", ".join(_q(f.column) for f in self.fields)
         marks = ", ".join(["%s"] * len(self.fields))
-        self.sql = f"INSERT INTO {_q(model._meta.db_table)} ({columns}) VALUES ({marks})"
+        self.sql = f"INSERT INTO {table(model)} ({columns}) VALUES ({marks})"
         # Each field's own conversion (`get_db_prep_save`), except where it would change nothing:
         # integers, strings, booleans, floats and foreign keys to integer keys are already what
         # the database takes (~0.1 ms of a submit's two inserts otherwise).
@@ -123,21 +131,18 @@ def _statements(vendor: str) -> dict:
     )
     job, tier = Job._meta, Tier._meta
 
-    def col(model, name):
-        return _q(model._meta.get_field(name).column)
-
     named_template, named_sku = Reader(JobTemplate, "x"), Reader(GpuSku, "k")
     submitter = (
         f"SELECT {m.columns}, {t.columns}, {r.columns}, {q.columns}, {named_template.columns}, {named_sku.columns} "
-        f"FROM {_q(Membership._meta.db_table)} {_q('m')} "
-        f"INNER JOIN {_q(Tenant._meta.db_table)} {_q('t')} ON {_q('m')}.{col(Membership, 'tenant')} = {_q('t')}.{col(Tenant, 'id')} "
-        f"INNER JOIN {_q(tier.db_table)} {_q('r')} ON {_q('t')}.{col(Tenant, 'tier')} = {_q('r')}.{col(Tier, 'id')} "
-        f"LEFT OUTER JOIN {_q(Quota._meta.db_table)} {_q('q')} ON {_q('q')}.{col(Quota, 'tenant')} = {_q('t')}.{col(Tenant, 'id')} "
+        f"FROM {table(Membership)} {_q('m')} "
+        f"INNER JOIN {table(Tenant)} {_q('t')} ON {_q('m')}.{column(Membership, 'tenant')} = {_q('t')}.{column(Tenant, 'id')} "
+        f"INNER JOIN {_q(tier.db_table)} {_q('r')} ON {_q('t')}.{column(Tenant, 'tier')} = {_q('r')}.{column(Tier, 'id')} "
+        f"LEFT OUTER JOIN {table(Quota)} {_q('q')} ON {_q('q')}.{column(Quota, 'tenant')} = {_q('t')}.{column(Tenant, 'id')} "
         # The template and the SKU the body names, if any (validation needs them: two fewer
         # statements, each a round trip on PostgreSQL).
-        f"LEFT OUTER JOIN {_q(JobTemplate._meta.db_table)} {_q('x')} ON {_q('x')}.{col(JobTemplate, 'name')} = %s "
-        f"LEFT OUTER JOIN {_q(GpuSku._meta.db_table)} {_q('k')} ON {_q('k')}.{col(GpuSku, 'name')} = %s "
-        f"WHERE {_q('m')}.{col(Membership, 'user')} = %s"
+        f"LEFT OUTER JOIN {table(JobTemplate)} {_q('x')} ON {_q('x')}.{column(JobTemplate, 'name')} = %s "
+        f"LEFT OUTER JOIN {table(GpuSku)} {_q('k')} ON {_q('k')}.{column(GpuSku, 'name')} = %s "
+        f"WHERE {_q('m')}.{column(Membership, 'user')} = %s"
     )  # fmt: skip
     # An API token (found by its key's digest: apps/tenants/tokens.py) with its user,
     # and for a submit, in the same statement, all that `submitter` reads: the membership
@@ -145,63 +150,63 @@ def _statements(vendor: str) -> dict:
     User = get_user_model()
     token, user, user_pk = Reader(ApiToken, "tk"), Reader(User, "u"), _q(User._meta.pk.column)
     token_user = (
-        f"SELECT {token.columns}, {user.columns} FROM {_q(ApiToken._meta.db_table)} {_q('tk')} "
-        f"INNER JOIN {_q(User._meta.db_table)} {_q('u')} ON {_q('tk')}.{col(ApiToken, 'user')} = {_q('u')}.{user_pk}"
+        f"SELECT {token.columns}, {user.columns} FROM {table(ApiToken)} {_q('tk')} "
+        f"INNER JOIN {table(User)} {_q('u')} ON {_q('tk')}.{column(ApiToken, 'user')} = {_q('u')}.{user_pk}"
     )
     token_submitter = (
         f"SELECT {token.columns}, {user.columns}, {m.columns}, {t.columns}, {r.columns}, {q.columns}, "
-        f"{named_template.columns}, {named_sku.columns} FROM {_q(ApiToken._meta.db_table)} {_q('tk')} "
-        f"INNER JOIN {_q(User._meta.db_table)} {_q('u')} ON {_q('tk')}.{col(ApiToken, 'user')} = {_q('u')}.{user_pk} "
-        f"LEFT OUTER JOIN {_q(Membership._meta.db_table)} {_q('m')} ON {_q('m')}.{col(Membership, 'user')} = {_q('u')}.{user_pk} "
-        f"LEFT OUTER JOIN {_q(Tenant._meta.db_table)} {_q('t')} ON {_q('m')}.{col(Membership, 'tenant')} = {_q('t')}.{col(Tenant, 'id')} "
-        f"LEFT OUTER JOIN {_q(tier.db_table)} {_q('r')} ON {_q('t')}.{col(Tenant, 'tier')} = {_q('r')}.{col(Tier, 'id')} "
-        f"LEFT OUTER JOIN {_q(Quota._meta.db_table)} {_q('q')} ON {_q('q')}.{col(Quota, 'tenant')} = {_q('t')}.{col(Tenant, 'id')} "
-        f"LEFT OUTER JOIN {_q(JobTemplate._meta.db_table)} {_q('x')} ON {_q('x')}.{col(JobTemplate, 'name')} = %s "
-        f"LEFT OUTER JOIN {_q(GpuSku._meta.db_table)} {_q('k')} ON {_q('k')}.{col(GpuSku, 'name')} = %s "
-        f"WHERE {_q('tk')}.{col(ApiToken, 'digest')} = %s"
+        f"{named_template.columns}, {named_sku.columns} FROM {table(ApiToken)} {_q('tk')} "
+        f"INNER JOIN {table(User)} {_q('u')} ON {_q('tk')}.{column(ApiToken, 'user')} = {_q('u')}.{user_pk} "
+        f"LEFT OUTER JOIN {table(Membership)} {_q('m')} ON {_q('m')}.{column(Membership, 'user')} = {_q('u')}.{user_pk} "
+        f"LEFT OUTER JOIN {table(Tenant)} {_q('t')} ON {_q('m')}.{column(Membership, 'tenant')} = {_q('t')}.{column(Tenant, 'id')} "
+        f"LEFT OUTER JOIN {_q(tier.db_table)} {_q('r')} ON {_q('t')}.{column(Tenant, 'tier')} = {_q('r')}.{column(Tier, 'id')} "
+        f"LEFT OUTER JOIN {table(Quota)} {_q('q')} ON {_q('q')}.{column(Quota, 'tenant')} = {_q('t')}.{column(Tenant, 'id')} "
+        f"LEFT OUTER JOIN {table(JobTemplate)} {_q('x')} ON {_q('x')}.{column(JobTemplate, 'name')} = %s "
+        f"LEFT OUTER JOIN {table(GpuSku)} {_q('k')} ON {_q('k')}.{column(GpuSku, 'name')} = %s "
+        f"WHERE {_q('tk')}.{column(ApiToken, 'digest')} = %s"
     )  # fmt: skip
-    counts, counted = _q(QueuedCount._meta.db_table), col(QueuedCount, "queued")
-    counts_tenant = col(QueuedCount, "tenant")
+    counts, counted = table(QueuedCount), column(QueuedCount, "queued")
+    counts_tenant = column(QueuedCount, "tenant")
     jobs, events = Inserter(Job), Inserter(JobEvent)
-    state, tier_id, created = col(Job, "state"), col(Job, "tier"), col(Job, "created_at")
+    state, tier_id, created = column(Job, "state"), column(Job, "tier"), column(Job, "created_at")
     # Jobs held by their dependencies are queued but wait for no GPU: no queue position counts
     # them (docs/pipelines.md). The queue's index does not hold the flag: these counts read the
     # rows of the queued jobs too.
-    unheld = f"{col(Job, 'held_by_dependencies')} = {'false' if vendor == 'postgresql' else '0'}"
+    unheld = f"{column(Job, 'held_by_dependencies')} = {'false' if vendor == 'postgresql' else '0'}"
     in_queue_order = queue_order.order_sql(
         {
-            "tier__level": f"r.{col(Tier, 'level')}",
-            "tier__rank": f"r.{col(Tier, 'rank')}",
+            "tier__level": f"r.{column(Tier, 'level')}",
+            "tier__rank": f"r.{column(Tier, 'rank')}",
             "created_at": f"j.{created}",
         }
     )
     since_count = (
-        f"(SELECT COUNT(*) FROM {_q(job.db_table)} j WHERE j.{state} = %s AND j.{unheld} AND j.{tier_id} = r.{col(Tier, 'id')} "
+        f"(SELECT COUNT(*) FROM {_q(job.db_table)} j WHERE j.{state} = %s AND j.{unheld} AND j.{tier_id} = r.{column(Tier, 'id')} "
         f"AND j.{created} > %s"
     )  # left open: the second count adds its upper bound
     queue_select = (
-        f"SELECT j.{col(Job, 'id')}, s.{col(GpuSku, 'name')}, j.{col(Job, 'gpus')}, j.{col(Job, 'nodes')}, "
-        f"j.{col(Job, 'max_runtime_seconds')}, j.{col(Job, 'template')}, r.{col(Tier, 'level')}, r.{col(Tier, 'rank')}, "
-        f"j.{created}, j.{col(Job, 'held_by_dependencies')} FROM {_q(job.db_table)} j INNER JOIN {_q(tier.db_table)} r ON j.{tier_id} = r.{col(Tier, 'id')} "
-        f"LEFT OUTER JOIN {_q(GpuSku._meta.db_table)} s ON j.{col(Job, 'gpu_sku')} = s.{col(GpuSku, 'id')}"
+        f"SELECT j.{column(Job, 'id')}, s.{column(GpuSku, 'name')}, j.{column(Job, 'gpus')}, j.{column(Job, 'nodes')}, "
+        f"j.{column(Job, 'max_runtime_seconds')}, j.{column(Job, 'template')}, r.{column(Tier, 'level')}, r.{column(Tier, 'rank')}, "
+        f"j.{created}, j.{column(Job, 'held_by_dependencies')} FROM {_q(job.db_table)} j INNER JOIN {_q(tier.db_table)} r ON j.{tier_id} = r.{column(Tier, 'id')} "
+        f"LEFT OUTER JOIN {table(GpuSku)} s ON j.{column(Job, 'gpu_sku')} = s.{column(GpuSku, 'id')}"
     )
     return {
         "readers": (m, t, r, q, named_template, named_sku),
         "submitter": submitter,
         "token_readers": (token, user),
-        "token_user": f"{token_user} WHERE {_q('tk')}.{col(ApiToken, 'digest')} = %s",
+        "token_user": f"{token_user} WHERE {_q('tk')}.{column(ApiToken, 'digest')} = %s",
         "token_submitter": token_submitter,
         # The same template and SKU on their own (a submit that did not name them with the
         # membership: the web form), with the same readers.
         "template": (
             named_template,
-            f"SELECT {named_template.columns} FROM {_q(JobTemplate._meta.db_table)} {_q('x')} "
-            f"WHERE {_q('x')}.{col(JobTemplate, 'name')} = %s",
+            f"SELECT {named_template.columns} FROM {table(JobTemplate)} {_q('x')} "
+            f"WHERE {_q('x')}.{column(JobTemplate, 'name')} = %s",
         ),  # fmt: skip
         "sku": (
             named_sku,
-            f"SELECT {named_sku.columns} FROM {_q(GpuSku._meta.db_table)} {_q('k')} "
-            f"WHERE {_q('k')}.{col(GpuSku, 'name')} = %s",
+            f"SELECT {named_sku.columns} FROM {table(GpuSku)} {_q('k')} "
+            f"WHERE {_q('k')}.{column(GpuSku, 'name')} = %s",
         ),  # fmt: skip
         # The tenant's queued jobs as the jobs table's triggers keep them (apps/admission/queued.py).
         "queued_kept": f"SELECT {counted} FROM {counts} WHERE {counts_tenant} = %s",
@@ -209,14 +214,14 @@ def _statements(vendor: str) -> dict:
         # other transactions' inserts (FOR KEY SHARE of the tenant) through. FOR UPDATE would
         # block them, and a one-statement submit holding the tenant's count row while its check
         # waited on a locked submit waiting for that row would deadlock.
-        "lock_tenant": f"SELECT {col(Tenant, 'id')} FROM {_q(Tenant._meta.db_table)} WHERE {col(Tenant, 'id')} = %s FOR NO KEY UPDATE",
+        "lock_tenant": f"SELECT {column(Tenant, 'id')} FROM {table(Tenant)} WHERE {column(Tenant, 'id')} = %s FOR NO KEY UPDATE",
         # Per tier (with its level and rank), the queued jobs and those submitted before a
         # time: one pass over the (state, tier, created_at) index, no job row read; which tiers
         # are ahead is queue order's to say (apps/jobs/queue_order.py, `queued_and_ahead`).
         "queued_per_tier": (
-            f"SELECT r.{col(Tier, 'level')}, r.{col(Tier, 'rank')}, c.n, c.n_before FROM (SELECT {tier_id} AS tier, "
+            f"SELECT r.{column(Tier, 'level')}, r.{column(Tier, 'rank')}, c.n, c.n_before FROM (SELECT {tier_id} AS tier, "
             f"COUNT(*) AS n, SUM(CASE WHEN {created} < %s THEN 1 ELSE 0 END) AS n_before FROM {_q(job.db_table)} "
-            f"WHERE {state} = %s AND {unheld} GROUP BY {tier_id}) c INNER JOIN {_q(tier.db_table)} r ON r.{col(Tier, 'id')} = c.tier"
+            f"WHERE {state} = %s AND {unheld} GROUP BY {tier_id}) c INNER JOIN {_q(tier.db_table)} r ON r.{column(Tier, 'id')} = c.tier"
         ),  # fmt: skip
         # A long queue's counts per tier (a web thread loads them at most once a second), and the
         # jobs queued since (the (state, created_at) index from the newest one counted).
@@ -225,7 +230,7 @@ def _statements(vendor: str) -> dict:
         # (A GROUP BY tier over `created_at > %s` makes SQLite walk the whole queue in that
         # index's order, for the grouping, instead.)
         "queued_since": (
-            f"SELECT r.{col(Tier, 'id')}, {since_count}), {since_count} AND j.{created} < %s) "
+            f"SELECT r.{column(Tier, 'id')}, {since_count}), {since_count} AND j.{created} < %s) "
             f"FROM {_q(tier.db_table)} r"
         ),
         # The queue in queue order (apps/jobs/queue_order.py) as the start estimate's replay reads
@@ -238,14 +243,14 @@ def _statements(vendor: str) -> dict:
         # their ids), not converted and dropped: `queue_window`.
         "queue_window": (
             f"{queue_select} WHERE j.{state} = %s AND j.{created} >= %s "
-            f"{'AND NOT (j.' + col(Job, 'id') + ' = ANY(%s::uuid[])) ' if vendor == 'postgresql' else ''}UNION ALL "
+            f"{'AND NOT (j.' + column(Job, 'id') + ' = ANY(%s::uuid[])) ' if vendor == 'postgresql' else ''}UNION ALL "
             f"SELECT NULL, NULL, COALESCE(SUM({counted}), 0), NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM {counts}"
         ),
         "queue_converters": [
             converters_of(Job._meta.pk, "j"),
             converters_of(Job._meta.get_field("created_at"), "j"),
         ],
-        "tiers": f"SELECT {col(Tier, 'id')}, {col(Tier, 'level')}, {col(Tier, 'rank')} FROM {_q(tier.db_table)}",
+        "tiers": f"SELECT {column(Tier, 'id')}, {column(Tier, 'level')}, {column(Tier, 'rank')} FROM {_q(tier.db_table)}",
         "job": jobs,
         "event": events,
     }
@@ -547,20 +552,17 @@ QUEUE_ROOM = "gpuplatform_queue_room"
 
 @cache
 def _cap_statements(vendor: str) -> dict:
-    def col(model, name):
-        return _q(model._meta.get_field(name).column)
-
-    counts, counted = _q(QueuedCount._meta.db_table), col(QueuedCount, "queued")
-    of_tenant = f"{col(QueuedCount, 'tenant')} = %s"
+    counts, counted = table(QueuedCount), column(QueuedCount, "queued")
+    of_tenant = f"{column(QueuedCount, 'tenant')} = %s"
     arrays, size, made = (
-        _q(JobArray._meta.db_table),
-        col(JobArray, "size"),
-        col(JobArray, "materialised"),
+        table(JobArray),
+        column(JobArray, "size"),
+        column(JobArray, "materialised"),
     )
-    tenants, tenant_pk = _q(Tenant._meta.db_table), col(Tenant, "id")
+    tenants, tenant_pk = table(Tenant), column(Tenant, "id")
     virtual = (
-        f"SELECT COALESCE(SUM({size} - {made}), 0) FROM {arrays} WHERE {col(JobArray, 'tenant')} = %s "
-        f"AND {col(JobArray, 'cancelled_at')} IS NULL AND {col(JobArray, 'failed_reason')} = '' AND {made} < {size}"
+        f"SELECT COALESCE(SUM({size} - {made}), 0) FROM {arrays} WHERE {column(JobArray, 'tenant')} = %s "
+        f"AND {column(JobArray, 'cancelled_at')} IS NULL AND {column(JobArray, 'failed_reason')} = '' AND {made} < {size}"
     )  # (an array failed by a dependency: its virtual tasks are failed, docs/pipelines.md)
     jobs, events, new_arrays = Inserter(Job), Inserter(JobEvent), Inserter(JobArray)
 

@@ -27,7 +27,7 @@ from django.conf import settings
 from django.core.files import File
 from django.core.files.storage import default_storage
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
-from django.db.models import F, Field, Model
+from django.db.models import F
 from django.utils import timezone
 
 from apps.jobs.models import (
@@ -64,7 +64,7 @@ from apps.jobs.transitions import (  # noqa: F401  (re-exported, as above)
 )
 from apps.nodes.models import GpuSku, Node
 from apps.platform import events
-from apps.platform.db import Reader, prepared_cursor
+from apps.platform.db import Reader, column, prepared_cursor, table
 from apps.platform.errors import (  # callers import them from here too
     NotAllowed,
     QueueFull,
@@ -322,44 +322,36 @@ class _ReportReads:
     with the batch on PostgreSQL (the ids travel as one array), so psycopg prepares them."""
 
     def __init__(self, vendor: str):
-        quote = connection.ops.quote_name
         self.postgresql = vendor == "postgresql"
-
-        def table(model: type[Model]) -> str:
-            return quote(model._meta.db_table)
-
-        def col(model: type[Model], name: str) -> str:
-            return quote(cast(Field, model._meta.get_field(name)).column)
-
         self.m, self.a = Reader(AttemptMember, "m"), Reader(JobAttempt, "a")
         self.j, self.n = Reader(Job, "j"), Reader(Node, "n")
         # each model's slice of a row: the select's columns are m's, a's, j's, then n's
         stops = list(accumulate(r.width for r in (self.m, self.a, self.j, self.n)))
         self.slices = [slice(b, e) for b, e in zip([0, *stops], stops, strict=False)]
-        member_attempt, job_id = col(AttemptMember, "attempt"), col(Job, "id")
+        member_attempt, job_id = column(AttemptMember, "attempt"), column(Job, "id")
         self.attempt_at = self.m.attnames.index("attempt_id")
-        attempts = f"a.{col(JobAttempt, 'id')} = ANY(%s::bigint[])"
+        attempts = f"a.{column(JobAttempt, 'id')} = ANY(%s::bigint[])"
         on_node = (
-            f"INNER JOIN {table(AttemptMember)} m ON m.{member_attempt} = a.{col(JobAttempt, 'id')} "
-            f"INNER JOIN {table(Node)} n ON n.{col(Node, 'id')} = m.{col(AttemptMember, 'node')} "
+            f"INNER JOIN {table(AttemptMember)} m ON m.{member_attempt} = a.{column(JobAttempt, 'id')} "
+            f"INNER JOIN {table(Node)} n ON n.{column(Node, 'id')} = m.{column(AttemptMember, 'node')} "
         )
         lock = (
-            f"SELECT {job_id} FROM {table(Job)} WHERE {job_id} IN (SELECT a.{col(JobAttempt, 'job')} "
+            f"SELECT {job_id} FROM {table(Job)} WHERE {job_id} IN (SELECT a.{column(JobAttempt, 'job')} "
             f"FROM {table(JobAttempt)} a {{}}WHERE {attempts}{{}}) ORDER BY {job_id} FOR UPDATE"
         )
         self.lock = lock.format("", "")
-        self.lock_on_node = lock.format(on_node, f" AND n.{col(Node, 'name')} = %s")
+        self.lock_on_node = lock.format(on_node, f" AND n.{column(Node, 'name')} = %s")
         # Last, whether a pending dependency waits on the job (the index on its parent and state).
         awaited = (
-            f"EXISTS (SELECT 1 FROM {table(JobDependency)} d WHERE d.{col(JobDependency, 'parent_job')}"
-            f" = j.{job_id} AND d.{col(JobDependency, 'state')} = %s)"
+            f"EXISTS (SELECT 1 FROM {table(JobDependency)} d WHERE d.{column(JobDependency, 'parent_job')}"
+            f" = j.{job_id} AND d.{column(JobDependency, 'state')} = %s)"
         )
         self.select = (
             f"SELECT {self.m.columns}, {self.a.columns}, {self.j.columns}, {self.n.columns}, "
             f"{awaited} FROM {table(AttemptMember)} m "
-            f"INNER JOIN {table(JobAttempt)} a ON a.{col(JobAttempt, 'id')} = m.{member_attempt} "
-            f"INNER JOIN {table(Job)} j ON j.{job_id} = a.{col(JobAttempt, 'job')} "
-            f"INNER JOIN {table(Node)} n ON n.{col(Node, 'id')} = m.{col(AttemptMember, 'node')} "
+            f"INNER JOIN {table(JobAttempt)} a ON a.{column(JobAttempt, 'id')} = m.{member_attempt} "
+            f"INNER JOIN {table(Job)} j ON j.{job_id} = a.{column(JobAttempt, 'job')} "
+            f"INNER JOIN {table(Node)} n ON n.{column(Node, 'id')} = m.{column(AttemptMember, 'node')} "
             f"WHERE m.{member_attempt} "
         )
 

@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections
-from django.db.models import Model
+from django.db.models import Field, Model
+
+
+def table(model: type[Model]) -> str:
+    """The model's table, quoted for this connection's backend (a hand-written statement's)."""
+    return connection.ops.quote_name(model._meta.db_table)
+
+
+def column(model: type[Model], name: str) -> str:
+    """The column of `model`'s field `name`, quoted for this connection's backend."""
+    return connection.ops.quote_name(cast(Field, model._meta.get_field(name)).column)
 
 
 def prepared_cursor(db=None):

@@ -21,7 +21,7 @@ from django.db.models import Field, Model
 
 from apps.jobs.models import GpuAllocation, Job, JobAttempt, JobTemplate
 from apps.nodes.models import GpuSku, Node, NodeState
-from apps.platform.db import Reader, convert, converters_of, prepared_cursor
+from apps.platform.db import Reader, column, convert, converters_of, prepared_cursor, table
 from apps.tenants.models import Tenant, Tier
 
 # What each read gives, named as `values_list` names them (kept.py reads them by position).
@@ -48,14 +48,6 @@ SPAN_FIELDS = ("pk", "job__tenant__slug", "job__tier__name", "started_at", "ende
 
 def _quote(name: str) -> str:
     return connection.ops.quote_name(name)
-
-
-def _table(model: type[Model]) -> str:
-    return _quote(model._meta.db_table)
-
-
-def _col(model: type[Model], name: str) -> str:
-    return _quote(cast(Field, model._meta.get_field(name)).column)
 
 
 class Columns:
@@ -96,29 +88,29 @@ class _Reads:
 
     def __init__(self, vendor: str, node_fields, allocation_fields, attempt_fields, span_fields):
         self.postgresql = vendor == "postgresql"
-        node, sku, gpu_alloc = _table(Node), _table(GpuSku), _table(GpuAllocation)
-        attempt, job, tenant, tier = _table(JobAttempt), _table(Job), _table(Tenant), _table(Tier)
+        node, sku, gpu_alloc = table(Node), table(GpuSku), table(GpuAllocation)
+        attempt, job, tenant, tier = table(JobAttempt), table(Job), table(Tenant), table(Tier)
         pk = _quote("id")
 
         self.tiers = Reader(Tier, "r")
         self.tier_sql = (
-            f"SELECT {self.tiers.columns} FROM {tier} r ORDER BY r.{_col(Tier, 'rank')} DESC"
+            f"SELECT {self.tiers.columns} FROM {tier} r ORDER BY r.{column(Tier, 'rank')} DESC"
         )
 
         self.nodes = Columns(Node, node_fields, {"": "n", "sku": "k"})
         lost = ", ".join(f"'{state.value}'" for state in (NodeState.LOST, NodeState.TERMINATED))
         self.node_sql = (
-            f"SELECT {self.nodes.sql} FROM {node} n INNER JOIN {sku} k ON n.{_col(Node, 'sku')} = k.{pk} "
-            f"WHERE NOT (n.{_col(Node, 'state')} IN ({lost})) ORDER BY n.{_col(Node, 'name')} ASC"
+            f"SELECT {self.nodes.sql} FROM {node} n INNER JOIN {sku} k ON n.{column(Node, 'sku')} = k.{pk} "
+            f"WHERE NOT (n.{column(Node, 'state')} IN ({lost})) ORDER BY n.{column(Node, 'name')} ASC"
         )  # fmt: skip
 
         self.allocations = Columns(GpuAllocation, allocation_fields,
                                    {"": "g", "attempt": "a", "attempt__job": "j"})  # fmt: skip
         self.allocation_sql = (
             f"SELECT {self.allocations.sql} FROM {gpu_alloc} g "
-            f"INNER JOIN {attempt} a ON g.{_col(GpuAllocation, 'attempt')} = a.{pk} "
-            f"INNER JOIN {job} j ON a.{_col(JobAttempt, 'job')} = j.{pk} "
-            f"WHERE g.{_col(GpuAllocation, 'released_at')} IS NULL"
+            f"INNER JOIN {attempt} a ON g.{column(GpuAllocation, 'attempt')} = a.{pk} "
+            f"INNER JOIN {job} j ON a.{column(JobAttempt, 'job')} = j.{pk} "
+            f"WHERE g.{column(GpuAllocation, 'released_at')} IS NULL"
         )
 
         # An attempt with its job, tenant, tier and SKU (JobAttempt's own order, as the ORM's).
@@ -126,28 +118,31 @@ class _Reads:
         self.attempts = Columns(JobAttempt, attempt_fields, joined)
         self.attempt_sql = (
             f"SELECT {self.attempts.sql} FROM {attempt} a "
-            f"INNER JOIN {job} j ON a.{_col(JobAttempt, 'job')} = j.{pk} "
-            f"INNER JOIN {tenant} t ON j.{_col(Job, 'tenant')} = t.{pk} "
-            f"INNER JOIN {tier} r ON j.{_col(Job, 'tier')} = r.{pk} "
-            f"LEFT OUTER JOIN {sku} k ON j.{_col(Job, 'gpu_sku')} = k.{pk} WHERE "
+            f"INNER JOIN {job} j ON a.{column(JobAttempt, 'job')} = j.{pk} "
+            f"INNER JOIN {tenant} t ON j.{column(Job, 'tenant')} = t.{pk} "
+            f"INNER JOIN {tier} r ON j.{column(Job, 'tier')} = r.{pk} "
+            f"LEFT OUTER JOIN {sku} k ON j.{column(Job, 'gpu_sku')} = k.{pk} WHERE "
         )
         self.attempt_order = (
-            f" ORDER BY j.{_col(Job, 'created_at')} DESC, a.{_col(JobAttempt, 'number')} ASC"
+            f" ORDER BY j.{column(Job, 'created_at')} DESC, a.{column(JobAttempt, 'number')} ASC"
         )
         self.attempt_id = f"a.{pk}"
         self.held_attempts = (
-            f"a.{pk} IN (SELECT u.{_col(GpuAllocation, 'attempt')} FROM {gpu_alloc} u "
-            f"WHERE u.{_col(GpuAllocation, 'released_at')} IS NULL)"
+            f"a.{pk} IN (SELECT u.{column(GpuAllocation, 'attempt')} FROM {gpu_alloc} u "
+            f"WHERE u.{column(GpuAllocation, 'released_at')} IS NULL)"
         )
 
         self.spans = Columns(JobAttempt, span_fields,
                              {"": "a", "job": "j", "job__tenant": "t", "job__tier": "r"})  # fmt: skip
-        started, ended = f"a.{_col(JobAttempt, 'started_at')}", f"a.{_col(JobAttempt, 'ended_at')}"
+        started, ended = (
+            f"a.{column(JobAttempt, 'started_at')}",
+            f"a.{column(JobAttempt, 'ended_at')}",
+        )
         self.span_sql = (
             f"SELECT {self.spans.sql} FROM {attempt} a "
-            f"INNER JOIN {job} j ON a.{_col(JobAttempt, 'job')} = j.{pk} "
-            f"INNER JOIN {tenant} t ON j.{_col(Job, 'tenant')} = t.{pk} "
-            f"INNER JOIN {tier} r ON j.{_col(Job, 'tier')} = r.{pk} WHERE {started} IS NOT NULL AND "
+            f"INNER JOIN {job} j ON a.{column(JobAttempt, 'job')} = j.{pk} "
+            f"INNER JOIN {tenant} t ON j.{column(Job, 'tenant')} = t.{pk} "
+            f"INNER JOIN {tier} r ON j.{column(Job, 'tier')} = r.{pk} WHERE {started} IS NOT NULL AND "
         )  # fmt: skip
         self.ended = ended
         self.live_sql = (
@@ -242,7 +237,7 @@ def rows_by_id(model: type[Model], ids) -> dict[int, Model]:
     reader = reads.readers[model]
     where, params = reads.among(f"x.{_quote('id')}", sorted(ids))
     db = connections[DEFAULT_DB_ALIAS]
-    rows = _fetch(f"SELECT {reader.columns} FROM {_table(model)} x WHERE {where}", params)
+    rows = _fetch(f"SELECT {reader.columns} FROM {table(model)} x WHERE {where}", params)
     found = (reader.build(row, db) for row in rows)
     return {instance.pk: instance for instance in found if instance is not None}
 
