@@ -23,7 +23,7 @@ from apps.jobs.states import check_job_move, job_sources
 from apps.jobs.transitions import log_move, new_event
 from apps.nodes.models import Node
 from apps.platform import events
-from apps.platform.db import prepared_cursor
+from apps.platform.db import among, column, prepared_cursor, table
 from apps.platform.retry import retried
 
 log = logging.getLogger(__name__)
@@ -195,30 +195,26 @@ def _claim_queued(jobs: list[Job]) -> set:
     expected = {job.pk: job.version for job in jobs}
     pk = Job._meta.pk
     assert pk is not None
-    before, after = _claim_sql(connection.vendor)
-    if connection.vendor == "postgresql":
-        sql, params = f"{before}= ANY(%s::uuid[]){after}", [list(expected)]
-    else:
-        params = [pk.get_db_prep_value(job_id, connection) for job_id in expected]
-        sql = f"{before}IN ({', '.join(['%s'] * len(params))}){after}"
+    before, id_column, after = _claim_sql(connection.vendor)
+    ids, params = among(id_column, pk, expected)
     with prepared_cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(f"{before}{ids}{after}", params)
         rows = cursor.fetchall()
     claimed = ((pk.to_python(job_id), version) for job_id, version in rows)
     return {job_id for job_id, version in claimed if expected[job_id] == version}
 
 
 @cache
-def _claim_sql(vendor: str) -> tuple[str, str]:
-    """`_claim_queued`'s statement, before and after its condition on the ids."""
-    quote = connection.ops.quote_name
-    table, states = quote(Job._meta.db_table), job_sources(JobState.STARTING)
+def _claim_sql(vendor: str) -> tuple[str, str, str]:
+    """`_claim_queued`'s statement: before its condition on the ids, the ids' column, after."""
+    jobs, states = table(Job), job_sources(JobState.STARTING)
     lock = (
         " FOR UPDATE SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
     )
     sources = ", ".join(f"'{state}'" for state in states)  # code's own constants
     return (
-        f"SELECT {table}.{quote('id')}, {table}.{quote('version')} FROM {table} "
-        f"WHERE {table}.{quote('state')} IN ({sources}) AND {table}.{quote('id')} ",
-        f" ORDER BY {table}.{quote('created_at')} DESC{lock}",
+        f"SELECT {jobs}.{column(Job, 'id')}, {jobs}.{column(Job, 'version')} FROM {jobs} "
+        f"WHERE {jobs}.{column(Job, 'state')} IN ({sources}) AND ",
+        f"{jobs}.{column(Job, 'id')}",
+        f" ORDER BY {jobs}.{column(Job, 'created_at')} DESC{lock}",
     )

@@ -27,7 +27,7 @@ from django.conf import settings
 from django.core.files import File
 from django.core.files.storage import default_storage
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
-from django.db.models import F
+from django.db.models import F, Field
 from django.utils import timezone
 
 from apps.jobs.models import (
@@ -64,7 +64,7 @@ from apps.jobs.transitions import (  # noqa: F401  (re-exported, as above)
 )
 from apps.nodes.models import GpuSku, Node
 from apps.platform import events
-from apps.platform.db import Reader, column, prepared_cursor, table
+from apps.platform.db import Reader, among, column, prepared_cursor, table
 from apps.platform.errors import (  # callers import them from here too
     NotAllowed,
     QueueFull,
@@ -322,7 +322,6 @@ class _ReportReads:
     with the batch on PostgreSQL (the ids travel as one array), so psycopg prepares them."""
 
     def __init__(self, vendor: str):
-        self.postgresql = vendor == "postgresql"
         self.m, self.a = Reader(AttemptMember, "m"), Reader(JobAttempt, "a")
         self.j, self.n = Reader(Job, "j"), Reader(Node, "n")
         # each model's slice of a row: the select's columns are m's, a's, j's, then n's
@@ -330,6 +329,9 @@ class _ReportReads:
         self.slices = [slice(b, e) for b, e in zip([0, *stops], stops, strict=False)]
         member_attempt, job_id = column(AttemptMember, "attempt"), column(Job, "id")
         self.attempt_at = self.m.attnames.index("attempt_id")
+        # the members' attempt, the condition on the ids (`members`)
+        self.member_attempt = f"m.{member_attempt}"
+        self.attempt_field = cast(Field, AttemptMember._meta.get_field("attempt"))
         attempts = f"a.{column(JobAttempt, 'id')} = ANY(%s::bigint[])"
         on_node = (
             f"INNER JOIN {table(AttemptMember)} m ON m.{member_attempt} = a.{column(JobAttempt, 'id')} "
@@ -352,16 +354,14 @@ class _ReportReads:
             f"INNER JOIN {table(JobAttempt)} a ON a.{column(JobAttempt, 'id')} = m.{member_attempt} "
             f"INNER JOIN {table(Job)} j ON j.{job_id} = a.{column(JobAttempt, 'job')} "
             f"INNER JOIN {table(Node)} n ON n.{column(Node, 'id')} = m.{column(AttemptMember, 'node')} "
-            f"WHERE m.{member_attempt} "
+            "WHERE "
         )
 
     def members(self, ids: list[int]) -> tuple[str, list]:
         """The members of these attempts with their attempts, jobs and nodes, and whether a
         pending dependency waits on the job: the statement and its parameters."""
-        pending = str(DependencyState.PENDING)
-        if self.postgresql:
-            return f"{self.select}= ANY(%s::bigint[])", [pending, ids]
-        return f"{self.select}IN ({', '.join(['%s'] * len(ids))})", [pending, *ids]
+        attempts, params = among(self.member_attempt, self.attempt_field, ids)
+        return f"{self.select}{attempts}", [str(DependencyState.PENDING), *params]
 
     def member_of(self, row: tuple, gangs: dict[int, list[AttemptMember]], db) -> AttemptMember:
         """The row's member, its node and its attempt (the gang's one attempt object, with its

@@ -19,6 +19,19 @@ def column(model: type[Model], name: str) -> str:
     return connection.ops.quote_name(cast(Field, model._meta.get_field(name)).column)
 
 
+def among(column: str, field: Field, ids) -> tuple[str, list]:
+    """The condition that `column` (of `field`'s type) is one of `ids`, and its parameters: on
+    PostgreSQL one array parameter, so the statement's text is the same for any count and psycopg
+    prepares it; elsewhere (SQLite) a placeholder an id, each prepared as the field prepares it
+    (none: `1 = 0`)."""
+    if connection.vendor == "postgresql":
+        return f"{column} = ANY(%s::{field.db_type(connection)}[])", [list(ids)]
+    values = [field.get_db_prep_value(value, connection) for value in ids]
+    if not values:
+        return "1 = 0", []
+    return f"{column} IN ({', '.join(['%s'] * len(values))})", values
+
+
 def prepared_cursor(db=None):
     """On PostgreSQL a cursor that binds parameters on the server (psycopg's `Cursor`, as
     Django's OPTIONS `server_side_binding` would give every statement), so psycopg prepares a

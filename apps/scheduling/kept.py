@@ -65,9 +65,6 @@ CHECKPOINT_MARGIN_S = 10.0  # a checkpoint's transaction commits within this of 
 # took 0.15 s, every third pass (the state is long-lived: it needs no scanning).
 FREEZE_FROM = 1_000
 
-_NODE_FIELDS, _ALLOCATION_FIELDS = reads.NODE_FIELDS, reads.ALLOCATION_FIELDS
-_ATTEMPT_FIELDS = reads.ATTEMPT_FIELDS
-
 
 @dataclass
 class ClusterSnapshot:
@@ -382,12 +379,12 @@ def _holding(row: tuple, by_node: dict[str, list[int]], now, allocations, versio
 
 
 def node_rows() -> list[tuple]:
-    """`_NODE_FIELDS` of the nodes not lost or terminated, by name (apps/scheduling/reads.py)."""
+    """`reads.NODE_FIELDS` of the nodes not lost or terminated, by name (apps/scheduling/reads.py)."""
     return reads.node_rows()
 
 
 def allocation_rows() -> list[tuple]:
-    """`_ALLOCATION_FIELDS` of the held GPU allocations (apps/scheduling/reads.py)."""
+    """`reads.ALLOCATION_FIELDS` of the held GPU allocations (apps/scheduling/reads.py)."""
     return reads.allocation_rows()
 
 
@@ -492,8 +489,6 @@ def _aware(value):
 
 # --- usage: what every attempt that ran in the policy's window used --------------------------
 
-_SPAN_FIELDS = reads.SPAN_FIELDS
-
 
 class UsageSpans:
     """Per attempt that ran within four half-lives: (tenant, tier, start, end or None, GPUs),
@@ -566,7 +561,7 @@ class UsageSpans:
         return True
 
     def _add(self, rows: list[tuple]) -> None:
-        """The spans of `rows` (`_SPAN_FIELDS` of attempts)."""
+        """The spans of `rows` (`reads.SPAN_FIELDS` of attempts)."""
         for row in rows:
             pk, tenant, tier, started, ended, gpus, nodes, user, template, state = row
             span = (tenant, tier, epoch(started), epoch(ended) if ended else None, gpus * nodes)
@@ -642,10 +637,6 @@ class UsageSpans:
             for tenant, gpu_seconds in totals.items()
             if tenant in self.ids_of
         }
-
-
-def _usage_rows():
-    return JobAttempt.objects.filter(started_at__isnull=False).order_by()
 
 
 def tenant_usage(

@@ -21,7 +21,7 @@ from django.db.models import Field, Model
 
 from apps.jobs.models import GpuAllocation, Job, JobAttempt, JobTemplate
 from apps.nodes.models import GpuSku, Node, NodeState
-from apps.platform.db import Reader, column, convert, converters_of, prepared_cursor, table
+from apps.platform.db import Reader, among, column, convert, converters_of, prepared_cursor, table
 from apps.tenants.models import Tenant, Tier
 
 # What each read gives, named as `values_list` names them (kept.py reads them by position).
@@ -87,7 +87,6 @@ class _Reads:
     """The statements, for one backend."""
 
     def __init__(self, vendor: str, node_fields, allocation_fields, attempt_fields, span_fields):
-        self.postgresql = vendor == "postgresql"
         node, sku, gpu_alloc = table(Node), table(GpuSku), table(GpuAllocation)
         attempt, job, tenant, tier = table(JobAttempt), table(Job), table(Tenant), table(Tier)
         pk = _quote("id")
@@ -153,21 +152,15 @@ class _Reads:
             model: Reader(model, "x") for model in (Tenant, GpuSku, JobTemplate)
         }
         self.jobs = Reader(Job, "j")
-        self.job_sql = f"SELECT {self.jobs.columns} FROM {job} j WHERE j.{pk} "
-
-    def among(self, column: str, ids: list) -> tuple[str, list]:
-        """`column` is one of the bigint `ids`: one array parameter on PostgreSQL (the same
-        text for any count), a list of them elsewhere (SQLite; never empty there: `FALSE`)."""
-        if self.postgresql:
-            return f"{column} = ANY(%s::bigint[])", [ids]
-        if not ids:
-            return "1 = 0", []
-        return f"{column} IN ({', '.join(['%s'] * len(ids))})", list(ids)
+        self.job_sql = f"SELECT {self.jobs.columns} FROM {job} j WHERE "
 
 
 @cache
 def _reads(vendor: str) -> _Reads:
     return _Reads(vendor, NODE_FIELDS, ALLOCATION_FIELDS, ATTEMPT_FIELDS, SPAN_FIELDS)
+
+
+_ATTEMPT_PK = cast(Field, JobAttempt._meta.pk)
 
 
 def _fetch(sql: str, params: list) -> list[tuple]:
@@ -202,7 +195,7 @@ def attempt_rows(ids: list[int] | None) -> list[tuple]:
     if ids is None:
         where, params = reads.held_attempts, cast(list, [])
     else:
-        where, params = reads.among(reads.attempt_id, ids)
+        where, params = among(reads.attempt_id, _ATTEMPT_PK, ids)
     return reads.attempts.rows(_fetch(f"{reads.attempt_sql}{where}{reads.attempt_order}", params))
 
 
@@ -218,10 +211,10 @@ def span_rows(*, since=None, ended_after=None, known: list[int] | None = None,
     else:
         where, params = f"{reads.ended} >= %s", [moment(ended_after)]
         if known:
-            sql, values = reads.among(reads.attempt_id, known)
+            sql, values = among(reads.attempt_id, _ATTEMPT_PK, known)
             where, params = f"{where} AND NOT ({sql})", [*params, *values]
         if also:
-            sql, values = reads.among(reads.attempt_id, also)
+            sql, values = among(reads.attempt_id, _ATTEMPT_PK, also)
             where, params = f"(({where}) OR {sql})", [*params, *values]
     return reads.spans.rows(_fetch(reads.span_sql + where, params))
 
@@ -235,7 +228,7 @@ def rows_by_id(model: type[Model], ids) -> dict[int, Model]:
     """`model.objects.in_bulk(ids)` for Tenant, GpuSku and JobTemplate: {id: instance}."""
     reads = _reads(connection.vendor)
     reader = reads.readers[model]
-    where, params = reads.among(f"x.{_quote('id')}", sorted(ids))
+    where, params = among(f"x.{_quote('id')}", cast(Field, model._meta.pk), sorted(ids))
     db = connections[DEFAULT_DB_ALIAS]
     rows = _fetch(f"SELECT {reader.columns} FROM {table(model)} x WHERE {where}", params)
     found = (reader.build(row, db) for row in rows)
@@ -246,12 +239,7 @@ def jobs_by_id(ids: list) -> dict:
     """{id: Job} of the jobs `ids` (their UUIDs), every column read: the heads that are new or
     changed since the last pass (dispatcher._heads_kept_or_read), as `Job.objects.raw` built them."""
     reads = _reads(connection.vendor)
-    if reads.postgresql:
-        where, params = "= ANY(%s::uuid[])", [list(ids)]
-    else:
-        pk = cast(Field, Job._meta.pk)
-        params = [pk.get_db_prep_value(job_id, connection) for job_id in ids]
-        where = f"IN ({', '.join(['%s'] * len(params))})" if params else "IN (NULL)"
+    where, params = among(f"j.{_quote('id')}", cast(Field, Job._meta.pk), ids)
     db = connections[DEFAULT_DB_ALIAS]
     found = (reads.jobs.build(row, db) for row in _fetch(f"{reads.job_sql}{where}", params))
     return {job.pk: job for job in found if job is not None}

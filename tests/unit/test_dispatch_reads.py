@@ -13,7 +13,7 @@ from django.utils import timezone
 from apps.jobs import services
 from apps.jobs.models import GpuAllocation, Job, JobAttempt, JobTemplate
 from apps.nodes.models import GpuSku, Node, NodeState
-from apps.scheduling import kept, reads
+from apps.scheduling import reads
 from apps.scheduling.dispatcher import dispatch_once
 from apps.tenants.models import Tenant, Tier
 from tests.factories import make_cast, make_node
@@ -59,11 +59,11 @@ def test_the_tiers_are_the_orms(busy):
 
 def test_the_nodes_and_allocations_are_the_orms(busy):
     orm_nodes = Node.objects.exclude(state__in=[NodeState.LOST, NodeState.TERMINATED])
-    assert reads.node_rows() == list(orm_nodes.values_list(*kept._NODE_FIELDS))
+    assert reads.node_rows() == list(orm_nodes.values_list(*reads.NODE_FIELDS))
     assert any(row[3] == {"zone": "a"} for row in reads.node_rows())  # the labels decoded
     orm_allocations = GpuAllocation.objects.filter(released_at=None)
     assert sorted(reads.allocation_rows()) == sorted(
-        orm_allocations.values_list(*kept._ALLOCATION_FIELDS)
+        orm_allocations.values_list(*reads.ALLOCATION_FIELDS)
     )
     assert len(reads.allocation_rows()) == 4  # 1 + 2 + 1: two one-GPU jobs ended
 
@@ -72,20 +72,20 @@ def test_the_attempts_are_the_orms_in_the_orms_order(busy):
     every = list(JobAttempt.objects.values_list("pk", flat=True))
     some = every[1:4]
     assert reads.attempt_rows(some) == list(
-        JobAttempt.objects.filter(pk__in=some).values_list(*kept._ATTEMPT_FIELDS)
+        JobAttempt.objects.filter(pk__in=some).values_list(*reads.ATTEMPT_FIELDS)
     )
     held = GpuAllocation.objects.filter(released_at=None).values("attempt_id")
     assert reads.attempt_rows(None) == list(
-        JobAttempt.objects.filter(pk__in=held).values_list(*kept._ATTEMPT_FIELDS)
+        JobAttempt.objects.filter(pk__in=held).values_list(*reads.ATTEMPT_FIELDS)
     )
     assert reads.attempt_rows([]) == []
 
 
 def test_the_usage_spans_are_the_orms(busy):
-    rows = kept._usage_rows()
+    rows = JobAttempt.objects.filter(started_at__isnull=False).order_by()  # what UsageSpans read
     since = timezone.now() - timedelta(hours=1)
     assert sorted(reads.span_rows(since=since)) == sorted(
-        rows.filter(Q(ended_at__isnull=True) | Q(ended_at__gte=since)).values_list(*kept._SPAN_FIELDS)
+        rows.filter(Q(ended_at__isnull=True) | Q(ended_at__gte=since)).values_list(*reads.SPAN_FIELDS)
     )  # fmt: skip
     ended = sorted(rows.exclude(ended_at=None).values_list("pk", flat=True))
     running = sorted(rows.filter(ended_at=None).values_list("pk", flat=True))
@@ -96,7 +96,7 @@ def test_the_usage_spans_are_the_orms(busy):
             recent &= ~Q(pk__in=known)
         expected = rows.filter(recent | Q(pk__in=also) if also else recent)
         got = reads.span_rows(ended_after=since, known=known, also=also)
-        assert sorted(got) == sorted(expected.values_list(*kept._SPAN_FIELDS)), (known, also)
+        assert sorted(got) == sorted(expected.values_list(*reads.SPAN_FIELDS)), (known, also)
 
 
 def test_the_heads_related_rows_are_the_orms(busy):

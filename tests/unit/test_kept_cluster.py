@@ -307,7 +307,7 @@ def test_a_refresh_reads_again_no_end_it_keeps(cast, monkeypatch):
     real_add = kept.UsageSpans._add
 
     def add(self, rows):
-        read.extend(row[0] for row in rows)  # `_SPAN_FIELDS`: the attempt's id first
+        read.extend(row[0] for row in rows)  # `reads.SPAN_FIELDS`: the attempt's id first
         real_add(self, rows)
 
     monkeypatch.setattr(kept.UsageSpans, "_add", add)
