@@ -11,6 +11,11 @@
         api.upload_bundle(bundle.path)
     api.submit(bundle=bundle.sha256, command=["python", "train.py"], gpus=1)
 
+A Client keeps one connection to the API per thread and reuses it from call to call (a loop of
+submits pays one connect, not one a submit); `close()` (or `with Client(...) as api:`) closes
+them. Where urllib would send the URL through a proxy (`http_proxy`/`https_proxy`, not
+bypassed by `no_proxy`), every call goes through urllib instead, one connection each, as before.
+
 The config file (`$GPUPLATFORM_CONFIG`, else `~/.config/gpuplatform/config.ini`):
 
     [default]
@@ -22,18 +27,27 @@ from __future__ import annotations
 
 import builtins
 import configparser
+import contextlib
+import http.client
 import json
 import os
 import pathlib
+import select
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 TERMINAL = ("succeeded", "failed", "cancelled")
+USER_AGENT = "gpuplatform-client"
+# Requests that may be sent again on a new connection when a kept one turns out to be dropped
+# (the server closed it as the request went out): sending them twice does what sending once does.
+IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 
 
 class ApiError(Exception):
@@ -79,8 +93,26 @@ def load_settings(profile: str = "default") -> tuple[str, str | None]:
 
 
 class Client:
+    # A request that must not be sent twice (a POST without an Idempotency-Key) goes out on a
+    # kept connection only if that connection answered within this many seconds: servers close
+    # idle connections after a few seconds (gunicorn's default keep-alive is 2 s, uvicorn's 5),
+    # and one that closes as the request goes out leaves the client unable to tell whether the
+    # request was acted on. Older connections are replaced before such a request is sent.
+    fresh_seconds = 1.0
+
     def __init__(self, url: str = DEFAULT_URL, token: str | None = None, *, timeout: float = 30):
         self.url, self.token, self.timeout = url.rstrip("/"), token, timeout
+        parts = urllib.parse.urlsplit(self.url)
+        self._scheme, self._netloc, self._base = parts.scheme, parts.netloc, parts.path
+        # urllib's own decision, made once: a proxy for this scheme that no_proxy does not bypass.
+        self._proxied = bool(
+            urllib.request.getproxies().get(self._scheme)
+            and not urllib.request.proxy_bypass(self._netloc)
+        )
+        self._kept = threading.local()  # .connection: this thread's idle one; .answered; .pid
+        # every thread's, for close(); weak: a thread's ends with it (and its socket is closed)
+        self._opened: weakref.WeakSet[http.client.HTTPConnection] = weakref.WeakSet()
+        self._lock = threading.Lock()
 
     @classmethod
     def from_env(cls, profile: str = "default", **kwargs) -> Client:
@@ -89,30 +121,151 @@ class Client:
             raise ConfigError(f"no API token: set GPUPLATFORM_TOKEN or put one in {config_path()}")
         return cls(url, token, **kwargs)
 
+    def close(self) -> None:
+        """Close the connections this client keeps (every thread's); a later call opens anew."""
+        with self._lock:
+            opened, self._opened = list(self._opened), weakref.WeakSet()
+        for connection in opened:
+            connection.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict:  # a pickled client (multiprocessing) takes no connections
+        return {"url": self.url, "token": self.token, "timeout": self.timeout}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["url"], state["token"], timeout=state["timeout"])  # type: ignore[misc]
+
     # --- plumbing ---------------------------------------------------------------------------
 
+    @contextlib.contextmanager
     def _request(self, method: str, path: str, body: dict | None = None, *, headers: dict | None = None,
                  timeout: float | None = None, data=None):  # fmt: skip
-        """`body` is sent as JSON; `data` (bytes or a file-like object, with its own
-        Content-Type and Content-Length in `headers`) as it is."""
+        """The response, open for reading. `body` is sent as JSON; `data` (bytes or a file-like
+        object, with its own Content-Type and Content-Length in `headers`) as it is. Errors: an
+        error status raises ApiError; a failure to connect or to send raises urllib.error.URLError
+        (as urllib's did), one while waiting for the answer the socket's own error."""
         if body is not None:
             data = json.dumps(body).encode()
-        request = urllib.request.Request(self.url + path, data=data, method=method)
+        sent = {"User-Agent": USER_AGENT}
         if self.token:
-            request.add_header("Authorization", f"Token {self.token}")
+            sent["Authorization"] = f"Token {self.token}"
         if body is not None:
-            request.add_header("Content-Type", "application/json")
-        for name, value in (headers or {}).items():
-            request.add_header(name, value)
+            sent["Content-Type"] = "application/json"
+        sent.update(headers or {})
+        timeout = timeout or self.timeout
+        if self._proxied:
+            with self._through_urllib(method, path, data, sent, timeout) as response:
+                yield response
+            return
+        connection, response = self._exchange(method, self._base + path, data, sent, timeout)
+        redirected = 300 <= response.status < 400 and method in ("GET", "HEAD")
         try:
-            return urllib.request.urlopen(request, timeout=timeout or self.timeout)  # noqa: S310 (http(s) URL from config)
-        except urllib.error.HTTPError as error:
-            raw = error.read().decode("utf-8", errors="replace")
+            if not redirected:
+                if not 200 <= response.status < 300:
+                    raise _api_error(response.status, response.read(), response.headers)
+                yield response
+        finally:
+            self._release(connection, response, method)
+        if redirected:  # (an http URL sent on to https, say): followed by urllib, as before
+            with self._through_urllib(method, path, data, sent, timeout) as followed:
+                yield followed
+
+    def _exchange(self, method: str, target: str, data, headers: dict, timeout: float):
+        """Send the request on this thread's kept connection (or a new one) and read the answer's
+        head. A kept connection the server has closed is replaced before anything is sent. One
+        found dropped while sending (the request incomplete, so not acted on), or, for a request
+        that may be sent twice, while waiting for the answer, is replaced once and the request
+        sent again; a POST without an Idempotency-Key whose request went out whole is never sent
+        again (the server may have acted on it): its error is raised."""
+        once = method in IDEMPOTENT or any(k.lower() == "idempotency-key" for k in headers)
+        replayable = data is None or isinstance(data, bytes)  # a file body is read as it goes
+        connection, kept = self._connection(timeout, kept_for_long=once)
+        while True:
             try:
-                parsed = json.loads(raw)
-            except ValueError:
-                parsed = raw
-            raise ApiError(error.code, parsed, error.headers.get("Retry-After")) from None
+                connection.request(method, target, body=data, headers=headers)
+            except BaseException as error:
+                self._forget(connection)
+                if not isinstance(error, OSError):
+                    raise
+                if kept and replayable:
+                    connection, kept = self._open(timeout), False
+                    continue
+                raise urllib.error.URLError(error) from error  # as urllib's: cannot reach
+            try:
+                return connection, connection.getresponse()
+            except BaseException as error:
+                self._forget(connection)
+                if kept and replayable and once and isinstance(error, ConnectionError):
+                    connection, kept = self._open(timeout), False
+                    continue
+                raise
+
+    def _connection(self, timeout: float, *, kept_for_long: bool):
+        """This thread's idle connection if the server has not closed it (nothing to read on it:
+        a closed one reads as its end), else a new one; and whether it was kept."""
+        kept = self._kept
+        connection = getattr(kept, "connection", None)
+        kept.connection = None  # in use: a call made while its answer is read opens another
+        if connection is not None:
+            stale = not kept_for_long and time.monotonic() - kept.answered > self.fresh_seconds
+            if kept.pid != os.getpid():  # forked: the parent's socket is not ours to use
+                connection = None
+            elif stale or connection.sock is None or _readable(connection.sock):
+                self._forget(connection)
+                connection = None
+        if connection is None:
+            return self._open(timeout), False
+        connection.timeout = timeout
+        connection.sock.settimeout(timeout)
+        return connection, True
+
+    def _open(self, timeout: float) -> http.client.HTTPConnection:
+        """A new connection (it connects when the request is sent). https: the default SSL
+        context, as urllib's (certificates checked against the system's, the host name too)."""
+        if self._scheme == "https":
+            connection: http.client.HTTPConnection = http.client.HTTPSConnection(
+                self._netloc, timeout=timeout
+            )
+        else:
+            connection = http.client.HTTPConnection(self._netloc, timeout=timeout)
+        with self._lock:
+            self._opened.add(connection)
+        return connection
+
+    def _release(self, connection: http.client.HTTPConnection, response, method: str) -> None:
+        """Keep the connection for this thread's next call if its answer was read to the end and
+        the server keeps it open; else close it (an answer left unread would be read as the
+        next one's)."""
+        if not response.isclosed() and (method == "HEAD" or response.status in (204, 304)):
+            response.read()  # no body: this only marks the answer done
+        if not response.isclosed() or connection.sock is None:
+            self._forget(connection)
+        elif getattr(self._kept, "connection", None) is None:
+            self._kept.connection, self._kept.pid = connection, os.getpid()
+            self._kept.answered = time.monotonic()
+        else:
+            self._forget(connection)  # this thread already keeps one (a call inside a stream)
+
+    def _forget(self, connection: http.client.HTTPConnection) -> None:
+        connection.close()
+        with self._lock:
+            self._opened.discard(connection)
+
+    @contextlib.contextmanager
+    def _through_urllib(self, method: str, path: str, data, headers: dict, timeout: float):
+        """One request through urllib.request: its proxies, its redirects, a connection each."""
+        request = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
+        try:
+            response = urllib.request.urlopen(request, timeout=timeout)  # noqa: S310 (http(s) URL from config)
+        except urllib.error.HTTPError as error:
+            raise _api_error(error.code, error.read(), error.headers) from None
+        with response:
+            yield response
 
     def _json(self, method: str, path: str, body: dict | None = None, **kwargs):
         with self._request(method, path, body, **kwargs) as response:
@@ -307,6 +460,25 @@ class Client:
             if on_event is not None:
                 on_event(event)
         return self.get(job_id)
+
+
+def _api_error(status: int, raw: bytes, headers) -> ApiError:
+    text = raw.decode("utf-8", errors="replace")
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        parsed = text
+    return ApiError(status, parsed, headers.get("Retry-After"))
+
+
+def _readable(sock) -> bool:
+    """Whether the socket has something to read without waiting: on an idle kept connection,
+    the server's close (or bytes nobody asked for); either way it cannot carry a request."""
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        return bool(poller.poll(0))
+    return bool(select.select([sock], [], [], 0)[0])
 
 
 def parse_sse(lines) -> Iterator[Event]:
