@@ -15,12 +15,19 @@ Each pair measures, on both sides, with the same shapes:
    `sbatch`) to the job's own first instruction, `date +%s.%N` (ours: read from the job's log,
    Slurm's: from the file its script writes), `latency` samples a pair, 0-1 s apart.
 
+Our 8 clients are the product's own: one SDK `Client` (gpuplatform_client, one kept connection a
+thread), as Slurm's side runs `sbatch`. `--client requests` submits through a `requests.Session` a
+thread instead (the bench's clients before the h40client pass), to compare the two in one run.
+
 Besides, our web's CPU (gunicorn's master and workers, from psutil: /proc/<pid>/stat) divided
 by the submits and by the jobs ended in the drain (which includes the nodes' registrations and heartbeats and the
-bench's own polls: two count queries a second).
+bench's own polls: two count queries a second); and on both sides the clients' own CPU a submit:
+the bench process's CPU across the submit phase (its 8 client threads; `time.process_time`) plus
+that of the children it reaped meanwhile (Slurm's `sbatch` processes; none on ours), since the
+clients share the machine's 2 cores with the server they measure.
 
     SCHED_PARAMS=batch_sched_delay=0 bash ../shared/peers/slurm/setup.sh   # the lab, tuned
-    python -m bench.slurm_peer [--pairs 5] [--count 1000] [--latency 10]
+    python -m bench.slurm_peer [--pairs 5] [--count 1000] [--latency 10] [--client sdk|requests]
 
 `--unfenced`: our agents run their jobs with GPUPLATFORM_ISOLATION=none (no uid, cgroup or mount
 namespace; Slurm's lab runs its jobs with no cgroups either): what the fence costs, labelled so
@@ -34,10 +41,12 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import itertools
 import json
 import os
 import pathlib
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -55,6 +64,12 @@ LAB = pathlib.Path(os.environ.get("LAB", "/tmp/slurmlab"))
 SLURM_ENV = dict(os.environ, SLURM_CONF=str(LAB / "etc" / "slurm.conf"))
 CLIENTS = 8
 NODES, GPUS = 4, 4
+
+
+def own_cpu_seconds() -> float:
+    """This process's CPU (every thread) and that of its children reaped so far (`sbatch`)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
 
 
 def cpu_seconds(pid: int) -> float:
@@ -86,28 +101,64 @@ def nodes_lost(platform, nodes) -> None:
     )  # fmt: skip
 
 
-def ours(count: int, samples: int, data_dir: pathlib.Path) -> dict:
+class SdkClients:
+    """The product's SDK: one Client, which keeps a connection a thread."""
+
+    def __init__(self, platform):
+        from gpuplatform.client import Client
+
+        self.client = Client(platform.url, platform.tokens["bob"], timeout=60)
+
+    def submit(self, body: dict) -> str:
+        return self.client.submit(**body)["id"]
+
+    def logs(self, job_id: str) -> str:
+        return self.client.logs(job_id)
+
+
+class RequestsClients:
+    """`--client requests`: a `requests.Session` a thread (tests/e2e/platform.py's `api()`)."""
+
+    def __init__(self, platform):
+        self.sessions = [platform.api("bob") for _ in range(CLIENTS)]
+        self.taken = itertools.count()
+        self.local = threading.local()
+        self.url = platform.url + "/api/v1/jobs/"
+
+    def session(self):
+        if not hasattr(self.local, "session"):
+            self.local.session = self.sessions[next(self.taken) % CLIENTS]
+        return self.local.session
+
+    def submit(self, body: dict) -> str:
+        answer = self.session().post(self.url, json=body, timeout=60)
+        assert answer.status_code == 201, answer.text
+        return answer.json()["id"]
+
+    def logs(self, job_id: str) -> str:
+        return self.session().get(f"{self.url}{job_id}/logs/", timeout=30).text
+
+
+CLIENT_KINDS = {"sdk": SdkClients, "requests": RequestsClients}
+
+
+def ours(count: int, samples: int, data_dir: pathlib.Path, client: str = "sdk") -> dict:
     nodes = {f"peer-{i}": ("H100-80GB", GPUS, "") for i in range(NODES)}
     with running_platform(data_dir, nodes, "peer") as platform:
         web = platform.processes["web"].pid
         nodes_lost(platform, nodes)  # Slurm's partition DOWN: the nodes known, none taking work
-        sessions = [platform.api("bob") for _ in range(CLIENTS)]
-        url = platform.url + "/api/v1/jobs/"
+        clients = CLIENT_KINDS[client](platform)
         body = {"command": ["true"], "gpus": 1}
-        local = threading.local()
 
-        def submit(i: int) -> None:
-            if not hasattr(local, "session"):
-                local.session = sessions[i % CLIENTS]
-            answer = local.session.post(url, json=body, timeout=60)
-            assert answer.status_code == 201, answer.text
+        def submit(_: int) -> None:
+            clients.submit(body)
 
-        cpu = cpu_seconds(web)
+        cpu, mine = cpu_seconds(web), own_cpu_seconds()
         began = time.monotonic()
         with concurrent.futures.ThreadPoolExecutor(CLIENTS) as pool:
             list(pool.map(submit, range(count)))
         submit_seconds = time.monotonic() - began
-        cpu_submit = cpu_seconds(web) - cpu
+        cpu_submit, cpu_clients = cpu_seconds(web) - cpu, own_cpu_seconds() - mine
 
         cpu = cpu_seconds(web)
         for node in nodes:
@@ -120,15 +171,12 @@ def ours(count: int, samples: int, data_dir: pathlib.Path) -> dict:
         )
 
         latencies = []
-        session = platform.api("bob")
         for _ in range(samples):
             time.sleep(random.random())
             posted = time.time()
-            answer = session.post(url, json={"command": ["date", "+%s.%N"], "gpus": 1}, timeout=60)
-            assert answer.status_code == 201, answer.text
-            job = platform.wait_for_state(answer.json()["id"], ["succeeded", "failed"], timeout=60)
-            log = session.get(f"{url}{job['id']}/logs/", timeout=30).text
-            latencies.append(first_clock(log) - posted)
+            job_id = clients.submit({"command": ["date", "+%s.%N"], "gpus": 1})
+            platform.wait_for_state(job_id, ["succeeded", "failed"], timeout=60)
+            latencies.append(first_clock(clients.logs(job_id)) - posted)
     return {
         "submits_per_second": count / submit_seconds,
         "drain_jobs_per_second": count / drain,
@@ -136,6 +184,8 @@ def ours(count: int, samples: int, data_dir: pathlib.Path) -> dict:
         "latencies_ms": [round(x * 1000, 1) for x in latencies],
         "web_cpu_ms_per_submit": cpu_submit / count * 1000,
         "web_cpu_ms_per_job_end": cpu_drain / count * 1000,
+        "client_cpu_ms_per_submit": cpu_clients / count * 1000,
+        "client": client,
     }
 
 
@@ -170,10 +220,12 @@ def theirs(count: int, samples: int, work: pathlib.Path) -> dict:
     def submit(_: int) -> None:
         slurm(*sbatch)
 
+    mine = own_cpu_seconds()
     began = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(CLIENTS) as pool:
         list(pool.map(submit, range(count)))
     submit_seconds = time.monotonic() - began
+    cpu_clients = own_cpu_seconds() - mine
 
     began = time.monotonic()
     slurm("scontrol", "update", "partitionname=gpu", "state=UP")
@@ -197,6 +249,7 @@ def theirs(count: int, samples: int, work: pathlib.Path) -> dict:
         "drain_jobs_per_second": count / drain,
         "latency_p50_ms": statistics.median(latencies) * 1000,
         "latencies_ms": [round(x * 1000, 1) for x in latencies],
+        "client_cpu_ms_per_submit": cpu_clients / count * 1000,
     }
 
 
@@ -206,6 +259,13 @@ FIGURES = (
     ("submits_per_second", "submits/s, 8 clients", "{:.1f}"),
     ("drain_jobs_per_second", "drain, jobs/s", "{:.1f}"),
     ("latency_p50_ms", "submit to first instruction, p50 ms", "{:.0f}"),
+    # runs before the h40client pass did not measure it: the row is left out of their sections
+    (
+        "client_cpu_ms_per_submit",
+        "the clients' CPU per submit, ms (ours: the bench's threads; "
+        "Slurm's: with its sbatch processes)",
+        "{:.2f}",
+    ),
 )
 
 
@@ -217,11 +277,14 @@ def section(
     sched: str,
     when: datetime,
     unfenced: bool = False,
+    client: str = "sdk",
 ) -> str:
     """The run's section: every pair, the medians, and the ratios (of the medians, and the
     median of the pairs' own ratios: each pair ran side by side, so its ratio is the figure)."""
     rows = []
     for key, name, form in FIGURES:
+        if not all(key in p["ours"] and key in p["slurm"] for p in pairs):
+            continue
         a = statistics.median(p["ours"][key] for p in pairs)
         b = statistics.median(p["slurm"][key] for p in pairs)
         paired = statistics.median(p["ours"][key] / p["slurm"][key] for p in pairs)
@@ -238,11 +301,14 @@ def section(
     table = "\n".join(rows)
     if unfenced:
         backend += "; our jobs unfenced, GPUPLATFORM_ISOLATION=none"
+    clients = {"sdk": "the SDK's Client, a kept connection a thread",
+               "requests": "a requests.Session a thread"}[client]  # fmt: skip
     return f"""## Beside Slurm, interleaved pairs ({backend})
 
 Command: `{command}` ({backend}; Slurm 22.05, SchedulerParameters `{sched}`), on
 {when:%Y-%m-%d %H:%M} UTC, on the 2-core development machine (other work may share it: the
 1-minute load average at each pair's start says how much): {", ".join(str(p["load"]) for p in pairs)}. Each pair runs ours, then Slurm's.
+Our 8 clients: {clients}; Slurm's: `sbatch`.
 
 | figure | ours, median | Slurm, median | ratio of medians | median of pair ratios | each pair, ours/Slurm |
 |---|---|---|---|---|---|
@@ -263,7 +329,10 @@ def again(args) -> int:
         if args.when
         else datetime.fromtimestamp(os.path.getmtime(args.again), UTC)
     )
-    text = section(pairs, backend=backend, command=command, sched="batch_sched_delay=0", when=when)
+    client = pairs[0]["ours"].get("client", "requests")  # runs before h40client: requests
+    command += f" --client {client}" if client != "sdk" else ""
+    text = section(pairs, backend=backend, command=command, sched="batch_sched_delay=0", when=when,
+                   client=client)  # fmt: skip
     print(text)
     out = args.out or SECTIONS / f"70-slurm-peer-{backend.lower()}.md"
     pathlib.Path(out).write_text(text)
@@ -284,6 +353,8 @@ def main() -> int:
     )
     parser.add_argument("--unfenced", action="store_true", help="our agents with "
                         "GPUPLATFORM_ISOLATION=none: what the fence costs (not the headline)")  # fmt: skip
+    parser.add_argument("--client", choices=sorted(CLIENT_KINDS), default="sdk", help="our 8 "
+                        "clients: the SDK's Client (default) or a requests.Session a thread")  # fmt: skip
     args = parser.parse_args()
     if args.again:
         return again(args)
@@ -306,15 +377,19 @@ def main() -> int:
     for number in range(1, args.pairs + 1):
         load = os.getloadavg()[0]
         with tempfile.TemporaryDirectory(prefix="gpuplatform-peer-") as tmp:
-            mine = ours(args.count, args.latency, pathlib.Path(tmp))
+            mine = ours(args.count, args.latency, pathlib.Path(tmp), args.client)
             peer = theirs(args.count, args.latency, pathlib.Path(tmp) / "slurm")
         pair = {"pair": number, "load": round(load, 1), "ours": mine, "slurm": peer}
         pairs.append(pair)
         print("PAIR " + json.dumps(pair), flush=True)
+        print(f"pair {number}: the clients' CPU a submit, ours ({args.client}) "
+              f"{mine['client_cpu_ms_per_submit']:.2f} ms, Slurm's (sbatch) "
+              f"{peer['client_cpu_ms_per_submit']:.2f} ms", flush=True)  # fmt: skip
     command = f"python -m bench.slurm_peer --pairs {args.pairs} --count {args.count} --latency {args.latency}"
     command += " --unfenced" if args.unfenced else ""
+    command += f" --client {args.client}" if args.client != "sdk" else ""
     text = section(pairs, backend=backend, command=command, sched=sched, when=datetime.now(UTC),
-                   unfenced=args.unfenced)  # fmt: skip
+                   unfenced=args.unfenced, client=args.client)  # fmt: skip
     print(text)
     out = args.out or SECTIONS / f"70-slurm-peer-{backend.lower()}.md"
     pathlib.Path(out).write_text(text)
