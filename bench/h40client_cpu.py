@@ -68,23 +68,34 @@ def child(kind: str, url: str, token: str, count: int, threads: int) -> dict:
     ready = threading.Barrier(threads + 1)
     go = threading.Event()
 
+    failures: list[BaseException] = []
+
     def work(share: int) -> None:
-        submit = submitter(kind, url, token)
-        for _ in range(WARM):
-            submit()
-        ready.wait()
-        go.wait()
-        for _ in range(share):
-            submit()
+        try:
+            submit = submitter(kind, url, token)
+            for _ in range(WARM):
+                submit()
+            ready.wait()
+            go.wait()
+            for _ in range(share):
+                submit()
+        except BaseException as error:  # reported by the process; the others stop waiting
+            failures.append(error)
+            ready.abort()
+            raise
 
     workers = [threading.Thread(target=work, args=(share,)) for share in shares]
     for worker in workers:
         worker.start()
-    ready.wait()
+    try:
+        ready.wait()
+    finally:
+        go.set()
     cpu, began = time.process_time(), time.monotonic()
-    go.set()
     for worker in workers:
         worker.join()
+    if failures:
+        raise SystemExit(f"{kind}: a client thread failed: {failures[0]!r}")
     cpu, wall = time.process_time() - cpu, time.monotonic() - began
     return {
         "kind": kind,
@@ -102,7 +113,9 @@ def run_child(kind: str, url: str, token: str, args) -> dict:
         env["PYTHONPATH"] = str(ROOT)
     command = [sys.executable, "-m", "bench.h40client_cpu", "--child", kind, "--url", url,
                "--token", token, "--count", str(args.count), "--threads", str(args.threads)]  # fmt: skip
-    out = subprocess.run(command, env=env, cwd=ROOT, check=True, capture_output=True, text=True)
+    out = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    if out.returncode:
+        raise SystemExit(f"the {kind} client failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
