@@ -27,17 +27,25 @@ REQUESTED_KEY = "gpuplatform:dispatch:requested"
 REQUESTED_TTL_S = 5
 
 
-# After a futile pass (nothing placed or preempted, no GPU free: DispatchResult.futile), the next
-# pass waits up to this long (`_wait_while_quiet`), and answers every submit made meanwhile: a
-# burst of submits to a full cluster ran up to 40 passes a second over the growing queue, none of
-# which could start anything. A job end or a node change (URGENT_KEY) ends the wait at once, and
-# the pass it runs deletes QUIET_KEY when it is not futile; a submit to a cluster with a free GPU
+# After a futile pass (nothing placed or preempted, no GPU free: DispatchResult.futile), the
+# process's next pass waits up to this long (`_wait_while_quiet`), and answers every submit made
+# meanwhile: a burst of submits to a full cluster ran up to 40 passes a second over the growing
+# queue, none of which could start anything. A job end or a node change (URGENT_KEY) ends the wait
+# at once, and a pass that is not futile ends the quiet; a submit to a cluster with a free GPU
 # never waits. The dispatcher waits, not the request: a request is one Redis round trip whatever
-# the cluster (it was a QUIET_KEY read, then a SET NX and, once per wait, a delayed Celery message
-# with its receipt and task events on the dispatcher), and the submits made during a futile pass
-# wait with the rest instead of running a second pass at once (two passes per wait, not one).
+# the cluster (it was a read of a quiet key in Redis, then a SET NX and, once per wait, a delayed
+# Celery message with its receipt and task events on the dispatcher), and the submits made during
+# the futile pass wait with the rest instead of running a second pass at once (one pass per wait,
+# not two). The quiet is the process's own (no Redis command a pass): a second dispatcher process
+# that has not had a futile pass itself runs its pass at once, so with two a burst may run up to
+# two passes per QUIET_MS.
 QUIET_MS = 250
-QUIET_KEY = "gpuplatform:dispatch:quiet"  # set by a futile pass, for QUIET_MS
+
+
+class _Quiet:
+    until = float("-inf")  # monotonic: the end of the wait after this process's futile pass
+
+
 # A list, pushed by every request that must not wait (not a submit's): a waiting holder blocks on
 # it. Deleted before each pass reads the queue, as REQUESTED_KEY is; one left after a pass says a
 # request came during that pass, and ends the next wait at once.
@@ -74,8 +82,8 @@ def request_dispatch(after_submit: bool = False) -> None:
     a burst of submissions, publishing a message each (~2 ms of a web process's CPU) was a tenth
     of a submit's cost, for passes that the dispatcher would have run once anyway.
 
-    `after_submit` (new jobs only): the pass may wait out a futile pass's QUIET_KEY; any other
-    request marks URGENT_KEY, which ends that wait."""
+    `after_submit` (new jobs only): the pass may wait out a futile pass's quiet (QUIET_MS); any
+    other request marks URGENT_KEY, which ends that wait."""
     urgent = "0" if after_submit else "1"
     try:
         keys = (REQUESTED_KEY, wake.LISTENING_KEY, wake.WAKE_KEY, URGENT_KEY)
@@ -96,17 +104,18 @@ def request_dispatch(after_submit: bool = False) -> None:
 
 
 def _wait_while_quiet() -> None:
-    """Before a pass: while a futile pass's QUIET_KEY lasts, wait for it to lapse or for a request
-    that must not wait (URGENT_KEY), whichever comes first. The holder waits with the leader lock
-    (renewed after each pass: LEADER_TTL_MS is 20 waits), so the requests made meanwhile find it
-    held, or REQUESTED_KEY set, and send nothing: this pass answers them all. Without Redis there
-    is no wait."""
+    """Before a pass: while the quiet after this process's futile pass lasts, wait for it to end
+    or for a request that must not wait (URGENT_KEY), whichever comes first. The holder waits
+    with the leader lock (renewed after each pass: LEADER_TTL_MS is 20 waits), so the requests
+    made meanwhile find it held, or REQUESTED_KEY set, and send nothing: this pass answers them
+    all. Without Redis there is no wait."""
+    left = _Quiet.until - time.monotonic()
+    if left <= 0:
+        return
     try:
-        left_ms = int(cast(int, client().pttl(QUIET_KEY)))
-        if left_ms > 0:
-            # Seconds with a fraction: Redis takes them since 6.0, and redis-py passes them on
-            # (its annotation says int).
-            client().blpop([URGENT_KEY], timeout=left_ms / 1000)  # type: ignore[arg-type]
+        # Seconds with a fraction: Redis takes them since 6.0, and redis-py passes them on (its
+        # annotation says int).
+        client().blpop([URGENT_KEY], timeout=left)  # type: ignore[arg-type]
     except redis.RedisError:
         pass
 
@@ -189,15 +198,9 @@ def _timed_pass() -> None:
 
 
 def _quiet_after(result: dispatcher.DispatchResult) -> None:
-    """Start QUIET_MS of waiting for submits after a futile pass; end it after any other (one
-    Redis command a pass, whichever dispatcher process set it)."""
-    try:
-        if result.futile:
-            client().set(QUIET_KEY, 1, px=QUIET_MS)
-        else:
-            client().delete(QUIET_KEY)
-    except redis.RedisError:
-        pass  # no wait then: every request asks at once
+    """Start QUIET_MS of waiting before this process's next pass after a futile one; end it after
+    any other."""
+    _Quiet.until = time.monotonic() + QUIET_MS / 1000 if result.futile else float("-inf")
 
 
 @shared_task(name=Task.RECONCILE, ignore_result=True)

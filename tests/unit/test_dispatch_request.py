@@ -5,6 +5,8 @@ full cluster, nothing placed), the next pass waits QUIET_MS and answers every su
 meanwhile; a job's end or a node change ends the wait, and a submit when a GPU is free never
 waits (tests/unit/test_h40disp_quiet.py has the waits themselves)."""
 
+import time
+
 import pytest
 import redis
 
@@ -20,11 +22,11 @@ def sent(monkeypatch):
     keys = (
         tasks.REQUESTED_KEY,
         tasks.URGENT_KEY,
-        tasks.QUIET_KEY,
         wake.LISTENING_KEY,
         wake.WAKE_KEY,
     )
     shared_client().delete(*keys)
+    monkeypatch.setattr(tasks._Quiet, "until", float("-inf"))
     messages = Sent()
     monkeypatch.setattr(tasks.dispatch, "apply_async", lambda **options: messages.append(options))
     passes = [DispatchResult(free_gpus=1)]  # the result of each pass from here on
@@ -78,7 +80,7 @@ def test_without_redis_the_request_is_sent_anyway(sent, monkeypatch):
 def test_after_a_futile_pass_submits_send_one_request_and_an_end_marks_the_wait_over(sent):
     sent.passes.append(DispatchResult(free_gpus=0))  # full cluster, nothing placed
     tasks.dispatch()
-    assert 0 < shared_client().pttl(tasks.QUIET_KEY) <= tasks.QUIET_MS
+    assert 0 < tasks._Quiet.until - time.monotonic() <= tasks.QUIET_MS / 1000
     for _ in range(5):
         tasks.request_dispatch(after_submit=True)
     assert len(sent) == 1 and "countdown" not in sent[0]  # the pass waits, not the message
@@ -87,7 +89,7 @@ def test_after_a_futile_pass_submits_send_one_request_and_an_end_marks_the_wait_
     assert len(sent) == 1 and shared_client().llen(tasks.URGENT_KEY) == 1
     sent.passes.append(DispatchResult(placed=["j"]))  # that pass placed: the wait is over
     tasks.dispatch()
-    assert not shared_client().exists(tasks.QUIET_KEY, tasks.URGENT_KEY)
+    assert tasks._Quiet.until < time.monotonic() and not shared_client().exists(tasks.URGENT_KEY)
     tasks.request_dispatch(after_submit=True)
     assert len(sent) == 2
 
@@ -95,7 +97,7 @@ def test_after_a_futile_pass_submits_send_one_request_and_an_end_marks_the_wait_
 def test_a_submit_to_a_cluster_with_a_free_gpu_never_waits(sent):
     sent.passes.append(DispatchResult(free_gpus=1))  # placed nothing (say, too big), a GPU free
     tasks.dispatch()
-    assert not shared_client().exists(tasks.QUIET_KEY)
+    assert tasks._Quiet.until < time.monotonic()
     tasks.request_dispatch(after_submit=True)
     assert len(sent) == 1 and "countdown" not in sent[0]
 

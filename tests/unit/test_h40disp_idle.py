@@ -52,9 +52,10 @@ def full_passes(monkeypatch):
 @pytest.fixture
 def redis_keys(monkeypatch):
     """A clean slate for the dispatch requests' keys; Celery messages recorded, not sent."""
-    keys = (tasks.REQUESTED_KEY, tasks.URGENT_KEY, tasks.QUIET_KEY, tasks.DIRTY_KEY,
-            wake.LISTENING_KEY, wake.WAKE_KEY)  # fmt: skip
+    keys = (tasks.REQUESTED_KEY, tasks.URGENT_KEY, tasks.DIRTY_KEY, wake.LISTENING_KEY,
+            wake.WAKE_KEY)  # fmt: skip
     shared_client().delete(*keys)
+    monkeypatch.setattr(tasks._Quiet, "until", float("-inf"))
     messages: list[dict] = []
     monkeypatch.setattr(tasks.dispatch, "apply_async", lambda **options: messages.append(options))
     yield messages

@@ -1,4 +1,4 @@
-"""After a futile pass the dispatcher itself waits out QUIET_KEY before its next pass
+"""After a futile pass the dispatcher itself waits QUIET_MS before its next pass
 (apps/scheduling/tasks.py `_wait_while_quiet`): every submit made meanwhile, during the futile
 pass too, is answered by that one pass, each submit's request is one Redis round trip and no
 delayed Celery message is sent; a request that must not wait (a job's end, a node change) ends
@@ -19,9 +19,10 @@ FUTILE, PLACED = DispatchResult(free_gpus=0), DispatchResult(placed=["j"])
 @pytest.fixture
 def passes(monkeypatch):
     """Each pass's start (monotonic) and what it does first; the passes' results in turn."""
-    keys = (tasks.REQUESTED_KEY, tasks.URGENT_KEY, tasks.QUIET_KEY, tasks.DIRTY_KEY,
-            wake.LISTENING_KEY, wake.WAKE_KEY)  # fmt: skip
+    keys = (tasks.REQUESTED_KEY, tasks.URGENT_KEY, tasks.DIRTY_KEY, wake.LISTENING_KEY,
+            wake.WAKE_KEY)  # fmt: skip
     shared_client().delete(*keys)
+    monkeypatch.setattr(tasks._Quiet, "until", float("-inf"))
     messages: list[dict] = []
     monkeypatch.setattr(tasks.dispatch, "apply_async", lambda **options: messages.append(options))
     record = Passes(messages)
@@ -64,7 +65,7 @@ def test_submits_during_a_futile_pass_wait_with_the_rest_for_one_pass(passes):
 
 
 def test_submits_during_the_quiet_send_nothing_but_one_wake(passes):
-    tasks.dispatch()  # futile: QUIET_KEY set
+    tasks.dispatch()  # futile: a quiet begins
     listening()
     for _ in range(5):
         tasks.request_dispatch(after_submit=True)
@@ -74,7 +75,7 @@ def test_submits_during_the_quiet_send_nothing_but_one_wake(passes):
 
 def test_a_request_that_must_not_wait_ends_the_wait(passes):
     tasks.dispatch()  # futile
-    shared_client().set(tasks.QUIET_KEY, 1, px=5_000)  # a long quiet, so the end shows
+    tasks._Quiet.until = time.monotonic() + 5  # a long quiet, so the end shows
     tasks.request_dispatch(after_submit=True)
     holder = threading.Thread(target=tasks.dispatch)
     began = time.monotonic()
@@ -94,7 +95,7 @@ def test_an_urgent_request_made_during_a_pass_is_not_made_to_wait(passes):
         tasks.dispatch()
 
     passes.during = [a_job_ends]
-    shared_client().set(tasks.QUIET_KEY, 1, px=5_000)  # as a futile pass before it left it
+    tasks._Quiet.until = time.monotonic() + 5  # as a futile pass before it left it
     began = time.monotonic()
     shared_client().lpush(tasks.URGENT_KEY, 1)  # the first pass's own cause
     tasks.dispatch()
@@ -104,7 +105,7 @@ def test_an_urgent_request_made_during_a_pass_is_not_made_to_wait(passes):
 def test_no_wait_after_a_pass_that_placed(passes):
     passes.results = [PLACED]
     tasks.dispatch()
-    assert not shared_client().exists(tasks.QUIET_KEY)
+    assert tasks._Quiet.until < time.monotonic()
     began = time.monotonic()
     tasks.dispatch()
     assert passes.started[1] - began < tasks.QUIET_MS / 1000 / 2
