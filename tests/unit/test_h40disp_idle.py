@@ -10,6 +10,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from apps.admission import fit
 from apps.jobs.models import Job, JobState
 from apps.nodes.models import Node, NodeState
 from apps.scheduling import dispatcher, tasks, wake
@@ -32,7 +33,9 @@ def lost(cast):
     """Two nodes registered, both lost."""
     make_node("p0", gpus=4), make_node("p1", gpus=4)
     Node.objects.update(state=NodeState.LOST)
-    return cast
+    fit.forget()
+    yield cast
+    fit.forget()  # the nodes' shapes are kept per process: the next test's are its own
 
 
 @pytest.fixture
