@@ -194,7 +194,7 @@ def arriving_nodes() -> list[policy.ArrivingNode]:
 
 
 def ordered_queue(heads: int = QUEUE_HEADS, tiers: dict[int, Tier] | None = None,
-                  kept_heads: dict | None = None):  # fmt: skip
+                  kept_heads: dict | None = None, head_rows: list[tuple] | None = None):  # fmt: skip
     """The heads of the queue: per (tier, tenant, pool) queue its first `heads` jobs by submit
     time (the policy's order inside such a queue), plus every job with a priority boost (its
     submit counts as earlier). A pool is what decides where a job may go: SKU, node selector,
@@ -217,7 +217,8 @@ def ordered_queue(heads: int = QUEUE_HEADS, tiers: dict[int, Tier] | None = None
     come with what may change on a queued job without its version (its reason, priority boost,
     hold), and only the rows that are new or changed are read and built whole (in a drain of
     1,000 jobs, 256 heads built again each pass, 7.6 ms of CPU a pass on SQLite, to place one to
-    five). Their tenants, SKUs and templates are read afresh every pass either way."""
+    five). Their tenants, SKUs and templates are read afresh every pass either way. `head_rows`:
+    those ids and fields as the pass read them already (`_head_rows`, for `_Idle`)."""
     source, params = _heads_source(heads)
     table, quote = connection.ops.quote_name(Job._meta.db_table), connection.ops.quote_name
     # Raw SQL, as the heads' ids are: the ORM built this statement anew every pass, 3.5 ms of
@@ -225,7 +226,7 @@ def ordered_queue(heads: int = QUEUE_HEADS, tiers: dict[int, Tier] | None = None
     columns = ", ".join(f"{table}.{quote(f.column)}" for f in Job._meta.concrete_fields)
     kept_heads = kept_heads or {}
     if any(job.state == JobState.QUEUED for job in kept_heads.values()):
-        jobs = _heads_kept_or_read(kept_heads, source, params)
+        jobs = _heads_kept_or_read(kept_heads, source, params, head_rows)
     else:  # nothing kept that could serve (none given, or the last pass placed all it had)
         jobs = list(Job.objects.raw(f"SELECT {columns} FROM {source}", params))
     if tiers is not None:
@@ -288,10 +289,12 @@ def _head_rows(source: str, params: list) -> list[tuple]:
         return [(pk.to_python(row[0]), tuple(row[1:])) for row in cursor.fetchall()]
 
 
-def _heads_kept_or_read(kept_heads: dict, source: str, params: list) -> list:
+def _heads_kept_or_read(kept_heads: dict, source: str, params: list,
+                        rows: list[tuple] | None = None) -> list:  # fmt: skip
     """The heads in `source`'s order: the kept instance where its row's `_UNVERSIONED` fields are
-    as kept, else the row read whole (one statement for all of those)."""
-    rows = _head_rows(source, params)
+    as kept, else the row read whole (one statement for all of those). `rows`: `_head_rows` of
+    `source` when read already."""
+    rows = _head_rows(source, params) if rows is None else rows
     jobs: list = []
     missing = []
     for job_id, values in rows:
@@ -399,16 +402,19 @@ def dispatch_once() -> DispatchResult:
         # Job arrays: rows for the tasks that could start (apps/admission/arrays.py).
         made = materialise_arrays()
         arriving = arriving_nodes()
-        if not made and _IDLE.unchanged(state, rows, arriving, config.backfill_depth):
-            kept.KEPT.done(state, decisions)
-            _LastPass.placed = False
-            result.seconds = time.monotonic() - started
-            return result
+        head_rows = None
+        if not made and _IDLE.may_repeat(state, rows, arriving):
+            head_rows = _head_rows(*_heads_source(config.backfill_depth))
+            if _IDLE.same_heads(head_rows):
+                kept.KEPT.done(state, decisions)
+                _LastPass.placed = False
+                result.seconds = time.monotonic() - started
+                return result
         gate = (
             DispatchGate.load()
         )  # admission: per-tenant GPU caps, coalesced followers (apps/admission)
         queue = ordered_queue(heads=config.backfill_depth, tiers={tier.pk: tier for tier in rows},
-                              kept_heads=state.heads)  # fmt: skip
+                              kept_heads=state.heads, head_rows=head_rows)  # fmt: skip
         state.heads = {job.pk: job for job in queue}
         jobs = {str(job.pk): job for job in queue if not gate.hold(job)}
         snapshot = state.snapshot(placement_strategy(jobs.values()))
@@ -464,15 +470,16 @@ class _Idle:
         self.seen: tuple | None = None
         self.at = float("-inf")  # monotonic time of that pass
 
-    def unchanged(self, state: kept.State, tiers: list[Tier], arriving: list, heads: int) -> bool:
-        """Whether this pass would repeat the last full one (`saw`): read the heads' rows only
-        when everything else is as it saw."""
+    def may_repeat(self, state: kept.State, tiers: list[Tier], arriving: list) -> bool:
+        """Whether this pass may repeat the last full one (`saw`), if its heads are the same:
+        everything else is as that pass saw, and it was less than IDLE_FULL_PASS_S ago."""
         if self.seen is None or time.monotonic() - self.at >= IDLE_FULL_PASS_S:
             return False
-        seen = self._seen(state, tiers, arriving)
-        if seen is None or seen != self.seen[:-1]:
-            return False
-        return _head_rows(*_heads_source(heads)) == self.seen[-1]
+        return self._seen(state, tiers, arriving) == self.seen[:-1]
+
+    def same_heads(self, rows: list[tuple]) -> bool:
+        """Whether the heads' rows (`_head_rows`) are as the last full pass left them."""
+        return self.seen is not None and rows == self.seen[-1]
 
     def saw(self, state: kept.State, tiers: list[Tier], arriving: list, queue: list[Job],
             result: DispatchResult) -> None:  # fmt: skip

@@ -87,12 +87,15 @@ def test_a_repeated_pass_over_a_lost_cluster_stops_after_its_first_reads(lost, f
     assert len(statements) < len(full.captured_queries) - 3  # no admission, usage, related rows
 
 
-def test_a_new_head_makes_the_next_pass_full(lost, full_passes):
+def test_a_new_head_makes_the_next_pass_full(lost, full_passes, monkeypatch):
     submit(lost)
     dispatch_once()
     late = submit(lost)
+    reads: list[int] = []
+    head_rows = dispatcher._head_rows
+    monkeypatch.setattr(dispatcher, "_head_rows", lambda *a: reads.append(1) or head_rows(*a))
     dispatch_once()
-    assert len(full_passes) == 2
+    assert len(full_passes) == 2 and len(reads) == 1  # the idle check's read serves the pass
     late.refresh_from_db()
     assert LOST in late.reason
 
@@ -156,10 +159,10 @@ def test_a_submit_made_during_a_skipped_pass_is_worded_by_a_following_pass(lost,
     submit(lost)
     tasks.dispatch()  # a full pass: futile, the next waits out QUIET_MS
     late: list[Job] = []
-    unchanged = dispatcher._IDLE.unchanged
+    same_heads = dispatcher._IDLE.same_heads
 
     def submit_after_the_check(*args, **kwargs):
-        same = unchanged(*args, **kwargs)
+        same = same_heads(*args, **kwargs)
         if not late:
             assert same  # this pass is skipped: it read its heads before the new job
             late.append(submit(lost))
@@ -167,7 +170,7 @@ def test_a_submit_made_during_a_skipped_pass_is_worded_by_a_following_pass(lost,
             tasks.dispatch()
         return same
 
-    monkeypatch.setattr(dispatcher._IDLE, "unchanged", submit_after_the_check)
+    monkeypatch.setattr(dispatcher._IDLE, "same_heads", submit_after_the_check)
     began = time.monotonic()
     tasks.dispatch()  # waits out the first pass's quiet, skips, waits again, then a full pass
     assert time.monotonic() - began >= 2 * tasks.QUIET_MS / 1000 * 0.8
