@@ -194,7 +194,7 @@ def arriving_nodes() -> list[policy.ArrivingNode]:
 
 
 def ordered_queue(heads: int = QUEUE_HEADS, tiers: dict[int, Tier] | None = None,
-                  kept_heads: dict | None = None):  # fmt: skip
+                  kept_heads: dict | None = None, head_rows: list[tuple] | None = None):  # fmt: skip
     """The heads of the queue: per (tier, tenant, pool) queue its first `heads` jobs by submit
     time (the policy's order inside such a queue), plus every job with a priority boost (its
     submit counts as earlier). A pool is what decides where a job may go: SKU, node selector,
@@ -217,29 +217,18 @@ def ordered_queue(heads: int = QUEUE_HEADS, tiers: dict[int, Tier] | None = None
     come with what may change on a queued job without its version (its reason, priority boost,
     hold), and only the rows that are new or changed are read and built whole (in a drain of
     1,000 jobs, 256 heads built again each pass, 7.6 ms of CPU a pass on SQLite, to place one to
-    five). Their tenants, SKUs and templates are read afresh every pass either way."""
-    now = connection.ops.adapt_datetimefield_value(timezone.now())
-    quote = connection.ops.quote_name
-    table = quote(Job._meta.db_table)
-    if connection.vendor == "postgresql":
-        # `= ANY(ARRAY(...))`: the ids are read first and the rows then fetched by primary key
-        # (`IN (...)` was planned as a hash join over a scan of the whole jobs table).
-        ids, params = _heads_through_index(heads, now)
-        picked = f"{table}.{quote('id')} = ANY(ARRAY({ids}))"
-    else:
-        ids, params = _numbered_heads(heads, now)
-        picked = f"{table}.{quote('id')} IN ({ids})"
+    five). Their tenants, SKUs and templates are read afresh every pass either way. `head_rows`:
+    those ids and fields as the pass read them already (`_head_rows`, for `_Idle`)."""
+    source, params = _heads_source(heads)
+    table, quote = connection.ops.quote_name(Job._meta.db_table), connection.ops.quote_name
     # Raw SQL, as the heads' ids are: the ORM built this statement anew every pass, 3.5 ms of
     # CPU of a 17 ms pass that places one job (its window and subqueries), for 0.3 ms of reading.
     columns = ", ".join(f"{table}.{quote(f.column)}" for f in Job._meta.concrete_fields)
-    order = f"ORDER BY {table}.{quote('created_at')}"
     kept_heads = kept_heads or {}
     if any(job.state == JobState.QUEUED for job in kept_heads.values()):
-        jobs = _heads_kept_or_read(kept_heads, f"{table} WHERE {picked} {order}", params)
+        jobs = _heads_kept_or_read(kept_heads, source, params, head_rows)
     else:  # nothing kept that could serve (none given, or the last pass placed all it had)
-        jobs = list(
-            Job.objects.raw(f"SELECT {columns} FROM {table} WHERE {picked} {order}", params)
-        )
+        jobs = list(Job.objects.raw(f"SELECT {columns} FROM {source}", params))
     if tiers is not None:
         jobs = [job for job in jobs if job.tier_id in tiers]
         for job in jobs:
@@ -261,6 +250,22 @@ def ordered_queue(heads: int = QUEUE_HEADS, tiers: dict[int, Tier] | None = None
     return jobs
 
 
+def _heads_source(heads: int) -> tuple[str, list]:
+    """`FROM ...` of the heads' rows in submit order (without the FROM), and its parameters."""
+    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    quote = connection.ops.quote_name
+    table = quote(Job._meta.db_table)
+    if connection.vendor == "postgresql":
+        # `= ANY(ARRAY(...))`: the ids are read first and the rows then fetched by primary key
+        # (`IN (...)` was planned as a hash join over a scan of the whole jobs table).
+        ids, params = _heads_through_index(heads, now)
+        picked = f"{table}.{quote('id')} = ANY(ARRAY({ids}))"
+    else:
+        ids, params = _numbered_heads(heads, now)
+        picked = f"{table}.{quote('id')} IN ({ids})"
+    return f"{table} WHERE {picked} ORDER BY {table}.{quote('created_at')}", params
+
+
 def _rows_by_id(model, keys) -> dict:
     if model is Tier:  # only where the caller read no tiers (never in a pass)
         return Tier.objects.in_bulk(keys)
@@ -271,9 +276,8 @@ def _rows_by_id(model, keys) -> dict:
 _UNVERSIONED = ("version", "state", "reason", "priority_boost", "held_by_dependencies")
 
 
-def _heads_kept_or_read(kept_heads: dict, source: str, params: list) -> list:
-    """The heads in `source`'s order: the kept instance where its row's `_UNVERSIONED` fields are
-    as kept, else the row read whole (one statement for all of those)."""
+def _head_rows(source: str, params: list) -> list[tuple]:
+    """(id, the `_UNVERSIONED` fields) of the heads in `source`, in its order."""
     table = connection.ops.quote_name(Job._meta.db_table)
     pk = Job._meta.pk
     assert pk is not None
@@ -282,7 +286,15 @@ def _heads_kept_or_read(kept_heads: dict, source: str, params: list) -> list:
         cursor.execute(
             f"SELECT {table}.{connection.ops.quote_name('id')}, {names} FROM {source}", params
         )
-        rows = [(pk.to_python(row[0]), row[1:]) for row in cursor.fetchall()]
+        return [(pk.to_python(row[0]), tuple(row[1:])) for row in cursor.fetchall()]
+
+
+def _heads_kept_or_read(kept_heads: dict, source: str, params: list,
+                        rows: list[tuple] | None = None) -> list:  # fmt: skip
+    """The heads in `source`'s order: the kept instance where its row's `_UNVERSIONED` fields are
+    as kept, else the row read whole (one statement for all of those). `rows`: `_head_rows` of
+    `source` when read already."""
+    rows = _head_rows(source, params) if rows is None else rows
     jobs: list = []
     missing = []
     for job_id, values in rows:
@@ -387,18 +399,28 @@ def dispatch_once() -> DispatchResult:
     decisions: list[policy.Decision] = []
     try:
         config = policy_config(rows, window=pass_window(state))
-        materialise_arrays()  # job arrays: rows for the tasks that could start (apps/admission/arrays.py)
+        # Job arrays: rows for the tasks that could start (apps/admission/arrays.py).
+        made = materialise_arrays()
+        arriving = arriving_nodes()
+        head_rows = None
+        if not made and _IDLE.may_repeat(state, rows, arriving):
+            head_rows = _head_rows(*_heads_source(config.backfill_depth))
+            if _IDLE.same_heads(head_rows):
+                kept.KEPT.done(state, decisions)
+                _LastPass.placed = False
+                result.seconds = time.monotonic() - started
+                return result
         gate = (
             DispatchGate.load()
         )  # admission: per-tenant GPU caps, coalesced followers (apps/admission)
         queue = ordered_queue(heads=config.backfill_depth, tiers={tier.pk: tier for tier in rows},
-                              kept_heads=state.heads)  # fmt: skip
+                              kept_heads=state.heads, head_rows=head_rows)  # fmt: skip
         state.heads = {job.pk: job for job in queue}
         jobs = {str(job.pk): job for job in queue if not gate.hold(job)}
         snapshot = state.snapshot(placement_strategy(jobs.values()))
         _drop_moved(jobs, snapshot)
         held = _held_reservations(jobs)
-        queued, arriving = [queued_job(job) for job in jobs.values()], arriving_nodes()
+        queued = [queued_job(job) for job in jobs.values()]
         usage = kept.KEPT.usage(state, now, config.half_life_s)
         facts = kept.job_facts(state)
         if _plan_wanted():
@@ -409,7 +431,9 @@ def dispatch_once() -> DispatchResult:
             held_reservation=held, arriving=arriving,
         )  # fmt: skip
         _apply(list(decisions), jobs, gate, snapshot, result, held)
+        _IDLE.saw(state, rows, arriving, queue, result)
     except BaseException:
+        _IDLE.forget()
         kept.KEPT.failed(state)
         raise
     kept.KEPT.done(state, decisions)
@@ -419,6 +443,72 @@ def dispatch_once() -> DispatchResult:
         log.info("dispatch: placed %d, preempted %d, %d waiting, %.3fs", len(result.placed), len(result.preempted),
                  result.waiting, result.seconds)  # fmt: skip
     return result
+
+
+# A full pass over a cluster that can take no work this often at least, however little changed:
+# what enters its heads' reasons besides the heads, the tiers and the cluster (a tenant's GPU cap,
+# an array's throttle, a tenant's or SKU's row, a node's state between lost and terminated) shows
+# within this.
+IDLE_FULL_PASS_S = 5.0
+
+
+class _Idle:
+    """A pass that can change nothing ends after its first reads. While no GPU can take work (no
+    healthy GPU on a ready node), none is held and no node is on its way, a pass can place,
+    preempt and reserve nothing: all it does is word its heads' reasons (the policy's "needs ...",
+    the start plan's "only a lost node could run it"), and those are what the last full pass wrote
+    when the heads, the tiers and the cluster are as that pass saw them. Such a pass reads the
+    tiers, the cluster's stamps, the arrays' and arriving nodes' probes and its heads' rows, and
+    stops there; it skipped admission's reads (`DispatchGate.load`, the followers), the heads'
+    tenants, SKUs and templates, the usage, the plan, the policy and the reasons. A burst of
+    submits to a cluster whose nodes are all lost (bench.slurm_peer's submit phase) ran that pass
+    over the same window of heads every QUIET_MS (apps/scheduling/tasks.py), ~20 ms of CPU each.
+
+    One per process, as kept.KEPT: it keeps what the last full pass over such a cluster saw."""
+
+    def __init__(self) -> None:
+        self.seen: tuple | None = None
+        self.at = float("-inf")  # monotonic time of that pass
+
+    def may_repeat(self, state: kept.State, tiers: list[Tier], arriving: list) -> bool:
+        """Whether this pass may repeat the last full one (`saw`), if its heads are the same:
+        everything else is as that pass saw, and it was less than IDLE_FULL_PASS_S ago."""
+        if self.seen is None or time.monotonic() - self.at >= IDLE_FULL_PASS_S:
+            return False
+        return self._seen(state, tiers, arriving) == self.seen[:-1]
+
+    def same_heads(self, rows: list[tuple]) -> bool:
+        """Whether the heads' rows (`_head_rows`) are as the last full pass left them."""
+        return self.seen is not None and rows == self.seen[-1]
+
+    def saw(self, state: kept.State, tiers: list[Tier], arriving: list, queue: list[Job],
+            result: DispatchResult) -> None:  # fmt: skip
+        """After a full pass: keep what it saw if the cluster could take no work (else nothing)."""
+        seen = self._seen(state, tiers, arriving)
+        if seen is None or result.placed or result.preempted:
+            self.forget()
+            return
+        # The heads as the pass left them (the reasons it wrote), as `_head_rows` reads them.
+        rows = [(job.pk, tuple(getattr(job, name) for name in _UNVERSIONED)) for job in queue]
+        self.seen, self.at = (*seen, rows), time.monotonic()
+
+    def forget(self) -> None:
+        self.seen = None
+
+    @staticmethod
+    def _seen(state: kept.State, tiers: list[Tier], arriving: list) -> tuple | None:
+        """What the pass sees besides its heads, or None when the cluster could take work (or the
+        state is not the kept one: a pass that found it in use reads its own)."""
+        if state.usable or state.holdings or arriving or state is not kept.KEPT.current():
+            return None
+        assert state.stamp is not None
+        stamp = state.stamp
+        fields = [field.attname for field in Tier._meta.concrete_fields]
+        rows = tuple(tuple(getattr(tier, name) for name in fields) for tier in tiers)
+        return state, tuple(stamp.nodes), stamp.gpus, stamp.allocations, stamp.settings, rows
+
+
+_IDLE = _Idle()
 
 
 def _plan_wanted() -> bool:

@@ -1,6 +1,5 @@
 """Thin Celery tasks of the dispatcher: each takes nothing or ids, and calls one service."""
 
-import contextlib
 import logging
 import time
 from typing import cast
@@ -28,20 +27,41 @@ REQUESTED_KEY = "gpuplatform:dispatch:requested"
 REQUESTED_TTL_S = 5
 
 
-# After a futile pass (nothing placed or preempted, no GPU free: DispatchResult.futile), requests
-# that only bring new jobs wait up to this long for their pass, all in one: a burst of submits to
-# a full cluster ran up to 40 passes a second over the growing queue, none of which could start
-# anything. A job end or a node change asks at once and ends the wait (QUIET_KEY deleted by the
-# pass it runs when that pass is not futile); a submit to a cluster with a free GPU never waits.
+# After a futile pass (nothing placed or preempted, no GPU free: DispatchResult.futile), the
+# process's next pass waits up to this long (`_wait_while_quiet`), and answers every submit made
+# meanwhile: a burst of submits to a full cluster ran up to 40 passes a second over the growing
+# queue, none of which could start anything. A job end or a node change (URGENT_KEY) ends the wait
+# at once, and a pass that is not futile ends the quiet; a submit to a cluster with a free GPU
+# never waits. The dispatcher waits, not the request: a request is one Redis round trip whatever
+# the cluster (it was a read of a quiet key in Redis, then a SET NX and, once per wait, a delayed
+# Celery message with its receipt and task events on the dispatcher), and the submits made during
+# the futile pass wait with the rest instead of running a second pass at once (one pass per wait,
+# not two). The quiet is the process's own (no Redis command a pass): a second dispatcher process
+# that has not had a futile pass itself runs its pass at once, so with two a burst may run up to
+# two passes per QUIET_MS.
 QUIET_MS = 250
-QUIET_KEY = "gpuplatform:dispatch:quiet"  # set by a futile pass, for QUIET_MS
-DEFERRED_KEY = "gpuplatform:dispatch:deferred"  # a delayed request's message is on its way
 
 
-# One round trip: the request's mark (SET NX, as before), then a wake pushed for a dispatcher
-# that listens (apps/scheduling/wake.py), the list kept to one: 0 another request waits, 1 no
-# dispatcher listens (send the Celery message), 2 woken.
+class _Quiet:
+    until = float("-inf")  # monotonic: the end of the wait after this process's futile pass
+
+
+# A list, pushed by every request that must not wait (not a submit's): a waiting holder blocks on
+# it. Deleted before each pass reads the queue, as REQUESTED_KEY is; one left after a pass says a
+# request came during that pass, and ends the next wait at once.
+URGENT_KEY = "gpuplatform:dispatch:urgent"
+
+
+# One round trip: for a request that must not wait, its mark on URGENT_KEY (whatever else waits);
+# then the request's mark (SET NX, as before), then a wake pushed for a dispatcher that listens
+# (apps/scheduling/wake.py), the lists kept to one: 0 another request waits, 1 no dispatcher
+# listens (send the Celery message), 2 woken.
 _REQUEST = """
+if ARGV[2] == '1' then
+  redis.call('lpush', KEYS[4], 1)
+  redis.call('ltrim', KEYS[4], 0, 0)
+  redis.call('expire', KEYS[4], ARGV[1])
+end
 if not redis.call('set', KEYS[1], 1, 'NX', 'EX', ARGV[1]) then return 0 end
 if redis.call('exists', KEYS[2]) == 0 then return 1 end
 redis.call('lpush', KEYS[3], 1)
@@ -62,12 +82,13 @@ def request_dispatch(after_submit: bool = False) -> None:
     a burst of submissions, publishing a message each (~2 ms of a web process's CPU) was a tenth
     of a submit's cost, for passes that the dispatcher would have run once anyway.
 
-    `after_submit` (new jobs only): while QUIET_KEY lasts, the pass is sent for when it ends."""
-    if after_submit and _deferred():
-        return
+    `after_submit` (new jobs only): the pass may wait out a futile pass's quiet (QUIET_MS); any
+    other request marks URGENT_KEY, which ends that wait."""
+    urgent = "0" if after_submit else "1"
     try:
-        marked = int(cast(int, shared_client().eval(_REQUEST, 3, REQUESTED_KEY, wake.LISTENING_KEY,
-                                                     wake.WAKE_KEY, str(REQUESTED_TTL_S))))  # fmt: skip
+        keys = (REQUESTED_KEY, wake.LISTENING_KEY, wake.WAKE_KEY, URGENT_KEY)
+        marked = int(cast(int, shared_client().eval(_REQUEST, len(keys), *keys,
+                                                     str(REQUESTED_TTL_S), urgent)))  # fmt: skip
         if marked != _SEND:  # another request waits, or a dispatcher listening was woken
             return
     except redis.RedisError:
@@ -82,24 +103,21 @@ def request_dispatch(after_submit: bool = False) -> None:
             pass
 
 
-def _deferred() -> bool:
-    """While a futile pass's QUIET_KEY lasts, send one request for when it ends (the later ones
-    are answered by that pass) and say so; False when there is no wait (or no Redis)."""
+def _wait_while_quiet() -> None:
+    """Before a pass: while the quiet after this process's futile pass lasts, wait for it to end
+    or for a request that must not wait (URGENT_KEY), whichever comes first. The holder waits
+    with the leader lock (renewed after each pass: LEADER_TTL_MS is 20 waits), so the requests
+    made meanwhile find it held, or REQUESTED_KEY set, and send nothing: this pass answers them
+    all. Without Redis there is no wait."""
+    left = _Quiet.until - time.monotonic()
+    if left <= 0:
+        return
     try:
-        left_ms = int(cast(int, shared_client().pttl(QUIET_KEY)))
-        if left_ms <= 0:
-            return False
-        if not shared_client().set(DEFERRED_KEY, 1, nx=True, px=left_ms + REQUESTED_TTL_S * 1000):
-            return True
+        # Seconds with a fraction: Redis takes them since 6.0, and redis-py passes them on (its
+        # annotation says int).
+        client().blpop([URGENT_KEY], timeout=left)  # type: ignore[arg-type]
     except redis.RedisError:
-        return False
-    try:
-        dispatch.apply_async(queue=Queue.CONTROL, countdown=left_ms / 1000, expires=30, retry=False)
-    except Exception:
-        log.warning("could not request a dispatch; the beat tick will run one", exc_info=True)
-        with contextlib.suppress(redis.RedisError):
-            shared_client().delete(DEFERRED_KEY)
-    return True
+        pass
 
 
 @signals.worker_ready.connect
@@ -126,7 +144,8 @@ def dispatch() -> None:
     more messages, each a task's receipt, events and lock attempt on the dispatcher, for the one
     pass the holder ran anyway). The holder looks at the mark once more after letting go of the
     lock: one made before a failed try is then always seen by a holder, where a mark made
-    between the holder's last look and its release waited for the beat tick."""
+    between the holder's last look and its release waited for the beat tick. Before each pass the
+    holder waits out a futile pass's quiet (`_wait_while_quiet`)."""
     lock = LeaderLock("dispatch", ttl_ms=LEADER_TTL_MS)
     try:
         client().set(DIRTY_KEY, 1, ex=60)
@@ -140,8 +159,9 @@ def dispatch() -> None:
     while True:
         try:
             while passes < PASSES_PER_TASK:
+                _wait_while_quiet()
                 # Before the pass reads the queue: later commits ask again.
-                client().delete(DIRTY_KEY, REQUESTED_KEY, DEFERRED_KEY)
+                client().delete(DIRTY_KEY, REQUESTED_KEY, URGENT_KEY)
                 _timed_pass()
                 passes += 1
                 if not client().get(DIRTY_KEY) or not lock.extend():
@@ -178,15 +198,9 @@ def _timed_pass() -> None:
 
 
 def _quiet_after(result: dispatcher.DispatchResult) -> None:
-    """Start QUIET_MS of waiting for submits after a futile pass; end it after any other (one
-    Redis command a pass, whichever dispatcher process set it)."""
-    try:
-        if result.futile:
-            client().set(QUIET_KEY, 1, px=QUIET_MS)
-        else:
-            client().delete(QUIET_KEY)
-    except redis.RedisError:
-        pass  # no wait then: every request asks at once
+    """Start QUIET_MS of waiting before this process's next pass after a futile one; end it after
+    any other."""
+    _Quiet.until = time.monotonic() + QUIET_MS / 1000 if result.futile else float("-inf")
 
 
 @shared_task(name=Task.RECONCILE, ignore_result=True)

@@ -1,8 +1,11 @@
 """At most one dispatch request waits at a time (apps/scheduling/tasks.py request_dispatch):
 later requests are answered by the waiting one's pass, which deletes the mark before it reads
 the queue; a request that could not be sent does not hold back the next. After a futile pass (a
-full cluster, nothing placed), requests that only bring new jobs wait QUIET_MS for one pass;
-a job's end or a node change does not wait, nor does a submit when a GPU is free."""
+full cluster, nothing placed), the next pass waits QUIET_MS and answers every submit made
+meanwhile; a job's end or a node change ends the wait, and a submit when a GPU is free never
+waits (tests/unit/test_h40disp_quiet.py has the waits themselves)."""
+
+import time
 
 import pytest
 import redis
@@ -18,12 +21,12 @@ from tests.unit.test_dispatcher import submit
 def sent(monkeypatch):
     keys = (
         tasks.REQUESTED_KEY,
-        tasks.DEFERRED_KEY,
-        tasks.QUIET_KEY,
+        tasks.URGENT_KEY,
         wake.LISTENING_KEY,
         wake.WAKE_KEY,
     )
     shared_client().delete(*keys)
+    monkeypatch.setattr(tasks._Quiet, "until", float("-inf"))
     messages = Sent()
     monkeypatch.setattr(tasks.dispatch, "apply_async", lambda **options: messages.append(options))
     passes = [DispatchResult(free_gpus=1)]  # the result of each pass from here on
@@ -74,26 +77,27 @@ def test_without_redis_the_request_is_sent_anyway(sent, monkeypatch):
     assert len(sent) == 2
 
 
-def test_after_a_futile_pass_submits_wait_for_one_pass_and_an_end_does_not_wait(sent):
+def test_after_a_futile_pass_submits_send_one_request_and_an_end_marks_the_wait_over(sent):
     sent.passes.append(DispatchResult(free_gpus=0))  # full cluster, nothing placed
     tasks.dispatch()
-    assert 0 < shared_client().pttl(tasks.QUIET_KEY) <= tasks.QUIET_MS
+    assert 0 < tasks._Quiet.until - time.monotonic() <= tasks.QUIET_MS / 1000
     for _ in range(5):
         tasks.request_dispatch(after_submit=True)
-    assert len(sent) == 1 and 0 < sent[0]["countdown"] <= tasks.QUIET_MS / 1000
-    tasks.request_dispatch()  # a job ended: a pass at once
-    assert len(sent) == 2 and "countdown" not in sent[1]
+    assert len(sent) == 1 and "countdown" not in sent[0]  # the pass waits, not the message
+    assert not shared_client().exists(tasks.URGENT_KEY)
+    tasks.request_dispatch()  # a job ended: answered by the same pass, which must not wait
+    assert len(sent) == 1 and shared_client().llen(tasks.URGENT_KEY) == 1
     sent.passes.append(DispatchResult(placed=["j"]))  # that pass placed: the wait is over
     tasks.dispatch()
-    assert not shared_client().exists(tasks.QUIET_KEY, tasks.DEFERRED_KEY)
+    assert tasks._Quiet.until < time.monotonic() and not shared_client().exists(tasks.URGENT_KEY)
     tasks.request_dispatch(after_submit=True)
-    assert len(sent) == 3 and "countdown" not in sent[2]
+    assert len(sent) == 2
 
 
 def test_a_submit_to_a_cluster_with_a_free_gpu_never_waits(sent):
     sent.passes.append(DispatchResult(free_gpus=1))  # placed nothing (say, too big), a GPU free
     tasks.dispatch()
-    assert not shared_client().exists(tasks.QUIET_KEY)
+    assert tasks._Quiet.until < time.monotonic()
     tasks.request_dispatch(after_submit=True)
     assert len(sent) == 1 and "countdown" not in sent[0]
 
