@@ -7,6 +7,8 @@ from datetime import timedelta
 from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+from rest_framework.fields import SkipField
+from rest_framework.relations import PKOnlyObject
 
 from apps.admission import rows
 from apps.admission.estimates import Estimator
@@ -482,6 +484,17 @@ class JobSerializer(serializers.ModelSerializer):
         return serializers.DateTimeField().to_representation(estimate) if estimate else None
 
 
+def _column(field: serializers.Field, columns: set[str]) -> str | None:
+    """The Job column a field's value is, where DRF's `get_attribute` would find it by one
+    `getattr` (a plain field whose source is the column); None otherwise."""
+    if isinstance(field, serializers.SerializerMethodField | serializers.RelatedField):
+        return None
+    if isinstance(field, serializers.BaseSerializer | serializers.ManyRelatedField):
+        return None
+    source = field.source_attrs
+    return source[0] if len(source) == 1 and source[0] in columns else None
+
+
 class CreatedJobSerializer(JobSerializer):
     """JobSerializer for a job a submit has just created: the same fields (declared once, in
     JobSerializer), but a new job has no attempts (reading them would be a statement) and its
@@ -493,9 +506,48 @@ class CreatedJobSerializer(JobSerializer):
     attempts = serializers.SerializerMethodField()  # type: ignore[assignment]
     position: int | None = None
     start = None
+    readable_plan: list | None = None  # `plan()`'s, once made
 
     def get_attempts(self, job: Job) -> list:
         return []
+
+    def to_representation(self, instance):
+        """DRF's `Serializer.to_representation` (every readable field in order: a None stays None,
+        anything else through the field's `to_representation`), then JobSerializer's wording of
+        a queued job's reason. What differs is how a value is found: for a field whose source
+        is one of Job's own columns, `getattr` on the job, where DRF's `Field.get_attribute`
+        walks a source path that has one step here, checks for a mapping and for a callable
+        (a column's value is neither) and catches what a missing attribute raises (a column is
+        never missing): ~1 us a field, 33 of the 44 fields. The others (related names, the
+        method fields, the array's key) go through DRF's own `get_attribute`."""
+        ret = {}
+        for name, column, field in self.plan():
+            if column is None:
+                try:
+                    attribute = field.get_attribute(instance)
+                except SkipField:
+                    continue
+                none = (attribute.pk if isinstance(attribute, PKOnlyObject) else attribute) is None
+            else:
+                attribute = getattr(instance, column)
+                none = attribute is None
+            ret[name] = None if none else field.to_representation(attribute)
+        if ret.get("state") == JobState.QUEUED and ret.get("reason"):
+            ret["reason"] = waiting.with_relative(ret["reason"])  # as JobSerializer's
+        return ret
+
+    def plan(self) -> list[tuple[str, str | None, serializers.Field]]:
+        """(key, the Job column it reads or None, field) for each readable field, in order; made
+        once for this serializer (one a thread: `created_representation`)."""
+        plan = self.readable_plan
+        if plan is None:
+            columns = {f.name for f in Job._meta.concrete_fields if not f.is_relation}
+            plan = self.readable_plan = [
+                (field.field_name, _column(field, columns), field)
+                for field in self.fields.values()
+                if not field.write_only
+            ]
+        return plan
 
     def get_queue_position(self, job: Job) -> int | None:
         return self.position
