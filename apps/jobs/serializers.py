@@ -5,9 +5,10 @@ import uuid
 from datetime import timedelta
 
 from django.conf import settings
+from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
-from rest_framework.fields import SkipField
+from rest_framework.fields import SkipField, empty, get_error_detail
 from rest_framework.relations import PKOnlyObject
 
 from apps.admission import rows
@@ -192,7 +193,54 @@ class JobSubmitSerializer(serializers.Serializer):
         unstorable = [name for name, value in data.items() if _unstorable(value)]
         if unstorable:
             raise serializers.ValidationError({name: [UNSTORABLE] for name in unstorable})
-        return super().to_internal_value(data)
+        return self.checked(data)
+
+    def checked(self, data: dict) -> dict:
+        """DRF's `Serializer.to_internal_value` loop for a JSON object (every field in order:
+        its `run_validation`, then the serializer's `validate_<name>`; the errors by field),
+        without its work for the fields a body leaves out. DRF would look each up, find it
+        empty and, for an optional field with no default, raise and catch SkipField: 24 of the
+        29 fields of a minimal body, ~1.5 us each. Such a field is passed over here at once; a
+        required one or one with a default still goes through `run_validation` (DRF's
+        `required` error, or the default). No field here reads a body its own way
+        (`get_value`), and a submit is never partial."""
+        ret: dict = {}
+        errors: dict = {}
+        for name, field, validate in self.plan():
+            if name in data:
+                primitive = data[name]
+            elif not field.required and field.default is empty:
+                continue  # what DRF's get_default would raise SkipField for
+            else:
+                primitive = empty
+            try:
+                value = field.run_validation(primitive)
+                if validate is not None:
+                    value = validate(value)
+            except serializers.ValidationError as exc:
+                errors[name] = exc.detail
+            except DjangoValidationError as exc:
+                errors[name] = get_error_detail(exc)
+            except SkipField:
+                pass
+            else:
+                self.set_value(ret, field.source_attrs, value)
+        if errors:
+            raise serializers.ValidationError(errors)
+        return ret
+
+    checking_plan: list | None = None  # `plan()`'s, once made
+
+    def plan(self) -> list:
+        """(name, field, the serializer's validate_<name> or None) for each writable field, in
+        order; made once for this serializer (one a thread: `validate_submission`)."""
+        if self.checking_plan is None:
+            self.checking_plan = [
+                (field.field_name, field, getattr(self, f"validate_{field.field_name}", None))
+                for field in self.fields.values()
+                if not field.read_only
+            ]
+        return self.checking_plan
 
     def validate_template(self, value: str) -> JobTemplate:
         template = self._named("template", value, rows.template_named)
