@@ -12,6 +12,7 @@ the same in both trees) and, on PostgreSQL, its backends' (each thread's connect
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import threading
 import time
@@ -52,6 +53,14 @@ def main() -> int:
         done = threading.Barrier(args.threads + 1)
 
         def worker(n: int) -> None:
+            try:
+                work(n)
+            except BaseException:
+                start.abort()  # the others stop waiting; the run fails
+                done.abort()
+                raise
+
+        def work(n: int) -> None:
             client = Client(HTTP_AUTHORIZATION=f"Token {token}")
             for _ in range(5):
                 assert (
@@ -72,6 +81,9 @@ def main() -> int:
         for t in threads:
             t.start()
         cpu = wall = 0.0
+        # A batch takes seconds: one that is still running after 90 is stuck (seen twice under
+        # load): every thread's stack to stderr, and the run ends.
+        faulthandler.dump_traceback_later(90, repeat=False, exit=True)
         for _ in range(args.batches):
             time.sleep(0.3)
             Job.objects.filter(state="queued").update(state="cancelled")
@@ -82,6 +94,7 @@ def main() -> int:
             wall += time.perf_counter() - began
         for t in threads:
             t.join()
+        faulthandler.cancel_dump_traceback_later()
         count = args.batches * args.per_thread * args.threads
         print(json.dumps({"web_ms": round(cpu / count * 1000, 3), "pg_ms": round(sum(server_cpu) / count * 1000, 3),
                           "wall_ms": round(wall / count * 1000, 3), "submits": count}))  # fmt: skip
