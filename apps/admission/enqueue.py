@@ -7,7 +7,7 @@ it lives here, above the jobs app, because the kept count and the fast inserts a
 
 from __future__ import annotations
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from apps.admission import rows
 from apps.jobs.models import Job, JobEvent
@@ -53,11 +53,21 @@ def enqueue_job(*, tenant: Tenant, user, spec: JobSpec, limits: dict | None = No
     check_allowed(tenant, spec)
     if limits is None:
         limits = tenant_limits(tenant)
+    cap = limits["max_queued_jobs"]
+    if connection.vendor != "postgresql":
+        # SQLite: the transaction holds the one write lock; the cap's check (the kept count and
+        # the arrays' virtual tasks) is in the job's insert, and the count is read again only
+        # for a refusal's words.
+        job, event, params = built or (*new_job(tenant=tenant, user=user, spec=spec), None)
+        saved = rows.insert_if_room(job, event, params or rows.insert_params(job, event), cap=cap)
+        if saved is None:
+            raise queue_full(tenant, rows.queued_for_cap(tenant), limits)
+        return saved
     # The count the jobs table's triggers keep (apps/admission/queued.py) and the tenant's arrays'
     # virtual tasks; on PostgreSQL the count's row is locked first, so a submit that checks the
     # cap without the tenant's lock waits for this one.
     queued = rows.queued_for_cap(tenant)
-    if queued >= limits["max_queued_jobs"]:
+    if queued >= cap:
         raise queue_full(tenant, queued, limits)
     job, event, params = built or (*new_job(tenant=tenant, user=user, spec=spec), None)
     job, _ = rows.insert_job_and_event(job, event, params)

@@ -5,8 +5,11 @@ import uuid
 from datetime import timedelta
 
 from django.conf import settings
+from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+from rest_framework.fields import SkipField, empty, get_error_detail
+from rest_framework.relations import PKOnlyObject
 
 from apps.admission import rows
 from apps.admission.estimates import Estimator
@@ -190,7 +193,54 @@ class JobSubmitSerializer(serializers.Serializer):
         unstorable = [name for name, value in data.items() if _unstorable(value)]
         if unstorable:
             raise serializers.ValidationError({name: [UNSTORABLE] for name in unstorable})
-        return super().to_internal_value(data)
+        return self.checked(data)
+
+    def checked(self, data: dict) -> dict:
+        """DRF's `Serializer.to_internal_value` loop for a JSON object (every field in order:
+        its `run_validation`, then the serializer's `validate_<name>`; the errors by field),
+        without its work for the fields a body leaves out. DRF would look each up, find it
+        empty and, for an optional field with no default, raise and catch SkipField: 24 of the
+        29 fields of a minimal body, ~1.5 us each. Such a field is passed over here at once; a
+        required one or one with a default still goes through `run_validation` (DRF's
+        `required` error, or the default). No field here reads a body its own way
+        (`get_value`), and a submit is never partial."""
+        ret: dict = {}
+        errors: dict = {}
+        for name, field, validate in self.plan():
+            if name in data:
+                primitive = data[name]
+            elif not field.required and field.default is empty:
+                continue  # what DRF's get_default would raise SkipField for
+            else:
+                primitive = empty
+            try:
+                value = field.run_validation(primitive)
+                if validate is not None:
+                    value = validate(value)
+            except serializers.ValidationError as exc:
+                errors[name] = exc.detail
+            except DjangoValidationError as exc:
+                errors[name] = get_error_detail(exc)
+            except SkipField:
+                pass
+            else:
+                self.set_value(ret, field.source_attrs, value)
+        if errors:
+            raise serializers.ValidationError(errors)
+        return ret
+
+    checking_plan: list | None = None  # `plan()`'s, once made
+
+    def plan(self) -> list:
+        """(name, field, the serializer's validate_<name> or None) for each writable field, in
+        order; made once for this serializer (one a thread: `validate_submission`)."""
+        if self.checking_plan is None:
+            self.checking_plan = [
+                (field.field_name, field, getattr(self, f"validate_{field.field_name}", None))
+                for field in self.fields.values()
+                if not field.read_only
+            ]
+        return self.checking_plan
 
     def validate_template(self, value: str) -> JobTemplate:
         template = self._named("template", value, rows.template_named)
@@ -482,6 +532,17 @@ class JobSerializer(serializers.ModelSerializer):
         return serializers.DateTimeField().to_representation(estimate) if estimate else None
 
 
+def _column(field: serializers.Field, columns: set[str]) -> str | None:
+    """The Job column a field's value is, where DRF's `get_attribute` would find it by one
+    `getattr` (a plain field whose source is the column); None otherwise."""
+    if isinstance(field, serializers.SerializerMethodField | serializers.RelatedField):
+        return None
+    if isinstance(field, serializers.BaseSerializer | serializers.ManyRelatedField):
+        return None
+    source = field.source_attrs
+    return source[0] if len(source) == 1 and source[0] in columns else None
+
+
 class CreatedJobSerializer(JobSerializer):
     """JobSerializer for a job a submit has just created: the same fields (declared once, in
     JobSerializer), but a new job has no attempts (reading them would be a statement) and its
@@ -493,9 +554,48 @@ class CreatedJobSerializer(JobSerializer):
     attempts = serializers.SerializerMethodField()  # type: ignore[assignment]
     position: int | None = None
     start = None
+    readable_plan: list | None = None  # `plan()`'s, once made
 
     def get_attempts(self, job: Job) -> list:
         return []
+
+    def to_representation(self, instance):
+        """DRF's `Serializer.to_representation` (every readable field in order: a None stays None,
+        anything else through the field's `to_representation`), then JobSerializer's wording of
+        a queued job's reason. What differs is how a value is found: for a field whose source
+        is one of Job's own columns, `getattr` on the job, where DRF's `Field.get_attribute`
+        walks a source path that has one step here, checks for a mapping and for a callable
+        (a column's value is neither) and catches what a missing attribute raises (a column is
+        never missing): ~1 us a field, 33 of the 44 fields. The others (related names, the
+        method fields, the array's key) go through DRF's own `get_attribute`."""
+        ret = {}
+        for name, column, field in self.plan():
+            if column is None:
+                try:
+                    attribute = field.get_attribute(instance)
+                except SkipField:
+                    continue
+                none = (attribute.pk if isinstance(attribute, PKOnlyObject) else attribute) is None
+            else:
+                attribute = getattr(instance, column)
+                none = attribute is None
+            ret[name] = None if none else field.to_representation(attribute)
+        if ret.get("state") == JobState.QUEUED and ret.get("reason"):
+            ret["reason"] = waiting.with_relative(ret["reason"])  # as JobSerializer's
+        return ret
+
+    def plan(self) -> list[tuple[str, str | None, serializers.Field]]:
+        """(key, the Job column it reads or None, field) for each readable field, in order; made
+        once for this serializer (one a thread: `created_representation`)."""
+        plan = self.readable_plan
+        if plan is None:
+            columns = {f.name for f in Job._meta.concrete_fields if not f.is_relation}
+            plan = self.readable_plan = [
+                (field.field_name, _column(field, columns), field)
+                for field in self.fields.values()
+                if not field.write_only
+            ]
+        return plan
 
     def get_queue_position(self, job: Job) -> int | None:
         return self.position

@@ -1,0 +1,43 @@
+"""A plain submit's round trips to the database, every one of them counted (transaction control
+too), as production runs it: no test transaction around the request, the token and the
+submitter in this process's caches, the replay of the queue fresh. A body that names no
+template or SKU (the bench's, a script's `command`).
+
+PostgreSQL: two round trips. The admit statement (the count row's lock, the cap's check, the
+job and its event, committed on its own: apps/admission/rows.py `admit`) and the queue window
+for the answer's position and estimate (apps/admission/estimates.py `for_new_job`).
+SQLite: BEGIN IMMEDIATE, the job (its insert checks the cap: rows.insert_if_room) and its event,
+COMMIT, then the window (six until the cap was read by a statement of its own).
+"""
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from apps.admission import estimates
+from tests.admission.conftest import TRAIN, generous
+from tests.factories import client_for, make_cast, make_node
+
+PLAIN = {"command": ["true"], "gpus": 1}
+ROUND_TRIPS = {"postgresql": 2, "sqlite": 5}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_plain_submit_makes_exactly_its_round_trips():
+    people = make_cast()
+    make_node("h1", "H100-80GB", 8)
+    generous("acme")
+    estimates.forget()
+    bob = client_for(people["bob"][1])
+    assert bob.post("/api/v1/jobs/", TRAIN, format="json").status_code == 201  # token, count row
+    assert bob.post("/api/v1/jobs/", PLAIN, format="json").status_code == 201  # submitter kept
+    seen = []
+    for _ in range(5):
+        with CaptureQueriesContext(connection) as ctx:
+            response = bob.post("/api/v1/jobs/", PLAIN, format="json")
+        assert response.status_code == 201, response.content
+        seen.append([q["sql"] for q in ctx.captured_queries])
+    # The fewest of five: a replay older than REUSE_SECONDS (a slow machine) loads the queue again.
+    fewest = min(seen, key=len)
+    print("\n".join(s[:160] for s in fewest))
+    assert len(fewest) == ROUND_TRIPS[connection.vendor], "\n".join(s[:160] for s in fewest)
