@@ -74,34 +74,61 @@ class Leases:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.held: dict[tuple[str, ...], Lease] = {}
+        self.takers: dict[tuple[str, ...], threading.Lock] = {}
         self.reconciler: threading.Thread | None = None
         self.reconciler_pid = 0
 
     def take(self, wanted: list[buckets.Bucket]) -> buckets.TakeResult:
         """One token from every bucket, or none if any is empty. Raises RedisError where Redis
-        must be asked and does not answer."""
+        must be asked and does not answer.
+
+        One lease at a time a (tenant, user) pair in a process: the threads that find the lease
+        spent while another takes the next wait for it and spend from it. When each took its
+        own, a burst of submits to a process with a spent lease took one lease a thread, up to
+        the threads' count times the lease size, which emptied a bucket smaller than that, and
+        the threads whose lease came back empty answered 429 while their process held tokens."""
         self.reconcile_in_background()
         key = tuple(b.key for b in wanted)
+        spent = self.spend(key, wanted)
+        if spent is not None:
+            return spent
+        with self.leasing(key):
+            spent = self.spend(key, wanted)  # another thread's lease, taken while this one waited
+            if spent is not None:
+                return spent
+            with self.lock:
+                held = self.held.pop(key, None)
+            back = held.tokens if held is not None else 0
+            answer = buckets.lease(wanted, min(lease_size(b) for b in wanted), back=back)
+            lease = Lease(wanted=wanted, tokens=answer.taken, shared=answer)
+            taken = min(1, lease.tokens)
+            lease.tokens -= taken
+            with self.lock:
+                self.held[key] = lease
+            return lease.result(taken=taken, now=lease.taken_at)
+
+    def spend(
+        self, key: tuple[str, ...], wanted: list[buckets.Bucket]
+    ) -> buckets.TakeResult | None:
+        """A token from this process's fresh lease, or its remembered refusal; None when Redis
+        must be asked."""
         now = time.monotonic()
-        back = 0
         with self.lock:
             held = self.held.get(key)
-            if held is not None and held.fresh(now) and held.wanted == wanted:
-                if held.tokens >= 1:
-                    held.tokens -= 1
-                    return held.result(taken=1, now=now)
-                if held.refused_for(now) > 0:
-                    return held.result(taken=0, now=now)  # refused until its Retry-After
-            if held is not None:
-                back = self.held.pop(key).tokens
-        answer = buckets.lease(wanted, min(lease_size(b) for b in wanted), back=back)
-        lease = Lease(wanted=wanted, tokens=max(0, answer.taken - 1), shared=answer)
+            if held is None or not held.fresh(now) or held.wanted != wanted:
+                return None
+            if held.tokens >= 1:
+                held.tokens -= 1
+                return held.result(taken=1, now=now)
+            if held.refused_for(now) > 0:
+                return held.result(taken=0, now=now)  # refused until its Retry-After
+            return None
+
+    def leasing(self, key: tuple[str, ...]) -> threading.Lock:
+        """The lock held while a lease of this pair is taken (one a pair, kept while the process
+        lives: a few bytes a tenant-user pair that submitted)."""
         with self.lock:
-            other = self.held.get(key)  # another thread's, taken meanwhile: keep its tokens too
-            if other is not None and other.wanted == wanted and other.fresh(lease.taken_at):
-                lease.tokens += other.tokens
-            self.held[key] = lease
-        return lease.result(taken=min(1, answer.taken), now=lease.taken_at)
+            return self.takers.setdefault(key, threading.Lock())
 
     def unspent(self, wanted: list[buckets.Bucket]) -> int:
         held = self.held.get(tuple(b.key for b in wanted))
@@ -132,6 +159,7 @@ class Leases:
         with self.lock:
             if self.reconciler_pid != os.getpid():
                 self.held.clear()
+                self.takers.clear()  # a lock held by a parent's thread stays held in a child
                 self.reconciler_pid = os.getpid()
                 self.reconciler = threading.Thread(
                     target=self.reconcile_forever, name="rate-limit-leases", daemon=True

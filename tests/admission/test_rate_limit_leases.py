@@ -1,6 +1,7 @@
 """Each process's leases of the shared submit buckets (apps/admission/leases.py): spent without a
 Redis round trip, given back within LEASE_SECONDS, never beyond the shared buckets."""
 
+import threading
 import time
 
 import pytest
@@ -86,3 +87,33 @@ def test_a_lease_period_of_0_takes_every_token_from_redis(as_user, settings, red
     ]
     assert codes == [201] * 5
     assert [call["want"] for call in redis_calls] == [1] * 5
+
+
+def test_threads_that_find_the_lease_spent_together_share_the_next(cast, monkeypatch):
+    """Eight threads of one process find no lease at once (a burst's first submits, or the lease
+    just spent): one takes the next lease and the others spend from it. When each took its own,
+    two leases of 10 emptied this bucket of 20 and six threads answered 429 while their process
+    held 18 unspent tokens."""
+    wanted = [buckets.Bucket(f"{buckets.PREFIX}test:burst", rate_per_minute=600, burst=20)]
+    process = leases.Leases()
+    lease, calls = buckets.lease, []
+
+    def slow_lease(*args, **kwargs):  # Redis's answer takes a while: every thread arrives first
+        calls.append(kwargs)
+        time.sleep(0.2)
+        return lease(*args, **kwargs)
+
+    monkeypatch.setattr(buckets, "lease", slow_lease)
+    start, taken = threading.Barrier(8), []
+
+    def submit():
+        start.wait()
+        taken.append(process.take(wanted).taken)
+
+    threads = [threading.Thread(target=submit) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert taken == [1] * 8
+    assert len(calls) == 1 and process.unspent(wanted) == 10 - 8
