@@ -13,12 +13,13 @@ from django.test.utils import CaptureQueriesContext
 from apps.admission import fit
 from apps.jobs.models import Job, JobState
 from apps.nodes.models import Node, NodeState
-from apps.scheduling import dispatcher, tasks, wake
+from apps.scheduling import dispatcher, tasks
 from apps.scheduling.dispatcher import dispatch_once
 from apps.scheduling.redis import shared_client
 from apps.tenants.models import Tier
 from tests.factories import make_cast, make_node
 from tests.unit.test_dispatcher import placed_and_started, submit
+from tests.unit.test_h40disp_quiet import KEYS, clean_requests
 
 LOST = "only a lost node could run it"
 
@@ -55,14 +56,8 @@ def full_passes(monkeypatch):
 @pytest.fixture
 def redis_keys(monkeypatch):
     """A clean slate for the dispatch requests' keys; Celery messages recorded, not sent."""
-    keys = (tasks.REQUESTED_KEY, tasks.URGENT_KEY, tasks.DIRTY_KEY, wake.LISTENING_KEY,
-            wake.WAKE_KEY)  # fmt: skip
-    shared_client().delete(*keys)
-    monkeypatch.setattr(tasks._Quiet, "until", float("-inf"))
-    messages: list[dict] = []
-    monkeypatch.setattr(tasks.dispatch, "apply_async", lambda **options: messages.append(options))
-    yield messages
-    shared_client().delete(*keys)
+    yield clean_requests(monkeypatch)
+    shared_client().delete(*KEYS)
 
 
 def reasons() -> dict:

@@ -16,16 +16,23 @@ from apps.scheduling.redis import shared_client
 FUTILE, PLACED = DispatchResult(free_gpus=0), DispatchResult(placed=["j"])
 
 
-@pytest.fixture
-def passes(monkeypatch):
-    """Each pass's start (monotonic) and what it does first; the passes' results in turn."""
-    keys = (tasks.REQUESTED_KEY, tasks.URGENT_KEY, tasks.DIRTY_KEY, wake.LISTENING_KEY,
-            wake.WAKE_KEY)  # fmt: skip
-    shared_client().delete(*keys)
+KEYS = (tasks.REQUESTED_KEY, tasks.URGENT_KEY, tasks.DIRTY_KEY, wake.LISTENING_KEY, wake.WAKE_KEY)
+
+
+def clean_requests(monkeypatch) -> list[dict]:
+    """A clean slate for the dispatch requests' keys and this process's quiet; the Celery
+    messages that would be sent, recorded (the list) instead."""
+    shared_client().delete(*KEYS)
     monkeypatch.setattr(tasks._Quiet, "until", float("-inf"))
     messages: list[dict] = []
     monkeypatch.setattr(tasks.dispatch, "apply_async", lambda **options: messages.append(options))
-    record = Passes(messages)
+    return messages
+
+
+@pytest.fixture
+def passes(monkeypatch):
+    """Each pass's start (monotonic) and what it does first; the passes' results in turn."""
+    record = Passes(clean_requests(monkeypatch))
 
     def one_pass():
         record.started.append(time.monotonic())
@@ -36,7 +43,7 @@ def passes(monkeypatch):
 
     monkeypatch.setattr(tasks.dispatcher, "dispatch_once", one_pass)
     yield record
-    shared_client().delete(*keys)
+    shared_client().delete(*KEYS)
 
 
 class Passes:
