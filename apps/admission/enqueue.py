@@ -59,7 +59,7 @@ def enqueue_job(*, tenant: Tenant, user, spec: JobSpec, limits: dict | None = No
         # the arrays' virtual tasks) is in the job's insert, and the count is read again only
         # for a refusal's words.
         job, event, params = built or (*new_job(tenant=tenant, user=user, spec=spec), None)
-        saved = rows.insert_if_room(job, event, params or rows.insert_params(job, event), cap=cap)
+        saved = rows.insert_if_room(job, event, params, cap=cap)
         if saved is None:
             raise queue_full(tenant, rows.queued_for_cap(tenant), limits)
         return saved

@@ -643,12 +643,15 @@ def queued_for_cap(tenant: Tenant, *, lock_tenant: bool = False) -> int:
     return int(row[0] or 0) + int(row[1] or 0)
 
 
-def insert_if_room(job: Job, event: JobEvent, params: tuple[list, list], *, cap: int) -> Job | None:
+def insert_if_room(
+    job: Job, event: JobEvent, params: tuple[list, list] | None = None, *, cap: int
+) -> Job | None:
     """SQLite, in the caller's transaction (which holds the one write lock): the job's row if
     the tenant's queue (kept count and arrays' virtual tasks, as `queued_for_cap` counts it) is
     under `cap`, checked in the insert itself, then its event. The job as saved, or None:
-    the queue is full, nothing inserted. One statement fewer than the count and the insert."""
-    job_params, event_params = params
+    the queue is full, nothing inserted. One statement fewer than the count and the insert.
+    `params`: insert_params' for them, as `insert_job_and_event`'s."""
+    job_params, event_params = params or insert_params(job, event)
     pk = job.tenant_id
     with _cursor() as cursor:
         cursor.execute(_cap_statements(_db().vendor)["job_if_room"], [*job_params, pk, pk, cap])

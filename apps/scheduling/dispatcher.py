@@ -467,7 +467,8 @@ class _Idle:
     One per process, as kept.KEPT: it keeps what the last full pass over such a cluster saw."""
 
     def __init__(self) -> None:
-        self.seen: tuple | None = None
+        self.seen: tuple | None = None  # `_seen` of the last full pass over such a cluster
+        self.heads: list[tuple] = []  # its heads as it left them, as `_head_rows` reads them
         self.at = float("-inf")  # monotonic time of that pass
 
     def may_repeat(self, state: kept.State, tiers: list[Tier], arriving: list) -> bool:
@@ -475,11 +476,11 @@ class _Idle:
         everything else is as that pass saw, and it was less than IDLE_FULL_PASS_S ago."""
         if self.seen is None or time.monotonic() - self.at >= IDLE_FULL_PASS_S:
             return False
-        return self._seen(state, tiers, arriving) == self.seen[:-1]
+        return self._seen(state, tiers, arriving) == self.seen
 
     def same_heads(self, rows: list[tuple]) -> bool:
         """Whether the heads' rows (`_head_rows`) are as the last full pass left them."""
-        return self.seen is not None and rows == self.seen[-1]
+        return self.seen is not None and rows == self.heads
 
     def saw(self, state: kept.State, tiers: list[Tier], arriving: list, queue: list[Job],
             result: DispatchResult) -> None:  # fmt: skip
@@ -489,8 +490,8 @@ class _Idle:
             self.forget()
             return
         # The heads as the pass left them (the reasons it wrote), as `_head_rows` reads them.
-        rows = [(job.pk, tuple(getattr(job, name) for name in _UNVERSIONED)) for job in queue]
-        self.seen, self.at = (*seen, rows), time.monotonic()
+        self.heads = [(job.pk, tuple(getattr(job, name) for name in _UNVERSIONED)) for job in queue]
+        self.seen, self.at = seen, time.monotonic()
 
     def forget(self) -> None:
         self.seen = None
