@@ -12,11 +12,8 @@ COMMIT, then the window (six until the cap was read by a statement of its own).
 
 import pytest
 from django.db import connection
-from django.test.utils import CaptureQueriesContext
 
-from apps.admission import estimates
-from tests.admission.conftest import TRAIN, generous
-from tests.factories import client_for, make_cast, make_node
+from tests.admission.test_submit_queries import warm_submits
 
 PLAIN = {"command": ["true"], "gpus": 1}
 ROUND_TRIPS = {"postgresql": 2, "sqlite": 5}
@@ -24,19 +21,7 @@ ROUND_TRIPS = {"postgresql": 2, "sqlite": 5}
 
 @pytest.mark.django_db(transaction=True)
 def test_a_plain_submit_makes_exactly_its_round_trips():
-    people = make_cast()
-    make_node("h1", "H100-80GB", 8)
-    generous("acme")
-    estimates.forget()
-    bob = client_for(people["bob"][1])
-    assert bob.post("/api/v1/jobs/", TRAIN, format="json").status_code == 201  # token, count row
-    assert bob.post("/api/v1/jobs/", PLAIN, format="json").status_code == 201  # submitter kept
-    seen = []
-    for _ in range(5):
-        with CaptureQueriesContext(connection) as ctx:
-            response = bob.post("/api/v1/jobs/", PLAIN, format="json")
-        assert response.status_code == 201, response.content
-        seen.append([q["sql"] for q in ctx.captured_queries])
+    seen = [[q["sql"] for q in ctx.captured_queries] for ctx in warm_submits(PLAIN)]
     # The fewest of five: a replay older than REUSE_SECONDS (a slow machine) loads the queue again.
     fewest = min(seen, key=len)
     print("\n".join(s[:160] for s in fewest))

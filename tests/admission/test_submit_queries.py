@@ -41,6 +41,25 @@ def table_statements(ctx) -> list[str]:
     ]
 
 
+def warm_submits(body: dict, times: int = 5) -> list[CaptureQueriesContext]:
+    """`times` submits of `body` by bob once this process is warm (his token and the count row
+    read by a first submit, the submitter kept by a second), each one's statements captured."""
+    people = make_cast()
+    make_node("h1", "H100-80GB", 8)
+    generous("acme")
+    estimates.forget()
+    bob = client_for(people["bob"][1])
+    assert bob.post("/api/v1/jobs/", TRAIN, format="json").status_code == 201  # token, count row
+    assert bob.post("/api/v1/jobs/", body, format="json").status_code == 201  # submitter kept
+    captured = []
+    for _ in range(times):
+        with CaptureQueriesContext(connection) as ctx:
+            response = bob.post("/api/v1/jobs/", body, format="json")
+        assert response.status_code == 201, response.content
+        captured.append(ctx)
+    return captured
+
+
 def submit(client, body=TRAIN):
     with CaptureQueriesContext(connection) as ctx:
         response = client.post("/api/v1/jobs/", body, format="json")
@@ -156,19 +175,10 @@ BODIES = {"named": TRAIN, "plain": {"command": ["true"], "gpus": 1}}
 @pytest.mark.parametrize("body", ["named", "plain"])
 @pytest.mark.django_db(transaction=True)
 def test_a_one_job_submit_runs_exactly_its_statements(body):
-    people = make_cast()
-    make_node("h1", "H100-80GB", 8)
-    generous("acme")
-    estimates.forget()
-    bob = client_for(people["bob"][1])
-    assert bob.post("/api/v1/jobs/", TRAIN, format="json").status_code == 201  # token, count row
-    assert bob.post("/api/v1/jobs/", BODIES[body], format="json").status_code == 201  # submitter
-    counts = []
-    for _ in range(5):
-        with CaptureQueriesContext(connection) as ctx:
-            response = bob.post("/api/v1/jobs/", BODIES[body], format="json")
-        assert response.status_code == 201, response.content
-        counts.append((len(table_statements(ctx)), [q["sql"][:80] for q in ctx.captured_queries]))
+    counts = [
+        (len(table_statements(ctx)), [q["sql"][:80] for q in ctx.captured_queries])
+        for ctx in warm_submits(BODIES[body])
+    ]
     # The fewest of five: a replay older than REUSE_SECONDS (a slow machine) loads the queue again.
     fewest, statements = min(counts, key=lambda c: c[0])
     assert fewest == SUBMIT_STATEMENTS[body, connection.vendor], "\n".join(statements)
